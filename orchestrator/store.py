@@ -1,0 +1,311 @@
+"""All reads and writes of application jobs, through the named queries.
+
+Each method is one state transition (or one read). Writes made for an attempt carry its
+:class:`~orchestrator.models.Claim` and are fenced by its lease token; when a write matches no
+row, :meth:`JobStore._refusal` says why (missing job, illegal transition, superseded lease).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, LiteralString
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from orchestrator import states
+from orchestrator.errors import DeadLetterError, InvalidTransition, JobNotFound, StaleLease
+from orchestrator.ids import uuid7
+from orchestrator.models import Claim, DeadLetter, Job, JobEvent, SubmitResult
+from orchestrator.policy import Layer
+from orchestrator.queries import QUERIES
+from orchestrator.states import Status
+
+TASK_PREFIX = "orc."  # Procrastinate task name of a job type: TASK_PREFIX + job_type
+
+Conn = psycopg.AsyncConnection[Any]
+
+
+class JobStore:
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self.pool = pool
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    async def _one(
+        self, name: LiteralString, params: dict[str, Any], conn: Conn | None = None
+    ) -> dict[str, Any] | None:
+        if conn is not None:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(QUERIES[name], params)
+            return await cur.fetchone()
+        async with self.pool.connection() as pooled:
+            cur = pooled.cursor(row_factory=dict_row)
+            await cur.execute(QUERIES[name], params)
+            return await cur.fetchone()
+
+    async def _all(
+        self, name: LiteralString, params: dict[str, Any], conn: Conn | None = None
+    ) -> list[dict[str, Any]]:
+        if conn is not None:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(QUERIES[name], params)
+            return await cur.fetchall()
+        async with self.pool.connection() as pooled:
+            cur = pooled.cursor(row_factory=dict_row)
+            await cur.execute(QUERIES[name], params)
+            return await cur.fetchall()
+
+    async def _refusal(self, job_id: UUID, target: Status, lease_token: UUID | None) -> Exception:
+        row = await self._one("job_state", {"job_id": job_id})
+        if row is None:
+            return JobNotFound(job_id)
+        if not states.is_legal(Status(row["status"]), target):
+            return InvalidTransition(job_id, row["status"], target.value)
+        return StaleLease(job_id, lease_token)
+
+    # -- submit ----------------------------------------------------------------------------
+
+    async def submit(
+        self, specs: Sequence[dict[str, Any]], *, connection: Conn | None = None
+    ) -> list[SubmitResult]:
+        params = {
+            "specs": Jsonb([{**spec, "ord": i} for i, spec in enumerate(specs)]),
+            "initial_status": Status.PENDING.value,
+            "waiting": sorted(s.value for s in states.CLAIMABLE),
+            "task_prefix": TASK_PREFIX,
+        }
+        rows = await self._all("submit_jobs", params, connection)
+        rows.sort(key=lambda r: r["ord"])
+        return [SubmitResult(job_id=r["job_id"], outcome=r["outcome"]) for r in rows]
+
+    # -- one attempt -----------------------------------------------------------------------
+
+    async def claim(
+        self, job_id: UUID, procrastinate_job_id: int, run: int, worker: str
+    ) -> Claim | None:
+        row = await self._one(
+            "claim_job",
+            {
+                "job_id": job_id,
+                "procrastinate_job_id": procrastinate_job_id,
+                "run": run,
+                "worker": worker,
+                "running": Status.RUNNING.value,
+                "sources": states.sources_of(Status.RUNNING),
+            },
+        )
+        return Claim.model_validate(row) if row else None
+
+    async def complete(self, claim: Claim, result: Any, event: dict[str, Any]) -> None:
+        row = await self._one(
+            "complete_job",
+            {
+                **_fence(claim, Status.COMPLETED),
+                "result": Jsonb(result),
+                "event": Jsonb(event),
+            },
+        )
+        if row is None:
+            raise await self._refusal(claim.id, Status.COMPLETED, claim.lease_token)
+
+    async def fail(self, claim: Claim, error: dict[str, Any], event: dict[str, Any]) -> UUID:
+        """FAILED with a dead letter; returns the dead letter's id."""
+        row = await self._one(
+            "fail_job",
+            {
+                **_fence(claim, Status.FAILED),
+                "error": Jsonb(error),
+                "event": Jsonb(event),
+                "dead_letter_id": uuid7(),
+            },
+        )
+        if row is None:
+            raise await self._refusal(claim.id, Status.FAILED, claim.lease_token)
+        dead_letter_id: UUID = row["id"]
+        return dead_letter_id
+
+    async def schedule_retry(
+        self,
+        claim: Claim,
+        *,
+        layer: Layer,
+        next_retry_at: datetime,
+        error: dict[str, Any],
+        failed_event: dict[str, Any],
+        retry_event: dict[str, Any],
+    ) -> None:
+        params = {
+            **_fence(claim, Status.RETRY),
+            "retry_increment": 1 if layer is Layer.APP else 0,
+            "next_retry_at": next_retry_at,
+            "error": Jsonb(error),
+            "failed_event": Jsonb(failed_event),
+            "retry_event": Jsonb(retry_event),
+        }
+        async with self.pool.connection() as conn, conn.transaction():
+            row = await self._one("schedule_retry", params, conn)
+            if row is not None and layer is Layer.APP:
+                await self._one("dispatch_jobs", _dispatch_params([claim.id]), conn)
+        if row is None:
+            raise await self._refusal(claim.id, Status.RETRY, claim.lease_token)
+
+    async def hand_back(self, claim: Claim, event: dict[str, Any]) -> None:
+        """RUNNING -> PENDING without using budget, with a new dispatch (drain, interrupt)."""
+        async with self.pool.connection() as conn, conn.transaction():
+            row = await self._one(
+                "hand_back_job", {**_fence(claim, Status.PENDING), "event": Jsonb(event)}, conn
+            )
+            if row is not None:
+                await self._one("dispatch_jobs", _dispatch_params([claim.id]), conn)
+        if row is None:
+            raise await self._refusal(claim.id, Status.PENDING, claim.lease_token)
+
+    # -- operator actions ------------------------------------------------------------------
+
+    async def cancel(self, job_id: UUID, event: dict[str, Any]) -> None:
+        row = await self._one(
+            "cancel_job",
+            {
+                "job_id": job_id,
+                "target": Status.CANCELLED.value,
+                "sources": states.sources_of(Status.CANCELLED),
+                "event": Jsonb(event),
+            },
+        )
+        if row is None:
+            raise await self._refusal(job_id, Status.CANCELLED, None)
+
+    async def redispatch_lost(
+        self, *, grace_seconds: float, stalled_seconds: float, limit: int
+    ) -> list[UUID]:
+        """The retry safety net: re-dispatch waiting jobs whose dispatch was lost."""
+        async with self.pool.connection() as conn, conn.transaction():
+            lost = await self._all(
+                "lost_dispatches",
+                {
+                    "waiting": sorted(s.value for s in states.CLAIMABLE),
+                    "grace_seconds": grace_seconds,
+                    "stalled_seconds": stalled_seconds,
+                    "limit": limit,
+                },
+                conn,
+            )
+            if not lost:
+                return []
+            for row in lost:
+                if row["procrastinate_status"] == "doing":
+                    await self._one(
+                        "settle_procrastinate_job",
+                        {"procrastinate_job_id": row["procrastinate_job_id"]},
+                        conn,
+                    )
+            ids = [row["id"] for row in lost]
+            await self._one("dispatch_jobs", _dispatch_params(ids), conn)
+            await self.record_events(
+                [
+                    {
+                        "job_id": str(row["id"]),
+                        "kind": "job.redispatched",
+                        "payload": {
+                            "lost_procrastinate_job_id": row["procrastinate_job_id"],
+                            "lost_procrastinate_status": row["procrastinate_status"],
+                        },
+                    }
+                    for row in lost
+                ],
+                conn,
+            )
+            return ids
+
+    async def record_events(self, events: list[dict[str, Any]], conn: Conn | None = None) -> None:
+        await self._one("record_events", {"events": Jsonb(events)}, conn)
+
+    async def lock_dead_letter(self, dead_letter_id: UUID, conn: Conn) -> DeadLetter:
+        row = await self._one("get_dead_letter", {"dead_letter_id": dead_letter_id}, conn)
+        if row is None:
+            raise DeadLetterError(f"no dead letter with id {dead_letter_id}")
+        return DeadLetter.model_validate(row)
+
+    async def mark_dead_letter_requeued(
+        self, dead_letter_id: UUID, job_id: UUID, conn: Conn
+    ) -> None:
+        await self._one(
+            "mark_dead_letter_requeued", {"dead_letter_id": dead_letter_id, "job_id": job_id}, conn
+        )
+
+    async def request_dead_letter_discard(
+        self, dead_letter_id: UUID, reviewer: str, reason: str
+    ) -> None:
+        params = {"dead_letter_id": dead_letter_id, "reviewer": reviewer, "reason": reason}
+        if await self._one("request_dead_letter_discard", params) is None:
+            raise await self._dead_letter_refusal(dead_letter_id, "request a discard of")
+
+    async def confirm_dead_letter_discard(self, dead_letter_id: UUID, reviewer: str) -> None:
+        params = {"dead_letter_id": dead_letter_id, "reviewer": reviewer}
+        if await self._one("confirm_dead_letter_discard", params) is None:
+            raise await self._dead_letter_refusal(
+                dead_letter_id, "confirm the discard of", reviewer
+            )
+
+    async def _dead_letter_refusal(
+        self, dead_letter_id: UUID, action: str, reviewer: str | None = None
+    ) -> DeadLetterError:
+        async with self.pool.connection() as conn:
+            letter = await self.lock_dead_letter(dead_letter_id, conn)
+        if reviewer is not None and letter.discard_requested_by == reviewer:
+            return DeadLetterError(
+                f"{reviewer} requested this discard; a second reviewer must confirm it"
+            )
+        return DeadLetterError(
+            f"cannot {action} dead letter {dead_letter_id}: it is {letter.state}"
+        )
+
+    # -- reads -----------------------------------------------------------------------------
+
+    async def get_job(self, job_id: UUID) -> Job:
+        row = await self._one("get_job", {"job_id": job_id})
+        if row is None:
+            raise JobNotFound(job_id)
+        return Job.model_validate(row)
+
+    async def job_events(self, job_id: UUID) -> list[JobEvent]:
+        rows = await self._all("job_events", {"job_id": job_id})
+        return [JobEvent.model_validate(row) for row in rows]
+
+    async def list_jobs(
+        self, *, status: Status | None = None, job_type: str | None = None, limit: int = 50
+    ) -> list[Job]:
+        rows = await self._all(
+            "list_jobs",
+            {"status": status.value if status else None, "job_type": job_type, "limit": limit},
+        )
+        return [Job.model_validate(row) for row in rows]
+
+    async def soonest_due(self) -> float | None:
+        """Seconds until the next waiting job is due (negative if overdue), or None."""
+        row = await self._one(
+            "soonest_due", {"retry": Status.RETRY.value, "pending": Status.PENDING.value}
+        )
+        return None if row is None or row["seconds"] is None else float(row["seconds"])
+
+    async def dead_letters(self, *, state: str | None = None, limit: int = 50) -> list[DeadLetter]:
+        rows = await self._all("list_dead_letters", {"state": state, "limit": limit})
+        return [DeadLetter.model_validate(row) for row in rows]
+
+
+def _fence(claim: Claim, target: Status) -> dict[str, Any]:
+    return {
+        "job_id": claim.id,
+        "lease_token": claim.lease_token,
+        "target": target.value,
+        "sources": states.sources_of(target),
+    }
+
+
+def _dispatch_params(job_ids: list[UUID]) -> dict[str, Any]:
+    return {"job_ids": job_ids, "task_prefix": TASK_PREFIX}

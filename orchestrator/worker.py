@@ -1,0 +1,166 @@
+"""The worker process: Procrastinate's worker, woken when scheduled work becomes due.
+
+Procrastinate hears about new jobs through LISTEN/NOTIFY but finds *scheduled* ones (every
+retry) only by polling, every ``fetch_polling_interval`` seconds. :class:`DueTimeWaker` keeps
+one timer for the soonest due job, learnt from ``orc_wakeup`` notifications (sent by every
+statement that schedules a dispatch) and from a periodic look at the table, and wakes the fetch
+loop when it fires. A dispatch that may be due at once but waits for the current run of the same
+job to finish (it shares its lock) wakes the loop when that run ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+import psycopg
+from procrastinate import worker as procrastinate_worker
+
+from orchestrator.queries import QUERIES
+
+if TYPE_CHECKING:
+    from orchestrator.app import Orchestrator
+    from orchestrator.store import JobStore
+
+logger = logging.getLogger(__name__)
+
+_wake_after_run: contextvars.ContextVar[list[UUID] | None] = contextvars.ContextVar(
+    "wake_after_run", default=None
+)
+
+
+class Worker(procrastinate_worker.Worker):
+    """Procrastinate's worker with a way to fetch now rather than at the next poll.
+
+    Relies on two internals of procrastinate 3.x (``_new_job_event``, ``_process_job``); the
+    version is pinned below 4 and tests/test_worker_wakeup.py fails if they change.
+    """
+
+    def wake(self) -> None:
+        self._new_job_event.set()
+
+    async def _process_job(self, context: Any) -> None:
+        redispatched: list[UUID] = []
+        token = _wake_after_run.set(redispatched)
+        try:
+            await super()._process_job(context)
+        finally:
+            _wake_after_run.reset(token)
+            if redispatched:
+                self.wake()
+
+
+def wake_after_this_run(job_id: UUID) -> None:
+    """Called by an attempt that gave its job a dispatch which may already be due."""
+    pending = _wake_after_run.get()
+    if pending is not None:
+        pending.append(job_id)
+
+
+class DueTimeWaker:
+    def __init__(
+        self, *, dsn: str, store: JobStore, wake: Callable[[], None], refresh_interval: float
+    ) -> None:
+        self.dsn = dsn
+        self.store = store
+        self.wake = wake
+        self.refresh_interval = refresh_interval
+        self._timer: asyncio.TimerHandle | None = None
+        self._due: float | None = None  # loop time the timer fires at
+        self._refresh_now = asyncio.Event()
+
+    def note(self, due_epoch: float) -> None:
+        """Make sure the worker wakes at ``due_epoch`` (seconds since the epoch)."""
+        self.note_in(due_epoch - time.time())
+
+    def note_in(self, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        at = loop.time() + max(0.0, seconds)
+        if self._due is not None and self._due <= at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._due = at
+        self._timer = loop.call_at(at, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = self._due = None
+        self.wake()
+        self._refresh_now.set()  # arm the timer for the next due job
+
+    async def run(self) -> None:
+        try:
+            await asyncio.gather(self._listen(), self._refresh_loop())
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            try:
+                seconds = await self.store.soonest_due()
+            except psycopg.Error as exc:
+                logger.warning("due-time refresh failed: %s", exc)
+            else:
+                if seconds is not None:
+                    self.note_in(seconds)
+            self._refresh_now.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._refresh_now.wait(), self.refresh_interval)
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+                    await conn.execute(QUERIES["listen_wakeup"])
+                    self._refresh_now.set()  # catch up on anything scheduled while away
+                    async for notify in conn.notifies():
+                        try:
+                            self.note(float(notify.payload))
+                        except ValueError:
+                            logger.warning("ignoring malformed wake-up %r", notify.payload)
+            except psycopg.OperationalError as exc:
+                logger.warning("wake-up listener lost its connection (%s); reconnecting", exc)
+                await asyncio.sleep(1.0)
+
+
+async def run_worker(
+    orc: Orchestrator,
+    *,
+    concurrency: int,
+    queues: Sequence[str] | None,
+    wait: bool,
+    install_signal_handlers: bool,
+    name: str | None,
+) -> None:
+    worker = Worker(
+        app=orc.procrastinate,
+        queues=queues,
+        name=name or "orchestrator",
+        concurrency=concurrency,
+        wait=wait,
+        fetch_job_polling_interval=orc.settings.fetch_polling_interval,
+        install_signal_handlers=install_signal_handlers,
+        listen_notify=True,
+        stalled_worker_timeout=orc.settings.stalled_worker_seconds,
+    )
+    waker = DueTimeWaker(
+        dsn=orc.dsn,
+        store=orc.store,
+        wake=worker.wake,
+        refresh_interval=orc.settings.fetch_polling_interval,
+    )
+    orc.runner.on_redispatch = wake_after_this_run
+    waker_task = asyncio.create_task(waker.run(), name="due-time waker")
+    try:
+        await worker.run()  # type: ignore[no-untyped-call]
+    finally:
+        waker_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waker_task

@@ -1,0 +1,117 @@
+"""Load and validate a retry config file (TOML).
+
+File shape::
+
+    [defaults]                      # every field of JobRetryConfig; optional
+    app_max_retries = 3
+    [defaults.backoff]
+    base_ms = 1000
+
+    [job_types.http_request]        # merged over [defaults], field by field
+    worker_max_attempts = 5
+
+Any problem raises :class:`ConfigError` whose message names the file, the job type and the field.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from retry_config.models import JobRetryConfig
+
+DEFAULT_PATH = Path(__file__).with_name("default.toml")
+_TOP_LEVEL = {"defaults", "job_types"}
+
+
+class ConfigError(ValueError):
+    """The retry config cannot be used; the message says where and why."""
+
+    code = "CONFIG_INVALID"
+
+
+@dataclass(frozen=True)
+class RetryConfig:
+    """The loaded file: a config per named job type, and defaults for every other type."""
+
+    path: Path
+    defaults: JobRetryConfig
+    job_types: Mapping[str, JobRetryConfig] = field(default_factory=dict)
+
+    def for_type(self, job_type: str) -> JobRetryConfig:
+        return self.job_types.get(job_type, self.defaults)
+
+
+def load(path: Path | str | None = None) -> RetryConfig:
+    path = Path(path) if path is not None else DEFAULT_PATH
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse(raw, path)
+
+
+def parse(raw: Mapping[str, Any], path: Path) -> RetryConfig:
+    unknown = sorted(set(raw) - _TOP_LEVEL)
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown top-level key(s) {', '.join(map(repr, unknown))}; "
+            "expected [defaults] and [job_types.<name>]"
+        )
+    defaults_raw = _table(raw.get("defaults", {}), path, "[defaults]")
+    types_raw = _table(raw.get("job_types", {}), path, "[job_types]")
+
+    problems: list[str] = []
+    defaults = _validate(defaults_raw, path, "defaults", problems)
+    job_types: dict[str, JobRetryConfig] = {}
+    for name, entry in types_raw.items():
+        merged = _deep_merge(defaults_raw, _table(entry, path, f"[job_types.{name}]"))
+        config = _validate(merged, path, f"job type {name!r}", problems)
+        if config is not None:
+            job_types[name] = config
+    if problems or defaults is None:
+        raise ConfigError("\n".join(problems))
+    return RetryConfig(path=path, defaults=defaults, job_types=job_types)
+
+
+def _validate(
+    data: Mapping[str, Any], path: Path, where: str, problems: list[str]
+) -> JobRetryConfig | None:
+    try:
+        return JobRetryConfig.model_validate(data)
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            loc = ".".join(str(p) for p in err["loc"] if not _is_union_tag(p)) or "(entry)"
+            problems.append(f"{path}: {where}: field {loc!r}: {err['msg']}")
+        return None
+
+
+def _is_union_tag(part: object) -> bool:
+    # pydantic inserts the discriminator value ('full', 'additive', ...) into error locations.
+    return part in {"none", "full", "proportional", "additive"}
+
+
+def _table(value: Any, path: Path, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: {where} must be a table, got {type(value).__name__}")
+    return value
+
+
+def _deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        # A jitter table is one choice (its ``mode`` decides its fields), so it is replaced whole.
+        if key != "jitter" and isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
