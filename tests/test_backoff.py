@@ -1,0 +1,130 @@
+"""Both layers' delays, as pure functions: exact values, and bounds under every jitter mode."""
+
+import math
+import random
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.backoff import (
+    app_base_delay_ms,
+    app_delay_ms,
+    graphile_delay_seconds,
+    graphile_retries_left,
+    parse_retry_after,
+)
+from retry_config import AdditiveJitter, BackoffConfig, FullJitter, NoJitter, ProportionalJitter
+
+# Seed 004's table: delay after attempt N is exp(least(10, N)) seconds.
+SEED_TABLE = {1: 2.7, 2: 7.4, 3: 20.1, 4: 54.6, 5: 148.4, 6: 403.4, 7: 1096.6, 8: 2981.0,
+              9: 8103.1, 10: 22026.5}  # fmt: skip
+
+
+@pytest.mark.parametrize(("run", "seconds"), SEED_TABLE.items())
+def test_graphile_delay_matches_the_seed_table(run: int, seconds: float) -> None:
+    assert graphile_delay_seconds(run) == pytest.approx(seconds, abs=0.05)
+
+
+@pytest.mark.parametrize("run", [10, 11, 25, 1000])
+def test_graphile_delay_is_capped_at_exp_10(run: int) -> None:
+    assert graphile_delay_seconds(run) == math.exp(10)
+
+
+def test_graphile_runs_count_total_runs_per_dispatch() -> None:
+    # worker_max_attempts = 3 means three runs: retries after run 1 and 2, none after run 3.
+    assert [graphile_retries_left(run, 3) for run in (1, 2, 3, 4)] == [True, True, False, False]
+    with pytest.raises(ValueError):
+        graphile_delay_seconds(0)
+
+
+LLM = BackoffConfig(base_ms=5_000, cap_ms=300_000, multiplier=3, jitter=NoJitter())
+
+
+def test_app_delay_is_base_times_multiplier_to_the_n_minus_1_capped() -> None:
+    assert [app_base_delay_ms(n, LLM) for n in range(1, 7)] == [
+        5_000, 15_000, 45_000, 135_000, 300_000, 300_000,
+    ]  # fmt: skip
+    with pytest.raises(ValueError):
+        app_base_delay_ms(0, LLM)
+
+
+def test_app_delay_does_not_overflow_for_huge_n() -> None:
+    assert app_base_delay_ms(10**9, LLM) == 300_000
+
+
+def test_multiplier_one_is_constant() -> None:
+    flat = BackoffConfig(base_ms=1_000, cap_ms=1_000, multiplier=1, jitter=NoJitter())
+    assert {app_base_delay_ms(n, flat) for n in range(1, 50)} == {1_000}
+
+
+def test_server_hint_is_honoured_and_capped_without_jitter() -> None:
+    full = BackoffConfig(base_ms=1_000, cap_ms=60_000, multiplier=2, jitter=FullJitter())
+    assert app_delay_ms(1, full, server_hint_seconds=7) == 7_000
+    assert app_delay_ms(1, full, server_hint_seconds=3_600) == 60_000
+    assert app_delay_ms(5, full, server_hint_seconds=0) == 0
+
+
+backoffs = st.builds(
+    lambda base, extra, mult, jitter: BackoffConfig(
+        base_ms=base, cap_ms=base + extra, multiplier=mult, jitter=jitter
+    ),
+    st.integers(1, 10**6),
+    st.integers(0, 10**7),
+    st.floats(1, 10),
+    st.one_of(
+        st.just(NoJitter()),
+        st.just(FullJitter()),
+        st.floats(0.01, 1).map(lambda r: ProportionalJitter(ratio=r)),
+        st.integers(0, 10_000).map(lambda m: AdditiveJitter(max_ms=m)),
+    ),
+)
+
+
+@given(backoffs, st.integers(1, 10_000), st.integers(0, 2**32))
+def test_app_delay_stays_within_the_jitter_bounds(
+    backoff: BackoffConfig, n: int, seed: int
+) -> None:
+    raw = app_base_delay_ms(n, backoff)
+    assert backoff.base_ms <= raw <= backoff.cap_ms
+    delay = app_delay_ms(n, backoff, rng=random.Random(seed))
+    match backoff.jitter:
+        case NoJitter():
+            assert delay == raw
+        case FullJitter():
+            assert 0 <= delay <= raw
+        case ProportionalJitter(ratio=r):
+            assert raw * (1 - r) - 1e-6 <= delay <= raw * (1 + r) + 1e-6
+        case AdditiveJitter(max_ms=m):
+            assert raw <= delay <= raw + m
+
+
+@given(backoffs, st.integers(1, 60))
+def test_base_delay_never_decreases_with_n(backoff: BackoffConfig, n: int) -> None:
+    assert app_base_delay_ms(n, backoff) <= app_base_delay_ms(n + 1, backoff)
+
+
+@given(backoffs, st.floats(0, 10**7, allow_nan=False))
+def test_server_hint_never_exceeds_the_cap(backoff: BackoffConfig, hint: float) -> None:
+    assert 0 <= app_delay_ms(3, backoff, server_hint_seconds=hint) <= backoff.cap_ms
+
+
+def test_full_jitter_spreads_over_the_interval() -> None:
+    full = BackoffConfig(base_ms=1_000, cap_ms=1_000, multiplier=1, jitter=FullJitter())
+    rng = random.Random(7)
+    draws = [app_delay_ms(1, full, rng=rng) for _ in range(2_000)]
+    assert min(draws) < 100 and max(draws) > 900  # not clustered: the herd is spread
+
+
+def test_parse_retry_after_seconds_and_http_dates() -> None:
+    now = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
+    assert parse_retry_after("30") == 30
+    assert parse_retry_after(" 1.5 ") == 1.5
+    assert parse_retry_after("-4") == 0
+    when = format_datetime(now + timedelta(seconds=90), usegmt=True)
+    assert parse_retry_after(when, now=now) == pytest.approx(90)
+    assert parse_retry_after(format_datetime(now - timedelta(hours=1), usegmt=True), now=now) == 0
+    for bad in (None, "", "soon", "nan", "inf"):
+        assert parse_retry_after(bad) is None

@@ -1,0 +1,138 @@
+"""The per-type config: the default file holds the seed's values; bad files fail clearly."""
+
+from pathlib import Path
+
+import pytest
+
+import retry_config
+from retry_config import (
+    AdditiveJitter,
+    ConfigError,
+    FullJitter,
+    NoJitter,
+    ProportionalJitter,
+)
+
+# Seed 004, "Artifact: Retry Configuration Spec".
+SEED = {
+    "http_request": (5, 3, 1_000, 60_000, 2, True, 600, 120_000, 30_000),
+    "llm_generate": (3, 5, 5_000, 300_000, 3, True, 3_600, 300_000, 30_000),
+    "run_agent": (3, 5, 5_000, 300_000, 3, True, 3_600, 300_000, 30_000),
+    "execute_tool": (3, 3, 2_000, 120_000, 2, True, 1_200, 120_000, 10_000),
+    "send_notification": (10, 5, 2_000, 60_000, 2, True, 300, 15_000, 10_000),
+    "sweep_zombies": (2, 0, 1_000, 1_000, 1, False, 60, 30_000, 5_000),
+    "expire_approvals": (2, 0, 1_000, 1_000, 1, False, 60, 30_000, 5_000),
+}
+
+
+def test_default_file_holds_the_seven_seed_job_types_with_the_seed_values() -> None:
+    config = retry_config.load()
+    assert set(config.job_types) == set(SEED)
+    for name, (worker, app, base, cap, mult, jitter, job_s, call_ms, connect_ms) in SEED.items():
+        c = config.for_type(name)
+        assert (c.worker_max_attempts, c.app_max_retries) == (worker, app), name
+        assert (c.backoff.base_ms, c.backoff.cap_ms, c.backoff.multiplier) == (base, cap, mult)
+        assert isinstance(c.backoff.jitter, FullJitter if jitter else NoJitter), name
+        assert (c.job_timeout_seconds, c.call_timeout_ms, c.connect_timeout_ms) == (
+            job_s, call_ms, connect_ms,
+        )  # fmt: skip
+
+
+def test_unlisted_types_use_the_defaults() -> None:
+    config = retry_config.load()
+    assert config.for_type("my_custom_type") == config.defaults
+    assert config.defaults.backoff.cap_ms == 300_000  # seed's DEFAULT_BACKOFF_CONFIG
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "retry.toml"
+    path.write_text(text)
+    return path
+
+
+def test_types_override_defaults_field_by_field(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        [defaults]
+        app_max_retries = 7
+        [defaults.backoff]
+        base_ms = 100
+        cap_ms = 900
+        jitter = { mode = "additive", max_ms = 300 }
+        [job_types.a]
+        worker_max_attempts = 4
+        [job_types.a.backoff]
+        cap_ms = 5000
+        jitter = { mode = "proportional", ratio = 0.3 }
+        [job_types.b]
+        backoff = { jitter = "none" }
+        [job_types.c]
+        backoff = { jitter = true }
+    """,
+    )
+    config = retry_config.load(path)
+    a, b, c = (config.for_type(n) for n in "abc")
+    assert (a.worker_max_attempts, a.app_max_retries) == (4, 7)
+    assert (a.backoff.base_ms, a.backoff.cap_ms) == (100, 5_000)
+    assert a.backoff.jitter == ProportionalJitter(ratio=0.3)
+    assert b.backoff.jitter == NoJitter() and b.backoff.cap_ms == 900
+    assert c.backoff.jitter == FullJitter()
+    assert config.defaults.backoff.jitter == AdditiveJitter(max_ms=300)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        ("[job_types.http_request]\nworker_max_attempts = -1\n",
+         ["job type 'http_request'", "field 'worker_max_attempts'", "greater than or equal to 1"]),
+        ("[job_types.llm]\nbackof = 3\n", ["job type 'llm'", "field 'backof'", "Extra inputs"]),
+        ("[job_types.t.backoff]\nbase_ms = 1000\ncap_ms = 10\n",
+         ["job type 't'", "cap_ms (10) must be >= base_ms (1000)"]),
+        ("[job_types.t]\nbackoff = { jitter = { mode = \"proportional\", ratio = 3 } }\n",
+         ["job type 't'", "field 'backoff.jitter.ratio'"]),
+        ("[job_types.t]\nbackoff = { jitter = \"sometimes\" }\n",
+         ["job type 't'", "field 'backoff.jitter'"]),
+        ("[defaults]\napp_max_retries = -2\n", ["defaults", "field 'app_max_retries'"]),
+        ("[job_types.t]\nconnect_timeout_ms = 5000\ncall_timeout_ms = 100\n",
+         ["job type 't'", "connect_timeout_ms (5000) must be <= call_timeout_ms (100)"]),
+        ("[job_types.t]\njob_timeout_seconds = 1\ncall_timeout_ms = 5000\nconnect_timeout_ms = 10\n",
+         ["an inner timeout has to fire first"]),
+        ("[job_type.t]\n", ["unknown top-level key(s) 'job_type'"]),
+        ("job_types = 3\n", ["[job_types] must be a table"]),
+        ("[job_types\n", ["not valid TOML"]),
+    ],
+)  # fmt: skip
+def test_bad_files_name_the_file_the_type_and_the_field(
+    tmp_path: Path, text: str, fragments: list[str]
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        retry_config.load(path)
+    message = str(info.value)
+    assert str(path) in message
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    path = write(tmp_path, "[job_types.a]\nworker_max_attempts = 0\n[job_types.b]\nzzz = 1\n")
+    with pytest.raises(ConfigError) as info:
+        retry_config.load(path)
+    assert "job type 'a'" in str(info.value) and "job type 'b'" in str(info.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="file not found"):
+        retry_config.load(tmp_path / "nope.toml")
+
+
+def test_the_environment_chooses_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator import Orchestrator
+
+    path = write(tmp_path, "[job_types.only_here]\napp_max_retries = 9\n")
+    monkeypatch.setenv("ORCHESTRATOR_RETRY_CONFIG", str(path))
+    assert Orchestrator().retry_config.for_type("only_here").app_max_retries == 9
+    monkeypatch.setenv("ORCHESTRATOR_RETRY_CONFIG", str(tmp_path / "missing.toml"))
+    with pytest.raises(ConfigError, match=r"missing\.toml"):
+        Orchestrator()

@@ -1,0 +1,229 @@
+"""Submitting jobs: early rejection, transactional submit, batches, and Graphile's job keys."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from pydantic import BaseModel
+
+from orchestrator import (
+    InvalidPayload,
+    JobContext,
+    Orchestrator,
+    Status,
+    SubmitError,
+    UnknownJobType,
+)
+
+
+class Greeting(BaseModel):
+    name: str
+    times: int = 1
+
+
+def app(make_orc: Callable[..., Orchestrator]) -> Orchestrator:
+    orc = make_orc()
+
+    @orc.job_type("greet")
+    async def greet(ctx: JobContext, payload: Greeting) -> str:
+        return f"hello {payload.name}" * payload.times
+
+    return orc
+
+
+async def count(db: psycopg.AsyncConnection[Any], table: str) -> int:
+    cur = await db.execute(f"SELECT count(*) FROM {table}")
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def nothing_stored(db: psycopg.AsyncConnection[Any]) -> bool:
+    return (
+        await count(db, "orc_jobs") == 0
+        and await count(db, "procrastinate_jobs") == 0
+        and await count(db, "orc_job_events") == 0
+    )
+
+
+async def procrastinate_jobs(db: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+    cur = await db.execute(
+        "SELECT id, status, task_name, queue_name, priority, lock, args, scheduled_at "
+        "FROM procrastinate_jobs ORDER BY id"
+    )
+    return await cur.fetchall()
+
+
+async def test_submit_creates_a_pending_job_and_its_dispatch(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    async with app(make_orc) as orc:
+        job_id = await orc.submit("greet", Greeting(name="ada"), agent_id="agent-7", priority=5)
+        job = await orc.get_job(job_id)
+        history = await orc.job_events(job_id)
+    assert job.status is Status.PENDING
+    assert (job.payload, job.agent_id, job.priority) == ({"name": "ada", "times": 1}, "agent-7", 5)
+    assert (job.attempt, job.retry_count, job.max_retries, job.max_attempts) == (0, 0, 3, 2)
+    assert job.trace_id
+    [pj] = await procrastinate_jobs(db)
+    assert job.procrastinate_job_id == pj[0]
+    # status, task, queue, priority (Graphile: lower runs first), lock on the job, args
+    assert pj[1:7] == ("todo", "orc.greet", "greet", -5, str(job_id), {"job_id": str(job_id)})
+    assert pj[7] is None  # due now
+    assert [e.kind for e in history] == ["job.created"]
+
+
+async def test_run_at_in_the_future_schedules_the_dispatch(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    run_at = datetime.now(UTC) + timedelta(hours=1)
+    async with app(make_orc) as orc:
+        job_id = await orc.submit("greet", {"name": "b"}, run_at=run_at)
+        assert (await orc.get_job(job_id)).run_at == run_at
+    [pj] = await procrastinate_jobs(db)
+    assert pj[7] == run_at
+
+
+@pytest.mark.parametrize(
+    ("job_type", "payload", "options", "error", "fragment"),
+    [
+        ("nope", {"name": "x"}, {}, UnknownJobType, "unknown job type 'nope'; registered types: greet"),
+        ("greet", {"nom": "x"}, {}, InvalidPayload, "name: Field required"),
+        ("greet", {"name": "x", "times": "many"}, {}, InvalidPayload, "times: Input should be a valid integer"),
+        ("greet", "just a string", {}, InvalidPayload, "invalid payload for job type 'greet'"),
+        ("greet", {"name": "x"}, {"run_at": datetime(2030, 1, 1)}, SubmitError, "run_at"),
+        ("greet", {"name": "x"}, {"max_retries": -1}, SubmitError, "max_retries"),
+        ("greet", {"name": "x"}, {"job_key_mode": "merge"}, SubmitError, "job_key_mode"),
+        ("greet", {"name": "x"}, {"timeout_seconds": 0}, SubmitError, "timeout_seconds"),
+        ("greet", {"name": "x"}, {"priority": 2**40}, SubmitError, "priority"),
+    ],
+)  # fmt: skip
+async def test_bad_submits_are_refused_before_anything_is_stored(
+    make_orc: Callable[..., Orchestrator],
+    db: psycopg.AsyncConnection[Any],
+    job_type: str,
+    payload: Any,
+    options: dict[str, Any],
+    error: type[Exception],
+    fragment: str,
+) -> None:
+    async with app(make_orc) as orc:
+        with pytest.raises(error) as info:
+            await orc.submit(job_type, payload, **options)
+    assert fragment in str(info.value)
+    assert await nothing_stored(db)
+
+
+async def test_a_rolled_back_transactional_submit_leaves_nothing(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any], dsn: str
+) -> None:
+    async with app(make_orc) as orc:
+        async with (
+            await psycopg.AsyncConnection.connect(dsn) as conn,
+            conn.transaction(force_rollback=True),
+        ):
+            await conn.execute("CREATE TEMP TABLE business (x int)")
+            await orc.submit("greet", {"name": "x"}, connection=conn)
+            await orc.submit_many(
+                [{"job_type": "greet", "payload": {"name": "y"}}], connection=conn
+            )
+            assert await nothing_stored(db)  # not visible before commit either
+        assert await nothing_stored(db)
+
+        async with await psycopg.AsyncConnection.connect(dsn) as conn, conn.transaction():
+            job_id = await orc.submit("greet", {"name": "z"}, connection=conn)
+        assert (await orc.get_job(job_id)).status is Status.PENDING
+        assert len(await procrastinate_jobs(db)) == 1
+
+
+async def test_batch_submit_keeps_order_and_rejects_the_whole_batch_early(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    async with app(make_orc) as orc:
+        with pytest.raises(InvalidPayload):
+            await orc.submit_many(
+                [
+                    {"job_type": "greet", "payload": {"name": "ok"}},
+                    {"job_type": "greet", "payload": {}},
+                ]
+            )
+        assert await nothing_stored(db)
+        specs = [{"job_type": "greet", "payload": {"name": f"n{i}"}} for i in range(200)]
+        ids = await orc.submit_many(specs)
+        assert len(set(ids)) == 200
+        for i in (0, 57, 199):
+            assert (await orc.get_job(ids[i])).payload["name"] == f"n{i}"
+        assert await orc.submit_many([]) == []
+    rows = await procrastinate_jobs(db)
+    assert sorted(r[5] for r in rows) == sorted(str(i) for i in ids)
+
+
+async def test_job_key_replace_updates_the_waiting_job(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    later = datetime.now(UTC) + timedelta(minutes=5)
+    async with app(make_orc) as orc:
+        first = await orc.submit("greet", {"name": "a"}, job_key="k")
+        second = await orc.submit("greet", {"name": "b"}, job_key="k", run_at=later)
+        assert first == second
+        job = await orc.get_job(first)
+        assert (job.payload["name"], job.run_at) == ("b", later)
+        assert [e.kind for e in await orc.job_events(first)] == ["job.created", "job.replaced"]
+    rows = await procrastinate_jobs(db)
+    assert len(rows) == 1 and rows[0][0] == job.procrastinate_job_id and rows[0][7] == later
+
+
+async def test_job_key_preserve_run_at_keeps_the_schedule(
+    make_orc: Callable[..., Orchestrator],
+) -> None:
+    first_run = datetime.now(UTC) + timedelta(minutes=1)
+    async with app(make_orc) as orc:
+        job_id = await orc.submit("greet", {"name": "a"}, job_key="k", run_at=first_run)
+        same = await orc.submit(
+            "greet", {"name": "b"}, job_key="k", job_key_mode="preserve_run_at",
+            run_at=first_run + timedelta(hours=1),
+        )  # fmt: skip
+        job = await orc.get_job(job_id)
+    assert same == job_id and job.payload["name"] == "b" and job.run_at == first_run
+
+
+async def test_job_key_unsafe_dedupe_returns_the_live_job_unchanged(
+    make_orc: Callable[..., Orchestrator],
+) -> None:
+    async with app(make_orc) as orc:
+        job_id = await orc.submit("greet", {"name": "a"}, job_key="k")
+        same = await orc.submit("greet", {"name": "b"}, job_key="k", job_key_mode="unsafe_dedupe")
+        job = await orc.get_job(job_id)
+    assert same == job_id and job.payload["name"] == "a"
+
+
+async def test_job_key_of_a_running_job_is_revoked_and_a_new_job_created(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    async with app(make_orc) as orc:
+        running = await orc.submit("greet", {"name": "a"}, job_key="k")
+        await db.execute(
+            "UPDATE orc_jobs SET status = 'RUNNING', lease_token = gen_random_uuid() WHERE id = %s",
+            (running,),
+        )
+        fresh = await orc.submit("greet", {"name": "b"}, job_key="k")
+        assert fresh != running
+        assert (await orc.get_job(running)).job_key is None
+        assert (await orc.get_job(fresh)).job_key == "k"
+        revoked = (await orc.job_events(running))[-1]
+        assert revoked.kind == "job.key_revoked" and revoked.payload["replaced_by"] == str(fresh)
+
+
+async def test_job_key_of_a_finished_job_does_not_block_a_new_one(
+    make_orc: Callable[..., Orchestrator],
+) -> None:
+    async with app(make_orc) as orc:
+        old = await orc.submit("greet", {"name": "a"}, job_key="k")
+        await orc.cancel(old, reason="test")
+        new = await orc.submit("greet", {"name": "b"}, job_key="k")
+        assert new != old
+        assert (await orc.get_job(old)).job_key == "k"  # history keeps the key
