@@ -128,7 +128,11 @@ class Orchestrator:
             dsn, min_size=self.settings.pool_min_size, max_size=self.settings.pool_max_size
         )
         await pool.open(wait=True)
-        await self.procrastinate.open_async(pool)
+        # A connector given an external pool keeps it even after close_async, so each opening
+        # gets a fresh one (swapped the way App.replace_connector does).
+        connector = procrastinate.PsycopgConnector()
+        self.procrastinate.connector = self.procrastinate.job_manager.connector = connector
+        await connector.open_async(pool)
         self._pool = pool
         self._store = JobStore(pool)
         self._runner = AttemptRunner(

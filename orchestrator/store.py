@@ -60,6 +60,15 @@ class JobStore:
             await cur.execute(QUERIES[name], params)
             return await cur.fetchall()
 
+    async def _execute(
+        self, name: LiteralString, params: dict[str, Any], conn: Conn | None = None
+    ) -> None:
+        if conn is not None:
+            await conn.execute(QUERIES[name], params)
+            return
+        async with self.pool.connection() as pooled:
+            await pooled.execute(QUERIES[name], params)
+
     async def _refusal(self, job_id: UUID, target: Status, lease_token: UUID | None) -> Exception:
         row = await self._one("job_state", {"job_id": job_id})
         if row is None:
@@ -223,7 +232,7 @@ class JobStore:
             return ids
 
     async def record_events(self, events: list[dict[str, Any]], conn: Conn | None = None) -> None:
-        await self._one("record_events", {"events": Jsonb(events)}, conn)
+        await self._execute("record_events", {"events": Jsonb(events)}, conn)
 
     async def lock_dead_letter(self, dead_letter_id: UUID, conn: Conn) -> DeadLetter:
         row = await self._one("get_dead_letter", {"dead_letter_id": dead_letter_id}, conn)
@@ -234,7 +243,7 @@ class JobStore:
     async def mark_dead_letter_requeued(
         self, dead_letter_id: UUID, job_id: UUID, conn: Conn
     ) -> None:
-        await self._one(
+        await self._execute(
             "mark_dead_letter_requeued", {"dead_letter_id": dead_letter_id, "job_id": job_id}, conn
         )
 
