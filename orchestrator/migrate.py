@@ -19,6 +19,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +58,8 @@ class MigrationReport:
         return "applied: " + ", ".join(self.applied)
 
 
-def own_migrations() -> list[Migration]:
-    folder = resources.files("orchestrator") / "sql" / "migrations"
+def own_migrations(folder: Traversable | None = None) -> list[Migration]:
+    folder = folder or resources.files("orchestrator") / "sql" / "migrations"
     found = []
     for entry in folder.iterdir():
         match = _OWN_FILE.match(entry.name)
@@ -81,7 +82,10 @@ def procrastinate_migrations() -> list[Migration]:
     ]
 
 
-async def migrate(conn: psycopg.AsyncConnection[Any]) -> MigrationReport:
+async def migrate(
+    conn: psycopg.AsyncConnection[Any], *, folder: Traversable | None = None
+) -> MigrationReport:
+    """Apply what is missing; ``folder`` replaces the packaged migrations (tests)."""
     report = MigrationReport()
     async with conn.transaction():
         await conn.execute(QUERIES["migrations_lock"])
@@ -91,7 +95,7 @@ async def migrate(conn: psycopg.AsyncConnection[Any]) -> MigrationReport:
             (row[0], row[1]): row[2] for row in await cur.fetchall()
         }
         await _procrastinate(conn, applied, report)
-        for migration in own_migrations():
+        for migration in own_migrations(folder):
             key = (ORCHESTRATOR, migration.version)
             if key in applied:
                 if applied[key] != migration.checksum:

@@ -158,9 +158,26 @@ async def run_worker(
     )
     orc.runner.on_redispatch = wake_after_this_run
     waker_task = asyncio.create_task(waker.run(), name="due-time waker")
+    run = asyncio.create_task(worker.run(), name="procrastinate worker")  # type: ignore[no-untyped-call]
     try:
-        await worker.run()  # type: ignore[no-untyped-call]
+        await asyncio.shield(run)
+    except asyncio.CancelledError:
+        await stop_worker(worker, run)
+        raise
     finally:
         waker_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await waker_task
+
+
+async def stop_worker(worker: Worker, run: asyncio.Task[None]) -> None:
+    """Stop the worker gracefully, and make sure the request is not lost.
+
+    Cancelling the worker's task is not enough: on Python 3.11, ``asyncio.wait_for`` can swallow
+    a cancellation that arrives as its wait completes (CPython gh-86296), and psycopg_pool waits
+    for connections with it. A stop made before ``Worker.run`` has started is also reset by it.
+    So the stop is repeated until the worker has actually stopped.
+    """
+    while not run.done():
+        worker.stop()  # type: ignore[no-untyped-call]
+        await asyncio.wait([run], timeout=0.2)

@@ -158,7 +158,8 @@ BEGIN
 END;
 $$;
 
--- One job to submit. Field names match the JSON objects the Python side sends.
+-- One job to submit. Field names match the JSON objects the Python side sends. A JSON null
+-- payload arrives as SQL NULL and is stored as the JSON value null.
 CREATE TYPE orc_job_spec_v1 AS (
     ord integer,
     id uuid,
@@ -198,7 +199,7 @@ BEGIN
         INSERT INTO orc_jobs (id, job_type, status, payload, queue, priority, run_at,
                               max_attempts, max_retries, agent_id, trace_id, timeout_seconds,
                               replay_of)
-        SELECT s.id, s.job_type, p_initial_status, s.payload, s.queue, s.priority,
+        SELECT s.id, s.job_type, p_initial_status, coalesce(s.payload, 'null'), s.queue, s.priority,
                coalesce(s.run_at, now()), s.max_attempts, s.max_retries, s.agent_id,
                s.trace_id, s.timeout_seconds, s.replay_of
           FROM jsonb_populate_recordset(NULL::orc_job_spec_v1, p_specs) AS s
@@ -231,7 +232,7 @@ BEGIN
 
         IF FOUND AND existing.status = ANY (p_waiting) THEN
             UPDATE orc_jobs AS j
-               SET payload = spec.payload,
+               SET payload = coalesce(spec.payload, 'null'),
                    queue = spec.queue,
                    priority = spec.priority,
                    max_attempts = spec.max_attempts,
@@ -267,7 +268,8 @@ BEGIN
         INSERT INTO orc_jobs (id, job_type, status, payload, queue, priority, run_at,
                               max_attempts, max_retries, job_key, agent_id, trace_id,
                               timeout_seconds, replay_of)
-        VALUES (new_id, spec.job_type, p_initial_status, spec.payload, spec.queue, spec.priority,
+        VALUES (new_id, spec.job_type, p_initial_status, coalesce(spec.payload, 'null'), spec.queue,
+                spec.priority,
                 coalesce(spec.run_at, now()), spec.max_attempts, spec.max_retries, spec.job_key,
                 spec.agent_id, spec.trace_id, spec.timeout_seconds, spec.replay_of);
         created := created || new_id;

@@ -1,0 +1,123 @@
+"""orchestrator migrate: idempotent, upgrades older databases in order, refuses edited history."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from orchestrator.database import drop_database, ensure_database, with_database
+from orchestrator.errors import MigrationError
+from orchestrator.migrate import PROCRASTINATE, migrate, own_migrations, procrastinate_migrations
+
+PACKAGED = Path(__file__).resolve().parent.parent / "orchestrator" / "sql" / "migrations"
+
+
+@pytest.fixture
+def fresh_dsn(server_dsn: str) -> Iterator[str]:
+    name = f"orc_migrate_{uuid.uuid4().hex[:10]}"
+    ensure_database(server_dsn, name)
+    yield with_database(server_dsn, name)
+    drop_database(server_dsn, name)
+
+
+async def connect(dsn: str) -> psycopg.AsyncConnection[Any]:
+    return await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+
+
+async def recorded(conn: psycopg.AsyncConnection[Any]) -> list[tuple[str, str]]:
+    cur = await conn.execute("SELECT component, version FROM orc_schema_migrations ORDER BY 1, 2")
+    return [(r[0], r[1]) for r in await cur.fetchall()]
+
+
+async def test_migrate_twice_applies_everything_once(fresh_dsn: str) -> None:
+    async with await connect(fresh_dsn) as conn:
+        first = await migrate(conn)
+        assert first.applied == ["procrastinate schema", "0001_core"]
+        before = await recorded(conn)
+        second = await migrate(conn)
+        assert second.applied == [] and str(second) == "database is up to date"
+        assert await recorded(conn) == before
+    assert ("orchestrator", "0001") in before
+    assert len([c for c, _ in before if c == PROCRASTINATE]) == len(procrastinate_migrations())
+
+
+async def test_two_pods_migrating_at_once_take_turns(fresh_dsn: str) -> None:
+    async with await connect(fresh_dsn) as a, await connect(fresh_dsn) as b:
+        reports = await asyncio.gather(migrate(a), migrate(b))
+    assert sorted(len(r.applied) for r in reports) == [0, 2]
+
+
+async def test_an_older_database_gets_only_the_newer_migrations(
+    fresh_dsn: str, tmp_path: Path
+) -> None:
+    older = tmp_path / "v1"
+    older.mkdir()
+    shutil.copy(PACKAGED / "0001_core.sql", older)
+    newer = tmp_path / "v2"
+    shutil.copytree(older, newer)
+    (newer / "0002_add_note.sql").write_text("ALTER TABLE orc_jobs ADD COLUMN note text;\n")
+    async with await connect(fresh_dsn) as conn:
+        await migrate(conn, folder=older)
+        report = await migrate(conn, folder=newer)
+        assert report.applied == ["0002_add_note"]
+        cur = await conn.execute("SELECT note FROM orc_jobs LIMIT 0")
+        assert [c.name for c in cur.description or []] == ["note"]
+
+
+async def test_an_edited_migration_is_refused_and_nothing_changes(
+    fresh_dsn: str, tmp_path: Path
+) -> None:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    shutil.copy(PACKAGED / "0001_core.sql", folder)
+    async with await connect(fresh_dsn) as conn:
+        await migrate(conn, folder=folder)
+        (folder / "0001_core.sql").write_text(
+            (folder / "0001_core.sql").read_text() + "\n-- edited\n"
+        )
+        (folder / "0002_more.sql").write_text("CREATE TABLE orc_should_not_exist (x int);\n")
+        with pytest.raises(MigrationError, match="0001_core was changed after it was applied"):
+            await migrate(conn, folder=folder)
+        cur = await conn.execute("SELECT to_regclass('orc_should_not_exist')")
+        assert (await cur.fetchone()) == (None,)
+
+
+def test_badly_named_migration_files_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "2_oops.sql").write_text("SELECT 1;")
+    with pytest.raises(MigrationError, match=r"not named NNNN_name\.sql"):
+        own_migrations(tmp_path)
+
+
+async def test_an_older_procrastinate_schema_is_upgraded_in_order(fresh_dsn: str) -> None:
+    files = procrastinate_migrations()
+    cut = next(i for i, m in enumerate(files) if m.version.startswith("03.02"))
+    async with await connect(fresh_dsn) as conn:
+        # A database built by Procrastinate's own migrations up to 3.1, recorded as such.
+        await conn.execute(
+            "CREATE TABLE orc_schema_migrations (component text, version text, name text, "
+            "checksum text, applied_at timestamptz DEFAULT now(), PRIMARY KEY (component, version))"
+        )
+        for m in files[:cut]:
+            await conn.execute(m.sql.encode())
+            await conn.execute(
+                "INSERT INTO orc_schema_migrations VALUES ('procrastinate', %s, %s, %s)",
+                (m.version, m.name, m.checksum),
+            )
+        cur = await conn.execute(
+            "SELECT to_regprocedure('procrastinate_retry_job_v2(bigint, timestamptz, integer, varchar, varchar)')"
+        )
+        assert (await cur.fetchone()) == (None,)
+        report = await migrate(conn)
+        assert report.applied == [f"procrastinate {m.name}" for m in files[cut:]] + ["0001_core"]
+        cur = await conn.execute(
+            "SELECT to_regprocedure('procrastinate_retry_job_v2(bigint, timestamptz, integer, varchar, varchar)')"
+        )
+        assert (await cur.fetchone()) != (None,)
+        assert own_migrations()[0].version == "0001"
