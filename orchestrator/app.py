@@ -26,9 +26,10 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 
 import retry_config
 from orchestrator import database, maintenance
-from orchestrator.attempt import AttemptRunner
+from orchestrator.attempt import HOST, AttemptRunner
 from orchestrator.classification import Classifier
 from orchestrator.context import JobContext
+from orchestrator.dispatching import DispatchManager
 from orchestrator.errors import DeadLetterError, OrchestratorError, SubmitError, UnknownJobType
 from orchestrator.ids import uuid7
 from orchestrator.migrate import MigrationReport, migrate
@@ -77,6 +78,10 @@ class Orchestrator:
             connector=procrastinate.PsycopgConnector(),
             periodic_defaults={"max_delay": self.settings.periodic_max_delay},
         )
+        self.dispatches = DispatchManager(
+            self.procrastinate.connector, task_prefix=TASK_PREFIX, worker_label=HOST
+        )
+        self.procrastinate.job_manager = self.dispatches
         self._dsn = dsn
         self._pool: AsyncConnectionPool | None = None
         self._store: JobStore | None = None
@@ -109,8 +114,10 @@ class Orchestrator:
         self.classifiers.append(classifier)
         return classifier
 
-    async def _run_attempt(self, pctx: procrastinate.JobContext, job_id: str) -> None:
-        await self.runner.run(pctx, job_id)
+    async def _run_attempt(
+        self, pctx: procrastinate.JobContext, job_id: str, claim: dict[str, Any] | None = None
+    ) -> None:
+        await self.runner.run(pctx, job_id, claim)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -140,6 +147,7 @@ class Orchestrator:
             job_types=self.job_types,
             config=lambda: self.retry_config,
             classifiers=self.classifiers,
+            dispatches=self.dispatches,
         )
 
     async def close(self) -> None:

@@ -1,8 +1,8 @@
 """One attempt of one job, run inside one Procrastinate job: claim, run the task, record.
 
-    claim (PENDING/RETRY -> RUNNING, fenced by the dispatch)   no row: stale dispatch, no-op
+    claim (PENDING/RETRY -> RUNNING, with the fetch; dispatching.py)   none: stale dispatch, no-op
     run the task under the job timeout
-    success                     -> COMPLETED
+    success                     -> COMPLETED, written with Procrastinate's finish (dispatching.py)
     TRANSIENT_APP, budget left  -> RETRY + a new dispatch at next_retry_at; return normally
     TRANSIENT_INFRA, runs left  -> RETRY (no app budget used); raise InfraRetry so Procrastinate
                                    re-runs this dispatch after exp(min(10, run)) s
@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from orchestrator import events
 from orchestrator.classification import Classified, Classifier, ErrorClass, classify
 from orchestrator.context import JobContext
+from orchestrator.dispatching import DispatchManager
 from orchestrator.errors import InvalidOutput, InvalidTransition, StaleLease
 from orchestrator.models import Claim
 from orchestrator.policy import Budget, Fail, Layer, decide
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from orchestrator.store import JobStore
 
 logger = logging.getLogger("orchestrator.attempt")
+#: This process, as it appears in ``locked_by`` (``/w<procrastinate worker id>`` is added).
 HOST = f"{socket.gethostname()}/{os.getpid()}"
 
 
@@ -55,9 +57,11 @@ class AttemptRunner:
         job_types: Mapping[str, JobType],
         config: Callable[[], RetryConfig],
         classifiers: Sequence[Classifier],
+        dispatches: DispatchManager,
         rng: random.Random | None = None,
     ) -> None:
         self.store = store
+        self.dispatches = dispatches
         self.job_types = job_types
         self.config = config
         self.classifiers = classifiers
@@ -66,14 +70,16 @@ class AttemptRunner:
         #: be due (the worker then fetches again once this dispatch has finished).
         self.on_redispatch: Callable[[UUID], None] = lambda job_id: None
 
-    async def run(self, pctx: procrastinate.JobContext, job_id: str) -> None:
+    async def run(
+        self, pctx: procrastinate.JobContext, job_id: str, claimed: dict[str, Any] | None
+    ) -> None:
         pjob = pctx.job
         assert pjob.id is not None
-        worker = f"{HOST}/w{pjob.worker_id}"
-        claim = await self.store.claim(UUID(job_id), pjob.id, pjob.attempts + 1, worker)
-        if claim is None:
+        if claimed is None:
             logger.info("dispatch %s of job %s is stale or a duplicate; skipped", pjob.id, job_id)
             return
+        claim = Claim.model_validate(claimed)
+        worker = claim.locked_by
         job_type = self.job_types[claim.job_type]
         config = self.config().for_type(claim.job_type)
         log = logging.LoggerAdapter(
@@ -126,12 +132,20 @@ class AttemptRunner:
         except Exception as exc:
             await self._failed(claim, exc, pjob, config, output=output)
         else:
-            duration_ms = (time.perf_counter() - started) * 1_000
-            await self._write(
-                claim,
-                "completed",
-                self.store.complete(claim, result, events.completed(claim, duration_ms)),
-            )
+            event = events.completed(claim, (time.perf_counter() - started) * 1_000)
+            pjob_id = pjob.id
+
+            async def complete(delete_dispatch: bool) -> bool:
+                return await self._write(
+                    claim,
+                    "completed",
+                    self.store.complete(
+                        claim, result, event,
+                        procrastinate_job_id=pjob_id, delete_dispatch=delete_dispatch,
+                    ),
+                )  # fmt: skip
+
+            self.dispatches.leave_completion(pjob_id, complete)
 
     async def _failed(
         self,

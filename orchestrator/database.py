@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -69,11 +71,30 @@ def drop_database(dsn: str, dbname: str) -> None:
         conn.execute(sql.SQL(QUERIES["drop_database"]).format(sql.Identifier(dbname)))
 
 
+IDLE_CHECK_SECONDS = 5.0
+
+
 def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 20) -> AsyncConnectionPool:
-    """An unopened pool of autocommit, dict-row connections (open it with ``await pool.open()``)."""
+    """An unopened pool of autocommit, dict-row connections (open it with ``await pool.open()``).
+
+    A connection is checked (an empty query) before use only if it sat idle for more than
+    ``IDLE_CHECK_SECONDS``: that catches connections the server or the network dropped while
+    idle, without doubling the round trips of every statement on a busy worker, as checking on
+    every checkout does.
+    """
+    returned_at: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float] = (
+        weakref.WeakKeyDictionary()
+    )
 
     async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
         await conn.set_autocommit(True)
+
+    async def reset(conn: psycopg.AsyncConnection[Any]) -> None:
+        returned_at[conn] = time.monotonic()
+
+    async def check_if_idle(conn: psycopg.AsyncConnection[Any]) -> None:
+        if time.monotonic() - returned_at.get(conn, 0.0) > IDLE_CHECK_SECONDS:
+            await AsyncConnectionPool.check_connection(conn)
 
     return AsyncConnectionPool(
         dsn,
@@ -81,7 +102,8 @@ def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 20) -> AsyncConn
         max_size=max_size,
         open=False,
         configure=configure,
+        reset=reset,
+        check=check_if_idle,
         kwargs={"row_factory": dict_row},
-        check=AsyncConnectionPool.check_connection,
         name="orchestrator",
     )

@@ -110,16 +110,28 @@ class JobStore:
         )
         return Claim.model_validate(row) if row else None
 
-    async def complete(self, claim: Claim, result: Any, event: dict[str, Any]) -> None:
+    async def complete(
+        self,
+        claim: Claim,
+        result: Any,
+        event: dict[str, Any],
+        *,
+        procrastinate_job_id: int | None = None,
+        delete_dispatch: bool = False,
+    ) -> None:
+        """COMPLETED; with ``procrastinate_job_id``, that dispatch is finished in the same
+        statement (it is finished even when the completion is refused)."""
         row = await self._one(
             "complete_job",
             {
                 **_fence(claim, Status.COMPLETED),
                 "result": Jsonb(result),
                 "event": Jsonb(event),
+                "procrastinate_job_id": procrastinate_job_id,
+                "delete_dispatch": delete_dispatch,
             },
         )
-        if row is None:
+        if row is None or not row["completed"]:
             raise await self._refusal(claim.id, Status.COMPLETED, claim.lease_token)
 
     async def fail(self, claim: Claim, error: dict[str, Any], event: dict[str, Any]) -> UUID:

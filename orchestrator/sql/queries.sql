@@ -70,41 +70,21 @@ SELECT ord, job_id, outcome
 SELECT orc_dispatch_v1(%(job_ids)s::uuid[], %(task_prefix)s) AS dispatched
 
 -- claim_job --
--- Seed 000's atomic claim, for one run of the job's current Procrastinate job: attempt + 1, a
--- new lease, a heartbeat, and a job.running event. A duplicate or stale dispatch (another
--- Procrastinate job, or a job that is not claimable) matches nothing. The same Procrastinate job
--- may re-claim a RUNNING job on a later run: its earlier run ended without recording an outcome.
-WITH claimed AS (
-    UPDATE orc_jobs
-       SET status = %(running)s,
-           attempt = attempt + 1,
-           dispatch_attempt = %(run)s,
-           lease_token = gen_random_uuid(),
-           locked_by = %(worker)s,
-           heartbeat_at = now(),
-           started_at = coalesce(started_at, now()),
-           next_retry_at = NULL
-     WHERE id = %(job_id)s
-       AND procrastinate_job_id = %(procrastinate_job_id)s
-       AND (status = ANY (%(sources)s)
-            OR (status = %(running)s AND dispatch_attempt < %(run)s))
-    RETURNING *
-), event AS (
-    INSERT INTO orc_job_events (job_id, kind, payload)
-    SELECT id, 'job.running',
-           jsonb_build_object('attempt', attempt, 'max_attempts', max_attempts,
-                              'run', dispatch_attempt, 'retry_count', retry_count,
-                              'max_retries', max_retries, 'worker', locked_by,
-                              'run_id', lease_token)
-      FROM claimed
-)
-SELECT id, job_type, payload, attempt, max_attempts, dispatch_attempt, retry_count,
-       max_retries, lease_token, locked_by, queue, priority, timeout_seconds, trace_id,
-       agent_id, started_at
-  FROM claimed
+-- Claim a job for one run of a dispatch (see orc_claim_v1); no row: nothing to claim.
+SELECT * FROM orc_claim_v1(%(job_id)s, %(procrastinate_job_id)s, %(run)s, %(worker)s,
+                           %(sources)s, %(running)s)
+
+-- fetch_dispatch --
+-- The worker's fetch: Procrastinate's, plus the claim of our job (see orc_fetch_dispatch_v1).
+SELECT id, status, task_name, priority, lock, queueing_lock, args, scheduled_at, queue_name,
+       attempts, worker_id
+  FROM orc_fetch_dispatch_v1(%(queues)s::varchar[], %(worker_id)s, %(task_prefix)s,
+                             %(worker)s, %(claimable)s, %(running)s)
 
 -- complete_job --
--- Success: COMPLETED with the result, lease released, job.completed recorded.
+-- Success: COMPLETED with the result, lease released, job.completed recorded. Given the
+-- attempt's Procrastinate job, the same statement also finishes it (succeeded), so a job is
+-- never COMPLETED while its dispatch still shows as running, nor the other way round.
 WITH done AS (
     UPDATE orc_jobs
        SET status = %(target)s, result = %(result)s,
@@ -114,8 +94,12 @@ WITH done AS (
 ), event AS (
     INSERT INTO orc_job_events (job_id, kind, payload)
     SELECT id, 'job.completed', %(event)s FROM done
+), dispatch AS (
+    SELECT procrastinate_finish_job_v1(id, 'succeeded', %(delete_dispatch)s)
+      FROM procrastinate_jobs
+     WHERE id = %(procrastinate_job_id)s AND status = 'doing'
 )
-SELECT id FROM done
+SELECT (SELECT count(*) FROM done) AS completed, (SELECT count(*) FROM dispatch) AS finished
 
 -- fail_job --
 -- Terminal failure of an attempt. Seed 003's order: the dead letter is recorded, then the job

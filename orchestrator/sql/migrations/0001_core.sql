@@ -86,6 +86,12 @@ ALTER TABLE orc_jobs
     ADD CONSTRAINT orc_jobs_replay_of_fkey
     FOREIGN KEY (replay_of) REFERENCES orc_dead_letters (id) ON DELETE SET NULL;
 
+-- Every dispatch is locked on its job id, and Procrastinate's fetch looks for other live jobs with
+-- the candidate's lock; its own indexes do not lead with the lock, so that probe scans. This one
+-- makes it a lookup (measured: the fetch's server time drops from about 200 to 160 us).
+CREATE INDEX orc_procrastinate_jobs_live_lock ON procrastinate_jobs (lock)
+    WHERE status IN ('todo', 'doing');
+
 -- Every status change must be a row of orc_state_transitions; terminal states stamp finished_at.
 CREATE FUNCTION orc_guard_transition_v1() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -155,6 +161,73 @@ BEGIN
         PERFORM pg_notify('orc_wakeup', extract(epoch FROM soonest)::text);
     END IF;
     RETURN cardinality(deferred);
+END;
+$$;
+
+-- Seed 000's atomic claim, for one run of the job's current Procrastinate job: attempt + 1, a
+-- new lease, a heartbeat, and a job.running event. A duplicate or stale dispatch (another
+-- Procrastinate job, or a job that is not claimable) claims nothing. The same Procrastinate job
+-- may re-claim a RUNNING job on a later run: its earlier run ended without recording an outcome.
+CREATE FUNCTION orc_claim_v1(
+    p_job_id uuid, p_procrastinate_job_id bigint, p_run integer, p_worker text,
+    p_claimable text[], p_running text
+) RETURNS TABLE (
+    id uuid, job_type text, payload jsonb, attempt integer, max_attempts integer,
+    dispatch_attempt integer, retry_count integer, max_retries integer, lease_token uuid,
+    locked_by text, queue text, priority integer, timeout_seconds integer, trace_id text,
+    agent_id text, started_at timestamptz
+)
+LANGUAGE sql AS $$
+    WITH claimed AS (
+        UPDATE orc_jobs AS j
+           SET status = p_running,
+               attempt = j.attempt + 1,
+               dispatch_attempt = p_run,
+               lease_token = gen_random_uuid(),
+               locked_by = p_worker,
+               heartbeat_at = now(),
+               started_at = coalesce(j.started_at, now()),
+               next_retry_at = NULL
+         WHERE j.id = p_job_id
+           AND j.procrastinate_job_id = p_procrastinate_job_id
+           AND (j.status = ANY (p_claimable)
+                OR (j.status = p_running AND j.dispatch_attempt < p_run))
+        RETURNING j.*
+    ), event AS (
+        INSERT INTO orc_job_events (job_id, kind, payload)
+        SELECT c.id, 'job.running',
+               jsonb_build_object('attempt', c.attempt, 'max_attempts', c.max_attempts,
+                                  'run', c.dispatch_attempt, 'retry_count', c.retry_count,
+                                  'max_retries', c.max_retries, 'worker', c.locked_by,
+                                  'run_id', c.lease_token)
+          FROM claimed AS c
+    )
+    SELECT c.id, c.job_type, c.payload, c.attempt, c.max_attempts, c.dispatch_attempt,
+           c.retry_count, c.max_retries, c.lease_token, c.locked_by, c.queue, c.priority,
+           c.timeout_seconds, c.trace_id, c.agent_id, c.started_at
+      FROM claimed AS c
+$$;
+
+-- Procrastinate's fetch, and in the same statement the claim of the job it dispatches: a job
+-- is RUNNING exactly when one of its dispatches is doing. The claim (or null, for a stale or
+-- duplicate dispatch) travels to the task in the returned row's args; it is not stored there.
+CREATE FUNCTION orc_fetch_dispatch_v1(
+    p_queues character varying[], p_worker_id bigint, p_task_prefix text, p_worker text,
+    p_claimable text[], p_running text
+) RETURNS SETOF procrastinate_jobs
+LANGUAGE plpgsql AS $$
+DECLARE
+    fetched procrastinate_jobs;
+    claim jsonb;
+BEGIN
+    fetched := procrastinate_fetch_job_v2(p_queues, p_worker_id);
+    IF fetched.id IS NOT NULL AND starts_with(fetched.task_name, p_task_prefix) THEN
+        SELECT to_jsonb(c) INTO claim
+          FROM orc_claim_v1((fetched.args ->> 'job_id')::uuid, fetched.id, fetched.attempts + 1,
+                            p_worker || '/w' || p_worker_id, p_claimable, p_running) AS c;
+        fetched.args := fetched.args || jsonb_build_object('claim', claim);
+    END IF;
+    RETURN NEXT fetched;
 END;
 $$;
 

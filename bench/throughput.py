@@ -1,0 +1,209 @@
+"""Throughput: the orchestrator against raw Procrastinate, in one run, on one database server.
+
+    ./dev bench throughput [--jobs 5000] [--concurrency 10] [--rounds 2]
+
+Baselines: raw Procrastinate (same version), one worker process, the same concurrency, no-op
+tasks, (a) with its default connection pool, which pings every connection it hands out, and
+(b) on the orchestrator's pool, which pings only connections idle for over 5 s. The ratio is
+taken against the faster baseline. Each side drains N jobs that were queued beforehand; the
+tables are ANALYZEd after they are filled (a freshly filled table without statistics runs
+about 3x slower, for every side). The orchestrator's figure is submit -> terminal for
+application jobs: claim (with its event), run, COMPLETED (with its event) together with
+Procrastinate's finish, each job locked on its id. Each worker runs in its own process.
+
+Also printed: submit throughput, single and batched, against Procrastinate's defer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.metadata
+import statistics
+import subprocess
+import sys
+import time
+
+import procrastinate
+import psycopg
+
+from bench.common import fresh_database, machine, server_version
+from orchestrator import JobContext, Orchestrator, Settings
+from orchestrator.database import create_pool
+
+SIDES = ["raw", "raw-our-pool", "orc"]
+TRUNCATE = (
+    "TRUNCATE orc_job_events, orc_dead_letters, orc_jobs, procrastinate_events, "
+    "procrastinate_periodic_defers, procrastinate_jobs, procrastinate_workers "
+    "RESTART IDENTITY CASCADE"
+)
+
+
+def raw_app(dsn: str, *, our_pool: bool = False) -> procrastinate.App:
+    connector = (
+        procrastinate.PsycopgConnector(pool_factory=lambda **_: create_pool(dsn))
+        if our_pool
+        else procrastinate.PsycopgConnector(conninfo=dsn)
+    )
+    app = procrastinate.App(connector=connector)
+
+    @app.task(name="noop")
+    async def noop(i: int) -> None:
+        return None
+
+    return app
+
+
+def orc_app(dsn: str) -> Orchestrator:
+    orc = Orchestrator(settings=Settings(), dsn=dsn)
+
+    @orc.job_type("noop")
+    async def noop(ctx: JobContext, payload: int) -> None:
+        return None
+
+    return orc
+
+
+async def reset(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(TRUNCATE)
+
+
+async def analyze(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("ANALYZE orc_jobs; ANALYZE orc_job_events; ANALYZE procrastinate_jobs")
+
+
+async def fill_raw(dsn: str, n: int) -> None:
+    app = raw_app(dsn)
+    async with app.open_async():
+        task = app.tasks["noop"]
+        for start in range(0, n, 1000):
+            await task.batch_defer_async(*({"i": i} for i in range(start, min(n, start + 1000))))
+
+
+async def fill_orc(dsn: str, n: int) -> None:
+    async with orc_app(dsn) as orc:
+        for start in range(0, n, 1000):
+            await orc.submit_many(
+                {"job_type": "noop", "payload": i} for i in range(start, min(n, start + 1000))
+            )
+
+
+def drain(side: str, dsn: str, concurrency: int) -> float:
+    """Run one worker process until the queue is empty; return its wall time for the jobs."""
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.throughput", "--drain", side, "--dsn", dsn,
+         "--concurrency", str(concurrency)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+async def drain_here(side: str, dsn: str, concurrency: int) -> float:
+    if side in ("raw", "raw-our-pool"):
+        app = raw_app(dsn, our_pool=side == "raw-our-pool")
+        async with app.open_async():
+            started = time.perf_counter()
+            await app.run_worker_async(
+                concurrency=concurrency, wait=False, install_signal_handlers=False
+            )
+            return time.perf_counter() - started
+    async with orc_app(dsn) as orc:
+        started = time.perf_counter()
+        await orc.run_worker(concurrency=concurrency, wait=False, install_signal_handlers=False)
+        return time.perf_counter() - started
+
+
+async def count_done(dsn: str, side: str) -> int:
+    query = (
+        "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
+        if side.startswith("raw")
+        else "SELECT count(*) FROM orc_jobs WHERE status = 'COMPLETED'"
+    )
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        row = await (await conn.execute(query)).fetchone()
+        return int(row[0]) if row else 0
+
+
+async def submit_rates(dsn: str, n_single: int, n_batch: int) -> dict[str, float]:
+    rates: dict[str, float] = {}
+    app = raw_app(dsn)
+    async with app.open_async():
+        task = app.tasks["noop"]
+        await reset(dsn)
+        t = time.perf_counter()
+        for i in range(n_single):
+            await task.defer_async(i=i)
+        rates["procrastinate defer (single)"] = n_single / (time.perf_counter() - t)
+        await reset(dsn)
+        t = time.perf_counter()
+        for start in range(0, n_batch, 1000):
+            await task.batch_defer_async(*({"i": i} for i in range(start, start + 1000)))
+        rates["procrastinate defer (batch 1000)"] = n_batch / (time.perf_counter() - t)
+    async with orc_app(dsn) as orc:
+        await reset(dsn)
+        t = time.perf_counter()
+        for i in range(n_single):
+            await orc.submit("noop", i)
+        rates["orchestrator submit (single)"] = n_single / (time.perf_counter() - t)
+        await reset(dsn)
+        t = time.perf_counter()
+        for start in range(0, n_batch, 1000):
+            await orc.submit_many(
+                {"job_type": "noop", "payload": i} for i in range(start, start + 1000)
+            )
+        rates["orchestrator submit (batch 1000)"] = n_batch / (time.perf_counter() - t)
+    await reset(dsn)
+    return rates
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=5000)
+    parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--drain", choices=SIDES)
+    parser.add_argument("--dsn")
+    args = parser.parse_args()
+    if args.drain:  # child process: one worker
+        print(asyncio.run(drain_here(args.drain, args.dsn, args.concurrency)))
+        return
+
+    with fresh_database() as dsn:
+        print(f"machine: {machine()}, PostgreSQL {asyncio.run(server_version(dsn))}")
+        print(f"procrastinate {importlib.metadata.version('procrastinate')}")
+        print(f"{args.jobs} no-op jobs per side, 1 worker process each, "
+              f"concurrency {args.concurrency}")  # fmt: skip
+        results: dict[str, list[float]] = {side: [] for side in SIDES}
+        for round_no in range(1, args.rounds + 1):
+            for side in SIDES:
+                fill = fill_orc if side == "orc" else fill_raw
+                asyncio.run(reset(dsn))
+                asyncio.run(fill(dsn, args.jobs))
+                asyncio.run(analyze(dsn))
+                seconds = drain(side, dsn, args.concurrency)
+                done = asyncio.run(count_done(dsn, side))
+                assert done == args.jobs, f"{side}: {done}/{args.jobs} jobs finished"
+                rate = args.jobs / seconds
+                results[side].append(rate)
+                print(f"  round {round_no} {side:>12}: {rate:7.0f} jobs/s ({seconds:.2f}s)")
+        medians = {side: statistics.median(rates) for side, rates in results.items()}
+        baseline = max(medians["raw"], medians["raw-our-pool"])
+        print(
+            f"end-to-end (median of {args.rounds} rounds): raw Procrastinate "
+            f"{medians['raw']:.0f} jobs/s (default pool), {medians['raw-our-pool']:.0f} jobs/s "
+            f"(our pool); orchestrator {medians['orc']:.0f} jobs/s; ratio "
+            f"{medians['orc'] / baseline:.2f} against the faster baseline (target >= 0.80)"
+        )
+        rates = asyncio.run(submit_rates(dsn, n_single=2000, n_batch=10_000))
+        for name, rate in rates.items():
+            print(f"  {name:<36} {rate:8.0f} jobs/s")
+        ratio = (
+            rates["orchestrator submit (batch 1000)"] / rates["procrastinate defer (batch 1000)"]
+        )
+        print(f"batch submit ratio {ratio:.2f} (target >= 0.50)")
+
+
+if __name__ == "__main__":
+    main()
