@@ -264,23 +264,34 @@ LANGUAGE plpgsql AS $$
 DECLARE
     spec orc_job_spec_v1;
     existing orc_jobs;
+    deferred bigint[];
     created uuid[];  -- new rows
-    fresh uuid[];    -- rows that need a dispatch: created and replaced ones
+    fresh uuid[] := '{}';  -- keyed rows that need a dispatch: created and replaced ones
     new_id uuid;
 BEGIN
+    -- Jobs without a key, set-based: their dispatches first, then the rows that point at them
+    -- (matched by the job id in the dispatch's args), so each row is written once.
+    deferred := procrastinate_defer_jobs_v1(ARRAY(
+        SELECT ROW(s.queue, p_task_prefix || s.job_type, -s.priority, s.id::text, NULL,
+                   jsonb_build_object('job_id', s.id),
+                   CASE WHEN s.run_at > now() THEN s.run_at END)::procrastinate_job_to_defer_v1
+          FROM jsonb_populate_recordset(NULL::orc_job_spec_v1, p_specs) AS s
+         WHERE s.job_key IS NULL
+         ORDER BY s.ord));
     WITH inserted AS (
         INSERT INTO orc_jobs (id, job_type, status, payload, queue, priority, run_at,
                               max_attempts, max_retries, agent_id, trace_id, timeout_seconds,
-                              replay_of)
-        SELECT s.id, s.job_type, p_initial_status, coalesce(s.payload, 'null'), s.queue, s.priority,
-               coalesce(s.run_at, now()), s.max_attempts, s.max_retries, s.agent_id,
-               s.trace_id, s.timeout_seconds, s.replay_of
+                              replay_of, procrastinate_job_id)
+        SELECT s.id, s.job_type, p_initial_status, coalesce(s.payload, 'null'), s.queue,
+               s.priority, coalesce(s.run_at, now()), s.max_attempts, s.max_retries, s.agent_id,
+               s.trace_id, s.timeout_seconds, s.replay_of, p.id
           FROM jsonb_populate_recordset(NULL::orc_job_spec_v1, p_specs) AS s
+          JOIN procrastinate_jobs AS p
+            ON p.id = ANY (deferred) AND p.args ->> 'job_id' = s.id::text
          WHERE s.job_key IS NULL
         RETURNING id
     )
     SELECT coalesce(array_agg(id), '{}') INTO created FROM inserted;
-    fresh := created;
 
     RETURN QUERY
         SELECT s.ord, s.id, 'created'::text
@@ -341,10 +352,10 @@ BEGIN
         INSERT INTO orc_jobs (id, job_type, status, payload, queue, priority, run_at,
                               max_attempts, max_retries, job_key, agent_id, trace_id,
                               timeout_seconds, replay_of)
-        VALUES (new_id, spec.job_type, p_initial_status, coalesce(spec.payload, 'null'), spec.queue,
-                spec.priority,
-                coalesce(spec.run_at, now()), spec.max_attempts, spec.max_retries, spec.job_key,
-                spec.agent_id, spec.trace_id, spec.timeout_seconds, spec.replay_of);
+        VALUES (new_id, spec.job_type, p_initial_status, coalesce(spec.payload, 'null'),
+                spec.queue, spec.priority, coalesce(spec.run_at, now()), spec.max_attempts,
+                spec.max_retries, spec.job_key, spec.agent_id, spec.trace_id,
+                spec.timeout_seconds, spec.replay_of);
         created := created || new_id;
         fresh := fresh || new_id;
         ord := spec.ord; job_id := new_id; outcome := 'created';
@@ -359,6 +370,12 @@ BEGIN
       FROM orc_jobs AS j
      WHERE j.id = ANY (created);
 
-    PERFORM orc_dispatch_v1(fresh, p_task_prefix);
+    -- Keyed jobs get their dispatch now (orc_dispatch_v1 also wakes workers for future ones);
+    -- keyless jobs scheduled for later wake them here.
+    PERFORM orc_dispatch_v1(fresh, p_task_prefix) WHERE cardinality(fresh) > 0;
+    PERFORM pg_notify('orc_wakeup', extract(epoch FROM min(s.run_at))::text)
+       FROM jsonb_populate_recordset(NULL::orc_job_spec_v1, p_specs) AS s
+      WHERE s.job_key IS NULL AND s.run_at > now()
+     HAVING count(*) > 0;
 END;
 $$;
