@@ -307,10 +307,12 @@ class JobStore:
         )
         return [Job.model_validate(row) for row in rows]
 
-    async def soonest_due(self) -> float | None:
-        """Seconds until the next waiting job is due (negative if overdue), or None."""
+    async def soonest_due(self, *, lookback: float) -> float | None:
+        """Seconds until the next waiting job is due, or None; negative for one that came due
+        within the last ``lookback`` seconds."""
         row = await self._one(
-            "soonest_due", {"retry": Status.RETRY.value, "pending": Status.PENDING.value}
+            "soonest_due",
+            {"retry": Status.RETRY.value, "pending": Status.PENDING.value, "lookback": lookback},
         )
         return None if row is None or row["seconds"] is None else float(row["seconds"])
 

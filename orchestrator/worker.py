@@ -73,6 +73,7 @@ class DueTimeWaker:
         self.refresh_interval = refresh_interval
         self._timer: asyncio.TimerHandle | None = None
         self._due: float | None = None  # loop time the timer fires at
+        self._just_fired = False
         self._refresh_now = asyncio.Event()
 
     def note(self, due_epoch: float) -> None:
@@ -92,6 +93,7 @@ class DueTimeWaker:
     def _fire(self) -> None:
         self._timer = self._due = None
         self.wake()
+        self._just_fired = True
         self._refresh_now.set()  # arm the timer for the next due job
 
     async def run(self) -> None:
@@ -102,15 +104,22 @@ class DueTimeWaker:
                 self._timer.cancel()
 
     async def _refresh_loop(self) -> None:
+        """Re-arm the timer from the table. A job that came due unseen (scheduled while the
+        listener was away) wakes the worker at once, except right after the timer fired: the
+        fetch it caused already looked, and waking again would only spin on a job that waits
+        for a lock or a free slot."""
         while True:
+            self._refresh_now.clear()  # a request made during the query runs the loop again
+            just_fired, self._just_fired = self._just_fired, False
             try:
-                seconds = await self.store.soonest_due()
+                seconds = await self.store.soonest_due(lookback=self.refresh_interval)
             except psycopg.Error as exc:
                 logger.warning("due-time refresh failed: %s", exc)
             else:
-                if seconds is not None:
+                if seconds is not None and seconds > 0:
                     self.note_in(seconds)
-            self._refresh_now.clear()
+                elif seconds is not None and not just_fired:
+                    self.wake()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._refresh_now.wait(), self.refresh_interval)
 

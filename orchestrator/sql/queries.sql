@@ -199,12 +199,15 @@ SELECT * FROM orc_jobs
  LIMIT %(limit)s
 
 -- soonest_due --
--- When does the next waiting job become due, in seconds from now (the worker's wake-up timer).
--- Overdue jobs are left to the fetch loop: waking for them again would only spin.
+-- Seconds until the next waiting job is due (the worker's wake-up timer). Jobs that came due in
+-- the last %(lookback)s seconds count too (negative answer): the worker may not have seen them.
 SELECT extract(epoch FROM least(
            (SELECT min(next_retry_at) FROM orc_jobs
-             WHERE status = %(retry)s AND next_retry_at > now()),
-           (SELECT min(run_at) FROM orc_jobs WHERE status = %(pending)s AND run_at > now())
+             WHERE status = %(retry)s
+               AND next_retry_at > now() - make_interval(secs => %(lookback)s)),
+           (SELECT min(run_at) FROM orc_jobs
+             WHERE status = %(pending)s
+               AND run_at > now() - make_interval(secs => %(lookback)s))
        ) - now()) AS seconds
 
 -- lost_dispatches --

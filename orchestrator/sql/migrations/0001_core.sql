@@ -286,8 +286,10 @@ BEGIN
                s.priority, coalesce(s.run_at, now()), s.max_attempts, s.max_retries, s.agent_id,
                s.trace_id, s.timeout_seconds, s.replay_of, p.id
           FROM jsonb_populate_recordset(NULL::orc_job_spec_v1, p_specs) AS s
-          JOIN procrastinate_jobs AS p
-            ON p.id = ANY (deferred) AND p.args ->> 'job_id' = s.id::text
+          JOIN (SELECT pj.id, (pj.args ->> 'job_id')::uuid AS job_id
+                  FROM unnest(deferred) AS d (id)
+                  JOIN procrastinate_jobs AS pj ON pj.id = d.id) AS p
+            ON p.job_id = s.id
          WHERE s.job_key IS NULL
         RETURNING id
     )
