@@ -270,7 +270,7 @@ DECLARE
     new_id uuid;
 BEGIN
     -- Jobs without a key, set-based: their dispatches first, then the rows that point at them
-    -- (matched by the job id in the dispatch's args), so each row is written once.
+    -- (matched by the dispatch's lock, which is the job id), so each row is written once.
     deferred := procrastinate_defer_jobs_v1(ARRAY(
         SELECT ROW(s.queue, p_task_prefix || s.job_type, -s.priority, s.id::text, NULL,
                    jsonb_build_object('job_id', s.id),
@@ -286,10 +286,8 @@ BEGIN
                s.priority, coalesce(s.run_at, now()), s.max_attempts, s.max_retries, s.agent_id,
                s.trace_id, s.timeout_seconds, s.replay_of, p.id
           FROM jsonb_populate_recordset(NULL::orc_job_spec_v1, p_specs) AS s
-          JOIN (SELECT pj.id, (pj.args ->> 'job_id')::uuid AS job_id
-                  FROM unnest(deferred) AS d (id)
-                  JOIN procrastinate_jobs AS pj ON pj.id = d.id) AS p
-            ON p.job_id = s.id
+          JOIN procrastinate_jobs AS p  -- a lookup in orc_procrastinate_jobs_live_lock
+            ON p.lock = s.id::text AND p.status = 'todo' AND p.id = ANY (deferred)
          WHERE s.job_key IS NULL
         RETURNING id
     )
