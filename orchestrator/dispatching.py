@@ -34,20 +34,30 @@ class DispatchManager(manager.JobManager):
         self.task_prefix = task_prefix
         self.worker_label = worker_label
         self.completions: dict[int, Completion] = {}
+        self.wakes = 0  # wake-ups of the worker so far (see fetch_job)
 
     async def fetch_job(self, queues: Iterable[str] | None, worker_id: int) -> jobs.Job | None:
-        row = await self.connector.execute_query_one_async(
-            query=QUERIES["fetch_dispatch"],
-            queues=list(queues) if queues is not None else None,
-            worker_id=worker_id,
-            task_prefix=self.task_prefix,
-            worker=self.worker_label,
-            claimable=states.sources_of(Status.RUNNING),
-            running=Status.RUNNING.value,
-        )
-        if row["id"] is None:
-            return None
-        return jobs.Job.from_row(row)
+        """Fetch and claim; fetch again at once if the worker was woken during an empty fetch.
+
+        Procrastinate's loop clears its wake-up event after each fetch, so a wake-up that lands
+        while a fetch is under way (one that began before a lock was released or a job was
+        committed) would otherwise wait for the next poll.
+        """
+        while True:
+            wakes = self.wakes
+            row = await self.connector.execute_query_one_async(
+                query=QUERIES["fetch_dispatch"],
+                queues=list(queues) if queues is not None else None,
+                worker_id=worker_id,
+                task_prefix=self.task_prefix,
+                worker=self.worker_label,
+                claimable=states.sources_of(Status.RUNNING),
+                running=Status.RUNNING.value,
+            )
+            if row["id"] is not None:
+                return jobs.Job.from_row(row)
+            if self.wakes == wakes:
+                return None
 
     def leave_completion(self, procrastinate_job_id: int, completion: Completion) -> None:
         self.completions[procrastinate_job_id] = completion

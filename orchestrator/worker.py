@@ -26,6 +26,7 @@ from orchestrator.queries import QUERIES
 
 if TYPE_CHECKING:
     from orchestrator.app import Orchestrator
+    from orchestrator.dispatching import DispatchManager
     from orchestrator.store import JobStore
 
 logger = logging.getLogger(__name__)
@@ -38,12 +39,23 @@ _wake_after_run: contextvars.ContextVar[list[UUID] | None] = contextvars.Context
 class Worker(procrastinate_worker.Worker):
     """Procrastinate's worker with a way to fetch now rather than at the next poll.
 
-    Relies on two internals of procrastinate 3.x (``_new_job_event``, ``_process_job``); the
-    version is pinned below 4 and tests/test_worker_wakeup.py fails if they change.
+    Relies on three internals of procrastinate 3.x (``_new_job_event``, ``_process_job``,
+    ``_handle_notification``); the version is pinned below 4 and tests/test_worker_wakeup.py
+    fails if they change.
     """
 
+    def __init__(self, *, dispatches: DispatchManager, **options: Any) -> None:
+        super().__init__(**options)
+        self.dispatches = dispatches
+
     def wake(self) -> None:
+        self.dispatches.wakes += 1
         self._new_job_event.set()
+
+    async def _handle_notification(self, *, channel: str, notification: Any) -> None:
+        if notification.get("type") == "job_inserted":
+            self.dispatches.wakes += 1
+        await super()._handle_notification(channel=channel, notification=notification)
 
     async def _process_job(self, context: Any) -> None:
         redispatched: list[UUID] = []
@@ -149,6 +161,7 @@ async def run_worker(
     name: str | None,
 ) -> None:
     worker = Worker(
+        dispatches=orc.dispatches,
         app=orc.procrastinate,
         queues=queues,
         name=name or "orchestrator",

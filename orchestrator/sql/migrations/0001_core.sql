@@ -55,14 +55,16 @@ CREATE INDEX orc_jobs_pending_run_at ON orc_jobs (run_at) WHERE status = 'PENDIN
 CREATE INDEX orc_jobs_status_id ON orc_jobs (status, id);
 CREATE INDEX orc_jobs_job_type_id ON orc_jobs (job_type, id);
 
+-- History is read per job, in order: (job_id, id) is the one index it needs (every index costs
+-- write-ahead log on each of the several events a job writes).
 CREATE TABLE orc_job_events (
-    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     job_id uuid NOT NULL REFERENCES orc_jobs (id) ON DELETE CASCADE,
+    id bigint GENERATED ALWAYS AS IDENTITY,
     kind text NOT NULL,
     at timestamptz NOT NULL DEFAULT clock_timestamp(),
-    payload jsonb NOT NULL DEFAULT '{}'
+    payload jsonb NOT NULL DEFAULT '{}',
+    PRIMARY KEY (job_id, id)
 );
-CREATE INDEX orc_job_events_job_id ON orc_job_events (job_id, id);
 
 CREATE TABLE orc_dead_letters (
     id uuid PRIMARY KEY,
@@ -177,7 +179,11 @@ CREATE FUNCTION orc_claim_v1(
     locked_by text, queue text, priority integer, timeout_seconds integer, trace_id text,
     agent_id text, started_at timestamptz
 )
-LANGUAGE sql AS $$
+-- plpgsql rather than sql: its plans are cached per session (before PostgreSQL 18, a sql
+-- function with a data-modifying WITH is planned again on every call).
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY
     WITH claimed AS (
         UPDATE orc_jobs AS j
            SET status = p_running,
@@ -205,7 +211,8 @@ LANGUAGE sql AS $$
     SELECT c.id, c.job_type, c.payload, c.attempt, c.max_attempts, c.dispatch_attempt,
            c.retry_count, c.max_retries, c.lease_token, c.locked_by, c.queue, c.priority,
            c.timeout_seconds, c.trace_id, c.agent_id, c.started_at
-      FROM claimed AS c
+      FROM claimed AS c;
+END;
 $$;
 
 -- Procrastinate's fetch, and in the same statement the claim of the job it dispatches: a job
