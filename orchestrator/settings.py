@@ -27,17 +27,19 @@ class Settings(BaseSettings):
     retry_config: Path | None = Field(
         None, description="Retry config file (TOML); unset uses retry_config/default.toml."
     )
-    pool_min_size: int = Field(2, ge=1)
-    pool_max_size: int = Field(20, ge=1)
+    pool_min_size: int = Field(2, ge=1, description="Connections the pool keeps open.")
+    pool_max_size: int = Field(
+        10, ge=1, description="Connections the pool may open (the worker's default concurrency)."
+    )
 
-    worker_concurrency: int = Field(10, ge=1)
+    worker_concurrency: int = Field(10, ge=1, description="Jobs a worker runs at once.")
     fetch_polling_interval: float = Field(
         5.0, gt=0, description="Seconds between Procrastinate polls when no NOTIFY arrives."
     )
     safety_net_cron: str = Field(
         "* * * * *", description="When the retry safety net looks for lost dispatches."
     )
-    safety_net_batch_size: int = Field(500, ge=1)
+    safety_net_batch_size: int = Field(500, ge=1, description="Jobs per batch of one run.")
     safety_net_grace_seconds: float = Field(
         10.0, ge=0, description="How long past due a waiting job may go without a dispatch."
     )
