@@ -307,14 +307,16 @@ class JobStore:
         )
         return [Job.model_validate(row) for row in rows]
 
-    async def soonest_due(self, *, lookback: float) -> float | None:
-        """Seconds until the next waiting job is due, or None; negative for one that came due
+    async def soonest_due(self, *, lookback: float) -> tuple[float | None, bool]:
+        """Seconds until the next waiting job is due (None: none is), and whether one came due
         within the last ``lookback`` seconds."""
         row = await self._one(
             "soonest_due",
             {"retry": Status.RETRY.value, "pending": Status.PENDING.value, "lookback": lookback},
         )
-        return None if row is None or row["seconds"] is None else float(row["seconds"])
+        assert row is not None
+        seconds = None if row["seconds"] is None else float(row["seconds"])
+        return seconds, bool(row["overdue"])
 
     async def dead_letters(self, *, state: str | None = None, limit: int = 50) -> list[DeadLetter]:
         rows = await self._all("list_dead_letters", {"state": state, "limit": limit})

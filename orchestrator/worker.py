@@ -124,13 +124,13 @@ class DueTimeWaker:
             self._refresh_now.clear()  # a request made during the query runs the loop again
             just_fired, self._just_fired = self._just_fired, False
             try:
-                seconds = await self.store.soonest_due(lookback=self.refresh_interval)
+                seconds, overdue = await self.store.soonest_due(lookback=self.refresh_interval)
             except psycopg.Error as exc:
                 logger.warning("due-time refresh failed: %s", exc)
             else:
-                if seconds is not None and seconds > 0:
+                if seconds is not None:
                     self.note_in(seconds)
-                elif seconds is not None and not just_fired:
+                if overdue and not just_fired:
                     self.wake()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._refresh_now.wait(), self.refresh_interval)

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
 
 from orchestrator import Orchestrator, Status
 from tests import scripted
-from tests.conftest import WorkerRun
+from tests.conftest import WorkerRun, wait_for
 
 
 async def test_app_retries_start_when_due_not_at_the_next_poll(
@@ -62,3 +65,63 @@ async def test_an_immediate_retry_starts_once_the_failed_run_has_finished(
         job_id = await orc.submit("again")
         await worker.until_finished(job_id, timeout=10)
     assert calls == [1, 2, 3]
+
+
+async def test_the_waker_arms_a_timer_for_the_next_job_while_another_is_overdue(
+    dsn: str, db: psycopg.AsyncConnection[Any]
+) -> None:
+    # One job came due but has not been fetched yet (its fetch is under way, or it waits for a
+    # lock); another is due in 0.3 s. The overdue one must not hide the next one's due time.
+    import asyncio
+
+    from orchestrator.database import create_pool
+    from orchestrator.store import JobStore
+    from orchestrator.worker import DueTimeWaker
+
+    for offset in ("-1 second", "0.3 seconds"):
+        await db.execute(
+            "INSERT INTO orc_jobs (id, job_type, status, payload, queue, max_attempts, "
+            "max_retries, trace_id, next_retry_at) VALUES (gen_random_uuid(), 'x', 'RETRY', "
+            "'null', 'x', 1, 1, 't', now() + %s::interval)",
+            (offset,),
+        )
+    loop = asyncio.get_running_loop()
+    wakes: list[float] = []
+    pool = create_pool(dsn, min_size=1, max_size=2)
+    await pool.open()
+    waker = DueTimeWaker(
+        dsn=dsn, store=JobStore(pool), wake=lambda: wakes.append(loop.time()), refresh_interval=30
+    )
+    started = loop.time()
+    task = asyncio.create_task(waker.run())
+
+    async def woken_for_the_next_job() -> bool:
+        return any(at - started > 0.25 for at in wakes)
+
+    try:
+        await wait_for(woken_for_the_next_job, timeout=2)  # when due, not at the 30 s refresh
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await pool.close()
+    assert wakes[0] - started < 1  # the overdue job: at once
+
+
+async def test_staggered_retries_each_start_when_due(make_orc: Callable[..., Orchestrator]) -> None:
+    # After the timer fires for one retry, the next one (due 50 ms later) must get its own
+    # timer, even while the first is still overdue and being fetched.
+    import asyncio
+
+    orc = make_orc(fetch_polling_interval=60)
+    scripted.register(orc)
+    async with WorkerRun(orc) as worker:
+        jobs = []
+        for _ in range(6):
+            jobs.append(await orc.submit("scripted", {"script": ["app", "ok"]}))
+            await asyncio.sleep(0.05)
+        await worker.until_finished(*jobs, timeout=10)
+    for job_id in jobs:
+        events = await orc.job_events(job_id)
+        due = next(e for e in events if e.kind == "job.retry_scheduled").payload["available_at"]
+        start = [e.at for e in events if e.kind == "job.running"][1]
+        assert (start - datetime.fromisoformat(due)).total_seconds() < 2  # not the 60 s poll

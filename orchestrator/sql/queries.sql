@@ -201,16 +201,18 @@ SELECT * FROM orc_jobs
  LIMIT %(limit)s
 
 -- soonest_due --
--- Seconds until the next waiting job is due (the worker's wake-up timer). Jobs that came due in
--- the last %(lookback)s seconds count too (negative answer): the worker may not have seen them.
-SELECT extract(epoch FROM least(
-           (SELECT min(next_retry_at) FROM orc_jobs
-             WHERE status = %(retry)s
-               AND next_retry_at > now() - make_interval(secs => %(lookback)s)),
-           (SELECT min(run_at) FROM orc_jobs
-             WHERE status = %(pending)s
-               AND run_at > now() - make_interval(secs => %(lookback)s))
-       ) - now()) AS seconds
+-- For the worker's wake-up timer: seconds until the next waiting job is due (null: none), and
+-- whether one came due in the last %(lookback)s seconds (the worker may not have seen it).
+WITH due AS (
+    SELECT next_retry_at AS at FROM orc_jobs
+     WHERE status = %(retry)s AND next_retry_at > now() - make_interval(secs => %(lookback)s)
+    UNION ALL
+    SELECT run_at FROM orc_jobs
+     WHERE status = %(pending)s AND run_at > now() - make_interval(secs => %(lookback)s)
+)
+SELECT extract(epoch FROM min(at) FILTER (WHERE at > now()) - now()) AS seconds,
+       coalesce(bool_or(at <= now()), false) AS overdue
+  FROM due
 
 -- lost_dispatches --
 -- The retry safety net: waiting jobs past due whose Procrastinate job is gone, finished, or
