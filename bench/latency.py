@@ -109,9 +109,11 @@ async def in_process_raw(dsn: str, samples: int) -> list[float]:
                 raw.run_worker_async(concurrency=1, install_signal_handlers=False)
             )
             await asyncio.sleep(1.0)
-            yield
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            try:
+                yield
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     return await back_to_back(lambda i: raw.tasks["probe"].defer_async(i=i), worker(), samples)
 
@@ -123,9 +125,11 @@ async def in_process_orchestrator(dsn: str, samples: int) -> list[float]:
         async with orc:
             task = asyncio.create_task(orc.run_worker(concurrency=1, install_signal_handlers=False))
             await asyncio.sleep(1.0)
-            yield
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            try:
+                yield
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     return await back_to_back(lambda i: orc.submit("probe", i), worker(), samples)
 
