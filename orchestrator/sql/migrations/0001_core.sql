@@ -238,6 +238,14 @@ BEGIN
 END;
 $$;
 
+-- The payload of a job.created event.
+CREATE FUNCTION orc_created_event_v1(j orc_jobs) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object('job_type', j.job_type, 'queue', j.queue, 'run_at', j.run_at,
+                              'max_attempts', j.max_attempts, 'max_retries', j.max_retries,
+                              'job_key', j.job_key, 'trace_id', j.trace_id)
+$$;
+
 -- One job to submit. Field names match the JSON objects the Python side sends. A JSON null
 -- payload arrives as SQL NULL and is stored as the JSON value null.
 CREATE TYPE orc_job_spec_v1 AS (
@@ -269,10 +277,11 @@ CREATE FUNCTION orc_submit_jobs_v1(
 ) RETURNS TABLE (ord integer, job_id uuid, outcome text)
 LANGUAGE plpgsql AS $$
 DECLARE
+    specs orc_job_spec_v1[] := ARRAY(
+        SELECT s FROM jsonb_populate_recordset(NULL::orc_job_spec_v1, p_specs) AS s);
     spec orc_job_spec_v1;
     existing orc_jobs;
     deferred bigint[];
-    created uuid[];  -- new rows
     fresh uuid[] := '{}';  -- keyed rows that need a dispatch: created and replaced ones
     new_id uuid;
 BEGIN
@@ -282,7 +291,7 @@ BEGIN
         SELECT ROW(s.queue, p_task_prefix || s.job_type, -s.priority, s.id::text, NULL,
                    jsonb_build_object('job_id', s.id),
                    CASE WHEN s.run_at > now() THEN s.run_at END)::procrastinate_job_to_defer_v1
-          FROM jsonb_populate_recordset(NULL::orc_job_spec_v1, p_specs) AS s
+          FROM unnest(specs) AS s
          WHERE s.job_key IS NULL
          ORDER BY s.ord));
     WITH inserted AS (
@@ -292,22 +301,19 @@ BEGIN
         SELECT s.id, s.job_type, p_initial_status, coalesce(s.payload, 'null'), s.queue,
                s.priority, coalesce(s.run_at, now()), s.max_attempts, s.max_retries, s.agent_id,
                s.trace_id, s.timeout_seconds, s.replay_of, p.id
-          FROM jsonb_populate_recordset(NULL::orc_job_spec_v1, p_specs) AS s
+          FROM unnest(specs) AS s
           JOIN procrastinate_jobs AS p  -- a lookup in orc_procrastinate_jobs_live_lock
             ON p.lock = s.id::text AND p.status = 'todo' AND p.id = ANY (deferred)
          WHERE s.job_key IS NULL
-        RETURNING id
+        RETURNING *
     )
-    SELECT coalesce(array_agg(id), '{}') INTO created FROM inserted;
+    INSERT INTO orc_job_events (job_id, kind, payload)
+    SELECT i.id, 'job.created', orc_created_event_v1(i) FROM inserted AS i;
 
-    RETURN QUERY
-        SELECT s.ord, s.id, 'created'::text
-          FROM jsonb_populate_recordset(NULL::orc_job_spec_v1, p_specs) AS s
-         WHERE s.job_key IS NULL;
+    RETURN QUERY SELECT s.ord, s.id, 'created'::text FROM unnest(specs) AS s
+                  WHERE s.job_key IS NULL;
 
-    FOR spec IN
-        SELECT * FROM jsonb_populate_recordset(NULL::orc_job_spec_v1, p_specs) AS s
-         WHERE s.job_key IS NOT NULL ORDER BY s.ord
+    FOR spec IN SELECT * FROM unnest(specs) AS s WHERE s.job_key IS NOT NULL ORDER BY s.ord
     LOOP
         -- Serialise submits of one key, so two of them cannot both create a job.
         PERFORM pg_advisory_xact_lock(hashtextextended('orc_job_key:' || spec.job_key, 0));
@@ -356,32 +362,28 @@ BEGIN
             VALUES (existing.id, 'job.key_revoked',
                     jsonb_build_object('job_key', spec.job_key, 'replaced_by', new_id));
         END IF;
-        INSERT INTO orc_jobs (id, job_type, status, payload, queue, priority, run_at,
-                              max_attempts, max_retries, job_key, agent_id, trace_id,
-                              timeout_seconds, replay_of)
-        VALUES (new_id, spec.job_type, p_initial_status, coalesce(spec.payload, 'null'),
-                spec.queue, spec.priority, coalesce(spec.run_at, now()), spec.max_attempts,
-                spec.max_retries, spec.job_key, spec.agent_id, spec.trace_id,
-                spec.timeout_seconds, spec.replay_of);
-        created := created || new_id;
+        WITH inserted AS (
+            INSERT INTO orc_jobs (id, job_type, status, payload, queue, priority, run_at,
+                                  max_attempts, max_retries, job_key, agent_id, trace_id,
+                                  timeout_seconds, replay_of)
+            VALUES (new_id, spec.job_type, p_initial_status, coalesce(spec.payload, 'null'),
+                    spec.queue, spec.priority, coalesce(spec.run_at, now()), spec.max_attempts,
+                    spec.max_retries, spec.job_key, spec.agent_id, spec.trace_id,
+                    spec.timeout_seconds, spec.replay_of)
+            RETURNING *
+        )
+        INSERT INTO orc_job_events (job_id, kind, payload)
+        SELECT i.id, 'job.created', orc_created_event_v1(i) FROM inserted AS i;
         fresh := fresh || new_id;
         ord := spec.ord; job_id := new_id; outcome := 'created';
         RETURN NEXT;
     END LOOP;
 
-    INSERT INTO orc_job_events (job_id, kind, payload)
-    SELECT j.id, 'job.created',
-           jsonb_build_object('job_type', j.job_type, 'queue', j.queue, 'run_at', j.run_at,
-                              'max_attempts', j.max_attempts, 'max_retries', j.max_retries,
-                              'job_key', j.job_key, 'trace_id', j.trace_id)
-      FROM orc_jobs AS j
-     WHERE j.id = ANY (created);
-
     -- Keyed jobs get their dispatch now (orc_dispatch_v1 also wakes workers for future ones);
     -- keyless jobs scheduled for later wake them here.
     PERFORM orc_dispatch_v1(fresh, p_task_prefix) WHERE cardinality(fresh) > 0;
     PERFORM pg_notify('orc_wakeup', extract(epoch FROM min(s.run_at))::text)
-       FROM jsonb_populate_recordset(NULL::orc_job_spec_v1, p_specs) AS s
+       FROM unnest(specs) AS s
       WHERE s.job_key IS NULL AND s.run_at > now()
      HAVING count(*) > 0;
 END;
