@@ -114,10 +114,9 @@ class Orchestrator:
         self.classifiers.append(classifier)
         return classifier
 
-    async def _run_attempt(
-        self, pctx: procrastinate.JobContext, job_id: str, claim: dict[str, Any] | None = None
-    ) -> None:
-        await self.runner.run(pctx, job_id, claim)
+    async def _run_attempt(self, pctx: procrastinate.JobContext, job_id: str) -> None:
+        assert pctx.job.id is not None
+        await self.runner.run(pctx, job_id, self.dispatches.take_claim(pctx.job.id))
 
     # -- lifecycle -------------------------------------------------------------------------
 

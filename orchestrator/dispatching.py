@@ -1,7 +1,7 @@
 """How dispatches are fetched and finished: Procrastinate's JobManager, with our writes folded in.
 
 - fetch: Procrastinate's fetch and the claim of the application job it dispatches run as one
-  statement (``orc_fetch_dispatch_v1``); the claim reaches the task in its arguments.
+  statement (``orc_fetch_dispatch_v1``); the claim is handed to the attempt from here.
 - finish: a successful attempt does not write COMPLETED itself; it leaves its completion here,
   and when Procrastinate finishes the dispatch, one statement writes both.
 
@@ -34,6 +34,9 @@ class DispatchManager(manager.JobManager):
         self.task_prefix = task_prefix
         self.worker_label = worker_label
         self.completions: dict[int, Completion] = {}
+        #: The claim made with each fetch, until its attempt takes it (``take_claim``). It is
+        #: kept out of the task's arguments, which Procrastinate logs: it holds the payload.
+        self.claims: dict[int, dict[str, Any] | None] = {}
         self.wakes = 0  # wake-ups of the worker so far (see fetch_job)
 
     async def fetch_job(self, queues: Iterable[str] | None, worker_id: int) -> jobs.Job | None:
@@ -55,15 +58,21 @@ class DispatchManager(manager.JobManager):
                 running=Status.RUNNING.value,
             )
             if row["id"] is not None:
-                return jobs.Job.from_row(row)
+                args = dict(row["args"])
+                self.claims[row["id"]] = args.pop("claim", None)
+                return jobs.Job.from_row({**row, "args": args})
             if self.wakes == wakes:
                 return None
+
+    def take_claim(self, procrastinate_job_id: int) -> dict[str, Any] | None:
+        return self.claims.pop(procrastinate_job_id, None)
 
     def leave_completion(self, procrastinate_job_id: int, completion: Completion) -> None:
         self.completions[procrastinate_job_id] = completion
 
     async def finish_job(self, job: jobs.Job, status: jobs.Status, delete_job: bool) -> None:
         assert job.id is not None
+        self.claims.pop(job.id, None)  # a dispatch that ended before its attempt took it
         completion = self.completions.pop(job.id, None)
         if completion is None:
             await super().finish_job(job, status, delete_job)

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import psycopg
+from procrastinate import manager
 from procrastinate import worker as procrastinate_worker
+from psycopg import sql
 
 from orchestrator.queries import QUERIES
 
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+WAKEUP_CHANNEL = "orc_wakeup"
 _wake_after_run: contextvars.ContextVar[list[UUID] | None] = contextvars.ContextVar(
     "wake_after_run", default=None
 )
@@ -77,9 +80,16 @@ def wake_after_this_run(job_id: UUID) -> None:
 
 class DueTimeWaker:
     def __init__(
-        self, *, dsn: str, store: JobStore, wake: Callable[[], None], refresh_interval: float
+        self,
+        *,
+        dsn: str,
+        store: JobStore,
+        wake: Callable[[], None],
+        refresh_interval: float,
+        queues: Sequence[str] | None = None,
     ) -> None:
         self.dsn = dsn
+        self.queues = queues
         self.store = store
         self.wake = wake
         self.refresh_interval = refresh_interval
@@ -136,19 +146,35 @@ class DueTimeWaker:
                 await asyncio.wait_for(self._refresh_now.wait(), self.refresh_interval)
 
     async def _listen(self) -> None:
+        """Hear due times (``orc_wakeup``) and inserted jobs (Procrastinate's channels).
+
+        Procrastinate's own listener misses a job inserted after the worker's first fetch but
+        before it is listening (it waits for the next poll). Here, either the insert is heard,
+        or this connection came later and the refresh it triggers finds the job overdue.
+        """
+        channels = [WAKEUP_CHANNEL, *manager.get_channel_for_queues(self.queues)]
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-                    await conn.execute(QUERIES["listen_wakeup"])
+                    for channel in channels:
+                        await conn.execute(
+                            sql.SQL(QUERIES["listen_channel"]).format(sql.Identifier(channel))
+                        )
                     self._refresh_now.set()  # catch up on anything scheduled while away
                     async for notify in conn.notifies():
-                        try:
-                            self.note(float(notify.payload))
-                        except ValueError:
-                            logger.warning("ignoring malformed wake-up %r", notify.payload)
+                        self._heard(notify.channel, notify.payload)
             except psycopg.OperationalError as exc:
                 logger.warning("wake-up listener lost its connection (%s); reconnecting", exc)
                 await asyncio.sleep(1.0)
+
+    def _heard(self, channel: str, payload: str) -> None:
+        if channel != WAKEUP_CHANNEL:
+            self.wake()  # a job was inserted (or an abort requested: a fetch is harmless)
+            return
+        try:
+            self.note(float(payload))
+        except ValueError:
+            logger.warning("ignoring malformed wake-up %r", payload)
 
 
 async def run_worker(
@@ -177,6 +203,7 @@ async def run_worker(
         store=orc.store,
         wake=worker.wake,
         refresh_interval=orc.settings.fetch_polling_interval,
+        queues=queues,
     )
     orc.runner.on_redispatch = wake_after_this_run
     waker_task = asyncio.create_task(waker.run(), name="due-time waker")

@@ -14,9 +14,11 @@ CREATE DATABASE {}
 -- drop_database --
 DROP DATABASE IF EXISTS {} WITH (FORCE)
 
--- listen_wakeup --
--- Workers hear here when a statement schedules a dispatch (payload: due time, epoch seconds).
-LISTEN orc_wakeup
+-- listen_channel --
+-- (the channel is an identifier, formatted in with psycopg.sql). Workers listen on orc_wakeup,
+-- where statements that schedule a dispatch send its due time (epoch seconds), and on
+-- Procrastinate's channels, where it announces inserted jobs.
+LISTEN {}
 
 -- migrations_lock --
 -- Two processes migrating at once take turns (released at commit).

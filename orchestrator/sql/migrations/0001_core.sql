@@ -217,7 +217,8 @@ $$;
 
 -- Procrastinate's fetch, and in the same statement the claim of the job it dispatches: a job
 -- is RUNNING exactly when one of its dispatches is doing. The claim (or null, for a stale or
--- duplicate dispatch) travels to the task in the returned row's args; it is not stored there.
+-- duplicate dispatch) is returned in the row's args, and taken out of them by the worker
+-- (orchestrator/dispatching.py); it is not stored there.
 CREATE FUNCTION orc_fetch_dispatch_v1(
     p_queues character varying[], p_worker_id bigint, p_task_prefix text, p_worker text,
     p_claimable text[], p_running text
