@@ -25,7 +25,8 @@ from psycopg_pool import AsyncConnectionPool
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 import retry_config
-from orchestrator import database, maintenance
+from checkpoints import CheckpointStore
+from orchestrator import approvals, database, maintenance
 from orchestrator.attempt import HOST, AttemptRunner
 from orchestrator.classification import Classifier
 from orchestrator.context import JobContext
@@ -85,6 +86,7 @@ class Orchestrator:
         self._dsn = dsn
         self._pool: AsyncConnectionPool | None = None
         self._store: JobStore | None = None
+        self._checkpoints: CheckpointStore | None = None
         self._runner: AttemptRunner | None = None
         maintenance.register(self)
 
@@ -141,8 +143,10 @@ class Orchestrator:
         await connector.open_async(pool)
         self._pool = pool
         self._store = JobStore(pool)
+        self._checkpoints = CheckpointStore(pool)
         self._runner = AttemptRunner(
             store=self._store,
+            checkpoints=self._checkpoints,
             job_types=self.job_types,
             config=lambda: self.retry_config,
             classifiers=self.classifiers,
@@ -154,7 +158,7 @@ class Orchestrator:
             return
         await self.procrastinate.close_async()
         await self._pool.close()
-        self._pool = self._store = self._runner = None
+        self._pool = self._store = self._checkpoints = self._runner = None
 
     async def __aenter__(self) -> Orchestrator:
         await self.open()
@@ -243,7 +247,8 @@ class Orchestrator:
             "job_key_mode": spec.job_key_mode,
             "agent_id": spec.agent_id,
             "trace_id": spec.trace_id or uuid.uuid4().hex,
-            "timeout_seconds": spec.timeout_seconds,
+            # Stored effective, so the claim can stamp the attempt's deadline (the backstop).
+            "timeout_seconds": spec.timeout_seconds or config.job_timeout_seconds,
         }
 
     # -- reads and operator actions --------------------------------------------------------
@@ -290,6 +295,23 @@ class Orchestrator:
     async def confirm_discard(self, dead_letter_id: UUID | str, *, by: str) -> None:
         """Second review: by someone other than the requester."""
         await self.store.confirm_dead_letter_discard(_uuid(dead_letter_id), by)
+
+    async def approve(self, approval_id: UUID | str, *, by: str, reason: str = "") -> None:
+        """Approve a waiting step: its job resumes from its last checkpoint (no budget used)."""
+        await approvals.decide(self.store, _uuid(approval_id), "approved", by=by, reason=reason)
+
+    async def reject(self, approval_id: UUID | str, *, by: str, reason: str) -> None:
+        """Reject a waiting step: its job fails, or resumes down the task's rejection path."""
+        await approvals.decide(self.store, _uuid(approval_id), "rejected", by=by, reason=reason)
+
+    async def approvals(
+        self, *, status: str | None = "pending", limit: int = 50
+    ) -> list[dict[str, Any]]:
+        return await self.store.approvals(status=status, limit=limit)
+
+    async def job_steps(self, job_id: UUID | str) -> list[dict[str, Any]]:
+        """A job's checkpoints and side effects, in step order."""
+        return await self.store.job_steps(_uuid(job_id))
 
     # -- worker ----------------------------------------------------------------------------
 

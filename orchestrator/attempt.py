@@ -9,9 +9,12 @@
     anything else, or exhausted -> FAILED + dead letter (infra exhaustion re-raises, so the
                                    Procrastinate job ends failed too)
     cancelled (drain, abort)    -> handed back to PENDING, no budget used; cancellation re-raised
+    waiting for an approval     -> nothing more: the wait itself was written by the task's step
 
+Before any outcome, side-effect results the attempt still holds are committed (ledger flush).
 A write refused because the attempt lost its lease (the job was cancelled, swept, or replaced)
-is logged and recorded as ``job.stale_write_rejected``: a stale attempt never changes the job.
+is logged, not retried: a stale attempt never changes the job. An attempt the heartbeats found
+superseded is cancelled and writes nothing at all.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -30,18 +33,19 @@ from uuid import UUID
 import procrastinate
 from pydantic import ValidationError
 
+from checkpoints import AwaitingApproval, CheckpointStore, Fence, Ledger
 from orchestrator import events
 from orchestrator.classification import Classified, Classifier, ErrorClass, classify
 from orchestrator.context import JobContext
-from orchestrator.dispatching import DispatchManager
 from orchestrator.errors import InvalidOutput, InvalidTransition, StaleLease
 from orchestrator.models import Claim
 from orchestrator.policy import Budget, Fail, Layer, decide
 from orchestrator.registry import JobType
 from orchestrator.retry_strategy import InfraRetry
-from retry_config import RetryConfig
+from retry_config import JobRetryConfig, RetryConfig
 
 if TYPE_CHECKING:
+    from orchestrator.dispatching import DispatchManager
     from orchestrator.store import JobStore
 
 logger = logging.getLogger("orchestrator.attempt")
@@ -50,10 +54,13 @@ HOST = f"{socket.gethostname()}/{os.getpid()}"
 
 
 class AttemptRunner:
+    """Runs the attempts of one worker (shared); each dispatch gets an :class:`Attempt`."""
+
     def __init__(
         self,
         *,
         store: JobStore,
+        checkpoints: CheckpointStore,
         job_types: Mapping[str, JobType],
         config: Callable[[], RetryConfig],
         classifiers: Sequence[Classifier],
@@ -61,6 +68,7 @@ class AttemptRunner:
         rng: random.Random | None = None,
     ) -> None:
         self.store = store
+        self.checkpoints = checkpoints
         self.dispatches = dispatches
         self.job_types = job_types
         self.config = config
@@ -69,24 +77,46 @@ class AttemptRunner:
         #: Called with the job id whenever an attempt gave its job a dispatch that may already
         #: be due (the worker then fetches again once this dispatch has finished).
         self.on_redispatch: Callable[[UUID], None] = lambda job_id: None
+        #: The attempts running now, by job id (the heartbeats refresh their leases).
+        self.running: dict[UUID, Attempt] = {}
+
+    def leases(self) -> dict[UUID, UUID]:
+        return {job_id: a.claim.lease_token for job_id, a in self.running.items() if not a.lost}
+
+    def abandon(self, job_id: UUID, reason: str) -> None:
+        """Stop an attempt that no longer holds its job (or cannot prove it does): it is
+        cancelled and writes nothing more."""
+        attempt = self.running.get(job_id)
+        if attempt is not None:
+            attempt.abandon(reason)
 
     async def run(
         self, pctx: procrastinate.JobContext, job_id: str, claimed: dict[str, Any] | None
     ) -> None:
-        pjob = pctx.job
-        assert pjob.id is not None
         if claimed is None:
-            logger.info("dispatch %s of job %s is stale or a duplicate; skipped", pjob.id, job_id)
+            logger.info(
+                "dispatch %s of job %s is stale or a duplicate; skipped", pctx.job.id, job_id
+            )
             return
-        claim = Claim.model_validate(claimed)
-        worker = claim.locked_by
-        job_type = self.job_types[claim.job_type]
-        config = self.config().for_type(claim.job_type)
-        log = logging.LoggerAdapter(
-            logging.getLogger(f"orchestrator.job.{claim.job_type}"),
-            {"job_id": str(claim.id), "attempt": claim.attempt, "trace_id": claim.trace_id},
+        await Attempt(self, pctx, Claim.model_validate(claimed)).run()
+
+
+class Attempt:
+    def __init__(self, runner: AttemptRunner, pctx: procrastinate.JobContext, claim: Claim):
+        self.runner = runner
+        self.lost: str | None = None  # why the attempt was abandoned, if it was
+        self._task: asyncio.Task[Any] | None = None
+        self.store = runner.store
+        self.pjob = pctx.job
+        self.claim = claim
+        self.job_type = runner.job_types[claim.job_type]
+        self.config: JobRetryConfig = runner.config().for_type(claim.job_type)
+        self.ledger = Ledger(
+            runner.checkpoints,
+            Fence(claim.id, claim.lease_token, claim.attempt),
+            list(runner.classifiers),
         )
-        ctx = JobContext(
+        self.ctx = JobContext(
             job_id=claim.id,
             job_type=claim.job_type,
             attempt=claim.attempt,
@@ -94,91 +124,106 @@ class AttemptRunner:
             retry_count=claim.retry_count,
             max_retries=claim.max_retries,
             lease_token=claim.lease_token,
-            worker=worker,
+            worker=claim.locked_by,
             trace_id=claim.trace_id,
             agent_id=claim.agent_id,
-            config=config,
-            log=log,
+            config=self.config,
+            log=logging.LoggerAdapter(
+                logging.getLogger(f"orchestrator.job.{claim.job_type}"),
+                {"job_id": str(claim.id), "attempt": claim.attempt, "trace_id": claim.trace_id},
+            ),
             _should_abort=pctx.should_abort,
+            _ledger=self.ledger,
+            _checkpoints=runner.checkpoints,
         )
-        timeout_seconds = claim.timeout_seconds or config.job_timeout_seconds
+
+    def abandon(self, reason: str) -> None:
+        self.lost = reason
+        if self._task is not None:
+            self._task.cancel()  # repeated at each heartbeat while it runs (see heartbeat.py)
+
+    async def run(self) -> None:
+        self._task = asyncio.current_task()
+        self.runner.running[self.claim.id] = self
+        try:
+            await self._run()
+        finally:
+            if self.runner.running.get(self.claim.id) is self:
+                del self.runner.running[self.claim.id]
+
+    async def _run(self) -> None:
+        claim = self.claim
+        timeout_seconds = claim.timeout_seconds or self.config.job_timeout_seconds
         started = time.perf_counter()
         output: Any = None
         deadline: asyncio.Timeout | None = None
         try:
             try:
-                payload = job_type.parse_payload(claim.payload)
+                payload = self.job_type.parse_payload(claim.payload)
             except ValidationError as exc:
                 raise _StoredPayloadInvalid(str(exc)) from exc
             async with asyncio.timeout(timeout_seconds) as deadline:
-                output = await job_type.fn(ctx, payload)
-            result = job_type.result_json(output)
+                output = await self.job_type.fn(self.ctx, payload)
+            result = self.job_type.result_json(output)
+        except AwaitingApproval:
+            return  # the job waits for a decision; asking was this attempt's outcome
         except asyncio.CancelledError:
-            await asyncio.shield(self._hand_back(claim, "cancelled"))
+            if self.lost is None:  # a drain or an abort: hand the job back
+                await asyncio.shield(self._hand_back("cancelled"))
             raise
         except TimeoutError as exc:
             if deadline is None or not deadline.expired():
-                await self._failed(claim, exc, pjob, config, output=None)
+                await self._failed(exc, output=None)
                 return
-            await self._record_terminal(
-                claim,
-                _JobTimedOut(timeout_seconds),
-                Classified(ErrorClass.PERMANENT, "JOB_TIMEOUT"),
-            )
+            timed_out = _JobTimedOut(timeout_seconds)
+            await self._terminal(timed_out, Classified(ErrorClass.PERMANENT, "JOB_TIMEOUT"))
         except _StoredPayloadInvalid as exc:
-            await self._record_terminal(
-                claim, exc, Classified(ErrorClass.PERMANENT, "PAYLOAD_INVALID")
-            )
+            await self._terminal(exc, Classified(ErrorClass.PERMANENT, "PAYLOAD_INVALID"))
         except Exception as exc:
-            await self._failed(claim, exc, pjob, config, output=output)
+            await self._failed(exc, output=output)
         else:
             event = events.completed(claim, (time.perf_counter() - started) * 1_000)
-            pjob_id = pjob.id
+            pjob_id = self.pjob.id
+            assert pjob_id is not None
+            if not await self._write("completed", self.ledger.flush, flush=False):
+                return
 
             async def complete(delete_dispatch: bool) -> bool:
                 return await self._write(
-                    claim,
                     "completed",
-                    self.store.complete(
+                    lambda: self.store.complete(
                         claim, result, event,
                         procrastinate_job_id=pjob_id, delete_dispatch=delete_dispatch,
                     ),
+                    flush=False,
                 )  # fmt: skip
 
-            self.dispatches.leave_completion(pjob_id, complete)
+            self.runner.dispatches.leave_completion(pjob_id, complete)
 
-    async def _failed(
-        self,
-        claim: Claim,
-        exc: Exception,
-        pjob: procrastinate.jobs.Job,
-        config: Any,
-        *,
-        output: Any,
-    ) -> None:
-        classified = classify(exc, self.classifiers)
+    async def _failed(self, exc: Exception, *, output: Any) -> None:
+        claim = self.claim
+        classified = classify(exc, self.runner.classifiers)
         budget = Budget(
             retry_count=claim.retry_count,
             max_retries=claim.max_retries,
             run=claim.dispatch_attempt,
             max_attempts=claim.max_attempts,
         )
-        decision = decide(classified, budget, config.backoff, self.rng)
+        decision = decide(classified, budget, self.config.backoff, self.runner.rng)
         if isinstance(decision, Fail):
             rejected = (
                 _rejected_output(exc, output)
                 if classified.error_class is ErrorClass.INVALID_OUTPUT
                 else None
             )
-            written = await self._record_terminal(claim, exc, classified, output=rejected)
+            written = await self._terminal(exc, classified, output=rejected)
             if written and classified.error_class is ErrorClass.TRANSIENT_INFRA:
                 raise exc  # the dispatch's last run: Procrastinate records it failed as well
             return
         retry_at = datetime.now(UTC) + timedelta(milliseconds=decision.delay_ms)
         written = await self._write(
-            claim,
             f"retry ({decision.layer})",
-            self.store.schedule_retry(
+            lambda: self.store.schedule_retry(
                 claim,
                 layer=decision.layer,
                 next_retry_at=retry_at,
@@ -198,35 +243,47 @@ class AttemptRunner:
         if decision.layer is Layer.INFRA:
             raise InfraRetry(retry_at, exc) from exc
         if decision.delay_ms < 1_000:
-            self.on_redispatch(claim.id)
+            self.runner.on_redispatch(claim.id)
 
-    async def _record_terminal(
-        self, claim: Claim, exc: BaseException, classified: Classified, *, output: Any = None
+    async def _terminal(
+        self, exc: BaseException, classified: Classified, *, output: Any = None
     ) -> bool:
+        claim = self.claim
         return await self._write(
-            claim,
             "failed",
-            self.store.fail(
+            lambda: self.store.fail(
                 claim,
                 events.last_error(exc, classified, claim, terminal=True, output=output),
                 events.failed(exc, classified, claim, terminal=True),
             ),
         )
 
-    async def _hand_back(self, claim: Claim, reason: str) -> None:
+    async def _hand_back(self, reason: str) -> None:
+        claim = self.claim
         written = await self._write(
-            claim, "interrupted", self.store.hand_back(claim, events.interrupted(claim, reason))
+            "interrupted", lambda: self.store.hand_back(claim, events.interrupted(claim, reason))
         )
         if written:
-            self.on_redispatch(claim.id)
+            self.runner.on_redispatch(claim.id)
 
-    async def _write(self, claim: Claim, outcome: str, write: Any) -> bool:
-        """Await one fenced write; a refusal means this attempt was superseded."""
+    async def _write(
+        self, outcome: str, write: Callable[[], Awaitable[Any]], *, flush: bool = True
+    ) -> bool:
+        """Commit the side-effect results still held, then one fenced outcome write. A refusal
+        means this attempt was superseded: the job is left alone, and nothing is written."""
+        if self.lost is not None:
+            return False
         try:
-            await write
+            if flush:
+                await self.ledger.flush()
+            await write()
         except (StaleLease, InvalidTransition) as exc:
-            logger.warning("attempt %s of job %s: %s", claim.attempt, claim.id, exc)
-            await self.store.record_events([events.stale_write_rejected(claim, outcome)])
+            claim = self.claim
+            logger.warning(
+                "stale write refused: attempt %s of job %s (%s): %s",
+                claim.attempt, claim.id, outcome, exc,
+                extra={"job_id": str(claim.id), "attempt": claim.attempt, "outcome": outcome},
+            )  # fmt: skip
             return False
         return True
 

@@ -5,9 +5,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from retry_config import JobRetryConfig
+
+if TYPE_CHECKING:
+    from checkpoints import CheckpointStore, Ledger, Steps
+    from checkpoints.ledger import Call, Reconcile
+
+S = TypeVar("S")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -25,6 +33,8 @@ class JobContext:
     config: JobRetryConfig
     log: logging.LoggerAdapter[logging.Logger]
     _should_abort: Callable[[], bool] = field(repr=False)
+    _ledger: Ledger = field(repr=False)
+    _checkpoints: CheckpointStore = field(repr=False)
 
     def should_abort(self) -> bool:
         """True once the worker wants this attempt to stop (drain or cancellation).
@@ -32,3 +42,33 @@ class JobContext:
         Long tasks check it between steps; an ``await`` is cancelled anyway when it happens.
         """
         return self._should_abort()
+
+    def steps(
+        self, state_type: Any = Any, *, initial: Any = None, max_steps: int | None = None
+    ) -> Steps[Any]:
+        """Checkpointed steps, from the one after the last checkpoint (see checkpoints.steps).
+
+        ``state_type`` (a pydantic model, or any type pydantic knows) validates the state
+        written by ``step.checkpoint`` and read back on resume; ``initial`` is step 1's state.
+        """
+        from checkpoints import Steps
+
+        return Steps(self._ledger, self._checkpoints, state_type, initial, max_steps)
+
+    async def effect(
+        self,
+        name: str,
+        call: Call[T],
+        *,
+        key: str,
+        args: Any = None,
+        idempotent: bool = False,
+        reconcile: Reconcile | None = None,
+        result_type: Any = Any,
+    ) -> T:
+        """A side effect in a plain task (its single implicit step): recorded pending before the
+        call, committed as soon as it returns, never made twice (see checkpoints.ledger)."""
+        return await self._ledger.effect(
+            step=1, key=key, name=name, call=call, args=args, idempotent=idempotent,
+            reconcile=reconcile, result_type=result_type, commit_now=True,
+        )  # fmt: skip

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from procrastinate import jobs, manager
+from procrastinate import exceptions, jobs, manager
 
 from orchestrator import states
 from orchestrator.queries import QUERIES
@@ -75,10 +75,21 @@ class DispatchManager(manager.JobManager):
         self.claims.pop(job.id, None)  # a dispatch that ended before its attempt took it
         completion = self.completions.pop(job.id, None)
         if completion is None:
-            await super().finish_job(job, status, delete_job)
+            try:
+                await super().finish_job(job, status, delete_job)
+            except exceptions.ConnectorException:
+                if await self._still_doing(job.id):
+                    raise
+                logger.warning("dispatch %s was already settled (by a sweep); not finished", job.id)
             return
         if status is not jobs.Status.SUCCEEDED:  # not reachable from our tasks; be safe
             logger.error("dispatch %s ended %s after its attempt succeeded", job.id, status)
             await super().finish_job(job, status, delete_job)
             return
         await completion(delete_job)
+
+    async def _still_doing(self, procrastinate_job_id: int) -> bool:
+        row = await self.connector.execute_query_one_async(
+            query=QUERIES["procrastinate_job_status"], job_id=procrastinate_job_id
+        )
+        return bool(row["status"] == "doing")

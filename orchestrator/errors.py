@@ -83,6 +83,10 @@ class DeadLetterError(OrchestratorError):
     code = "DLQ_ACTION_INVALID"
 
 
+class ApprovalError(OrchestratorError):
+    code = "APPROVAL_INVALID"
+
+
 class MigrationError(OrchestratorError):
     code = "MIGRATION_FAILED"
 

@@ -14,7 +14,11 @@ Kinds and their payloads (seed 000's vocabulary; ``run_id`` is the attempt's lea
     job.interrupted      {attempt, run_id, worker, reason}   handed back, no budget used
     job.cancelled        {reason, by}
     job.redispatched     {lost_procrastinate_job_id, lost_procrastinate_status}
-    job.stale_write_rejected {attempt, run_id, outcome}      a superseded attempt tried to write
+    job.zombie_detected  {attempt, worker, last_heartbeat, threshold_seconds, reason}
+    job.checkpointed     {step, effects_committed}
+    job.waiting_approval {approval_id, step, question, expires_at}
+    job.approved | job.rejected | job.approval_expired   {approval_id, step, decided_by, reason,
+                                                          on_reject}
 
 ``error`` is ``{message, code, classification}``. The SQL adds ``retry_count``/``available_at``
 and ``dead_letter_id``, which only the database knows at the moment of the write.
@@ -113,14 +117,6 @@ def interrupted(claim: Claim, reason: str) -> dict[str, Any]:
         "run_id": str(claim.lease_token),
         "worker": claim.locked_by,
         "reason": reason,
-    }
-
-
-def stale_write_rejected(claim: Claim, outcome: str) -> dict[str, Any]:
-    return {
-        "job_id": str(claim.id),
-        "kind": "job.stale_write_rejected",
-        "payload": {"attempt": claim.attempt, "run_id": str(claim.lease_token), "outcome": outcome},
     }
 
 

@@ -43,6 +43,25 @@ class Settings(BaseSettings):
     safety_net_grace_seconds: float = Field(
         10.0, ge=0, description="How long past due a waiting job may go without a dispatch."
     )
+    heartbeat_interval: float = Field(
+        30.0, gt=0, description="Seconds between a worker's heartbeats (seed 004: 30 s)."
+    )
+    zombie_threshold: float = Field(
+        300.0, gt=0, description="A RUNNING job silent this long is a zombie (seed 004: 5 min)."
+    )
+    sweep_cron: str = Field("* * * * *", description="When sweep_zombies runs (every minute).")
+    sweep_batch_size: int = Field(
+        500, ge=1, description="Zombies handled per batch; a run does at most 10 batches."
+    )
+    approvals_cron: str = Field(
+        "* * * * *", description="When expire_approvals fails (or resumes) expired approvals."
+    )
+    approvals_batch_size: int = Field(100, ge=1, description="Approvals expired per batch.")
+    checkpoint_retention_days: float = Field(
+        7.0, ge=0, description="Checkpoints and ledger rows of finished jobs are kept this long."
+    )
+    prune_cron: str = Field("17 * * * *", description="When the retention prune runs.")
+    prune_batch_size: int = Field(5000, ge=1, description="Rows deleted per batch of a prune.")
     periodic_max_delay: float = Field(
         10.0, ge=0, description="A periodic task missed by more than this is skipped (no backfill)."
     )

@@ -10,10 +10,14 @@ including one made by hand in SQL. Nothing else may list transitions.
        │         │ │ └──► FAILED          (permanent, invalid output, budget spent)
        │         ▼ │
        │        RETRY                    (visible backoff, app or infra layer)
+       │         │
+       │         └──► WAITING_APPROVAL ──► PENDING (approved, or rejected down the task's
+       │                                   rejection path) | FAILED (rejected, expired)
        ▼
-    CANCELLED ◄── PENDING | RETRY | RUNNING
+    CANCELLED ◄── PENDING | RETRY | RUNNING | WAITING_APPROVAL
 
-RUNNING → PENDING is the hand-back of a drained or interrupted attempt: it costs no retry budget.
+RUNNING → PENDING is the hand-back of a drained or interrupted attempt: it costs no retry budget,
+and neither does resuming after an approval.
 """
 
 from __future__ import annotations
@@ -29,14 +33,23 @@ class Status(StrEnum):
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    WAITING_APPROVAL = "WAITING_APPROVAL"
 
 
 TRANSITIONS: Mapping[Status, frozenset[Status]] = {
     Status.PENDING: frozenset({Status.RUNNING, Status.CANCELLED}),
     Status.RUNNING: frozenset(
-        {Status.COMPLETED, Status.RETRY, Status.FAILED, Status.CANCELLED, Status.PENDING}
+        {
+            Status.COMPLETED,
+            Status.RETRY,
+            Status.FAILED,
+            Status.CANCELLED,
+            Status.PENDING,
+            Status.WAITING_APPROVAL,
+        }
     ),
     Status.RETRY: frozenset({Status.RUNNING, Status.CANCELLED}),
+    Status.WAITING_APPROVAL: frozenset({Status.PENDING, Status.FAILED, Status.CANCELLED}),
     Status.COMPLETED: frozenset(),
     Status.FAILED: frozenset(),
     Status.CANCELLED: frozenset(),

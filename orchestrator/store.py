@@ -34,9 +34,9 @@ class JobStore:
     def __init__(self, pool: AsyncConnectionPool) -> None:
         self.pool = pool
 
-    # -- helpers ---------------------------------------------------------------------------
+    # -- named queries, for this module and the few that share its pool ---------------------
 
-    async def _one(
+    async def one(
         self, name: LiteralString, params: dict[str, Any], conn: Conn | None = None
     ) -> dict[str, Any] | None:
         if conn is not None:
@@ -48,7 +48,7 @@ class JobStore:
             await cur.execute(QUERIES[name], params)
             return await cur.fetchone()
 
-    async def _all(
+    async def rows(
         self, name: LiteralString, params: dict[str, Any], conn: Conn | None = None
     ) -> list[dict[str, Any]]:
         if conn is not None:
@@ -60,7 +60,7 @@ class JobStore:
             await cur.execute(QUERIES[name], params)
             return await cur.fetchall()
 
-    async def _execute(
+    async def execute(
         self, name: LiteralString, params: dict[str, Any], conn: Conn | None = None
     ) -> None:
         if conn is not None:
@@ -69,8 +69,10 @@ class JobStore:
         async with self.pool.connection() as pooled:
             await pooled.execute(QUERIES[name], params)
 
-    async def _refusal(self, job_id: UUID, target: Status, lease_token: UUID | None) -> Exception:
-        row = await self._one("job_state", {"job_id": job_id})
+    async def refusal(self, job_id: UUID, target: Status, lease_token: UUID | None) -> Exception:
+        """Why a fenced write matched nothing: no such job, an illegal transition, or a lease
+        that is no longer this attempt's."""
+        row = await self.one("job_state", {"job_id": job_id})
         if row is None:
             return JobNotFound(job_id)
         if not states.is_legal(Status(row["status"]), target):
@@ -88,7 +90,7 @@ class JobStore:
             "waiting": sorted(s.value for s in states.CLAIMABLE),
             "task_prefix": TASK_PREFIX,
         }
-        rows = await self._all("submit_jobs", params, connection)
+        rows = await self.rows("submit_jobs", params, connection)
         rows.sort(key=lambda r: r["ord"])
         return [SubmitResult(job_id=r["job_id"], outcome=r["outcome"]) for r in rows]
 
@@ -97,7 +99,7 @@ class JobStore:
     async def claim(
         self, job_id: UUID, procrastinate_job_id: int, run: int, worker: str
     ) -> Claim | None:
-        row = await self._one(
+        row = await self.one(
             "claim_job",
             {
                 "job_id": job_id,
@@ -121,32 +123,56 @@ class JobStore:
     ) -> None:
         """COMPLETED; with ``procrastinate_job_id``, that dispatch is finished in the same
         statement (it is finished even when the completion is refused)."""
-        row = await self._one(
-            "complete_job",
-            {
-                **_fence(claim, Status.COMPLETED),
-                "result": Jsonb(result),
-                "event": Jsonb(event),
-                "procrastinate_job_id": procrastinate_job_id,
-                "delete_dispatch": delete_dispatch,
-            },
-        )
+        try:
+            row = await self.one(
+                "complete_job",
+                {
+                    **_fence(claim, Status.COMPLETED),
+                    "result": Jsonb(result),
+                    "event": Jsonb(event),
+                    "procrastinate_job_id": procrastinate_job_id,
+                    "delete_dispatch": delete_dispatch,
+                },
+            )
+        except psycopg.errors.RaiseException:  # the dispatch was settled: a sweep took the job
+            row = None
         if row is None or not row["completed"]:
-            raise await self._refusal(claim.id, Status.COMPLETED, claim.lease_token)
+            raise await self.refusal(claim.id, Status.COMPLETED, claim.lease_token)
 
-    async def fail(self, claim: Claim, error: dict[str, Any], event: dict[str, Any]) -> UUID:
-        """FAILED with a dead letter; returns the dead letter's id."""
-        row = await self._one(
+    async def fail(
+        self,
+        claim: Claim,
+        error: dict[str, Any],
+        event: dict[str, Any],
+    ) -> UUID:
+        """FAILED (an attempt's outcome) with a dead letter; returns the dead letter's id."""
+        return await self.fail_job(claim.id, claim.lease_token, error, event)
+
+    async def fail_job(
+        self,
+        job_id: UUID,
+        lease_token: UUID | None,
+        error: dict[str, Any],
+        event: dict[str, Any],
+        conn: Conn | None = None,
+    ) -> UUID:
+        """FAILED with a dead letter. ``lease_token`` None fails a job no attempt holds (one
+        waiting for an approval); returns the dead letter's id."""
+        row = await self.one(
             "fail_job",
             {
-                **_fence(claim, Status.FAILED),
+                "job_id": job_id,
+                "lease_token": lease_token,
+                "target": Status.FAILED.value,
+                "sources": states.sources_of(Status.FAILED),
                 "error": Jsonb(error),
                 "event": Jsonb(event),
                 "dead_letter_id": uuid7(),
             },
+            conn,
         )
         if row is None:
-            raise await self._refusal(claim.id, Status.FAILED, claim.lease_token)
+            raise await self.refusal(job_id, Status.FAILED, lease_token)
         dead_letter_id: UUID = row["id"]
         return dead_letter_id
 
@@ -169,44 +195,54 @@ class JobStore:
             "retry_event": Jsonb(retry_event),
         }
         async with self.pool.connection() as conn, conn.transaction():
-            row = await self._one("schedule_retry", params, conn)
+            row = await self.one("schedule_retry", params, conn)
             if row is not None and layer is Layer.APP:
-                await self._one("dispatch_jobs", _dispatch_params([claim.id]), conn)
+                await self.one("dispatch_jobs", dispatch_params([claim.id]), conn)
         if row is None:
-            raise await self._refusal(claim.id, Status.RETRY, claim.lease_token)
+            raise await self.refusal(claim.id, Status.RETRY, claim.lease_token)
 
     async def hand_back(self, claim: Claim, event: dict[str, Any]) -> None:
         """RUNNING -> PENDING without using budget, with a new dispatch (drain, interrupt)."""
         async with self.pool.connection() as conn, conn.transaction():
-            row = await self._one(
+            row = await self.one(
                 "hand_back_job", {**_fence(claim, Status.PENDING), "event": Jsonb(event)}, conn
             )
             if row is not None:
-                await self._one("dispatch_jobs", _dispatch_params([claim.id]), conn)
+                await self.one("dispatch_jobs", dispatch_params([claim.id]), conn)
         if row is None:
-            raise await self._refusal(claim.id, Status.PENDING, claim.lease_token)
+            raise await self.refusal(claim.id, Status.PENDING, claim.lease_token)
 
     # -- operator actions ------------------------------------------------------------------
 
     async def cancel(self, job_id: UUID, event: dict[str, Any]) -> None:
-        row = await self._one(
-            "cancel_job",
-            {
-                "job_id": job_id,
-                "target": Status.CANCELLED.value,
-                "sources": states.sources_of(Status.CANCELLED),
-                "event": Jsonb(event),
-            },
-        )
+        """CANCELLED; a waiting dispatch is cancelled, a running one aborted, and an open
+        approval closed."""
+        async with self.pool.connection() as conn, conn.transaction():
+            row = await self.one(
+                "cancel_job",
+                {
+                    "job_id": job_id,
+                    "target": Status.CANCELLED.value,
+                    "sources": states.sources_of(Status.CANCELLED),
+                    "event": Jsonb(event),
+                },
+                conn,
+            )
+            if row is not None:
+                await self.execute(
+                    "cancel_job_approvals",
+                    {"job_id": job_id, "by": event.get("by"), "reason": event.get("reason")},
+                    conn,
+                )
         if row is None:
-            raise await self._refusal(job_id, Status.CANCELLED, None)
+            raise await self.refusal(job_id, Status.CANCELLED, None)
 
     async def redispatch_lost(
         self, *, grace_seconds: float, stalled_seconds: float, limit: int
     ) -> list[UUID]:
         """The retry safety net: re-dispatch waiting jobs whose dispatch was lost."""
         async with self.pool.connection() as conn, conn.transaction():
-            lost = await self._all(
+            lost = await self.rows(
                 "lost_dispatches",
                 {
                     "waiting": sorted(s.value for s in states.CLAIMABLE),
@@ -218,15 +254,12 @@ class JobStore:
             )
             if not lost:
                 return []
-            for row in lost:
-                if row["procrastinate_status"] == "doing":
-                    await self._one(
-                        "settle_procrastinate_job",
-                        {"procrastinate_job_id": row["procrastinate_job_id"]},
-                        conn,
-                    )
+            await self.settle_dispatches(
+                [r["procrastinate_job_id"] for r in lost if r["procrastinate_status"] == "doing"],
+                conn,
+            )
             ids = [row["id"] for row in lost]
-            await self._one("dispatch_jobs", _dispatch_params(ids), conn)
+            await self.one("dispatch_jobs", dispatch_params(ids), conn)
             await self.record_events(
                 [
                     {
@@ -243,11 +276,73 @@ class JobStore:
             )
             return ids
 
+    async def settle_dispatches(self, procrastinate_job_ids: list[int], conn: Conn) -> None:
+        """Finish (as failed) the Procrastinate jobs a dead worker left in ``doing``."""
+        if procrastinate_job_ids:
+            await self.execute(
+                "settle_procrastinate_jobs", {"procrastinate_job_ids": procrastinate_job_ids}, conn
+            )
+
+    # -- liveness --------------------------------------------------------------------------
+
+    async def heartbeat(self, leases: dict[UUID, UUID], *, zombie_threshold: float) -> set[UUID]:
+        """Refresh the heartbeats of these jobs (id -> lease) in one statement; returns the ids
+        whose lease is still held."""
+        rows = await self.rows(
+            "heartbeat",
+            {
+                "job_ids": list(leases),
+                "lease_tokens": list(leases.values()),
+                "threshold": zombie_threshold,
+                "running": Status.RUNNING.value,
+            },
+        )
+        return {row["id"] for row in rows}
+
+    async def zombies(self, conn: Conn, *, threshold: float, limit: int) -> list[dict[str, Any]]:
+        return await self.rows(
+            "zombies",
+            {"running": Status.RUNNING.value, "threshold": threshold, "limit": limit},
+            conn,
+        )
+
+    async def sweep(
+        self, conn: Conn, *, retry: list[dict[str, Any]], fail: list[dict[str, Any]]
+    ) -> tuple[list[UUID], list[UUID]]:
+        """Apply the sweep's decisions; returns the ids moved to RETRY and to FAILED."""
+        retried: list[UUID] = []
+        failed: list[UUID] = []
+        if retry:
+            rows = await self.rows(
+                "sweep_to_retry",
+                {
+                    "decisions": Jsonb(retry),
+                    "target": Status.RETRY.value,
+                    "sources": states.sources_of(Status.RETRY),
+                },
+                conn,
+            )
+            retried = [row["id"] for row in rows]
+            if retried:
+                await self.one("dispatch_jobs", dispatch_params(retried), conn)
+        if fail:
+            rows = await self.rows(
+                "sweep_to_failed",
+                {
+                    "decisions": Jsonb(fail),
+                    "target": Status.FAILED.value,
+                    "sources": states.sources_of(Status.FAILED),
+                },
+                conn,
+            )
+            failed = [row["id"] for row in rows]
+        return retried, failed
+
     async def record_events(self, events: list[dict[str, Any]], conn: Conn | None = None) -> None:
-        await self._execute("record_events", {"events": Jsonb(events)}, conn)
+        await self.execute("record_events", {"events": Jsonb(events)}, conn)
 
     async def lock_dead_letter(self, dead_letter_id: UUID, conn: Conn) -> DeadLetter:
-        row = await self._one("get_dead_letter", {"dead_letter_id": dead_letter_id}, conn)
+        row = await self.one("get_dead_letter", {"dead_letter_id": dead_letter_id}, conn)
         if row is None:
             raise DeadLetterError(f"no dead letter with id {dead_letter_id}")
         return DeadLetter.model_validate(row)
@@ -255,7 +350,7 @@ class JobStore:
     async def mark_dead_letter_requeued(
         self, dead_letter_id: UUID, job_id: UUID, conn: Conn
     ) -> None:
-        await self._execute(
+        await self.execute(
             "mark_dead_letter_requeued", {"dead_letter_id": dead_letter_id, "job_id": job_id}, conn
         )
 
@@ -263,12 +358,12 @@ class JobStore:
         self, dead_letter_id: UUID, reviewer: str, reason: str
     ) -> None:
         params = {"dead_letter_id": dead_letter_id, "reviewer": reviewer, "reason": reason}
-        if await self._one("request_dead_letter_discard", params) is None:
+        if await self.one("request_dead_letter_discard", params) is None:
             raise await self._dead_letter_refusal(dead_letter_id, "request a discard of")
 
     async def confirm_dead_letter_discard(self, dead_letter_id: UUID, reviewer: str) -> None:
         params = {"dead_letter_id": dead_letter_id, "reviewer": reviewer}
-        if await self._one("confirm_dead_letter_discard", params) is None:
+        if await self.one("confirm_dead_letter_discard", params) is None:
             raise await self._dead_letter_refusal(
                 dead_letter_id, "confirm the discard of", reviewer
             )
@@ -286,22 +381,37 @@ class JobStore:
             f"cannot {action} dead letter {dead_letter_id}: it is {letter.state}"
         )
 
+    async def prune_checkpoints(self, *, older_than_seconds: float, limit: int) -> int:
+        """Delete up to ``limit`` checkpoint rows and ``limit`` ledger rows of jobs finished
+        more than ``older_than_seconds`` ago; returns the larger of the two counts."""
+        params = {"older_than": older_than_seconds, "limit": limit}
+        async with self.pool.connection() as conn:
+            checkpoints = await conn.execute(QUERIES["prune_checkpoints"], params)
+            effects = await conn.execute(QUERIES["prune_side_effects"], params)
+        return max(checkpoints.rowcount, effects.rowcount)
+
+    async def job_steps(self, job_id: UUID) -> list[dict[str, Any]]:
+        return await self.rows("job_steps", {"job_id": job_id})
+
+    async def approvals(self, *, status: str | None, limit: int) -> list[dict[str, Any]]:
+        return await self.rows("list_approvals", {"status": status, "limit": limit})
+
     # -- reads -----------------------------------------------------------------------------
 
     async def get_job(self, job_id: UUID) -> Job:
-        row = await self._one("get_job", {"job_id": job_id})
+        row = await self.one("get_job", {"job_id": job_id})
         if row is None:
             raise JobNotFound(job_id)
         return Job.model_validate(row)
 
     async def job_events(self, job_id: UUID) -> list[JobEvent]:
-        rows = await self._all("job_events", {"job_id": job_id})
+        rows = await self.rows("job_events", {"job_id": job_id})
         return [JobEvent.model_validate(row) for row in rows]
 
     async def list_jobs(
         self, *, status: Status | None = None, job_type: str | None = None, limit: int = 50
     ) -> list[Job]:
-        rows = await self._all(
+        rows = await self.rows(
             "list_jobs",
             {"status": status.value if status else None, "job_type": job_type, "limit": limit},
         )
@@ -310,7 +420,7 @@ class JobStore:
     async def soonest_due(self, *, lookback: float) -> tuple[float | None, bool]:
         """Seconds until the next waiting job is due (None: none is), and whether one came due
         within the last ``lookback`` seconds."""
-        row = await self._one(
+        row = await self.one(
             "soonest_due",
             {"retry": Status.RETRY.value, "pending": Status.PENDING.value, "lookback": lookback},
         )
@@ -319,7 +429,7 @@ class JobStore:
         return seconds, bool(row["overdue"])
 
     async def dead_letters(self, *, state: str | None = None, limit: int = 50) -> list[DeadLetter]:
-        rows = await self._all("list_dead_letters", {"state": state, "limit": limit})
+        rows = await self.rows("list_dead_letters", {"state": state, "limit": limit})
         return [DeadLetter.model_validate(row) for row in rows]
 
 
@@ -332,5 +442,5 @@ def _fence(claim: Claim, target: Status) -> dict[str, Any]:
     }
 
 
-def _dispatch_params(job_ids: list[UUID]) -> dict[str, Any]:
+def dispatch_params(job_ids: list[UUID]) -> dict[str, Any]:
     return {"job_ids": job_ids, "task_prefix": TASK_PREFIX}

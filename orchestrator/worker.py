@@ -24,6 +24,7 @@ from procrastinate import manager
 from procrastinate import worker as procrastinate_worker
 from psycopg import sql
 
+from orchestrator.heartbeat import Heartbeats
 from orchestrator.queries import QUERIES
 
 if TYPE_CHECKING:
@@ -206,7 +207,16 @@ async def run_worker(
         queues=queues,
     )
     orc.runner.on_redispatch = wake_after_this_run
-    waker_task = asyncio.create_task(waker.run(), name="due-time waker")
+    heartbeats = Heartbeats(
+        orc.store,
+        orc.runner,
+        interval=orc.settings.heartbeat_interval,
+        zombie_threshold=orc.settings.zombie_threshold,
+    )
+    side_tasks = [
+        asyncio.create_task(waker.run(), name="due-time waker"),
+        asyncio.create_task(heartbeats.run(), name="heartbeats"),
+    ]
     run = asyncio.create_task(worker.run(), name="procrastinate worker")  # type: ignore[no-untyped-call]
     try:
         await asyncio.shield(run)
@@ -214,9 +224,9 @@ async def run_worker(
         await stop_worker(worker, run)
         raise
     finally:
-        waker_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await waker_task
+        for task in side_tasks:
+            task.cancel()
+        await asyncio.gather(*side_tasks, return_exceptions=True)
 
 
 async def stop_worker(worker: Worker, run: asyncio.Task[None]) -> None:

@@ -17,6 +17,7 @@ from orchestrator.errors import MigrationError
 from orchestrator.migrate import PROCRASTINATE, migrate, own_migrations, procrastinate_migrations
 
 PACKAGED = Path(__file__).resolve().parent.parent / "orchestrator" / "sql" / "migrations"
+OURS = [f"{m.version}_{m.name}" for m in own_migrations()]
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ async def recorded(conn: psycopg.AsyncConnection[Any]) -> list[tuple[str, str]]:
 async def test_migrate_twice_applies_everything_once(fresh_dsn: str) -> None:
     async with await connect(fresh_dsn) as conn:
         first = await migrate(conn)
-        assert first.applied == ["procrastinate schema", "0001_core"]
+        assert first.applied == ["procrastinate schema", *OURS]
         before = await recorded(conn)
         second = await migrate(conn)
         assert second.applied == [] and str(second) == "database is up to date"
@@ -51,7 +52,7 @@ async def test_migrate_twice_applies_everything_once(fresh_dsn: str) -> None:
 async def test_two_pods_migrating_at_once_take_turns(fresh_dsn: str) -> None:
     async with await connect(fresh_dsn) as a, await connect(fresh_dsn) as b:
         reports = await asyncio.gather(migrate(a), migrate(b))
-    assert sorted(len(r.applied) for r in reports) == [0, 2]
+    assert sorted(len(r.applied) for r in reports) == [0, 1 + len(OURS)]
 
 
 async def test_an_older_database_gets_only_the_newer_migrations(
@@ -115,7 +116,7 @@ async def test_an_older_procrastinate_schema_is_upgraded_in_order(fresh_dsn: str
         )
         assert (await cur.fetchone()) == (None,)
         report = await migrate(conn)
-        assert report.applied == [f"procrastinate {m.name}" for m in files[cut:]] + ["0001_core"]
+        assert report.applied == [f"procrastinate {m.name}" for m in files[cut:]] + OURS
         cur = await conn.execute(
             "SELECT to_regprocedure('procrastinate_retry_job_v2(bigint, timestamptz, integer, varchar, varchar)')"
         )

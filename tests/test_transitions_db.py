@@ -20,7 +20,8 @@ import pytest
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from orchestrator import states
+from checkpoints import CheckpointStore, Fence
+from orchestrator import approvals, states
 from orchestrator.database import create_pool
 from orchestrator.errors import InvalidTransition
 from orchestrator.models import Claim
@@ -51,6 +52,11 @@ async def insert_job(db: psycopg.AsyncConnection[Any], status: Status) -> uuid.U
             datetime.now(UTC) - timedelta(seconds=1) if status is Status.RETRY else None,
             datetime.now(UTC) if status in TERMINAL else None,
         ),
+    )
+    await db.execute(
+        "INSERT INTO orc_approvals (id, job_id, step, key, question, on_reject, expires_at) "
+        "VALUES (gen_random_uuid(), %s, 1, 'gate', 'ok?', 'fail', now() + interval '1 hour')",
+        (job_id,),
     )
     return job_id
 
@@ -104,10 +110,28 @@ def claim_for(job_id: uuid.UUID) -> Claim:
     )  # fmt: skip
 
 
-def operation(store: JobStore, target: Status, job_id: uuid.UUID) -> Callable[[], Awaitable[Any]]:
+def operation(
+    store: JobStore, source: Status, target: Status, job_id: uuid.UUID
+) -> Callable[[], Awaitable[Any]]:
     claim = claim_for(job_id)
     error = {"message": "x", "code": "X", "classification": "TRANSIENT_APP"}
+    fence = Fence(job_id, LEASE, 1)
+
+    async def decide(decision: Any) -> None:
+        async with store.pool.connection() as conn:
+            cur = await conn.execute("SELECT id FROM orc_approvals WHERE job_id = %s", (job_id,))
+            row = await cur.fetchone()
+        assert row is not None
+        await approvals.decide(store, row["id"], decision, by="reviewer", reason="test")
+
+    if source is Status.WAITING_APPROVAL and target in (Status.PENDING, Status.FAILED):
+        return lambda: decide("approved" if target is Status.PENDING else "rejected")
     match target:
+        case Status.WAITING_APPROVAL:
+            return lambda: CheckpointStore(store.pool).request_approval(
+                fence, approval_id=uuid.uuid4(), step=1, key="another", question="ok?",
+                details={}, on_reject="fail", expires_in=3600,
+            )  # fmt: skip
         case Status.RUNNING:
             return lambda: store.claim(job_id, PJ_ID, run=1, worker="test")
         case Status.COMPLETED:
@@ -132,7 +156,7 @@ async def test_store_operations(
 ) -> None:
     job_id = await insert_job(db, source)
     before = await snapshot(db, job_id)
-    run = operation(store, target, job_id)
+    run = operation(store, source, target, job_id)
     if states.is_legal(source, target):
         await run()
         row, events = await snapshot(db, job_id)

@@ -106,13 +106,15 @@ WITH done AS (
 SELECT (SELECT count(*) FROM done) AS completed, (SELECT count(*) FROM dispatch) AS finished
 
 -- fail_job --
--- Terminal failure of an attempt. Seed 003's order: the dead letter is recorded, then the job
--- is FAILED; both rows and both events are written by this one statement.
+-- Terminal failure, of an attempt (fenced by its lease) or of a job no attempt holds (a null
+-- lease: a rejected or expired approval). Seed 003's order: the dead letter is recorded, then
+-- the job is FAILED; both rows and both events are written by this one statement.
 WITH failed AS (
     UPDATE orc_jobs
        SET status = %(target)s, last_error = %(error)s, next_retry_at = NULL,
            lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
-     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = ANY (%(sources)s)
+     WHERE id = %(job_id)s AND lease_token IS NOT DISTINCT FROM %(lease_token)s
+       AND status = ANY (%(sources)s)
     RETURNING id, job_type, payload
 ), letter AS (
     INSERT INTO orc_dead_letters (id, job_id, job_type, payload, error)
@@ -235,11 +237,8 @@ SELECT j.id, j.procrastinate_job_id, p.status AS procrastinate_status
  LIMIT %(limit)s
    FOR UPDATE OF j SKIP LOCKED
 
--- settle_procrastinate_job --
--- Close a Procrastinate job left in `doing` by a dead worker, so its lock frees the job.
-SELECT procrastinate_finish_job_v1(%(procrastinate_job_id)s, 'failed', false)
- WHERE EXISTS (SELECT 1 FROM procrastinate_jobs
-                WHERE id = %(procrastinate_job_id)s AND status = 'doing')
+-- procrastinate_job_status --
+SELECT (SELECT status::text FROM procrastinate_jobs WHERE id = %(job_id)s) AS status
 
 -- record_events --
 -- Append events (a JSON array of {job_id, kind, payload}) in order.
@@ -276,3 +275,306 @@ UPDATE orc_dead_letters
  WHERE id = %(dead_letter_id)s AND state = 'discard_requested'
    AND discard_requested_by <> %(reviewer)s
 RETURNING id
+
+-- == Checkpoints and the side-effect ledger (checkpoints/) ======================================
+-- Writes made by an attempt lock its job row FOR SHARE while checking the lease: a concurrent
+-- change of lease (a sweep) either waits for them or makes them match nothing.
+
+-- last_checkpoint --
+-- Where a stepped job resumes: its last committed step and that step's state.
+SELECT step, state FROM orc_checkpoints
+ WHERE job_id = %(job_id)s
+ ORDER BY step DESC
+ LIMIT 1
+
+-- begin_effect --
+-- Before a side-effecting call: what the ledger knows of it, and (if nothing) record it pending.
+WITH leased AS (
+    SELECT id FROM orc_jobs
+     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = %(running)s
+       FOR SHARE
+), existing AS (
+    SELECT status, result FROM orc_side_effects
+     WHERE job_id = %(job_id)s AND invocation_id = %(invocation_id)s
+), recorded AS (
+    INSERT INTO orc_side_effects (job_id, invocation_id, step, name, args, status, attempt)
+    SELECT id, %(invocation_id)s, %(step)s, %(name)s, %(args)s, 'pending', %(attempt)s
+      FROM leased
+     WHERE NOT EXISTS (SELECT 1 FROM existing)
+)
+SELECT EXISTS (SELECT 1 FROM leased) AS leased,
+       (SELECT status FROM existing) AS status,
+       (SELECT result FROM existing) AS result
+
+-- retry_effect --
+-- An earlier attempt's call failed, or is pending and will be made again: pending, for this one.
+UPDATE orc_side_effects
+   SET status = 'pending', error = NULL, attempt = %(attempt)s
+ WHERE job_id = %(job_id)s AND invocation_id = %(invocation_id)s
+   AND status IN ('pending', 'failed')
+   AND EXISTS (SELECT 1 FROM orc_jobs
+                WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = %(running)s
+                  FOR SHARE)
+RETURNING invocation_id
+
+-- fail_effect --
+-- The call raised: the ledger keeps its classified error (the attempt's outcome follows).
+UPDATE orc_side_effects
+   SET status = 'failed', error = %(error)s
+ WHERE job_id = %(job_id)s AND invocation_id = %(invocation_id)s AND status = 'pending'
+   AND EXISTS (SELECT 1 FROM orc_jobs
+                WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = %(running)s
+                  FOR SHARE)
+RETURNING invocation_id
+
+-- commit_effects --
+-- Results of side effects ([{invocation_id, result, reconciled}]) become committed, outside a
+-- checkpoint: a plain task's effects, reconciled ones, and those an ending attempt still holds.
+UPDATE orc_side_effects AS e
+   SET status = 'committed', result = coalesce(c.result, 'null'), reconciled = c.reconciled,
+       error = NULL
+  FROM jsonb_to_recordset(%(effects)s) AS c (invocation_id text, result jsonb, reconciled boolean)
+ WHERE e.job_id = %(job_id)s AND e.invocation_id = c.invocation_id AND e.status <> 'committed'
+   AND EXISTS (SELECT 1 FROM orc_jobs
+                WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = %(running)s
+                  FOR SHARE)
+RETURNING e.invocation_id
+
+-- write_checkpoint --
+-- A step's commit point, in one round trip: its checkpoint, its side effects' results, and a
+-- job.checkpointed event. A stale attempt (superseded lease) writes none of them.
+WITH leased AS (
+    SELECT id, attempt FROM orc_jobs
+     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = %(running)s
+       FOR SHARE
+), saved AS (
+    INSERT INTO orc_checkpoints (job_id, step, state, attempt)
+    SELECT id, %(step)s, %(state)s, attempt FROM leased
+    RETURNING job_id, step
+), committed AS (
+    UPDATE orc_side_effects AS e
+       SET status = 'committed', result = coalesce(c.result, 'null'),
+           reconciled = c.reconciled, error = NULL
+      FROM saved,
+           jsonb_to_recordset(%(effects)s) AS c (invocation_id text, result jsonb,
+                                                 reconciled boolean)
+     WHERE e.job_id = saved.job_id AND e.invocation_id = c.invocation_id
+       AND e.status <> 'committed'
+    RETURNING e.invocation_id
+), event AS (
+    INSERT INTO orc_job_events (job_id, kind, payload)
+    SELECT job_id, 'job.checkpointed',
+           jsonb_build_object('step', step, 'effects_committed',
+                              (SELECT count(*) FROM committed))
+      FROM saved
+)
+SELECT (SELECT count(*) FROM saved) AS saved, (SELECT count(*) FROM committed) AS committed
+
+-- job_steps --
+-- A job's checkpoints and side effects, for `orchestrator status` and the demo.
+SELECT 'checkpoint' AS kind, step, NULL AS invocation_id, NULL AS name, NULL AS status,
+       state AS detail, attempt, created_at AS at
+  FROM orc_checkpoints WHERE job_id = %(job_id)s
+UNION ALL
+SELECT 'side_effect', step, invocation_id, name, status,
+       jsonb_build_object('args', args, 'result', result, 'error', error,
+                          'reconciled', reconciled),
+       attempt, updated_at
+  FROM orc_side_effects WHERE job_id = %(job_id)s
+ ORDER BY step, at
+
+-- == Approval gates ==============================================================================
+
+-- step_approval --
+-- The approval a step asked for (under its key), if it asked before.
+SELECT * FROM orc_approvals
+ WHERE job_id = %(job_id)s AND step = %(step)s AND key = %(key)s
+
+-- request_approval --
+-- The attempt stops and waits: WAITING_APPROVAL (lease released) with its approval record and a
+-- job.waiting_approval event, in one statement.
+WITH waiting AS (
+    UPDATE orc_jobs
+       SET status = %(target)s, lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
+     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = ANY (%(sources)s)
+    RETURNING id
+), approval AS (
+    INSERT INTO orc_approvals (id, job_id, step, key, question, details, on_reject, expires_at)
+    SELECT %(approval_id)s, id, %(step)s, %(key)s, %(question)s, %(details)s, %(on_reject)s,
+           now() + make_interval(secs => %(expires_in)s)
+      FROM waiting
+    RETURNING id, job_id, expires_at
+), event AS (
+    INSERT INTO orc_job_events (job_id, kind, payload)
+    SELECT job_id, 'job.waiting_approval',
+           jsonb_build_object('approval_id', id, 'step', %(step)s, 'question', %(question)s,
+                              'expires_at', expires_at)
+      FROM approval
+)
+SELECT id FROM approval
+
+-- lock_approval --
+-- An approval still waiting for its decision, with its job (locked, for the decision).
+SELECT a.*, j.status AS job_status, j.attempt AS job_attempt,
+       j.max_attempts AS job_max_attempts, j.retry_count AS job_retry_count,
+       j.max_retries AS job_max_retries
+  FROM orc_approvals AS a JOIN orc_jobs AS j ON j.id = a.job_id
+ WHERE a.id = %(approval_id)s
+   FOR UPDATE OF a, j
+
+-- decide_approval --
+UPDATE orc_approvals
+   SET status = %(decision)s, decided_at = now(), decided_by = %(decided_by)s,
+       reason = %(reason)s
+ WHERE id = %(approval_id)s AND status = 'pending'
+RETURNING id
+
+-- resume_after_approval --
+-- Approved (or rejected down the task's rejection path): PENDING, no budget used, with an event;
+-- dispatch_jobs gives it a new dispatch in the same transaction.
+WITH resumed AS (
+    UPDATE orc_jobs SET status = %(target)s
+     WHERE id = %(job_id)s AND status = ANY (%(sources)s)
+    RETURNING id
+)
+INSERT INTO orc_job_events (job_id, kind, payload)
+SELECT id, %(kind)s, %(event)s FROM resumed
+RETURNING job_id
+
+-- expired_approvals --
+-- Approvals past their expiry whose job still waits; bounded, SKIP LOCKED for several sweepers.
+SELECT a.id
+  FROM orc_approvals AS a JOIN orc_jobs AS j ON j.id = a.job_id
+ WHERE a.status = 'pending' AND a.expires_at < now() AND j.status = %(waiting)s
+ ORDER BY a.expires_at
+ LIMIT %(limit)s
+   FOR UPDATE OF a SKIP LOCKED
+
+-- list_approvals --
+SELECT a.*, j.job_type, j.status AS job_status
+  FROM orc_approvals AS a JOIN orc_jobs AS j ON j.id = a.job_id
+ WHERE (%(status)s::text IS NULL OR a.status = %(status)s)
+ ORDER BY a.requested_at DESC
+ LIMIT %(limit)s
+
+-- cancel_job_approvals --
+-- A cancelled job's open approval is closed with it.
+UPDATE orc_approvals
+   SET status = 'cancelled', decided_at = now(), decided_by = %(by)s, reason = %(reason)s
+ WHERE job_id = %(job_id)s AND status = 'pending'
+
+-- == Retention ===================================================================================
+
+-- prune_checkpoints --
+-- Checkpoints of jobs finished before the cutoff; bounded per run.
+WITH doomed AS (
+    SELECT c.job_id, c.step FROM orc_checkpoints AS c
+      JOIN orc_jobs AS j ON j.id = c.job_id
+     WHERE j.finished_at < now() - make_interval(secs => %(older_than)s)
+     LIMIT %(limit)s
+)
+DELETE FROM orc_checkpoints AS c USING doomed AS d
+ WHERE c.job_id = d.job_id AND c.step = d.step
+
+-- prune_side_effects --
+-- Ledger rows of jobs finished before the cutoff; bounded per run.
+WITH doomed AS (
+    SELECT e.job_id, e.invocation_id FROM orc_side_effects AS e
+      JOIN orc_jobs AS j ON j.id = e.job_id
+     WHERE j.finished_at < now() - make_interval(secs => %(older_than)s)
+     LIMIT %(limit)s
+)
+DELETE FROM orc_side_effects AS e USING doomed AS d
+ WHERE e.job_id = d.job_id AND e.invocation_id = d.invocation_id
+
+-- == Liveness: heartbeats and the zombie sweep ===================================================
+
+-- heartbeat --
+-- One statement per worker per tick: refresh every job it runs, each fenced by its lease, and
+-- return those still held (a missing one was swept and handed on: the worker cancels it).
+-- heartbeat_at never passes deadline_at minus the zombie threshold: an attempt that overruns
+-- its deadline goes stale even while it heartbeats (the backstop).
+UPDATE orc_jobs AS j
+   SET heartbeat_at = least(now(), j.deadline_at - make_interval(secs => %(threshold)s))
+  FROM unnest(%(job_ids)s::uuid[], %(lease_tokens)s::uuid[]) AS h (id, lease_token)
+ WHERE j.id = h.id AND j.lease_token = h.lease_token AND j.status = %(running)s
+RETURNING j.id
+
+-- zombies --
+-- RUNNING jobs whose heartbeat is older than the threshold (orc_jobs_running_heartbeat), oldest
+-- first; bounded, and SKIP LOCKED so sweepers running at once never share a job.
+SELECT id, job_type, lease_token, heartbeat_at, deadline_at, attempt, max_attempts,
+       dispatch_attempt, retry_count, max_retries, procrastinate_job_id, locked_by
+  FROM orc_jobs
+ WHERE status = %(running)s
+   AND heartbeat_at < now() - make_interval(secs => %(threshold)s)
+ ORDER BY heartbeat_at
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED
+
+-- sweep_to_retry --
+-- Zombies with budget left ([{id, lease_token, next_retry_at, error, zombie, retry}]): RETRY,
+-- retry_count + 1, with job.zombie_detected and job.retry_scheduled (attempt bumped at the next
+-- claim); dispatch_jobs gives them new dispatches in the same transaction.
+WITH d AS (
+    SELECT * FROM jsonb_to_recordset(%(decisions)s)
+        AS d (id uuid, lease_token uuid, next_retry_at timestamptz, error jsonb, zombie jsonb,
+              retry jsonb)
+), moved AS (
+    UPDATE orc_jobs AS j
+       SET status = %(target)s, retry_count = j.retry_count + 1,
+           next_retry_at = d.next_retry_at, last_error = d.error,
+           lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
+      FROM d
+     WHERE j.id = d.id AND j.lease_token = d.lease_token AND j.status = ANY (%(sources)s)
+    RETURNING j.id, j.retry_count, j.next_retry_at
+), events AS (
+    INSERT INTO orc_job_events (job_id, kind, payload)
+    SELECT m.id, e.kind, e.payload
+      FROM moved AS m JOIN d ON d.id = m.id,
+           LATERAL (VALUES (1, 'job.zombie_detected', d.zombie),
+                           (2, 'job.retry_scheduled',
+                            d.retry || jsonb_build_object('retry_count', m.retry_count,
+                                                          'available_at', m.next_retry_at)))
+               AS e (n, kind, payload)
+     ORDER BY m.id, e.n
+)
+SELECT id FROM moved
+
+-- sweep_to_failed --
+-- Zombies whose budget is spent ([{id, lease_token, error, zombie, failed}]): dead letter, then
+-- FAILED, with job.zombie_detected, job.dead_lettered and job.failed.
+WITH d AS (
+    SELECT * FROM jsonb_to_recordset(%(decisions)s)
+        AS d (id uuid, lease_token uuid, error jsonb, zombie jsonb, failed jsonb)
+), failed AS (
+    UPDATE orc_jobs AS j
+       SET status = %(target)s, last_error = d.error, next_retry_at = NULL,
+           lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
+      FROM d
+     WHERE j.id = d.id AND j.lease_token = d.lease_token AND j.status = ANY (%(sources)s)
+    RETURNING j.id, j.job_type, j.payload
+), letters AS (
+    INSERT INTO orc_dead_letters (id, job_id, job_type, payload, error)
+    SELECT gen_random_uuid(), f.id, f.job_type, f.payload, d.error
+      FROM failed AS f JOIN d ON d.id = f.id
+    RETURNING id, job_id
+), events AS (
+    INSERT INTO orc_job_events (job_id, kind, payload)
+    SELECT l.job_id, e.kind, e.payload
+      FROM letters AS l JOIN d ON d.id = l.job_id,
+           LATERAL (VALUES (1, 'job.zombie_detected', d.zombie),
+                           (2, 'job.dead_lettered', jsonb_build_object('dead_letter_id', l.id)),
+                           (3, 'job.failed',
+                            d.failed || jsonb_build_object('dead_letter_id', l.id)))
+               AS e (n, kind, payload)
+     ORDER BY l.job_id, e.n
+)
+SELECT job_id AS id FROM letters
+
+-- settle_procrastinate_jobs --
+-- Close the Procrastinate jobs a dead worker left in `doing` (Procrastinate never does: its
+-- stalled jobs stay there), so they free their locks and nothing lingers.
+SELECT procrastinate_finish_job_v1(p.id, 'failed', false)
+  FROM unnest(%(procrastinate_job_ids)s::bigint[]) AS x (id)
+  JOIN procrastinate_jobs AS p ON p.id = x.id AND p.status = 'doing'

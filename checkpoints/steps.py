@@ -1,0 +1,175 @@
+"""Checkpointed steps, as a task writes them::
+
+    async for step in ctx.steps(State, initial=State()):
+        reply = await ask_llm(step.state.history)
+        receipt = await step.effect("post", call=lambda inv: post(reply, key=inv),
+                                    reconcile=lambda inv: find_post(inv))
+        await step.checkpoint(step.state.after(reply, receipt))   # the commit point
+        if reply.final:
+            return reply.text
+
+The first step yielded is the one after the last checkpoint, with that checkpoint's state: a
+job that crashed, drained, timed out or retried resumes there, and a committed step never runs
+again. A step must end with ``checkpoint``; ``approval`` may stop the job until a human decides.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import TypeAdapter
+
+from checkpoints.ledger import Call, Ledger, Reconcile
+from checkpoints.store import CheckpointStore
+from orchestrator.errors import PermanentError
+
+S = TypeVar("S")
+T = TypeVar("T")
+
+
+class CheckpointMissing(PermanentError):
+    def __init__(self, step: int) -> None:
+        super().__init__(
+            f"step {step} ended without step.checkpoint(...): a step must commit before the "
+            "next one starts",
+            code="CHECKPOINT_MISSING",
+        )
+
+
+class StepLimitReached(PermanentError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the job reached its step limit ({limit})", code="STEP_LIMIT")
+
+
+class AwaitingApproval(BaseException):
+    """Raised by ``Step.approval`` once the job waits: the attempt ends without an outcome.
+
+    A BaseException, so that a task's ``except Exception`` cannot swallow it by accident.
+    """
+
+    def __init__(self, approval_id: uuid.UUID) -> None:
+        self.approval_id = approval_id
+        super().__init__(f"waiting for approval {approval_id}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    approval_id: uuid.UUID
+    status: str  # approved | rejected | expired
+    decided_by: str | None
+    reason: str | None
+
+    @property
+    def approved(self) -> bool:
+        return self.status == "approved"
+
+
+class Step(Generic[S]):
+    def __init__(
+        self, ledger: Ledger, approvals: CheckpointStore, number: int, state: S,
+        adapter: TypeAdapter[S],
+    ) -> None:  # fmt: skip
+        self.number = number
+        self.state = state  #: the state at the start of this step (the last checkpoint's)
+        self._ledger = ledger
+        self._approvals = approvals
+        self._adapter = adapter
+        self._calls = 0
+        self.committed: S | None = None
+        self.checkpointed = False
+
+    async def effect(
+        self,
+        name: str,
+        call: Call[T],
+        *,
+        args: Any = None,
+        key: str | None = None,
+        idempotent: bool = False,
+        reconcile: Reconcile | None = None,
+        result_type: Any = Any,
+    ) -> T:
+        """Make a side-effecting call through the ledger (see checkpoints.ledger).
+
+        ``key`` names the call within the step; by default its position (``#1``, ``#2``...),
+        stable as long as the step makes its calls in the same order.
+        """
+        self._calls += 1
+        return await self._ledger.effect(
+            step=self.number, key=key or f"#{self._calls}", name=name, call=call, args=args,
+            idempotent=idempotent, reconcile=reconcile, result_type=result_type,
+            commit_now=False,
+        )  # fmt: skip
+
+    async def checkpoint(self, state: S) -> None:
+        """Commit this step: its state and its side effects, together."""
+        if self.checkpointed:
+            raise RuntimeError(f"step {self.number} is already checkpointed")
+        await self._ledger.checkpoint(
+            self.number,
+            self._adapter.dump_python(self._adapter.validate_python(state), mode="json"),
+        )
+        self.committed, self.checkpointed = state, True
+
+    async def approval(
+        self,
+        question: str,
+        *,
+        expires_in: timedelta,
+        details: Any = None,
+        key: str = "approval",
+        on_reject: Literal["fail", "resume"] = "fail",
+    ) -> Decision:
+        """Ask a human before going on. The first time, the job stops here (WAITING_APPROVAL);
+        once decided it resumes from the last checkpoint, this step runs again, and this call
+        returns the decision. A rejection fails the job unless ``on_reject="resume"``."""
+        fence = self._ledger.fence
+        asked = await self._approvals.step_approval(fence.job_id, self.number, key)
+        if asked is not None:
+            if asked["status"] == "pending":
+                raise RuntimeError(f"approval {asked['id']} is pending while its job runs")
+            return Decision(asked["id"], asked["status"], asked["decided_by"], asked["reason"])
+        await self._ledger.flush()
+        approval_id = uuid.uuid4()
+        await self._approvals.request_approval(
+            fence, approval_id=approval_id, step=self.number, key=key, question=question,
+            details=details if details is not None else {}, on_reject=on_reject,
+            expires_in=expires_in.total_seconds(),
+        )  # fmt: skip
+        raise AwaitingApproval(approval_id)
+
+
+class Steps(Generic[S]):
+    """The steps of a job, from the one after its last checkpoint (an async iterator)."""
+
+    def __init__(
+        self, ledger: Ledger, store: CheckpointStore, state_type: Any, initial: S,
+        max_steps: int | None,
+    ) -> None:  # fmt: skip
+        self._ledger = ledger
+        self._store = store
+        self._adapter: TypeAdapter[S] = TypeAdapter(state_type)
+        self._initial = initial
+        self._max_steps = max_steps
+        self._current: Step[S] | None = None
+
+    def __aiter__(self) -> Steps[S]:
+        return self
+
+    async def __anext__(self) -> Step[S]:
+        if self._current is None:
+            last = await self._ledger.last_checkpoint()
+            number = last[0] + 1 if last else 1
+            state = self._adapter.validate_python(last[1]) if last else self._initial
+        elif not self._current.checkpointed:
+            raise CheckpointMissing(self._current.number)
+        else:
+            number = self._current.number + 1
+            state = self._current.committed  # type: ignore[assignment]
+        if self._max_steps is not None and number > self._max_steps:
+            raise StepLimitReached(self._max_steps)
+        self._current = Step(self._ledger, self._store, number, state, self._adapter)
+        return self._current

@@ -1,0 +1,139 @@
+"""The checkpoint and ledger statements an attempt makes, fenced by its lease.
+
+Each method is one round trip; a write whose lease was superseded matches nothing and raises
+:class:`~orchestrator.errors.StaleLease` (the job has been handed to another attempt).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, LiteralString
+from uuid import UUID
+
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from orchestrator import states
+from orchestrator.errors import StaleLease
+from orchestrator.queries import QUERIES
+from orchestrator.states import Status
+from orchestrator.store import JobStore
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Which attempt is writing: the job and the lease it holds."""
+
+    job_id: UUID
+    lease_token: UUID
+    attempt: int
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "lease_token": self.lease_token,
+            "running": Status.RUNNING.value,
+        }
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    status: str | None  # None: the effect was just recorded pending
+    result: Any
+
+
+class CheckpointStore:
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self.pool = pool
+        self.jobs = JobStore(pool)
+
+    async def _rows(self, name: LiteralString, params: dict[str, Any]) -> list[dict[str, Any]]:
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(QUERIES[name], params)
+            return await cur.fetchall() if cur.description else []
+
+    async def last_checkpoint(self, job_id: UUID) -> tuple[int, Any] | None:
+        rows = await self._rows("last_checkpoint", {"job_id": job_id})
+        return (rows[0]["step"], rows[0]["state"]) if rows else None
+
+    async def begin_effect(
+        self, fence: Fence, *, invocation_id: str, step: int, name: str, args: Any
+    ) -> LedgerEntry:
+        [row] = await self._rows(
+            "begin_effect",
+            {
+                **fence.params(),
+                "invocation_id": invocation_id,
+                "step": step,
+                "name": name,
+                "args": Jsonb(args),
+                "attempt": fence.attempt,
+            },
+        )
+        if not row["leased"]:
+            raise StaleLease(fence.job_id, fence.lease_token)
+        return LedgerEntry(status=row["status"], result=row["result"])
+
+    async def retry_effect(self, fence: Fence, invocation_id: str) -> None:
+        params = {**fence.params(), "invocation_id": invocation_id, "attempt": fence.attempt}
+        if not await self._rows("retry_effect", params):
+            raise StaleLease(fence.job_id, fence.lease_token)
+
+    async def fail_effect(self, fence: Fence, invocation_id: str, error: dict[str, Any]) -> None:
+        params = {**fence.params(), "invocation_id": invocation_id, "error": Jsonb(error)}
+        if not await self._rows("fail_effect", params):
+            raise StaleLease(fence.job_id, fence.lease_token)
+
+    async def commit_effects(self, fence: Fence, effects: list[dict[str, Any]]) -> None:
+        if not effects:
+            return
+        params = {**fence.params(), "effects": Jsonb(effects)}
+        if len(await self._rows("commit_effects", params)) != len(effects):
+            raise StaleLease(fence.job_id, fence.lease_token)
+
+    async def write_checkpoint(
+        self, fence: Fence, *, step: int, state: Any, effects: list[dict[str, Any]]
+    ) -> None:
+        [row] = await self._rows(
+            "write_checkpoint",
+            {**fence.params(), "step": step, "state": Jsonb(state), "effects": Jsonb(effects)},
+        )
+        if not row["saved"]:
+            raise StaleLease(fence.job_id, fence.lease_token)
+
+    async def step_approval(self, job_id: UUID, step: int, key: str) -> dict[str, Any] | None:
+        rows = await self._rows("step_approval", {"job_id": job_id, "step": step, "key": key})
+        return rows[0] if rows else None
+
+    async def request_approval(
+        self,
+        fence: Fence,
+        *,
+        approval_id: UUID,
+        step: int,
+        key: str,
+        question: str,
+        details: Any,
+        on_reject: str,
+        expires_in: float,
+    ) -> None:
+        rows = await self._rows(
+            "request_approval",
+            {
+                "job_id": fence.job_id,
+                "lease_token": fence.lease_token,
+                "target": Status.WAITING_APPROVAL.value,
+                "sources": states.sources_of(Status.WAITING_APPROVAL),
+                "approval_id": approval_id,
+                "step": step,
+                "key": key,
+                "question": question,
+                "details": Jsonb(details),
+                "on_reject": on_reject,
+                "expires_in": expires_in,
+            },
+        )
+        if not rows:
+            raise await self.jobs.refusal(fence.job_id, Status.WAITING_APPROVAL, fence.lease_token)
