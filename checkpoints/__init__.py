@@ -11,7 +11,6 @@ from checkpoints.steps import (
     CheckpointMissing,
     Decision,
     Step,
-    StepLimitReached,
     Steps,
 )
 from checkpoints.store import CheckpointStore, Fence
@@ -25,6 +24,5 @@ __all__ = [
     "Ledger",
     "Reconciled",
     "Step",
-    "StepLimitReached",
     "Steps",
 ]

@@ -1,7 +1,8 @@
 """The side-effect ledger of one attempt.
 
 Protocol for one side-effecting call, identified by a deterministic ``invocation_id``
-(``<job id>/<step>/<key>``, passed to the call so it can serve as a real idempotency key):
+(``<job id>.<step>.<key>``, URL- and header-safe, passed to the call so it can serve as a real
+idempotency key):
 
     begin     the ledger says committed  -> return its result; never call again
               pending or failed (an earlier attempt was cut off, or its call raised: it may
@@ -18,17 +19,20 @@ holds before its outcome is written (``flush``); only a crash leaves pending rec
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import TypeAdapter
 
-from checkpoints.store import CheckpointStore, Fence
+from checkpoints.store import Checkpoint, CheckpointStore, Fence
 from orchestrator.classification import Classifier, classify
+from orchestrator.errors import PermanentError
 from orchestrator.events import error_summary
 
 T = TypeVar("T")
+KEY = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # keeps invocation ids safe in URLs and headers
 
 
 @dataclass(frozen=True)
@@ -63,12 +67,18 @@ class Ledger:
         commit_now: bool,
     ) -> T:
         if not idempotent and reconcile is None:
-            raise TypeError(
+            raise PermanentError(
                 f"side effect {name!r}: give reconcile= (to ask the external system whether "
-                "an interrupted call happened) or declare it idempotent=True"
+                "an interrupted call happened) or declare it idempotent=True",
+                code="EFFECT_NOT_RECONCILABLE",
+            )
+        if not KEY.match(key):
+            raise PermanentError(
+                f"side effect {name!r}: key {key!r} must be 1-64 letters, digits, '_', '-' or '.'",
+                code="EFFECT_KEY_INVALID",
             )
         adapter: TypeAdapter[T] = TypeAdapter(result_type)
-        invocation_id = f"{self.fence.job_id}/{step}/{key}"
+        invocation_id = f"{self.fence.job_id}.{step}.{key}"
         entry = await self.store.begin_effect(
             self.fence, invocation_id=invocation_id, step=step, name=name, args=args
         )
@@ -98,13 +108,13 @@ class Ledger:
             self._held.setdefault(step, []).append(done)
         return value
 
-    async def checkpoint(self, step: int, state: Any) -> None:
+    async def checkpoint(self, step: int, state: Any, *, final: bool) -> None:
         """The step's commit point: its state and its side effects' results, one statement."""
         await self.store.write_checkpoint(
-            self.fence, step=step, state=state, effects=self._held.pop(step, [])
+            self.fence, step=step, state=state, final=final, effects=self._held.pop(step, [])
         )
 
-    async def last_checkpoint(self) -> tuple[int, Any] | None:
+    async def last_checkpoint(self) -> Checkpoint | None:
         return await self.store.last_checkpoint(self.fence.job_id)
 
     async def flush(self) -> None:

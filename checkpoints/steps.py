@@ -1,16 +1,18 @@
 """Checkpointed steps, as a task writes them::
 
-    async for step in ctx.steps(State, initial=State()):
+    steps = ctx.steps(State, initial=State(), max_steps=20)
+    async for step in steps:
         reply = await ask_llm(step.state.history)
         receipt = await step.effect("post", call=lambda inv: post(reply, key=inv),
                                     reconcile=lambda inv: find_post(inv))
-        await step.checkpoint(step.state.after(reply, receipt))   # the commit point
-        if reply.final:
-            return reply.text
+        await step.checkpoint(step.state.after(reply, receipt), final=reply.done)
+    return steps.state.answer        # the last committed state
 
 The first step yielded is the one after the last checkpoint, with that checkpoint's state: a
 job that crashed, drained, timed out or retried resumes there, and a committed step never runs
-again. A step must end with ``checkpoint``; ``approval`` may stop the job until a human decides.
+again. Each step ends with ``checkpoint``, its commit point; the loop ends after a ``final``
+checkpoint (also when a resumed attempt finds one) or after ``max_steps`` steps, and the task
+returns from ``steps.state``. ``approval`` may stop the job until a human decides.
 """
 
 from __future__ import annotations
@@ -37,11 +39,6 @@ class CheckpointMissing(PermanentError):
             "next one starts",
             code="CHECKPOINT_MISSING",
         )
-
-
-class StepLimitReached(PermanentError):
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"the job reached its step limit ({limit})", code="STEP_LIMIT")
 
 
 class AwaitingApproval(BaseException):
@@ -80,6 +77,7 @@ class Step(Generic[S]):
         self._calls = 0
         self.committed: S | None = None
         self.checkpointed = False
+        self.final = False
 
     async def effect(
         self,
@@ -94,25 +92,27 @@ class Step(Generic[S]):
     ) -> T:
         """Make a side-effecting call through the ledger (see checkpoints.ledger).
 
-        ``key`` names the call within the step; by default its position (``#1``, ``#2``...),
-        stable as long as the step makes its calls in the same order.
+        ``key`` names the call within the step; by default its position (``call1``,
+        ``call2``...), stable as long as the step makes its calls in the same order.
         """
         self._calls += 1
         return await self._ledger.effect(
-            step=self.number, key=key or f"#{self._calls}", name=name, call=call, args=args,
+            step=self.number, key=key or f"call{self._calls}", name=name, call=call, args=args,
             idempotent=idempotent, reconcile=reconcile, result_type=result_type,
             commit_now=False,
         )  # fmt: skip
 
-    async def checkpoint(self, state: S) -> None:
-        """Commit this step: its state and its side effects, together."""
+    async def checkpoint(self, state: S, *, final: bool = False) -> None:
+        """Commit this step: its state and its side effects, together. ``final``: the job has no
+        further step (its result is to be read from this state)."""
         if self.checkpointed:
             raise RuntimeError(f"step {self.number} is already checkpointed")
         await self._ledger.checkpoint(
             self.number,
             self._adapter.dump_python(self._adapter.validate_python(state), mode="json"),
+            final=final,
         )
-        self.committed, self.checkpointed = state, True
+        self.committed, self.checkpointed, self.final = state, True, final
 
     async def approval(
         self,
@@ -152,24 +152,35 @@ class Steps(Generic[S]):
         self._ledger = ledger
         self._store = store
         self._adapter: TypeAdapter[S] = TypeAdapter(state_type)
-        self._initial = initial
         self._max_steps = max_steps
         self._current: Step[S] | None = None
+        self._loaded = False
+        #: The last committed state (``initial`` until a step commits).
+        self.state: S = initial
+        #: The last committed step (0 before any).
+        self.last_step = 0
+        #: Whether the job's final step is committed (rather than the loop stopping at
+        #: ``max_steps``).
+        self.finished = False
 
     def __aiter__(self) -> Steps[S]:
         return self
 
     async def __anext__(self) -> Step[S]:
-        if self._current is None:
+        if not self._loaded:
+            self._loaded = True
             last = await self._ledger.last_checkpoint()
-            number = last[0] + 1 if last else 1
-            state = self._adapter.validate_python(last[1]) if last else self._initial
-        elif not self._current.checkpointed:
-            raise CheckpointMissing(self._current.number)
-        else:
-            number = self._current.number + 1
-            state = self._current.committed  # type: ignore[assignment]
-        if self._max_steps is not None and number > self._max_steps:
-            raise StepLimitReached(self._max_steps)
-        self._current = Step(self._ledger, self._store, number, state, self._adapter)
+            if last is not None:
+                self.state = self._adapter.validate_python(last.state)
+                self.last_step, self.finished = last.step, last.final
+        elif self._current is not None:
+            if not self._current.checkpointed:
+                raise CheckpointMissing(self._current.number)
+            self.state = self._current.committed  # type: ignore[assignment]
+            self.last_step, self.finished = self._current.number, self._current.final
+        number = self.last_step + 1
+        if self.finished or (self._max_steps is not None and number > self._max_steps):
+            self._current = None
+            raise StopAsyncIteration
+        self._current = Step(self._ledger, self._store, number, self.state, self._adapter)
         return self._current

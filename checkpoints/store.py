@@ -38,6 +38,13 @@ class Fence:
 
 
 @dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    state: Any
+    final: bool
+
+
+@dataclass(frozen=True)
 class LedgerEntry:
     status: str | None  # None: the effect was just recorded pending
     result: Any
@@ -54,9 +61,9 @@ class CheckpointStore:
             await cur.execute(QUERIES[name], params)
             return await cur.fetchall() if cur.description else []
 
-    async def last_checkpoint(self, job_id: UUID) -> tuple[int, Any] | None:
+    async def last_checkpoint(self, job_id: UUID) -> Checkpoint | None:
         rows = await self._rows("last_checkpoint", {"job_id": job_id})
-        return (rows[0]["step"], rows[0]["state"]) if rows else None
+        return Checkpoint(**rows[0]) if rows else None
 
     async def begin_effect(
         self, fence: Fence, *, invocation_id: str, step: int, name: str, args: Any
@@ -94,11 +101,17 @@ class CheckpointStore:
             raise StaleLease(fence.job_id, fence.lease_token)
 
     async def write_checkpoint(
-        self, fence: Fence, *, step: int, state: Any, effects: list[dict[str, Any]]
+        self, fence: Fence, *, step: int, state: Any, final: bool, effects: list[dict[str, Any]]
     ) -> None:
         [row] = await self._rows(
             "write_checkpoint",
-            {**fence.params(), "step": step, "state": Jsonb(state), "effects": Jsonb(effects)},
+            {
+                **fence.params(),
+                "step": step,
+                "state": Jsonb(state),
+                "final": final,
+                "effects": Jsonb(effects),
+            },
         )
         if not row["saved"]:
             raise StaleLease(fence.job_id, fence.lease_token)

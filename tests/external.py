@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import quote, unquote
 
 import httpx
 
@@ -64,7 +65,7 @@ def _handler(service: MessageService) -> type[BaseHTTPRequestHandler]:
             self._reply(201, record)
 
         def do_GET(self) -> None:
-            invocation_id = self.path.removeprefix("/messages/")
+            invocation_id = unquote(self.path.removeprefix("/messages/"))
             with service.lock:
                 record = service.messages.get(invocation_id)
             self._reply(200, record) if record else self._reply(404, {"error": "not found"})
@@ -114,7 +115,7 @@ async def send(url: str, invocation_id: str, text: str) -> dict[str, Any]:
 async def find(url: str, invocation_id: str) -> Reconciled | None:
     """reconcile(): ask the service whether the message was delivered."""
     async with httpx.AsyncClient(timeout=30) as client:
-        response = await client.get(f"{url}/messages/{invocation_id}")
+        response = await client.get(f"{url}/messages/{quote(invocation_id, safe='')}")
     if response.status_code == 404:
         return None
     response.raise_for_status()

@@ -281,8 +281,9 @@ RETURNING id
 -- change of lease (a sweep) either waits for them or makes them match nothing.
 
 -- last_checkpoint --
--- Where a stepped job resumes: its last committed step and that step's state.
-SELECT step, state FROM orc_checkpoints
+-- Where a stepped job resumes: its last committed step, that step's state, and whether it was
+-- the final step.
+SELECT step, state, final FROM orc_checkpoints
  WHERE job_id = %(job_id)s
  ORDER BY step DESC
  LIMIT 1
@@ -348,8 +349,8 @@ WITH leased AS (
      WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = %(running)s
        FOR SHARE
 ), saved AS (
-    INSERT INTO orc_checkpoints (job_id, step, state, attempt)
-    SELECT id, %(step)s, %(state)s, attempt FROM leased
+    INSERT INTO orc_checkpoints (job_id, step, state, final, attempt)
+    SELECT id, %(step)s, %(state)s, %(final)s, attempt FROM leased
     RETURNING job_id, step
 ), committed AS (
     UPDATE orc_side_effects AS e
@@ -364,7 +365,7 @@ WITH leased AS (
 ), event AS (
     INSERT INTO orc_job_events (job_id, kind, payload)
     SELECT job_id, 'job.checkpointed',
-           jsonb_build_object('step', step, 'effects_committed',
+           jsonb_build_object('step', step, 'final', %(final)s, 'effects_committed',
                               (SELECT count(*) FROM committed))
       FROM saved
 )

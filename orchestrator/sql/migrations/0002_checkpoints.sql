@@ -8,6 +8,7 @@ CREATE TABLE orc_checkpoints (
     job_id uuid NOT NULL REFERENCES orc_jobs (id) ON DELETE CASCADE,
     step integer NOT NULL CHECK (step >= 1),
     state jsonb NOT NULL,
+    final boolean NOT NULL DEFAULT false,  -- the job's last step: nothing follows it
     attempt integer NOT NULL,          -- the attempt that wrote it
     created_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (job_id, step)
@@ -15,7 +16,7 @@ CREATE TABLE orc_checkpoints (
 
 CREATE TABLE orc_side_effects (
     job_id uuid NOT NULL REFERENCES orc_jobs (id) ON DELETE CASCADE,
-    invocation_id text NOT NULL,       -- <job id>/<step>/<key>: passed to the external call
+    invocation_id text NOT NULL,       -- <job id>.<step>.<key>: passed to the external call
     step integer NOT NULL CHECK (step >= 1),
     name text NOT NULL,
     args jsonb NOT NULL,
