@@ -7,6 +7,7 @@ from orchestrator.app import JobSpec, Orchestrator
 from orchestrator.classification import Classified, ErrorClass, classify
 from orchestrator.context import JobContext
 from orchestrator.errors import (
+    ApprovalError,
     DeadLetterError,
     InvalidOutput,
     InvalidPayload,
@@ -26,6 +27,7 @@ from orchestrator.states import Status
 from retry_config import ConfigError
 
 __all__ = [
+    "ApprovalError",
     "Classified",
     "ConfigError",
     "DeadLetter",

@@ -138,6 +138,23 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--reason", help="why (required to request)")
     cmd.set_defaults(handler=cmd_dlq_discard)
 
+    approvals = commands.add_parser("approvals", help="approval gates").add_subparsers(
+        dest="approvals_command", required=True, metavar="ACTION"
+    )
+    cmd = approvals.add_parser("list", help="list approvals (pending ones by default)")
+    cmd.add_argument(
+        "--status", default="pending",
+        choices=["pending", "approved", "rejected", "expired", "cancelled", "all"],
+    )  # fmt: skip
+    cmd.add_argument("--limit", type=int, default=50)
+    cmd.set_defaults(handler=cmd_approvals_list)
+    for action in ("approve", "reject"):
+        cmd = approvals.add_parser(action, help=f"{action} a waiting step")
+        cmd.add_argument("approval_id")
+        cmd.add_argument("--by", required=True, help="who decides")
+        cmd.add_argument("--reason", default="", required=action == "reject", help="why")
+        cmd.set_defaults(handler=cmd_approvals_decide, action=action)
+
     cmd = commands.add_parser("demo", help="run the demo scenario on the embedded database")
     cmd.set_defaults(handler=cmd_demo)
     return parser
@@ -222,13 +239,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     async def body(orc: Orchestrator) -> int:
         job = await orc.get_job(args.job_id)
-        print(describe(job, await orc.job_events(job.id)))
+        print(describe(job, await orc.job_events(job.id), await orc.job_steps(job.id)))
         return 0
 
     return _run(args, body)
 
 
-def describe(job: Job, events: list[JobEvent]) -> str:
+def describe(job: Job, events: list[JobEvent], steps: list[dict[str, Any]] | None = None) -> str:
     """A job as an operator wants to read it."""
     lines = [
         f"job {job.id}  {job.job_type}  {job.status.value}",
@@ -248,7 +265,22 @@ def describe(job: Job, events: list[JobEvent]) -> str:
     for event in events:
         offset = (event.at - start).total_seconds() if start else 0.0
         lines.append(f"    +{offset:8.3f}s  {event.kind:<24} {_event_detail(event)}")
+    if steps:
+        lines.append("  steps:")
+        lines.extend(f"    {_step_line(row)}" for row in steps)
     return "\n".join(lines)
+
+
+def _step_line(row: dict[str, Any]) -> str:
+    if row["kind"] == "checkpoint":
+        state = _clip(json.dumps(row["detail"]), 90)
+        return f"step {row['step']}  checkpoint (attempt {row['attempt']})  {state}"
+    detail = row["detail"]
+    how = "reconciled" if detail.get("reconciled") else f"attempt {row['attempt']}"
+    return (
+        f"step {row['step']}  side effect {row['name']} {row['status']} ({how})  "
+        f"{row['invocation_id']}"
+    )
 
 
 def _event_detail(event: JobEvent) -> str:
@@ -265,6 +297,14 @@ def _event_detail(event: JobEvent) -> str:
             return f"{p['layer']} backoff {p['backoff_ms'] / 1000:.2f}s, retry {p['retry_count']}"
         case "job.dead_lettered":
             return f"dead letter {p['dead_letter_id']}"
+        case "job.checkpointed":
+            return f"step {p['step']}" + (" (final)" if p.get("final") else "")
+        case "job.zombie_detected":
+            return f"attempt {p['attempt']} on {p['worker']}: {p['reason']}"
+        case "job.waiting_approval":
+            return f"step {p['step']}: {p['question']}"
+        case "job.approved" | "job.rejected" | "job.approval_expired":
+            return f"by {p['decided_by']}: {p['reason']}"
     return ""
 
 
@@ -354,6 +394,34 @@ def cmd_dlq_discard(args: argparse.Namespace) -> int:
         else:
             await orc.confirm_discard(args.dead_letter_id, by=args.by)
             print(f"discarded (confirmed by {args.by})")
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_approvals_list(args: argparse.Namespace) -> int:
+    async def body(orc: Orchestrator) -> int:
+        status = None if args.status == "all" else args.status
+        for a in await orc.approvals(status=status, limit=args.limit):
+            decided = (
+                f"  {a['status']} by {a['decided_by']}: {a['reason']}" if a["decided_by"] else ""
+            )
+            print(
+                f"{a['id']}  job {a['job_id']}  step {a['step']}  {a['status']:<9} "
+                f"expires {a['expires_at']:%Y-%m-%d %H:%M:%S}  {a['question']}{decided}"
+            )
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_approvals_decide(args: argparse.Namespace) -> int:
+    async def body(orc: Orchestrator) -> int:
+        if args.action == "approve":
+            await orc.approve(args.approval_id, by=args.by, reason=args.reason)
+        else:
+            await orc.reject(args.approval_id, by=args.by, reason=args.reason)
+        print(f"{args.action}d {args.approval_id} (by {args.by})")
         return 0
 
     return _run(args, body)

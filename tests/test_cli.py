@@ -29,7 +29,10 @@ def cli(
     monkeypatch.delenv("ORCHESTRATOR_RETRY_CONFIG", raising=False)
 
     def run(*argv: str) -> tuple[int, str, str]:
-        code = main(list(argv))
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:  # argparse's usage errors
+            code = int(exc.code or 0)
         out, err = capsys.readouterr()
         return code, out, err
 
@@ -148,3 +151,40 @@ def test_the_console_script_runs_as_a_real_process(dsn: str) -> None:
     )  # fmt: skip
     assert bad.returncode == 2
     assert bad.stderr.startswith("error: unknown job type 'nope'") and "Traceback" not in bad.stderr
+
+
+def test_approvals_list_approve_and_reject(cli: Any, dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        ids = []
+        for _ in range(2):
+            code, out, _ = cli(
+                "submit", "http_request", "--payload", '{"url": "http://127.0.0.1:9/"}'
+            )
+            job_id = out.strip()
+            conn.execute(
+                "UPDATE orc_jobs SET status = 'RUNNING', lease_token = gen_random_uuid() WHERE id = %s",
+                (job_id,),
+            )
+            conn.execute(
+                "UPDATE orc_jobs SET status = 'WAITING_APPROVAL', lease_token = NULL WHERE id = %s",
+                (job_id,),
+            )
+            row = conn.execute(
+                "INSERT INTO orc_approvals (id, job_id, step, key, question, on_reject, expires_at) "
+                "VALUES (gen_random_uuid(), %s, 1, 'gate', 'deploy?', 'fail', now() + interval '1 hour') RETURNING id",
+                (job_id,),
+            ).fetchone()
+            assert row is not None
+            ids.append((job_id, str(row[0])))
+    code, out, _ = cli("approvals", "list")
+    assert code == 0 and ids[0][1] in out and "deploy?" in out
+    code, out, err = cli("approvals", "approve", ids[0][1], "--by", "alice")
+    assert code == 0 and "approved" in out
+    code, out, err = cli("approvals", "reject", ids[1][1], "--by", "bob")
+    assert code == 2 and "--reason" in err  # a rejection says why
+    code, out, err = cli("approvals", "reject", ids[1][1], "--by", "bob", "--reason", "no")
+    assert code == 0
+    code, out, err = cli("approvals", "approve", ids[0][1], "--by", "alice")
+    assert code == 2 and "already approved" in err
+    code, out, _ = cli("status", ids[1][0])
+    assert "FAILED" in out and "job.rejected" in out and "by bob: no" in out
