@@ -96,7 +96,7 @@ class CheckpointStore:
     async def commit_effects(self, fence: Fence, effects: list[dict[str, Any]]) -> None:
         if not effects:
             return
-        params = {**fence.params(), "effects": Jsonb(effects)}
+        params = {**fence.params(), "effects": Jsonb(effects), "attempt": fence.attempt}
         if len(await self._rows("commit_effects", params)) != len(effects):
             raise StaleLease(fence.job_id, fence.lease_token)
 
@@ -111,6 +111,7 @@ class CheckpointStore:
                 "state": Jsonb(state),
                 "final": final,
                 "effects": Jsonb(effects),
+                "attempt": fence.attempt,
             },
         )
         if not row["saved"]:

@@ -333,7 +333,7 @@ RETURNING invocation_id
 -- checkpoint: a plain task's effects, reconciled ones, and those an ending attempt still holds.
 UPDATE orc_side_effects AS e
    SET status = 'committed', result = coalesce(c.result, 'null'), reconciled = c.reconciled,
-       error = NULL
+       error = NULL, attempt = %(attempt)s
   FROM jsonb_to_recordset(%(effects)s) AS c (invocation_id text, result jsonb, reconciled boolean)
  WHERE e.job_id = %(job_id)s AND e.invocation_id = c.invocation_id AND e.status <> 'committed'
    AND EXISTS (SELECT 1 FROM orc_jobs
@@ -355,7 +355,7 @@ WITH leased AS (
 ), committed AS (
     UPDATE orc_side_effects AS e
        SET status = 'committed', result = coalesce(c.result, 'null'),
-           reconciled = c.reconciled, error = NULL
+           reconciled = c.reconciled, error = NULL, attempt = %(attempt)s
       FROM saved,
            jsonb_to_recordset(%(effects)s) AS c (invocation_id text, result jsonb,
                                                  reconciled boolean)

@@ -23,7 +23,7 @@ CREATE TABLE orc_side_effects (
     status text NOT NULL CHECK (status IN ('pending', 'committed', 'failed')),
     result jsonb,
     error jsonb,
-    attempt integer NOT NULL,          -- the attempt that last recorded it
+    attempt integer NOT NULL,          -- the attempt that last recorded or committed it
     reconciled boolean NOT NULL DEFAULT false,  -- committed from reconcile(), not from a call
     created_at timestamptz NOT NULL DEFAULT now(),
     updated_at timestamptz NOT NULL DEFAULT now(),
