@@ -1,51 +1,125 @@
-"""``./dev demo``: the orchestrator on the embedded database, against a local HTTP server.
+"""``./dev demo``: the orchestrator on the embedded database, against local peers.
 
-Three ``http_request`` jobs: one meets two HTTP 429s (with ``Retry-After: 1``) and then
-succeeds; one gets a 400 and fails permanently; one gets 503 until its retry budget is spent.
-The worker runs in this process; each job's final state and history are printed.
+Part 1, retries: three ``http_request`` jobs, run by a worker in this process. One meets two
+HTTP 429s (``Retry-After: 1``) and then succeeds; one gets a 400 and fails permanently; one gets
+503 until its retry budget is spent.
+
+Part 2, crash and recovery: an agent job of three checkpointed steps runs in a worker process.
+Right after step 2 delivered its notification, and before the worker could record it, the
+worker is killed (SIGKILL). A second worker's zombie sweep finds the job, which resumes at
+step 2: the ledger asks the message service, learns the notification arrived, and does not send
+it again.
+
+Each job's final state, history and steps are printed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
+from uuid import UUID
 
 import tasks
 from orchestrator.app import Orchestrator
 from orchestrator.cli import describe
-from orchestrator.demo.http_server import serve
+from orchestrator.demo import agent
+from orchestrator.demo.peers import Peers, serve
 from orchestrator.settings import Settings
 
 CONFIG = Path(__file__).with_name("retry_config.toml")
+#: Worker processes of part 2: heartbeats every 0.2 s, zombies after 2 s, a sweep every second.
+FAST = {
+    "ORCHESTRATOR_HEARTBEAT_INTERVAL": "0.2",
+    "ORCHESTRATOR_ZOMBIE_THRESHOLD": "2",
+    "ORCHESTRATOR_SWEEP_CRON": "* * * * * *",
+    "ORCHESTRATOR_RETRY_CONFIG": str(CONFIG),
+}
 
 
 async def main() -> int:
     orc = Orchestrator(settings=Settings(retry_config=CONFIG))
     tasks.register_all(orc)
+    agent.register(orc)
     print("Starting the database (embedded PostgreSQL unless DATABASE_URL is set) ...")
-    report = await orc.migrate()
-    print(f"migrate: {report}")
-    with serve() as base:
+    print(f"migrate: {await orc.migrate()}")
+    with serve() as peers:
         async with orc:
-            jobs = {
-                "meets two 429s, then succeeds": f"{base}/flaky",
-                "fails permanently (400)": f"{base}/bad",
-                "exhausts its retry budget (503)": f"{base}/down",
-            }
-            ids = {label: await orc.submit("http_request", {"url": u}) for label, u in jobs.items()}
-            print(f"submitted {len(ids)} jobs; running a worker ...\n")
-            worker = asyncio.create_task(orc.run_worker(install_signal_handlers=False))
-            started = time.monotonic()
-            while True:
-                finished = [(await orc.get_job(i)).finished_at for i in ids.values()]
-                if all(finished) or time.monotonic() - started > 60:
-                    break
-                await asyncio.sleep(0.1)
-            worker.cancel()
-            await asyncio.gather(worker, return_exceptions=True)
-            for label, job_id in ids.items():
-                print(f"== {label}")
-                print(describe(await orc.get_job(job_id), await orc.job_events(job_id)))
-                print()
+            await retries(orc, peers)
+            await crash_and_recovery(orc, peers)
     return 0
+
+
+async def retries(orc: Orchestrator, peers: Peers) -> None:
+    print("\n#### Part 1: retries (a worker in this process)\n")
+    jobs = {
+        "meets two 429s, then succeeds": f"{peers.url}/flaky",
+        "fails permanently (400)": f"{peers.url}/bad",
+        "exhausts its retry budget (503)": f"{peers.url}/down",
+    }
+    ids = {label: await orc.submit("http_request", {"url": u}) for label, u in jobs.items()}
+    worker = asyncio.create_task(orc.run_worker(install_signal_handlers=False))
+    await until_finished(orc, list(ids.values()), seconds=60)
+    worker.cancel()
+    await asyncio.gather(worker, return_exceptions=True)
+    for label, job_id in ids.items():
+        await show(orc, label, job_id)
+
+
+async def crash_and_recovery(orc: Orchestrator, peers: Peers) -> None:
+    print("#### Part 2: a worker killed mid-step, its job recovered by the sweep\n")
+    topic = "retry budgets"
+    peers.messages.hold(f"brief on {topic} drafted")
+    job_id = await orc.submit("research_brief", {"topic": topic, "notify_url": peers.url})
+    first = start_worker(orc.dsn)
+    try:
+        await asyncio.to_thread(peers.messages.held.wait, 60)
+        print(f"step 2 delivered its notification; killing worker pid {first.pid} (SIGKILL)")
+        print("before it could record that it did.")
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    finally:
+        peers.messages.release()
+        first.kill()
+    started = time.monotonic()
+    second = start_worker(orc.dsn)
+    print(f"started worker pid {second.pid}; waiting for its sweep to find the job ...\n")
+    try:
+        await until_finished(orc, [job_id], seconds=60)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.wait(timeout=60)
+    print(f"recovered and finished {time.monotonic() - started:.1f} s after the kill")
+    await show(orc, "the agent job", job_id)
+    invocation = next(iter(peers.messages.deliveries))
+    print(f"notifications delivered for {invocation}: {peers.messages.deliveries[invocation]}\n")
+
+
+def start_worker(dsn: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, **FAST, "DATABASE_URL": dsn}
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "--app", "orchestrator.demo.agent:orc", "worker"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+async def until_finished(orc: Orchestrator, job_ids: list[UUID], *, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if all([(await orc.get_job(job_id)).finished_at for job_id in job_ids]):
+            return
+        await asyncio.sleep(0.1)
+    print(f"(gave up waiting after {seconds:.0f} s)")
+
+
+async def show(orc: Orchestrator, label: str, job_id: UUID) -> None:
+    print(f"== {label}")
+    job = await orc.get_job(job_id)
+    print(describe(job, await orc.job_events(job_id), await orc.job_steps(job_id)))
+    print()
