@@ -31,6 +31,7 @@ from orchestrator.attempt import HOST, AttemptRunner
 from orchestrator.classification import Classifier
 from orchestrator.context import JobContext
 from orchestrator.dispatching import DispatchManager
+from orchestrator.drain import Drain
 from orchestrator.errors import DeadLetterError, OrchestratorError, SubmitError, UnknownJobType
 from orchestrator.ids import uuid7
 from orchestrator.migrate import MigrationReport, migrate
@@ -88,6 +89,7 @@ class Orchestrator:
         self._store: JobStore | None = None
         self._checkpoints: CheckpointStore | None = None
         self._runner: AttemptRunner | None = None
+        self.drains: list[Drain] = []  # the workers running in this process, by their drain
         maintenance.register(self)
 
     # -- definition ------------------------------------------------------------------------
@@ -335,6 +337,11 @@ class Orchestrator:
             install_signal_handlers=install_signal_handlers,
             name=name,
         )
+
+    def stop_worker(self) -> None:
+        """Drain the workers this process runs, as SIGTERM would."""
+        for drain in list(self.drains):
+            drain.begin("stop requested")
 
     def queues_for(
         self, queues: Sequence[str] | None, job_types: Sequence[str] | None

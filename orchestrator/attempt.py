@@ -105,6 +105,7 @@ class Attempt:
     def __init__(self, runner: AttemptRunner, pctx: procrastinate.JobContext, claim: Claim):
         self.runner = runner
         self.lost: str | None = None  # why the attempt was abandoned, if it was
+        self.interrupted: str | None = None  # why it was asked to stop (drain), if it was
         self._task: asyncio.Task[Any] | None = None
         self.store = runner.store
         self.pjob = pctx.job
@@ -132,15 +133,22 @@ class Attempt:
                 logging.getLogger(f"orchestrator.job.{claim.job_type}"),
                 {"job_id": str(claim.id), "attempt": claim.attempt, "trace_id": claim.trace_id},
             ),
-            _should_abort=pctx.should_abort,
+            _should_abort=lambda: self.interrupted is not None or pctx.should_abort(),
             _ledger=self.ledger,
             _checkpoints=runner.checkpoints,
         )
 
     def abandon(self, reason: str) -> None:
+        """It no longer holds its job: cancel it, and let it write nothing."""
         self.lost = reason
         if self._task is not None:
             self._task.cancel()  # repeated at each heartbeat while it runs (see heartbeat.py)
+
+    def interrupt(self, reason: str) -> None:
+        """Stop it and hand its job back (drain): ``ctx.should_abort()`` and a cancellation."""
+        self.interrupted = reason
+        if self._task is not None:
+            self._task.cancel()  # repeated by the drain while it runs (see drain.py)
 
     async def run(self) -> None:
         self._task = asyncio.current_task()
@@ -169,7 +177,7 @@ class Attempt:
             return  # the job waits for a decision; asking was this attempt's outcome
         except asyncio.CancelledError:
             if self.lost is None:  # a drain or an abort: hand the job back
-                await asyncio.shield(self._hand_back("cancelled"))
+                await asyncio.shield(self._hand_back(self.interrupted or "cancelled"))
             raise
         except TimeoutError as exc:
             if deadline is None or not deadline.expired():

@@ -43,6 +43,15 @@ class Settings(BaseSettings):
     safety_net_grace_seconds: float = Field(
         10.0, ge=0, description="How long past due a waiting job may go without a dispatch."
     )
+    drain_seconds: float = Field(
+        45.0,
+        ge=0,
+        description="After SIGTERM, how long running jobs may go on before they are"
+        " handed back (seed 004: 45 s, inside a 65 s grace period with a 5 s preStop).",
+    )
+    health_port: int = Field(
+        8080, ge=0, le=65535, description="Port of /healthz and /readyz; 0 turns them off."
+    )
     heartbeat_interval: float = Field(
         30.0, gt=0, description="Seconds between a worker's heartbeats (seed 004: 30 s)."
     )

@@ -417,6 +417,9 @@ class JobStore:
         )
         return [Job.model_validate(row) for row in rows]
 
+    async def ping(self) -> bool:
+        return await self.one("ping", {}) is not None
+
     async def soonest_due(self, *, lookback: float) -> tuple[float | None, bool]:
         """Seconds until the next waiting job is due (None: none is), and whether one came due
         within the last ``lookback`` seconds."""

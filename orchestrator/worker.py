@@ -24,6 +24,8 @@ from procrastinate import manager
 from procrastinate import worker as procrastinate_worker
 from psycopg import sql
 
+from orchestrator.drain import Drain
+from orchestrator.health import HealthServer
 from orchestrator.heartbeat import Heartbeats
 from orchestrator.queries import QUERIES
 
@@ -187,6 +189,9 @@ async def run_worker(
     install_signal_handlers: bool,
     name: str | None,
 ) -> None:
+    """Run a worker until it is stopped: by SIGTERM/SIGINT (with ``install_signal_handlers``),
+    by ``orc.stop_worker()``, or by cancelling this coroutine; each of them drains."""
+    settings = orc.settings
     worker = Worker(
         dispatches=orc.dispatches,
         app=orc.procrastinate,
@@ -194,25 +199,34 @@ async def run_worker(
         name=name or "orchestrator",
         concurrency=concurrency,
         wait=wait,
-        fetch_job_polling_interval=orc.settings.fetch_polling_interval,
-        install_signal_handlers=install_signal_handlers,
+        fetch_job_polling_interval=settings.fetch_polling_interval,
+        install_signal_handlers=False,  # ours drain (see drain.py)
         listen_notify=True,
-        stalled_worker_timeout=orc.settings.stalled_worker_seconds,
+        stalled_worker_timeout=settings.stalled_worker_seconds,
     )
+    drain = Drain(stop_fetching=worker.stop, runner=orc.runner, deadline=settings.drain_seconds)
+    orc.drains.append(drain)
     waker = DueTimeWaker(
         dsn=orc.dsn,
         store=orc.store,
         wake=worker.wake,
-        refresh_interval=orc.settings.fetch_polling_interval,
+        refresh_interval=settings.fetch_polling_interval,
         queues=queues,
     )
     orc.runner.on_redispatch = wake_after_this_run
     heartbeats = Heartbeats(
         orc.store,
         orc.runner,
-        interval=orc.settings.heartbeat_interval,
-        zombie_threshold=orc.settings.zombie_threshold,
+        interval=settings.heartbeat_interval,
+        zombie_threshold=settings.zombie_threshold,
     )
+    health = HealthServer(
+        port=settings.health_port, ready=lambda: not drain.draining, database_ok=orc.store.ping
+    )
+    if settings.health_port:
+        await health.start()
+    if install_signal_handlers:
+        drain.install()
     side_tasks = [
         asyncio.create_task(waker.run(), name="due-time waker"),
         asyncio.create_task(heartbeats.run(), name="heartbeats"),
@@ -221,21 +235,26 @@ async def run_worker(
     try:
         await asyncio.shield(run)
     except asyncio.CancelledError:
+        drain.begin("worker cancelled")
         await stop_worker(worker, run)
         raise
     finally:
+        if install_signal_handlers:
+            drain.uninstall()
+        orc.drains.remove(drain)
         for task in side_tasks:
             task.cancel()
         await asyncio.gather(*side_tasks, return_exceptions=True)
+        await health.close()
 
 
 async def stop_worker(worker: Worker, run: asyncio.Task[None]) -> None:
-    """Stop the worker gracefully, and make sure the request is not lost.
+    """Wait for a draining worker to stop, making sure the stop is not lost.
 
-    Cancelling the worker's task is not enough: on Python 3.11, ``asyncio.wait_for`` can swallow
-    a cancellation that arrives as its wait completes (CPython gh-86296), and psycopg_pool waits
-    for connections with it. A stop made before ``Worker.run`` has started is also reset by it.
-    So the stop is repeated until the worker has actually stopped.
+    A stop made before ``Worker.run`` has started is reset by it, and on Python 3.11
+    ``asyncio.wait_for`` can swallow a cancellation that arrives as its wait completes
+    (CPython gh-86296; psycopg_pool waits for connections with it). So the stop is repeated
+    until the worker has actually stopped.
     """
     while not run.done():
         worker.stop()  # type: ignore[no-untyped-call]

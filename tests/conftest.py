@@ -60,6 +60,7 @@ async def db(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
 def test_settings(**overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "fetch_polling_interval": 1.0,
+        "health_port": 0,
         "worker_concurrency": 10,
         "pool_min_size": 1,
         "pool_max_size": 10,

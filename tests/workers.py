@@ -22,6 +22,7 @@ FAST = {
     "ORCHESTRATOR_ZOMBIE_THRESHOLD": "1.5",
     "ORCHESTRATOR_SWEEP_CRON": "* * * * * *",
     "ORCHESTRATOR_FETCH_POLLING_INTERVAL": "0.5",
+    "ORCHESTRATOR_HEALTH_PORT": "0",
     "ORCHESTRATOR_RETRY_CONFIG": str(ROOT / "tests" / "retry_config.toml"),
 }
 

@@ -38,11 +38,12 @@ FAST = {
     "ORCHESTRATOR_ZOMBIE_THRESHOLD": "2",
     "ORCHESTRATOR_SWEEP_CRON": "* * * * * *",
     "ORCHESTRATOR_RETRY_CONFIG": str(CONFIG),
+    "ORCHESTRATOR_HEALTH_PORT": "0",
 }
 
 
 async def main() -> int:
-    orc = Orchestrator(settings=Settings(retry_config=CONFIG))
+    orc = Orchestrator(settings=Settings(retry_config=CONFIG, health_port=0))
     tasks.register_all(orc)
     agent.register(orc)
     print("Starting the database (embedded PostgreSQL unless DATABASE_URL is set) ...")

@@ -237,6 +237,10 @@ SELECT j.id, j.procrastinate_job_id, p.status AS procrastinate_status
  LIMIT %(limit)s
    FOR UPDATE OF j SKIP LOCKED
 
+-- ping --
+-- The liveness probe's question: is the database there?
+SELECT 1 AS ok
+
 -- procrastinate_job_status --
 SELECT (SELECT status::text FROM procrastinate_jobs WHERE id = %(job_id)s) AS status
 
