@@ -24,7 +24,7 @@ from orchestrator.attempt import AttemptRunner
 
 logger = logging.getLogger(__name__)
 
-EXIT_GRACE = 8.0  # seconds after the drain deadline before the process exits regardless
+EXIT_GRACE = 5.0  # seconds after the drain deadline before the process exits regardless
 RECANCEL_EVERY = 0.2  # a cancellation can be swallowed on Python 3.11 (gh-86296): repeat it
 
 
