@@ -11,6 +11,7 @@ from checkpoints.steps import (
     CheckpointMissing,
     Decision,
     Step,
+    StepClock,
     Steps,
 )
 from checkpoints.store import CheckpointStore, Fence
@@ -24,5 +25,6 @@ __all__ = [
     "Ledger",
     "Reconciled",
     "Step",
+    "StepClock",
     "Steps",
 ]

@@ -13,6 +13,9 @@ job that crashed, drained, timed out or retried resumes there, and a committed s
 again. Each step ends with ``checkpoint``, its commit point; the loop ends after a ``final``
 checkpoint (also when a resumed attempt finds one) or after ``max_steps`` steps, and the task
 returns from ``steps.state``. ``approval`` may stop the job until a human decides.
+
+Each step runs under the step timeout (a :class:`StepClock` given by the orchestrator): a step
+that overruns is cancelled and its job retried from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from pydantic import TypeAdapter
 
@@ -62,6 +65,15 @@ class Decision:
     @property
     def approved(self) -> bool:
         return self.status == "approved"
+
+
+class StepClock(Protocol):
+    """Times the steps: ``start`` when a step begins, ``stop`` when it ends (which raises if it
+    overran and its cancellation was swallowed by the task)."""
+
+    def start(self, step: int) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 class Step(Generic[S]):
@@ -147,10 +159,11 @@ class Steps(Generic[S]):
 
     def __init__(
         self, ledger: Ledger, store: CheckpointStore, state_type: Any, initial: S,
-        max_steps: int | None,
+        max_steps: int | None, clock: StepClock | None = None,
     ) -> None:  # fmt: skip
         self._ledger = ledger
         self._store = store
+        self._clock = clock
         self._adapter: TypeAdapter[S] = TypeAdapter(state_type)
         self._max_steps = max_steps
         self._current: Step[S] | None = None
@@ -167,6 +180,8 @@ class Steps(Generic[S]):
         return self
 
     async def __anext__(self) -> Step[S]:
+        if self._clock is not None:
+            self._clock.stop()
         if not self._loaded:
             self._loaded = True
             last = await self._ledger.last_checkpoint()
@@ -183,4 +198,6 @@ class Steps(Generic[S]):
             self._current = None
             raise StopAsyncIteration
         self._current = Step(self._ledger, self._store, number, self.state, self._adapter)
+        if self._clock is not None:
+            self._clock.start(number)
         return self._current

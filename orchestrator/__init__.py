@@ -8,6 +8,7 @@ from orchestrator.classification import Classified, ErrorClass, classify
 from orchestrator.context import JobContext
 from orchestrator.errors import (
     ApprovalError,
+    CallTimedOut,
     DeadLetterError,
     InvalidOutput,
     InvalidPayload,
@@ -18,7 +19,9 @@ from orchestrator.errors import (
     PermanentError,
     RetryLater,
     StaleLease,
+    StepTimedOut,
     SubmitError,
+    TimedOut,
     UnknownJobType,
 )
 from orchestrator.models import DeadLetter, Job, JobEvent, LastError
@@ -28,6 +31,7 @@ from retry_config import ConfigError
 
 __all__ = [
     "ApprovalError",
+    "CallTimedOut",
     "Classified",
     "ConfigError",
     "DeadLetter",
@@ -50,7 +54,9 @@ __all__ = [
     "Settings",
     "StaleLease",
     "Status",
+    "StepTimedOut",
     "SubmitError",
+    "TimedOut",
     "UnknownJobType",
     "classify",
 ]

@@ -1,13 +1,16 @@
 """One attempt of one job, run inside one Procrastinate job: claim, run the task, record.
 
     claim (PENDING/RETRY -> RUNNING, with the fetch; dispatching.py)   none: stale dispatch, no-op
-    run the task under the job timeout
+    run the task under the job timeout, each checkpointed step under the step timeout
     success                     -> COMPLETED, written with Procrastinate's finish (dispatching.py)
     TRANSIENT_APP, budget left  -> RETRY + a new dispatch at next_retry_at; return normally
     TRANSIENT_INFRA, runs left  -> RETRY (no app budget used); raise InfraRetry so Procrastinate
                                    re-runs this dispatch after exp(min(10, run)) s
     anything else, or exhausted -> FAILED + dead letter (infra exhaustion re-raises, so the
                                    Procrastinate job ends failed too)
+    job timeout                 -> FAILED ("Job timed out after N seconds"), dead letter
+    step timeout                -> the step is cancelled; TRANSIENT_APP: RETRY from the last
+                                   checkpoint (or FAILED once the budget is spent)
     cancelled (drain, abort)    -> handed back to PENDING, no budget used; cancellation re-raised
     waiting for an approval     -> nothing more: the wait itself was written by the task's step
 
@@ -30,14 +33,16 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+import httpx
 import procrastinate
 from pydantic import ValidationError
 
 from checkpoints import AwaitingApproval, CheckpointStore, Fence, Ledger
 from orchestrator import events
+from orchestrator.calls import http_client
 from orchestrator.classification import Classified, Classifier, ErrorClass, classify
 from orchestrator.context import JobContext
-from orchestrator.errors import InvalidOutput, InvalidTransition, StaleLease
+from orchestrator.errors import InvalidOutput, InvalidTransition, StaleLease, StepTimedOut
 from orchestrator.models import Claim
 from orchestrator.policy import Budget, Fail, Layer, decide
 from orchestrator.registry import JobType
@@ -79,6 +84,20 @@ class AttemptRunner:
         self.on_redispatch: Callable[[UUID], None] = lambda job_id: None
         #: The attempts running now, by job id (the heartbeats refresh their leases).
         self.running: dict[UUID, Attempt] = {}
+        self._http: dict[str, httpx.AsyncClient] = {}
+
+    def http(self, job_type: str, config: JobRetryConfig) -> httpx.AsyncClient:
+        """The job type's HTTP client (shared by its attempts, so connections are reused)."""
+        client = self._http.get(job_type)
+        if client is None:
+            client = self._http[job_type] = http_client(config)
+        return client
+
+    async def aclose(self) -> None:
+        """Close the HTTP clients (the worker stopped; the next run makes new ones)."""
+        clients, self._http = list(self._http.values()), {}
+        for client in clients:
+            await client.aclose()
 
     def leases(self) -> dict[UUID, UUID]:
         return {job_id: a.claim.lease_token for job_id, a in self.running.items() if not a.lost}
@@ -112,6 +131,10 @@ class Attempt:
         self.claim = claim
         self.job_type = runner.job_types[claim.job_type]
         self.config: JobRetryConfig = runner.config().for_type(claim.job_type)
+        self.timeout_seconds = claim.timeout_seconds or self.config.job_timeout_seconds
+        self.step_clock = StepDeadline(
+            self.config.step_timeout(self.timeout_seconds), self._step_overran
+        )
         self.ledger = Ledger(
             runner.checkpoints,
             Fence(claim.id, claim.lease_token, claim.attempt),
@@ -129,13 +152,20 @@ class Attempt:
             trace_id=claim.trace_id,
             agent_id=claim.agent_id,
             config=self.config,
+            http=runner.http(claim.job_type, self.config),
             log=logging.LoggerAdapter(
                 logging.getLogger(f"orchestrator.job.{claim.job_type}"),
                 {"job_id": str(claim.id), "attempt": claim.attempt, "trace_id": claim.trace_id},
             ),
-            _should_abort=lambda: self.interrupted is not None or pctx.should_abort(),
+            _should_abort=lambda: (
+                self.interrupted is not None
+                or self.lost is not None
+                or self.step_clock.overran is not None
+                or pctx.should_abort()
+            ),
             _ledger=self.ledger,
             _checkpoints=runner.checkpoints,
+            _step_clock=self.step_clock,
         )
 
     def abandon(self, reason: str) -> None:
@@ -150,6 +180,10 @@ class Attempt:
         if self._task is not None:
             self._task.cancel()  # repeated by the drain while it runs (see drain.py)
 
+    def _step_overran(self) -> None:
+        if self._task is not None and self.lost is None and self.interrupted is None:
+            self._task.cancel()
+
     async def run(self) -> None:
         self._task = asyncio.current_task()
         self.runner.running[self.claim.id] = self
@@ -161,7 +195,7 @@ class Attempt:
 
     async def _run(self) -> None:
         claim = self.claim
-        timeout_seconds = claim.timeout_seconds or self.config.job_timeout_seconds
+        timeout_seconds = self.timeout_seconds
         started = time.perf_counter()
         output: Any = None
         deadline: asyncio.Timeout | None = None
@@ -171,11 +205,20 @@ class Attempt:
             except ValidationError as exc:
                 raise _StoredPayloadInvalid(str(exc)) from exc
             async with asyncio.timeout(timeout_seconds) as deadline:
-                output = await self.job_type.fn(self.ctx, payload)
+                try:
+                    output = await self.job_type.fn(self.ctx, payload)
+                finally:
+                    self.step_clock.cancel()
             result = self.job_type.result_json(output)
         except AwaitingApproval:
             return  # the job waits for a decision; asking was this attempt's outcome
         except asyncio.CancelledError:
+            overran = self.step_clock.overran
+            if overran is not None and self.lost is None and self.interrupted is None:
+                assert self._task is not None
+                self._task.uncancel()  # our own cancellation: the step's time was up
+                await self._failed(overran, output=None)
+                return
             if self.lost is None:  # a drain or an abort: hand the job back
                 await asyncio.shield(self._hand_back(self.interrupted or "cancelled"))
             raise
@@ -294,6 +337,37 @@ class Attempt:
             )  # fmt: skip
             return False
         return True
+
+
+class StepDeadline:
+    """The step timeout (seed 004: an AbortController per step). A step overrunning it has the
+    attempt cancelled, which then fails with :class:`StepTimedOut` (TRANSIENT_APP): the job
+    retries from its last checkpoint."""
+
+    def __init__(self, seconds: float, on_overrun: Callable[[], None]) -> None:
+        self.seconds = seconds
+        self.on_overrun = on_overrun
+        self.overran: StepTimedOut | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self, step: int) -> None:
+        self.cancel()
+        self._timer = asyncio.get_running_loop().call_later(self.seconds, self._fire, step)
+
+    def stop(self) -> None:
+        self.cancel()
+        if self.overran is not None:  # the task swallowed the cancellation: fail the step now
+            raise self.overran
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _fire(self, step: int) -> None:
+        self._timer = None
+        self.overran = StepTimedOut(step, self.seconds)
+        self.on_overrun()
 
 
 class _StoredPayloadInvalid(Exception):

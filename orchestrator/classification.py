@@ -25,7 +25,7 @@ import httpx
 import pydantic
 
 from orchestrator.backoff import parse_retry_after
-from orchestrator.errors import InvalidOutput, PermanentError, RetryLater
+from orchestrator.errors import InvalidOutput, PermanentError, RetryLater, TimedOut
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +125,8 @@ def _builtin(exc: BaseException) -> Classified:
             return Classified(PERMANENT, exc.code or "PERMANENT_ERROR")
         case InvalidOutput() | pydantic.ValidationError():
             return Classified(INVALID, "OUTPUT_INVALID")
+        case TimedOut():
+            return Classified(APP, exc.code)  # a step or call overran: retry, from a checkpoint
         case asyncio.CancelledError():
             return Classified(APP, "CANCELLED")  # drain or abort: seed's AbortError
         case anthropic.APIStatusError():

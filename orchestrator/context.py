@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
+import httpx
+
+from orchestrator.calls import call_limit
 from retry_config import JobRetryConfig
 
 if TYPE_CHECKING:
-    from checkpoints import CheckpointStore, Ledger, Steps
+    from checkpoints import CheckpointStore, Ledger, StepClock, Steps
     from checkpoints.ledger import Call, Reconcile
 
 S = TypeVar("S")
@@ -32,28 +36,45 @@ class JobContext:
     agent_id: str | None
     config: JobRetryConfig
     log: logging.LoggerAdapter[logging.Logger]
+    #: HTTP client with the type's connect and total call timeouts (see orchestrator.calls).
+    http: httpx.AsyncClient = field(repr=False)
     _should_abort: Callable[[], bool] = field(repr=False)
     _ledger: Ledger = field(repr=False)
     _checkpoints: CheckpointStore = field(repr=False)
+    _step_clock: StepClock = field(repr=False)
 
     def should_abort(self) -> bool:
-        """True once the worker wants this attempt to stop (drain or cancellation).
+        """True once this attempt should stop: a drain, a cancel, its step overran, or its job
+        was handed to another attempt.
 
         Long tasks check it between steps; an ``await`` is cancelled anyway when it happens.
         """
         return self._should_abort()
 
+    def call_limit(self, tool: str | None = None) -> AbstractAsyncContextManager[None]:
+        """Bound one call (a tool run, a subprocess...) by the type's limit for ``tool``
+        (``tool_timeouts_ms``, else ``call_timeout_ms``); overrunning raises CallTimedOut.
+
+            async with ctx.call_limit("kubectl"):
+                await run_kubectl(args)
+        """
+        what = f"tool {tool!r}" if tool else "call"
+        return call_limit(self.config.call_timeout(tool), what)
+
     def steps(
         self, state_type: Any = Any, *, initial: Any = None, max_steps: int | None = None
     ) -> Steps[Any]:
-        """Checkpointed steps, from the one after the last checkpoint (see checkpoints.steps).
+        """Checkpointed steps, from the one after the last checkpoint (see checkpoints.steps),
+        each under the step timeout.
 
         ``state_type`` (a pydantic model, or any type pydantic knows) validates the state
         written by ``step.checkpoint`` and read back on resume; ``initial`` is step 1's state.
         """
         from checkpoints import Steps
 
-        return Steps(self._ledger, self._checkpoints, state_type, initial, max_steps)
+        return Steps(
+            self._ledger, self._checkpoints, state_type, initial, max_steps, self._step_clock
+        )
 
     async def effect(
         self,

@@ -9,7 +9,10 @@ OrchestratorError                  base; every subclass carries a stable ``code`
 ├── InvalidTransition              WF_STATE_TRANSITION_INVALID; nothing was changed
 ├── StaleLease                     a write from an attempt whose lease was superseded
 ├── DeadLetterError                a dead-letter action that does not apply
-└── MigrationError
+├── MigrationError
+└── TimedOut                       also a TimeoutError; TRANSIENT_APP (seed 004's timeout tree)
+    ├── StepTimedOut               a checkpointed step overran: retried from the last checkpoint
+    └── CallTimedOut               one call overran its (per-tool) limit
 
 JobSignal                          raised *by task code* to steer the outcome of an attempt
 ├── RetryLater(delay)              TRANSIENT_APP, retry after ``delay`` seconds (capped)
@@ -89,6 +92,26 @@ class ApprovalError(OrchestratorError):
 
 class MigrationError(OrchestratorError):
     code = "MIGRATION_FAILED"
+
+
+class TimedOut(OrchestratorError, TimeoutError):
+    code = "TIMEOUT"
+
+
+class StepTimedOut(TimedOut):
+    code = "STEP_TIMEOUT"
+
+    def __init__(self, step: int, seconds: float) -> None:
+        self.step, self.seconds = step, seconds
+        super().__init__(f"Step {step} timed out after {seconds:g} seconds")
+
+
+class CallTimedOut(TimedOut):
+    code = "CALL_TIMEOUT"
+
+    def __init__(self, what: str, seconds: float) -> None:
+        self.what, self.seconds = what, seconds
+        super().__init__(f"{what} timed out after {seconds:g} seconds")
 
 
 class JobSignal(Exception):

@@ -28,12 +28,19 @@ GIVE_UP_AT = 0.8
 
 class Heartbeats:
     def __init__(
-        self, store: JobStore, runner: AttemptRunner, *, interval: float, zombie_threshold: float
+        self,
+        store: JobStore,
+        runner: AttemptRunner,
+        *,
+        interval: float,
+        zombie_threshold: float,
+        expiry_grace: float,
     ) -> None:
         self.store = store
         self.runner = runner
         self.interval = interval
         self.zombie_threshold = zombie_threshold
+        self.expiry_grace = expiry_grace
         self.beats = 0  # successful statements so far (tests and metrics watch it)
 
     async def run(self) -> None:
@@ -47,7 +54,9 @@ class Heartbeats:
                 last_ok = loop.time()
                 continue
             try:
-                held = await self.store.heartbeat(leases, zombie_threshold=self.zombie_threshold)
+                held = await self.store.heartbeat(
+                    leases, zombie_threshold=self.zombie_threshold, expiry_grace=self.expiry_grace
+                )
             except (psycopg.Error, OSError) as exc:
                 silent = loop.time() - last_ok
                 logger.warning("heartbeat failed (%s); no heartbeat for %.1f s", exc, silent)

@@ -6,7 +6,7 @@ per (task, tick) makes each tick run once, and a tick missed by more than
 ``periodic_max_delay`` is skipped (no backfill).
 
 - ``sweep_zombies`` (seed 004): RUNNING jobs whose heartbeat is older than the zombie threshold
-  go to RETRY or FAILED (see sweeper.py).
+  go to RETRY or FAILED (see sweeper.py), at most ``sweep_limit`` per run.
 - ``retry_safety_net``: a waiting job (PENDING, or RETRY past due) must have a live
   Procrastinate job. One can be lost: a worker killed between recording an infrastructure retry
   and Procrastinate rescheduling it, a Procrastinate job deleted by hand. The net settles a dead
@@ -61,12 +61,22 @@ def _periodic(
         return await body(orc)
 
 
-async def _batches(name: str, batch: Callable[[], Awaitable[int]], size: int) -> int:
+async def _batches(
+    name: str,
+    batch: Callable[[int], Awaitable[int]],
+    size: int,
+    limit: int | None = None,
+) -> int:
+    """Run ``batch(n)`` (which handles at most ``n`` rows) until a batch comes back short,
+    ``limit`` rows are done, or MAX_BATCHES_PER_RUN batches have run."""
     total = 0
     for _ in range(MAX_BATCHES_PER_RUN):
-        done = await batch()
+        n = size if limit is None else min(size, limit - total)
+        if n <= 0:
+            break
+        done = await batch(n)
         total += done
-        if done < size:
+        if done < n:
             break
     if total:
         logger.warning("%s: %d", name, total)
@@ -77,24 +87,30 @@ async def run_sweep(orc: Orchestrator) -> int:
     """One run of the zombie sweep (see sweeper.py); returns how many zombies it handled."""
     s = orc.settings
 
-    async def batch() -> int:
+    async def batch(n: int) -> int:
         result = await sweeper.sweep_once(
-            orc.store, orc.retry_config, threshold=s.zombie_threshold, limit=s.sweep_batch_size
+            orc.store,
+            orc.retry_config,
+            threshold=s.zombie_threshold,
+            expiry_grace=s.job_expiry_grace_seconds,
+            limit=n,
         )
         return result.total
 
-    return await _batches("sweep_zombies: zombie jobs recovered", batch, s.sweep_batch_size)
+    return await _batches(
+        "sweep_zombies: zombie jobs recovered", batch, s.sweep_batch_size, s.sweep_limit
+    )
 
 
 async def run_safety_net(orc: Orchestrator) -> int:
     """One run of the safety net; returns how many jobs it dispatched again."""
     s = orc.settings
 
-    async def batch() -> int:
+    async def batch(n: int) -> int:
         lost = await orc.store.redispatch_lost(
             grace_seconds=s.safety_net_grace_seconds,
             stalled_seconds=s.stalled_worker_seconds,
-            limit=s.safety_net_batch_size,
+            limit=n,
         )
         return len(lost)
 
@@ -109,7 +125,7 @@ async def run_approval_expiry(orc: Orchestrator) -> int:
     size = orc.settings.approvals_batch_size
     return await _batches(
         "expire_approvals: approvals expired",
-        lambda: approvals.expire_due(orc.store, limit=size),
+        lambda n: approvals.expire_due(orc.store, limit=n),
         size,
     )
 
@@ -118,10 +134,8 @@ async def run_prune(orc: Orchestrator) -> int:
     s = orc.settings
     older_than = s.checkpoint_retention_days * 86_400
 
-    async def batch() -> int:
-        return await orc.store.prune_checkpoints(
-            older_than_seconds=older_than, limit=s.prune_batch_size
-        )
+    async def batch(n: int) -> int:
+        return await orc.store.prune_checkpoints(older_than_seconds=older_than, limit=n)
 
     return await _batches(
         "prune_checkpoints: checkpoint and ledger rows of finished jobs deleted",

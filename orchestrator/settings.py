@@ -58,9 +58,21 @@ class Settings(BaseSettings):
     zombie_threshold: float = Field(
         300.0, gt=0, description="A RUNNING job silent this long is a zombie (seed 004: 5 min)."
     )
+    job_expiry_grace_seconds: float = Field(
+        60.0,
+        ge=0,
+        description="The backstop: an attempt still RUNNING this long past its job timeout is"
+        " a zombie even if it heartbeats (seed 004's job_expiry = timeout + 60 s).",
+    )
     sweep_cron: str = Field("* * * * *", description="When sweep_zombies runs (every minute).")
+    sweep_limit: int = Field(
+        1000,
+        ge=1,
+        description="Zombies recovered per sweep run at most: a mass recovery is spread over"
+        " several runs (seed 004, Open Question 2).",
+    )
     sweep_batch_size: int = Field(
-        500, ge=1, description="Zombies handled per batch; a run does at most 10 batches."
+        250, ge=1, description="Zombies handled per transaction within a run."
     )
     approvals_cron: str = Field(
         "* * * * *", description="When expire_approvals fails (or resumes) expired approvals."

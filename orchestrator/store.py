@@ -285,7 +285,9 @@ class JobStore:
 
     # -- liveness --------------------------------------------------------------------------
 
-    async def heartbeat(self, leases: dict[UUID, UUID], *, zombie_threshold: float) -> set[UUID]:
+    async def heartbeat(
+        self, leases: dict[UUID, UUID], *, zombie_threshold: float, expiry_grace: float
+    ) -> set[UUID]:
         """Refresh the heartbeats of these jobs (id -> lease) in one statement; returns the ids
         whose lease is still held."""
         rows = await self.rows(
@@ -294,6 +296,7 @@ class JobStore:
                 "job_ids": list(leases),
                 "lease_tokens": list(leases.values()),
                 "threshold": zombie_threshold,
+                "expiry_grace": expiry_grace,
                 "running": Status.RUNNING.value,
             },
         )

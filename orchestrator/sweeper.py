@@ -1,8 +1,9 @@
 """The zombie sweep (seed 004, Question 6; seed 001's lease reaper).
 
 A zombie is a RUNNING job whose heartbeat is older than the threshold: its worker died (OOM,
-SIGKILL, a node lost), froze, or lost the database; or its attempt overran its deadline (the
-heartbeat stops advancing then, see the ``heartbeat`` query). One sweep pass, in one
+SIGKILL, a node lost), froze, or lost the database; or its attempt is still running
+``expiry_grace`` seconds past its job timeout, the backstop (the heartbeat stops advancing
+then, see the ``heartbeat`` query). One sweep pass, in one
 transaction, over at most ``limit`` zombies locked with SKIP LOCKED (so sweepers running at once
 never share one):
 
@@ -44,6 +45,7 @@ async def sweep_once(
     config: RetryConfig,
     *,
     threshold: float,
+    expiry_grace: float,
     limit: int,
     rng: random.Random | None = None,
 ) -> SweepResult:
@@ -53,7 +55,10 @@ async def sweep_once(
         retry: list[dict[str, Any]] = []
         fail: list[dict[str, Any]] = []
         for z in zombies:
-            overran = z["deadline_at"] is not None and z["deadline_at"] <= now
+            overran = (
+                z["deadline_at"] is not None
+                and z["deadline_at"] + timedelta(seconds=expiry_grace) <= now
+            )
             classified = Classified(
                 ErrorClass.TRANSIENT_APP, "ZOMBIE_DEADLINE" if overran else "ZOMBIE"
             )

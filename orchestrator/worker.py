@@ -219,6 +219,7 @@ async def run_worker(
         orc.runner,
         interval=settings.heartbeat_interval,
         zombie_threshold=settings.zombie_threshold,
+        expiry_grace=settings.job_expiry_grace_seconds,
     )
     health = HealthServer(
         port=settings.health_port, ready=lambda: not drain.draining, database_ok=orc.store.ping
@@ -245,6 +246,7 @@ async def run_worker(
         for task in side_tasks:
             task.cancel()
         await asyncio.gather(*side_tasks, return_exceptions=True)
+        await orc.runner.aclose()
         await health.close()
 
 

@@ -10,6 +10,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+#: Seed 004: "no single step should take more than 10 minutes".
+DEFAULT_STEP_TIMEOUT_SECONDS = 600
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -80,23 +83,59 @@ class JobRetryConfig(_Frozen):
     )
     app_max_retries: int = Field(3, ge=0, description="Application-level retries (RETRY state).")
     backoff: BackoffConfig = BackoffConfig()
-    job_timeout_seconds: int = Field(3_600, gt=0)
-    call_timeout_ms: int = Field(120_000, gt=0)
-    connect_timeout_ms: int = Field(30_000, gt=0)
+    job_timeout_seconds: int = Field(
+        3_600, gt=0, description="Wall-clock limit of one attempt; overrunning fails the job."
+    )
+    step_timeout_seconds: int | None = Field(
+        None,
+        gt=0,
+        description="Limit of one checkpointed step; overrunning retries from the last "
+        f"checkpoint. Unset: {DEFAULT_STEP_TIMEOUT_SECONDS} s, or the job timeout if shorter.",
+    )
+    call_timeout_ms: int = Field(120_000, gt=0, description="Total limit of one external call.")
+    connect_timeout_ms: int = Field(30_000, gt=0, description="Connect phase of one call.")
+    tool_timeouts_ms: dict[str, Annotated[int, Field(gt=0)]] = Field(
+        default_factory=dict,
+        description="Per-tool call limits (seed 004, Open Question 1); others use call_timeout_ms.",
+    )
     queue: str | None = Field(
         None, min_length=1, max_length=128, description="Procrastinate queue; the type's name."
     )
 
     @model_validator(mode="after")
     def _inner_timeouts_fit(self) -> JobRetryConfig:
+        """Inner timeouts fire before outer ones (seed 004's hierarchy)."""
+        if self.step_timeout_seconds is not None and self.step_timeout_seconds > (
+            self.job_timeout_seconds
+        ):
+            raise ValueError(
+                f"step_timeout_seconds ({self.step_timeout_seconds}) must be <= "
+                f"job_timeout_seconds ({self.job_timeout_seconds}): an inner timeout has to "
+                "fire first"
+            )
         if self.connect_timeout_ms > self.call_timeout_ms:
             raise ValueError(
                 f"connect_timeout_ms ({self.connect_timeout_ms}) must be <= "
                 f"call_timeout_ms ({self.call_timeout_ms})"
             )
-        if self.call_timeout_ms > self.job_timeout_seconds * 1_000:
-            raise ValueError(
-                f"call_timeout_ms ({self.call_timeout_ms}) must be <= job_timeout_seconds "
-                f"({self.job_timeout_seconds}) x 1000: an inner timeout has to fire first"
-            )
+        step_ms = self.step_timeout() * 1_000
+        for name, limit in {
+            "call_timeout_ms": self.call_timeout_ms,
+            **{f"tool_timeouts_ms.{tool}": ms for tool, ms in self.tool_timeouts_ms.items()},
+        }.items():
+            if limit > step_ms:
+                raise ValueError(
+                    f"{name} ({limit}) must be <= the step timeout ({step_ms:g} ms): an inner "
+                    "timeout has to fire first"
+                )
         return self
+
+    def step_timeout(self, job_timeout_seconds: float | None = None) -> float:
+        """Seconds one step may take in a job whose timeout is ``job_timeout_seconds`` (the
+        type's unless a submit overrode it): never longer than the job itself."""
+        job = job_timeout_seconds or self.job_timeout_seconds
+        return min(self.step_timeout_seconds or DEFAULT_STEP_TIMEOUT_SECONDS, job)
+
+    def call_timeout(self, tool: str | None = None) -> float:
+        """Seconds one call may take: the tool's own limit if it has one."""
+        return self.tool_timeouts_ms.get(tool or "", self.call_timeout_ms) / 1_000

@@ -1,15 +1,15 @@
 """``http_request``: one HTTP call, classified by seed 004's table.
 
-Timeouts come from the job type's config (connect and total); httpx's own retries stay off, so
-the orchestrator's two layers are the only retries. A non-2xx response raises
-``httpx.HTTPStatusError``, which the classifier maps by status and ``Retry-After``.
+The call goes through ``ctx.http``: the job type's connect and total timeouts (see
+orchestrator.calls), httpx's own retries off, so the orchestrator's two layers are the only
+retries. A non-2xx response raises ``httpx.HTTPStatusError``, which the classifier maps by
+status and ``Retry-After``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-import httpx
 from pydantic import AnyHttpUrl, BaseModel, Field
 
 from orchestrator import JobContext, Orchestrator
@@ -29,23 +29,14 @@ class HttpResponse(BaseModel):
     body: Any
 
 
-def call_timeout(ctx: JobContext) -> httpx.Timeout:
-    return httpx.Timeout(
-        ctx.config.call_timeout_ms / 1_000, connect=ctx.config.connect_timeout_ms / 1_000
-    )
-
-
 async def perform(ctx: JobContext, request: HttpRequest) -> HttpResponse:
-    async with httpx.AsyncClient(
-        timeout=call_timeout(ctx), transport=httpx.AsyncHTTPTransport(retries=0)
-    ) as client:
-        response = await client.request(
-            request.method,
-            str(request.url),
-            headers={"x-orchestrator-job-id": str(ctx.job_id), **request.headers},
-            json=request.json_body,
-            content=request.body,
-        )
+    response = await ctx.http.request(
+        request.method,
+        str(request.url),
+        headers={"x-orchestrator-job-id": str(ctx.job_id), **request.headers},
+        json=request.json_body,
+        content=request.body,
+    )
     response.raise_for_status()
     try:
         body: Any = response.json()

@@ -9,6 +9,7 @@ from retry_config import (
     AdditiveJitter,
     ConfigError,
     FullJitter,
+    JobRetryConfig,
     NoJitter,
     ProportionalJitter,
 )
@@ -98,6 +99,15 @@ def test_types_override_defaults_field_by_field(tmp_path: Path) -> None:
          ["job type 't'", "connect_timeout_ms (5000) must be <= call_timeout_ms (100)"]),
         ("[job_types.t]\njob_timeout_seconds = 1\ncall_timeout_ms = 5000\nconnect_timeout_ms = 10\n",
          ["an inner timeout has to fire first"]),
+        ("[job_types.t]\njob_timeout_seconds = 60\nstep_timeout_seconds = 61\n",
+         ["job type 't'", "step_timeout_seconds (61) must be <= job_timeout_seconds (60)"]),
+        ("[job_types.t]\nstep_timeout_seconds = 0\n", ["job type 't'", "field 'step_timeout_seconds'"]),
+        ("[job_types.t]\ncall_timeout_ms = 2000\nconnect_timeout_ms = 10\nstep_timeout_seconds = 1\n",
+         ["call_timeout_ms (2000) must be <= the step timeout (1000 ms)"]),
+        ("[job_types.t]\ntool_timeouts_ms = { kubectl = 700000 }\n",
+         ["job type 't'", "tool_timeouts_ms.kubectl (700000) must be <= the step timeout (600000 ms)"]),
+        ("[job_types.t]\ntool_timeouts_ms = { kubectl = -5 }\n",
+         ["job type 't'", "field 'tool_timeouts_ms.kubectl'", "greater than 0"]),
         ("[job_type.t]\n", ["unknown top-level key(s) 'job_type'"]),
         ("job_types = 3\n", ["[job_types] must be a table"]),
         ("[job_types\n", ["not valid TOML"]),
@@ -136,3 +146,29 @@ def test_the_environment_chooses_the_file(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("ORCHESTRATOR_RETRY_CONFIG", str(tmp_path / "missing.toml"))
     with pytest.raises(ConfigError, match=r"missing\.toml"):
         Orchestrator()
+
+
+def test_the_step_timeout_defaults_to_ten_minutes_and_never_outlasts_the_job() -> None:
+    assert JobRetryConfig().step_timeout() == 600
+    short = JobRetryConfig(job_timeout_seconds=60, call_timeout_ms=10_000, connect_timeout_ms=10)
+    assert short.step_timeout() == 60
+    assert short.model_copy(update={"step_timeout_seconds": 30}).step_timeout() == 30
+    # a submit that shortens the job's timeout shortens its steps too
+    assert JobRetryConfig(step_timeout_seconds=300).step_timeout(job_timeout_seconds=20) == 20
+
+
+def test_tools_have_their_own_call_limits_and_the_rest_use_the_call_timeout() -> None:
+    config = retry_config.load().for_type("execute_tool")
+    assert config.call_timeout("kubectl") == 30
+    assert config.call_timeout("file_write") == 10
+    assert config.call_timeout("browser_navigate") == 120
+    assert config.call_timeout("grep") == config.call_timeout() == 120
+
+
+def test_tool_limits_merge_over_the_defaults(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "[defaults]\ntool_timeouts_ms = { kubectl = 30000, ls = 1000 }\n"
+        "[job_types.t]\ntool_timeouts_ms = { ls = 2000 }\n",
+    )
+    assert retry_config.load(path).for_type("t").tool_timeouts_ms == {"kubectl": 30000, "ls": 2000}

@@ -497,10 +497,12 @@ DELETE FROM orc_side_effects AS e USING doomed AS d
 -- heartbeat --
 -- One statement per worker per tick: refresh every job it runs, each fenced by its lease, and
 -- return those still held (a missing one was swept and handed on: the worker cancels it).
--- heartbeat_at never passes deadline_at minus the zombie threshold: an attempt that overruns
--- its deadline goes stale even while it heartbeats (the backstop).
+-- heartbeat_at never passes the backstop (deadline_at + the expiry grace, the seed's job_expiry)
+-- minus the zombie threshold: an attempt still running at its backstop goes stale even while it
+-- heartbeats, and the sweep takes it.
 UPDATE orc_jobs AS j
-   SET heartbeat_at = least(now(), j.deadline_at - make_interval(secs => %(threshold)s))
+   SET heartbeat_at = least(
+           now(), j.deadline_at + make_interval(secs => %(expiry_grace)s - %(threshold)s))
   FROM unnest(%(job_ids)s::uuid[], %(lease_tokens)s::uuid[]) AS h (id, lease_token)
  WHERE j.id = h.id AND j.lease_token = h.lease_token AND j.status = %(running)s
 RETURNING j.id

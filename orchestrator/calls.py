@@ -1,0 +1,101 @@
+"""Call-level timeouts, the innermost of seed 004's hierarchy (call < step < job).
+
+- :func:`http_client`: the HTTP client a job type's tasks get as ``ctx.http``. Its connect
+  timeout is the type's ``connect_timeout_ms``; its total timeout (``call_timeout_ms``) bounds a
+  whole call, response body included. httpx's own timeouts are per phase (a server trickling one
+  byte a minute never trips its read timeout), so the total is enforced around the transport.
+  Overruns raise httpx's own exceptions, so they classify as the seed's tree says: a connect
+  timeout is TRANSIENT_INFRA, a response timeout TRANSIENT_APP. httpx's retries stay off: the
+  orchestrator's two layers are the only retries.
+- :func:`call_limit`: any other awaited call (a tool, a subprocess) under a per-tool limit,
+  raising :class:`CallTimedOut` (TRANSIENT_APP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import httpx
+
+from orchestrator.errors import CallTimedOut
+from retry_config import JobRetryConfig
+
+
+def http_client(config: JobRetryConfig) -> httpx.AsyncClient:
+    total = config.call_timeout()
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(total, connect=config.connect_timeout_ms / 1_000),
+        transport=TotalTimeout(httpx.AsyncHTTPTransport(retries=0), total),
+    )
+
+
+class TotalTimeout(httpx.AsyncBaseTransport):
+    """Bounds each request, from sending it to the last byte of its body, by ``seconds``."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, seconds: float) -> None:
+        self.inner = inner
+        self.seconds = seconds
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        deadline = asyncio.get_running_loop().time() + self.seconds
+        limit = asyncio.timeout_at(deadline)
+        try:
+            async with limit:
+                response = await self.inner.handle_async_request(request)
+        except TimeoutError:
+            if not limit.expired():
+                raise
+            raise self._overran(request) from None
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        response.stream = _BoundedStream(response.stream, deadline, lambda: self._overran(request))
+        return response
+
+    def _overran(self, request: httpx.Request) -> httpx.ReadTimeout:
+        return httpx.ReadTimeout(
+            f"call exceeded its total timeout of {self.seconds:g} s", request=request
+        )
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _BoundedStream(httpx.AsyncByteStream):
+    def __init__(
+        self, inner: httpx.AsyncByteStream, deadline: float, overran: Callable[[], Exception]
+    ) -> None:
+        self.inner = inner
+        self.deadline = deadline
+        self.overran = overran
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        chunks = self.inner.__aiter__()
+        while True:
+            limit = asyncio.timeout_at(self.deadline)
+            try:
+                async with limit:
+                    chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                if not limit.expired():
+                    raise
+                raise self.overran() from None
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@asynccontextmanager
+async def call_limit(seconds: float, what: str) -> AsyncIterator[None]:
+    """Run the block under ``seconds``; overrunning raises :class:`CallTimedOut`."""
+    limit = asyncio.timeout(seconds)
+    try:
+        async with limit:
+            yield
+    except TimeoutError:
+        if not limit.expired():
+            raise  # raised inside the block (an inner limit): not ours
+        raise CallTimedOut(what, seconds) from None
