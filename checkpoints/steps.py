@@ -15,7 +15,7 @@ checkpoint (also when a resumed attempt finds one) or after ``max_steps`` steps,
 returns from ``steps.state``. ``approval`` may stop the job until a human decides.
 
 Each step runs under the step timeout (a :class:`StepClock` given by the orchestrator): a step
-that overruns is cancelled and its job retried from the last checkpoint.
+that overruns is cancelled, never commits, and its job is retried from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -68,8 +68,9 @@ class Decision:
 
 
 class StepClock(Protocol):
-    """Times the steps: ``start`` when a step begins, ``stop`` when it ends (which raises if it
-    overran and its cancellation was swallowed by the task)."""
+    """Times the steps: ``start`` when a step begins, ``stop`` when its work is done (at its
+    checkpoint, or when the next step is asked for). ``stop`` raises if the step overran (and the
+    task swallowed the cancellation), so an overrun step never commits."""
 
     def start(self, step: int) -> None: ...
 
@@ -79,9 +80,10 @@ class StepClock(Protocol):
 class Step(Generic[S]):
     def __init__(
         self, ledger: Ledger, approvals: CheckpointStore, number: int, state: S,
-        adapter: TypeAdapter[S],
+        adapter: TypeAdapter[S], clock: StepClock | None = None,
     ) -> None:  # fmt: skip
         self.number = number
+        self._clock = clock
         self.state = state  #: the state at the start of this step (the last checkpoint's)
         self._ledger = ledger
         self._approvals = approvals
@@ -119,6 +121,8 @@ class Step(Generic[S]):
         further step (its result is to be read from this state)."""
         if self.checkpointed:
             raise RuntimeError(f"step {self.number} is already checkpointed")
+        if self._clock is not None:
+            self._clock.stop()
         await self._ledger.checkpoint(
             self.number,
             self._adapter.dump_python(self._adapter.validate_python(state), mode="json"),
@@ -197,7 +201,9 @@ class Steps(Generic[S]):
         if self.finished or (self._max_steps is not None and number > self._max_steps):
             self._current = None
             raise StopAsyncIteration
-        self._current = Step(self._ledger, self._store, number, self.state, self._adapter)
+        self._current = Step(
+            self._ledger, self._store, number, self.state, self._adapter, self._clock
+        )
         if self._clock is not None:
             self._clock.start(number)
         return self._current

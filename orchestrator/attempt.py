@@ -82,7 +82,8 @@ class AttemptRunner:
         #: Called with the job id whenever an attempt gave its job a dispatch that may already
         #: be due (the worker then fetches again once this dispatch has finished).
         self.on_redispatch: Callable[[UUID], None] = lambda job_id: None
-        #: The attempts running now, by job id (the heartbeats refresh their leases).
+        #: The attempts running now, by lease token (the heartbeats refresh their leases). One
+        #: job can have two here: a superseded attempt not yet stopped, and its replacement.
         self.running: dict[UUID, Attempt] = {}
         self._http: dict[str, httpx.AsyncClient] = {}
 
@@ -100,12 +101,16 @@ class AttemptRunner:
             await client.aclose()
 
     def leases(self) -> dict[UUID, UUID]:
-        return {job_id: a.claim.lease_token for job_id, a in self.running.items() if not a.lost}
+        """Lease token -> job id, of the attempts still believed to hold their job."""
+        return {lease: a.claim.id for lease, a in self.running.items() if a.lost is None}
 
-    def abandon(self, job_id: UUID, reason: str) -> None:
+    def running_jobs(self) -> set[UUID]:
+        return {a.claim.id for a in self.running.values()}
+
+    def abandon(self, lease_token: UUID, reason: str) -> None:
         """Stop an attempt that no longer holds its job (or cannot prove it does): it is
         cancelled and writes nothing more."""
-        attempt = self.running.get(job_id)
+        attempt = self.running.get(lease_token)
         if attempt is not None:
             attempt.abandon(reason)
 
@@ -186,12 +191,12 @@ class Attempt:
 
     async def run(self) -> None:
         self._task = asyncio.current_task()
-        self.runner.running[self.claim.id] = self
+        lease = self.claim.lease_token
+        self.runner.running[lease] = self
         try:
             await self._run()
         finally:
-            if self.runner.running.get(self.claim.id) is self:
-                del self.runner.running[self.claim.id]
+            del self.runner.running[lease]
 
     async def _run(self) -> None:
         claim = self.claim
@@ -224,6 +229,8 @@ class Attempt:
             raise
         except TimeoutError as exc:
             if deadline is None or not deadline.expired():
+                if exc is self.step_clock.overran and self._task and self._task.cancelling():
+                    self._task.uncancel()  # the task swallowed our cancellation
                 await self._failed(exc, output=None)
                 return
             timed_out = _JobTimedOut(timeout_seconds)

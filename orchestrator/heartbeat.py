@@ -61,18 +61,20 @@ class Heartbeats:
                 silent = loop.time() - last_ok
                 logger.warning("heartbeat failed (%s); no heartbeat for %.1f s", exc, silent)
                 if silent > GIVE_UP_AT * self.zombie_threshold:
-                    for job_id in leases:
-                        self.runner.abandon(job_id, "no heartbeat for most of the threshold")
+                    for lease in leases:
+                        self.runner.abandon(lease, "no heartbeat for most of the threshold")
                 continue
             last_ok = loop.time()
             self.beats += 1
-            for job_id in leases.keys() - held:
-                logger.warning("job %s was handed to another attempt; cancelling it here", job_id)
-                self.runner.abandon(job_id, "lease lost")
+            for lease in leases.keys() - held:
+                logger.warning(
+                    "job %s was handed to another attempt; cancelling it here", leases[lease]
+                )
+                self.runner.abandon(lease, "lease lost")
 
     def _cancel_abandoned(self) -> None:
         """Cancel again what was abandoned and still runs: a cancellation can be swallowed on
         Python 3.11 (asyncio.wait_for, gh-86296)."""
-        for job_id, attempt in list(self.runner.running.items()):
+        for lease, attempt in list(self.runner.running.items()):
             if attempt.lost is not None:
-                self.runner.abandon(job_id, attempt.lost)
+                self.runner.abandon(lease, attempt.lost)

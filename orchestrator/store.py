@@ -288,19 +288,19 @@ class JobStore:
     async def heartbeat(
         self, leases: dict[UUID, UUID], *, zombie_threshold: float, expiry_grace: float
     ) -> set[UUID]:
-        """Refresh the heartbeats of these jobs (id -> lease) in one statement; returns the ids
-        whose lease is still held."""
+        """Refresh the heartbeats of these attempts (lease token -> job id) in one statement;
+        returns the lease tokens still held."""
         rows = await self.rows(
             "heartbeat",
             {
-                "job_ids": list(leases),
-                "lease_tokens": list(leases.values()),
+                "lease_tokens": list(leases),
+                "job_ids": list(leases.values()),
                 "threshold": zombie_threshold,
                 "expiry_grace": expiry_grace,
                 "running": Status.RUNNING.value,
             },
         )
-        return {row["id"] for row in rows}
+        return {row["lease_token"] for row in rows}
 
     async def zombies(self, conn: Conn, *, threshold: float, limit: int) -> list[dict[str, Any]]:
         return await self.rows(

@@ -58,7 +58,7 @@ async def drive(orc: Orchestrator, job_id: UUID, timeout: float = 20) -> Any:
             raise AssertionError(f"job {job_id} did not finish: {job.status}")
         if (
             job.status is Status.RUNNING
-            and job_id not in orc.runner.running
+            and job_id not in orc.runner.running_jobs()
             and await dispatch_status(orc, job_id) == "failed"
         ):
             await sweep_once(orc.store, orc.retry_config, threshold=0, expiry_grace=60, limit=10)

@@ -337,7 +337,7 @@ async def test_cancel_a_running_job_aborts_it(make_orc: Callable[..., Orchestrat
         await orc.cancel(job_id, reason="stop")
 
         async def attempt_gone() -> bool:
-            return job_id not in orc.runner.running
+            return job_id not in orc.runner.running_jobs()
 
         await wait_for(attempt_gone)  # Procrastinate cancelled it; it could not hand the job back
     assert (await orc.get_job(job_id)).status is Status.CANCELLED

@@ -505,7 +505,7 @@ UPDATE orc_jobs AS j
            now(), j.deadline_at + make_interval(secs => %(expiry_grace)s - %(threshold)s))
   FROM unnest(%(job_ids)s::uuid[], %(lease_tokens)s::uuid[]) AS h (id, lease_token)
  WHERE j.id = h.id AND j.lease_token = h.lease_token AND j.status = %(running)s
-RETURNING j.id
+RETURNING j.lease_token
 
 -- zombies --
 -- RUNNING jobs whose heartbeat is older than the threshold (orc_jobs_running_heartbeat), oldest
