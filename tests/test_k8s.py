@@ -1,0 +1,369 @@
+"""The Kubernetes deliverables: valid offline, fitted to the worker's shutdown, and in step with
+the code they deploy (retry config, CLI commands, settings)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import io
+import json
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+import retry_config
+from orchestrator.cli import build_parser
+from orchestrator.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = ROOT / "k8s" / "base"
+KUBECTL = shutil.which("kubectl")
+WORKER = "Deployment/orchestrator-worker"
+AT = "spec.template.spec.containers[worker]"
+
+
+def _load_check() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("k8s_check", ROOT / "k8s" / "check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+check = _load_check()
+DEFAULTS = check.project_defaults()
+BASE_DOCS: list[dict[str, Any]] = check.load_resources(BASE)
+
+
+def find(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (doc,) = [d for d in docs if d["kind"] == kind]
+    return doc
+
+
+def container(doc: dict[str, Any]) -> dict[str, Any]:
+    containers: list[dict[str, Any]] = doc["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def env(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container(doc).get("env", [])}
+
+
+def problems_of(docs: list[dict[str, Any]]) -> list[str]:
+    problems: list[str] = check.check(docs, DEFAULTS)[0]
+    return problems
+
+
+# -- the base as it is -----------------------------------------------------------------------
+
+
+def test_defaults_come_from_the_code() -> None:
+    assert (DEFAULTS.drain_seconds, DEFAULTS.health_port, DEFAULTS.exit_grace) == (45, 8080, 5)
+
+
+def test_base_has_no_problem_without_kubectl() -> None:
+    assert sorted(d["kind"] for d in BASE_DOCS) == [
+        "ConfigMap", "Deployment", "Job", "PodDisruptionBudget",
+    ]  # fmt: skip
+    assert problems_of(BASE_DOCS) == []
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+def test_base_rendered_by_kubectl_has_no_problem() -> None:
+    docs = check.render(BASE, KUBECTL)
+    assert problems_of(docs) == []
+    assert sorted(d["kind"] for d in docs) == sorted(d["kind"] for d in BASE_DOCS)
+    deployment, configmap = find(docs, "Deployment"), find(docs, "ConfigMap")
+    assert container(deployment)["image"] == "agent-orchestrator:0.1.0"
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    assert {"name": configmap["metadata"]["name"]} in [v.get("configMap") for v in volumes]
+    assert configmap["metadata"]["name"].startswith("orchestrator-retry-config-")  # hashed
+
+
+def test_main_prints_a_summary_and_exits_0_on_the_base(capsys: pytest.CaptureFixture[str]) -> None:
+    assert check.main([str(BASE)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ok: 4 documents valid for Kubernetes 1.30 (strict), 1 worker")
+    assert out.count("\n") == 1
+
+
+def test_main_reads_rendered_yaml_on_stdin_and_exits_1_per_problem(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = copy.deepcopy(BASE_DOCS)
+    find(docs, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 30
+    monkeypatch.setattr(sys, "stdin", io.StringIO(yaml.safe_dump_all(docs)))
+    assert check.main(["-"]) == 1
+    assert capsys.readouterr().out.startswith(
+        f"{WORKER}: spec.template.spec.terminationGracePeriodSeconds is 30, below"
+    )
+
+
+# -- each mistake is named -------------------------------------------------------------------
+
+
+def _set_env(name: str, entry: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    def mutate(deployment: dict[str, Any]) -> None:
+        entries = container(deployment)["env"]
+        entries[:] = [e for e in entries if e["name"] != name] + [{"name": name, **entry}]
+
+    return mutate
+
+
+def _pod(**fields: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda deployment: deployment["spec"]["template"]["spec"].update(fields)
+
+
+def _container(**fields: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda deployment: container(deployment).update(fields)
+
+
+def _drop(field: str) -> Callable[[dict[str, Any]], None]:
+    return lambda deployment: container(deployment).pop(field)
+
+
+def _probe_path(probe: str, path: str) -> Callable[[dict[str, Any]], None]:
+    return lambda deployment: container(deployment)[probe]["httpGet"].update(path=path)
+
+
+def _drop_env(name: str) -> Callable[[dict[str, Any]], None]:
+    def mutate(deployment: dict[str, Any]) -> None:
+        container(deployment)["env"] = [
+            e for e in container(deployment)["env"] if e["name"] != name
+        ]
+
+    return mutate
+
+
+def _chain(*steps: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    def mutate(deployment: dict[str, Any]) -> None:
+        for step in steps:
+            step(deployment)
+
+    return mutate
+
+
+GRACE = f"{WORKER}: spec.template.spec.terminationGracePeriodSeconds"
+MISTAKES = {
+    "grace 64": (
+        _pod(terminationGracePeriodSeconds=64),
+        f"{GRACE} is 64, below preStop sleep 5 + drain 45 (ORCHESTRATOR_DRAIN_SECONDS) + exit grace 5 + margin 10 = 65 s",
+    ),
+    "drain 60 via env": (
+        _set_env("ORCHESTRATOR_DRAIN_SECONDS", {"value": "60"}),
+        f"{GRACE} is 65, below preStop sleep 5 + drain 60 (ORCHESTRATOR_DRAIN_SECONDS) + exit grace 5 + margin 10 = 80 s",
+    ),
+    "drain unset, so the Settings default 45, with grace 64": (
+        _chain(_drop_env("ORCHESTRATOR_DRAIN_SECONDS"), _pod(terminationGracePeriodSeconds=64)),
+        f"{GRACE} is 64, below preStop sleep 5 + drain 45 (ORCHESTRATOR_DRAIN_SECONDS) + exit grace 5 + margin 10 = 65 s",
+    ),
+    "grace unset, so Kubernetes' 30": (
+        lambda d: d["spec"]["template"]["spec"].pop("terminationGracePeriodSeconds"),
+        f"{GRACE} is 30, below preStop sleep 5 + drain 45 (ORCHESTRATOR_DRAIN_SECONDS) + exit grace 5 + margin 10 = 65 s",
+    ),
+    "preStop 30": (
+        _container(lifecycle={"preStop": {"exec": {"command": ["sleep", "30"]}}}),
+        f"{GRACE} is 65, below preStop sleep 30 + drain 45 (ORCHESTRATOR_DRAIN_SECONDS) + exit grace 5 + margin 10 = 90 s",
+    ),
+    "preStop through a shell": (
+        _container(lifecycle={"preStop": {"exec": {"command": ["sh", "-c", "sleep 5"]}}}),
+        f"""{WORKER}: {AT}.lifecycle.preStop must be exec ["sleep", N], got ['sh', '-c', 'sleep 5']""",
+    ),
+    "no preStop": (
+        _drop("lifecycle"),
+        f"""{WORKER}: {AT}.lifecycle.preStop must be exec ["sleep", N], got None""",
+    ),
+    "drain from a ConfigMap": (
+        _set_env(
+            "ORCHESTRATOR_DRAIN_SECONDS",
+            {"valueFrom": {"configMapKeyRef": {"name": "x", "key": "drain"}}},
+        ),
+        f"{WORKER}: {AT}.env.ORCHESTRATOR_DRAIN_SECONDS must be a literal number, so the timing can be checked",
+    ),
+    "no liveness probe": (
+        _drop("livenessProbe"),
+        f"{WORKER}: {AT}.livenessProbe is missing or not an httpGet (want GET /healthz)",
+    ),
+    "no readiness probe": (
+        _drop("readinessProbe"),
+        f"{WORKER}: {AT}.readinessProbe is missing or not an httpGet (want GET /readyz)",
+    ),
+    "liveness on /readyz (would kill a draining pod)": (
+        _probe_path("livenessProbe", "/readyz"),
+        f"{WORKER}: {AT}.livenessProbe.httpGet.path is '/readyz', want '/healthz'",
+    ),
+    "readiness on /healthz": (
+        _probe_path("readinessProbe", "/healthz"),
+        f"{WORKER}: {AT}.readinessProbe.httpGet.path is '/healthz', want '/readyz'",
+    ),
+    "health port moved but not the container port": (
+        _set_env("ORCHESTRATOR_HEALTH_PORT", {"value": "9090"}),
+        [
+            f"{WORKER}: {AT}.readinessProbe.httpGet.port is 'health', not ORCHESTRATOR_HEALTH_PORT 9090 (it names port 8080)",
+            f"{WORKER}: {AT}.livenessProbe.httpGet.port is 'health', not ORCHESTRATOR_HEALTH_PORT 9090 (it names port 8080)",
+        ],
+    ),
+    "probe on a port name the container lacks": (
+        lambda d: container(d)["livenessProbe"]["httpGet"].update(port="healthz"),
+        f"{WORKER}: {AT}.livenessProbe.httpGet.port 'healthz' names no port of the container",
+    ),
+    "an unknown field (strict schema)": (
+        _container(imagePullPolicyy="Always"),
+        f"{WORKER}: spec.template.spec.containers.0: Additional properties are not allowed ('imagePullPolicyy' was unexpected) (Kubernetes 1.30, strict)",
+    ),
+    "a wrong type (schema)": (
+        _pod(terminationGracePeriodSeconds="65"),
+        f"{WORKER}: spec.template.spec.terminationGracePeriodSeconds: '65' is not of type 'integer', 'null' (Kubernetes 1.30, strict)",
+    ),
+}
+
+
+@pytest.mark.parametrize("mistake", MISTAKES)
+def test_each_mistake_is_reported_as_one_line_naming_the_object_and_field(mistake: str) -> None:
+    mutate, expected = MISTAKES[mistake]
+    docs = copy.deepcopy(BASE_DOCS)
+    mutate(find(docs, "Deployment"))
+    assert problems_of(docs) == (expected if isinstance(expected, list) else [expected])
+
+
+def test_a_document_without_a_worker_is_a_problem() -> None:
+    docs = copy.deepcopy(BASE_DOCS)
+    container(find(docs, "Deployment"))["name"] = "main"
+    assert problems_of(docs) == [
+        "no Deployment with a container named 'worker' to check the timing of"
+    ]
+
+
+def test_an_unknown_field_in_another_kind_is_caught_too() -> None:
+    docs = copy.deepcopy(BASE_DOCS)
+    find(docs, "PodDisruptionBudget")["spec"]["maxUnavaliable"] = 1
+    assert problems_of(docs) == [
+        "PodDisruptionBudget/orchestrator-worker: spec: Additional properties are not allowed "
+        "('maxUnavaliable' was unexpected) (Kubernetes 1.30, strict)"
+    ]
+
+
+def test_a_kind_without_a_schema_is_named_in_the_summary_not_failed() -> None:
+    monitor = {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+        "metadata": {"name": "orchestrator"}, "spec": {},
+    }  # fmt: skip
+    problems, summary = check.check([*BASE_DOCS, monitor], DEFAULTS)
+    assert problems == []
+    assert summary.endswith("; no schema, not validated: ServiceMonitor/orchestrator")
+
+
+def test_the_fallback_refuses_what_it_cannot_render(tmp_path: Path) -> None:
+    (tmp_path / "kustomization.yaml").write_text("resources: [../base]\npatches: []\n")
+    with pytest.raises(check.RenderError, match="patches needs kubectl kustomize to render"):
+        check.load_resources(tmp_path)
+    (tmp_path / "kustomization.yaml").write_text("resources: [../base]\n")
+    with pytest.raises(check.RenderError, match=r"resource '\.\./base' is not a file"):
+        check.load_resources(tmp_path)
+
+
+# -- in step with the code -------------------------------------------------------------------
+
+
+def test_the_configmap_copy_of_the_retry_config_equals_the_default_file() -> None:
+    assert (BASE / "retry_config.toml").read_bytes() == retry_config.DEFAULT_PATH.read_bytes()
+
+
+def test_the_configmap_holds_a_retry_config_the_loader_accepts(tmp_path: Path) -> None:
+    text = find(BASE_DOCS, "ConfigMap")["data"]["retry_config.toml"]
+    assert text == retry_config.DEFAULT_PATH.read_text()
+    (tmp_path / "retry_config.toml").write_text(text)
+    loaded = retry_config.load(tmp_path / "retry_config.toml")
+    assert loaded.job_types == retry_config.load().job_types
+
+
+def test_the_worker_reads_the_retry_config_where_the_configmap_is_mounted() -> None:
+    deployment, configmap = find(BASE_DOCS, "Deployment"), find(BASE_DOCS, "ConfigMap")
+    path = Path(env(deployment)["ORCHESTRATOR_RETRY_CONFIG"]["value"])
+    (volume,) = [
+        v
+        for v in deployment["spec"]["template"]["spec"]["volumes"]
+        if v.get("configMap", {}).get("name") == configmap["metadata"]["name"]
+    ]
+    (mount,) = [m for m in container(deployment)["volumeMounts"] if m["name"] == volume["name"]]
+    assert Path(mount["mountPath"]) == path.parent
+    assert path.name in configmap["data"]
+
+
+def test_the_worker_states_the_drain_and_health_port_it_is_checked_against() -> None:
+    values = {name: e.get("value") for name, e in env(find(BASE_DOCS, "Deployment")).items()}
+    assert values["ORCHESTRATOR_DRAIN_SECONDS"] == "45"
+    assert Settings(drain_seconds=values["ORCHESTRATOR_DRAIN_SECONDS"]).drain_seconds == 45
+    assert values["ORCHESTRATOR_HEALTH_PORT"] == "8080"
+
+
+def test_the_worker_and_the_job_run_real_cli_commands() -> None:
+    worker, job = find(BASE_DOCS, "Deployment"), find(BASE_DOCS, "Job")
+    assert build_parser().parse_args(container(worker)["args"]).command == "worker"
+    assert container(job)["args"] == ["migrate"]
+    assert build_parser().parse_args(container(job)["args"]).command == "migrate"
+
+
+def test_the_migration_job_is_a_one_shot_with_the_workers_image_secret_and_security() -> None:
+    worker, job = find(BASE_DOCS, "Deployment"), find(BASE_DOCS, "Job")
+    assert job["spec"]["backoffLimit"] >= 1
+    assert job["spec"]["ttlSecondsAfterFinished"] > 0
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    assert container(job)["image"] == container(worker)["image"]
+    assert env(job)["DATABASE_URL"] == env(worker)["DATABASE_URL"]
+    assert container(job)["securityContext"] == container(worker)["securityContext"]
+    pod_security = [d["spec"]["template"]["spec"]["securityContext"] for d in (job, worker)]
+    assert pod_security[0] == pod_security[1]
+
+
+def test_the_database_url_comes_from_the_documented_secret_which_is_not_applied() -> None:
+    for doc in (find(BASE_DOCS, "Deployment"), find(BASE_DOCS, "Job")):
+        ref = env(doc)["DATABASE_URL"]["valueFrom"]["secretKeyRef"]
+        assert (ref["name"], ref["key"]) == ("orchestrator-database", "url")
+    kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    assert "secret.example.yaml" not in kustomization["resources"]
+    (secret,) = check.parse((BASE / "secret.example.yaml").read_text())
+    assert check.schema_problems(secret) == []
+    assert (secret["metadata"]["name"], list(secret["stringData"])) == (
+        "orchestrator-database", ["url"],
+    )  # fmt: skip
+
+
+def test_the_pdb_selects_the_workers_only() -> None:
+    pdb, worker = find(BASE_DOCS, "PodDisruptionBudget"), find(BASE_DOCS, "Deployment")
+    selector = pdb["spec"]["selector"]["matchLabels"]
+    assert selector == worker["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= worker["spec"]["template"]["metadata"]["labels"].items()
+    job_labels = find(BASE_DOCS, "Job")["spec"]["template"]["metadata"]["labels"]
+    assert not selector.items() <= job_labels.items()
+
+
+def _dockerfile_final_stage() -> list[str]:
+    lines = (ROOT / "Dockerfile").read_text().splitlines()
+    instructions = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    last_from = max(i for i, line in enumerate(instructions) if line.startswith("FROM "))
+    return instructions[last_from:]
+
+
+def test_the_image_runs_tini_as_pid_1_without_group_signals_as_a_non_root_user() -> None:
+    stage = _dockerfile_final_stage()
+
+    def instruction(keyword: str) -> str:
+        (line,) = [line for line in stage if line.startswith(keyword + " ")]
+        return line.removeprefix(keyword + " ")
+
+    assert json.loads(instruction("ENTRYPOINT")) == ["tini", "--", "orchestrator"]
+    assert json.loads(instruction("CMD")) == ["worker"]
+    assert instruction("USER") == "10001"
+    assert instruction("EXPOSE") == str(Settings().health_port)
+    assert "install -y --no-install-recommends tini" in "\n".join(stage)
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "pip install -c constraints.txt .\n" in dockerfile  # pinned, no dev extras
