@@ -217,6 +217,9 @@ class Attempt:
             result = self.job_type.result_json(output)
         except AwaitingApproval:
             return  # the job waits for a decision; asking was this attempt's outcome
+        except StaleLease as exc:  # a checkpoint or ledger write of the task was refused
+            self._superseded("step", exc)
+            return
         except asyncio.CancelledError:
             overran = self.step_clock.overran
             if overran is not None and self.lost is None and self.interrupted is None:
@@ -336,14 +339,18 @@ class Attempt:
                 await self.ledger.flush()
             await write()
         except (StaleLease, InvalidTransition) as exc:
-            claim = self.claim
-            logger.warning(
-                "stale write refused: attempt %s of job %s (%s): %s",
-                claim.attempt, claim.id, outcome, exc,
-                extra={"job_id": str(claim.id), "attempt": claim.attempt, "outcome": outcome},
-            )  # fmt: skip
+            self._superseded(outcome, exc)
             return False
         return True
+
+    def _superseded(self, outcome: str, exc: Exception) -> None:
+        claim = self.claim
+        self.lost = str(exc)
+        logger.warning(
+            "stale write refused: attempt %s of job %s (%s): %s",
+            claim.attempt, claim.id, outcome, exc,
+            extra={"job_id": str(claim.id), "attempt": claim.attempt, "outcome": outcome},
+        )  # fmt: skip
 
 
 class StepDeadline:

@@ -39,6 +39,8 @@ class Plan(BaseModel):
     on_reject: Literal["fail", "resume"] = "fail"
     approval_expires_in: float = 3600
     step_seconds: float = 0.0  # time each step takes before its checkpoint
+    slow_step: int | None = None  # in the job's first attempt, this step takes slow_seconds
+    slow_seconds: float = 30.0
 
 
 class State(BaseModel):
@@ -95,8 +97,11 @@ def register(orc: Orchestrator) -> None:
                 line += f" sent {receipt['text']!r}"
                 if n in plan.transient_after_send_at and _once(ctx.job_id, f"after_send:{n}"):
                     raise RetryLater(0.01, f"step {n} hit a rate limit after sending")
-            if plan.step_seconds:
-                await asyncio.sleep(plan.step_seconds)
+            seconds = plan.step_seconds
+            if ctx.attempt == 1 and plan.slow_step == n:
+                seconds = plan.slow_seconds
+            if seconds:
+                await asyncio.sleep(seconds)
             crash("before_checkpoint", n)
             await step.checkpoint(State(log=[*step.state.log, line]), final=n == plan.steps)
             crash("after_checkpoint", n)
