@@ -30,14 +30,22 @@ from orchestrator import approvals, database, maintenance
 from orchestrator.attempt import HOST, AttemptRunner
 from orchestrator.classification import Classifier
 from orchestrator.context import JobContext
+from orchestrator.degradation import Degrader, Fallback
 from orchestrator.dispatching import DispatchManager
 from orchestrator.drain import Drain
-from orchestrator.errors import DeadLetterError, OrchestratorError, SubmitError, UnknownJobType
+from orchestrator.errors import (
+    ConfigError,
+    DeadLetterError,
+    OrchestratorError,
+    SubmitError,
+    UnknownJobType,
+)
 from orchestrator.ids import uuid7
 from orchestrator.migrate import MigrationReport, migrate
 from orchestrator.models import DeadLetter, Job, JobEvent
 from orchestrator.registry import JobType
 from orchestrator.retry_strategy import GraphileRetryStrategy
+from orchestrator.secrets import Secrets
 from orchestrator.settings import Settings
 from orchestrator.states import Status
 from orchestrator.store import TASK_PREFIX, JobStore
@@ -90,17 +98,30 @@ class Orchestrator:
         self._checkpoints: CheckpointStore | None = None
         self._runner: AttemptRunner | None = None
         self.drains: list[Drain] = []  # the workers running in this process, by their drain
+        self.secrets = Secrets(self.settings.secrets_dir)
+        self.degrader = Degrader(
+            fallback_of=lambda name: getattr(self.job_types.get(name), "fallback", None),
+            escalation_type=self.settings.escalation_job_type,
+            escalation_target=self.settings.escalation_target,
+            submit_row=lambda job_type, payload: self._row(
+                _spec(job_type=job_type, payload=payload)
+            ),
+        )
         maintenance.register(self)
 
     # -- definition ------------------------------------------------------------------------
 
-    def job_type(self, name: str) -> Callable[[F], F]:
-        """Register ``async def fn(ctx, payload) -> result`` as the job type ``name``."""
+    def job_type(self, name: str, *, fallback: Fallback | None = None) -> Callable[[F], F]:
+        """Register ``async def fn(ctx, payload) -> result`` as the job type ``name``.
+
+        ``fallback(payload) -> content``: what a job of this type that FAILED for good keeps
+        (logged and recorded) instead of a human being notified (orchestrator.degradation).
+        """
 
         def decorate(fn: F) -> F:
             if name in self.job_types:
                 raise ValueError(f"job type {name!r} is already registered")
-            job_type = JobType.from_function(name, fn)
+            job_type = JobType.from_function(name, fn, fallback=fallback)
             config = self.retry_config.for_type(name)
             self.procrastinate.task(
                 name=TASK_PREFIX + name,
@@ -153,6 +174,8 @@ class Orchestrator:
             config=lambda: self.retry_config,
             classifiers=self.classifiers,
             dispatches=self.dispatches,
+            degrade=self.degrader,
+            secrets=self.secrets,
         )
 
     async def close(self) -> None:
@@ -329,6 +352,13 @@ class Orchestrator:
     ) -> None:
         from orchestrator.worker import run_worker
 
+        try:
+            self.degrader.check()
+        except SubmitError as exc:
+            raise ConfigError(
+                f"ORCHESTRATOR_ESCALATION_TARGET cannot be submitted as a "
+                f"{self.settings.escalation_job_type!r} job: {exc}"
+            ) from None
         await run_worker(
             self,
             concurrency=concurrency or self.settings.worker_concurrency,

@@ -28,9 +28,9 @@ import os
 import random
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 from uuid import UUID
 
 import httpx
@@ -42,11 +42,13 @@ from orchestrator import events
 from orchestrator.calls import http_client
 from orchestrator.classification import Classified, Classifier, ErrorClass, classify
 from orchestrator.context import JobContext
+from orchestrator.degradation import Degrader
 from orchestrator.errors import InvalidOutput, InvalidTransition, StaleLease, StepTimedOut
 from orchestrator.models import Claim
 from orchestrator.policy import Budget, Fail, Layer, decide
 from orchestrator.registry import JobType
 from orchestrator.retry_strategy import InfraRetry
+from orchestrator.secrets import Secrets
 from retry_config import JobRetryConfig, RetryConfig
 
 if TYPE_CHECKING:
@@ -54,6 +56,14 @@ if TYPE_CHECKING:
     from orchestrator.store import JobStore
 
 logger = logging.getLogger("orchestrator.attempt")
+
+
+class AsyncClosable(Protocol):
+    async def aclose(self) -> None: ...
+
+
+C = TypeVar("C", bound=AsyncClosable)
+
 #: This process, as it appears in ``locked_by`` (``/w<procrastinate worker id>`` is added).
 HOST = f"{socket.gethostname()}/{os.getpid()}"
 
@@ -70,9 +80,13 @@ class AttemptRunner:
         config: Callable[[], RetryConfig],
         classifiers: Sequence[Classifier],
         dispatches: DispatchManager,
+        degrade: Degrader,
+        secrets: Secrets,
         rng: random.Random | None = None,
     ) -> None:
         self.store = store
+        self.degrade = degrade
+        self.secrets = secrets
         self.checkpoints = checkpoints
         self.dispatches = dispatches
         self.job_types = job_types
@@ -85,18 +99,23 @@ class AttemptRunner:
         #: The attempts running now, by lease token (the heartbeats refresh their leases). One
         #: job can have two here: a superseded attempt not yet stopped, and its replacement.
         self.running: dict[UUID, Attempt] = {}
-        self._http: dict[str, httpx.AsyncClient] = {}
+        self._shared: dict[Hashable, AsyncClosable] = {}
 
     def http(self, job_type: str, config: JobRetryConfig) -> httpx.AsyncClient:
         """The job type's HTTP client (shared by its attempts, so connections are reused)."""
-        client = self._http.get(job_type)
+        return self.shared(("http", job_type), lambda: http_client(config))
+
+    def shared(self, key: Hashable, make: Callable[[], C]) -> C:
+        """One client per ``key`` for the attempts of this worker (``ctx.shared``); closed
+        (``aclose()``) when the worker stops."""
+        client = self._shared.get(key)
         if client is None:
-            client = self._http[job_type] = http_client(config)
-        return client
+            client = self._shared[key] = make()
+        return cast("C", client)
 
     async def aclose(self) -> None:
-        """Close the HTTP clients (the worker stopped; the next run makes new ones)."""
-        clients, self._http = list(self._http.values()), {}
+        """Close the shared clients (the worker stopped; the next run makes new ones)."""
+        clients, self._shared = list(self._shared.values()), {}
         for client in clients:
             await client.aclose()
 
@@ -158,6 +177,7 @@ class Attempt:
             agent_id=claim.agent_id,
             config=self.config,
             http=runner.http(claim.job_type, self.config),
+            secrets=runner.secrets,
             log=logging.LoggerAdapter(
                 logging.getLogger(f"orchestrator.job.{claim.job_type}"),
                 {"job_id": str(claim.id), "attempt": claim.attempt, "trace_id": claim.trace_id},
@@ -168,6 +188,7 @@ class Attempt:
                 or self.step_clock.overran is not None
                 or pctx.should_abort()
             ),
+            _shared=runner.shared,
             _ledger=self.ledger,
             _checkpoints=runner.checkpoints,
             _step_clock=self.step_clock,
@@ -310,12 +331,15 @@ class Attempt:
         self, exc: BaseException, classified: Classified, *, output: Any = None
     ) -> bool:
         claim = self.claim
+        error = events.last_error(exc, classified, claim, terminal=True, output=output)
+        degraded = self.runner.degrade(
+            job_id=claim.id, job_type=claim.job_type, payload=claim.payload,
+            error_class=classified.error_class, error=error,
+        )  # fmt: skip
         return await self._write(
             "failed",
             lambda: self.store.fail(
-                claim,
-                events.last_error(exc, classified, claim, terminal=True, output=output),
-                events.failed(exc, classified, claim, terminal=True),
+                claim, error, events.failed(exc, classified, claim, terminal=True), degraded
             ),
         )
 

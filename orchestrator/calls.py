@@ -27,7 +27,11 @@ def http_client(config: JobRetryConfig) -> httpx.AsyncClient:
     total = config.call_timeout()
     return httpx.AsyncClient(
         timeout=httpx.Timeout(total, connect=config.connect_timeout_ms / 1_000),
-        transport=TotalTimeout(httpx.AsyncHTTPTransport(retries=0), total),
+        # No connection cap: the worker's concurrency bounds the calls (httpx's default of
+        # 100 would make the 101st concurrent call wait, then fail with a PoolTimeout).
+        transport=TotalTimeout(
+            httpx.AsyncHTTPTransport(retries=0, limits=httpx.Limits(max_connections=None)), total
+        ),
     )
 
 

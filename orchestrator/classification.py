@@ -22,6 +22,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import httpx2
 import pydantic
 
 from orchestrator.backoff import parse_retry_after
@@ -69,22 +70,41 @@ def classify_http_status(status: int) -> ErrorClass:
 # Every other errno (ECONNRESET, ECONNREFUSED, ETIMEDOUT, EPIPE, ENETUNREACH, ...) is transient.
 _PERMANENT_ERRNO = frozenset({"ENOENT", "EACCES", "EPERM", "EISDIR", "ENOTDIR", "EROFS"})
 
-# httpx: connect-phase failures are infrastructure, response-phase timeouts are the app's
+# httpx (and httpx2, its fork under the anthropic SDK, whose errors surface raw while a stream
+# is read): connect-phase failures are infrastructure, response-phase timeouts are the app's
 # (seed's timeout decision tree). Most specific class first.
-_HTTPX: tuple[tuple[type[BaseException], ErrorClass, str], ...] = (
-    (httpx.ConnectTimeout, INFRA, "CONNECT_TIMEOUT"),
-    (httpx.PoolTimeout, INFRA, "POOL_TIMEOUT"),
-    (httpx.ReadTimeout, APP, "RESPONSE_TIMEOUT"),
-    (httpx.WriteTimeout, APP, "RESPONSE_TIMEOUT"),
-    (httpx.TimeoutException, APP, "RESPONSE_TIMEOUT"),
-    (httpx.ConnectError, INFRA, "CONNECT_ERROR"),
-    (httpx.LocalProtocolError, PERMANENT, "LOCAL_PROTOCOL_ERROR"),
-    (httpx.UnsupportedProtocol, PERMANENT, "UNSUPPORTED_PROTOCOL"),
-    (httpx.TransportError, INFRA, "TRANSPORT_ERROR"),
-    (httpx.TooManyRedirects, PERMANENT, "TOO_MANY_REDIRECTS"),
-    (httpx.DecodingError, INVALID, "DECODING_ERROR"),
-    (httpx.InvalidURL, PERMANENT, "INVALID_URL"),
+_HTTPX: tuple[tuple[type[BaseException], ErrorClass, str], ...] = tuple(
+    entry
+    for h in (httpx, httpx2)
+    for entry in (
+        (h.ConnectTimeout, INFRA, "CONNECT_TIMEOUT"),
+        (h.PoolTimeout, INFRA, "POOL_TIMEOUT"),
+        (h.ReadTimeout, APP, "RESPONSE_TIMEOUT"),
+        (h.WriteTimeout, APP, "RESPONSE_TIMEOUT"),
+        (h.TimeoutException, APP, "RESPONSE_TIMEOUT"),
+        (h.ConnectError, INFRA, "CONNECT_ERROR"),
+        (h.LocalProtocolError, PERMANENT, "LOCAL_PROTOCOL_ERROR"),
+        (h.UnsupportedProtocol, PERMANENT, "UNSUPPORTED_PROTOCOL"),
+        (h.TransportError, INFRA, "TRANSPORT_ERROR"),
+        (h.TooManyRedirects, PERMANENT, "TOO_MANY_REDIRECTS"),
+        (h.DecodingError, INVALID, "DECODING_ERROR"),
+        (h.InvalidURL, PERMANENT, "INVALID_URL"),
+    )
 )
+
+# An error the API sends inside a stream that had begun with 200 (an SSE `error` event): its
+# status says nothing, its type says what happened.
+_STREAM_ERROR_TYPES: dict[str, tuple[ErrorClass, str]] = {
+    "overloaded_error": (APP, "LLM_OVERLOADED"),
+    "rate_limit_error": (APP, "LLM_RATE_LIMITED"),
+    "timeout_error": (APP, "LLM_TIMEOUT"),
+    "api_error": (INFRA, "LLM_SERVER_ERROR"),
+    "authentication_error": (PERMANENT, "LLM_AUTHENTICATION"),
+    "permission_error": (PERMANENT, "LLM_PERMISSION"),
+    "invalid_request_error": (PERMANENT, "LLM_BAD_REQUEST"),
+    "not_found_error": (PERMANENT, "LLM_NOT_FOUND"),
+    "request_too_large": (PERMANENT, "LLM_REQUEST_TOO_LARGE"),
+}
 
 # anthropic SDK, by class (seed: RateLimit, APIConnection, Authentication, BadRequest,
 # InternalServer, Overloaded). Subclasses that the status table disagrees with come first.
@@ -129,13 +149,16 @@ def _builtin(exc: BaseException) -> Classified:
             return Classified(APP, exc.code)  # a step or call overran: retry, from a checkpoint
         case asyncio.CancelledError():
             return Classified(APP, "CANCELLED")  # drain or abort: seed's AbortError
+        case anthropic.APIStatusError() if exc.status_code < 300:
+            error_class, code = _STREAM_ERROR_TYPES.get(exc.type or "", (INFRA, "LLM_STREAM_ERROR"))
+            return Classified(error_class, code)
         case anthropic.APIStatusError():
             return _from_table(exc, _ANTHROPIC) or _from_status(exc.status_code, exc.response)
         case anthropic.AnthropicError():
             return _from_table(exc, _ANTHROPIC) or Classified(INFRA, "LLM_ERROR")
         case httpx.HTTPStatusError():
             return _from_status(exc.response.status_code, exc.response)
-        case httpx.HTTPError() | httpx.InvalidURL():
+        case httpx.HTTPError() | httpx.InvalidURL() | httpx2.HTTPError() | httpx2.InvalidURL():
             return _from_table(exc, _HTTPX) or Classified(INFRA, "HTTP_ERROR")
         case TimeoutError() if exc.errno is None:
             return Classified(APP, "TIMEOUT")  # asyncio.timeout / wait_for: a response timeout

@@ -26,6 +26,7 @@ import retry_config
 from orchestrator.app import Orchestrator
 from orchestrator.errors import OrchestratorError
 from orchestrator.models import Job, JobEvent
+from orchestrator.secrets import RedactingFilter
 from orchestrator.states import Status
 
 DEFAULT_APP = "tasks.app:orc"
@@ -42,6 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())
     try:
         result: int = args.handler(args)
         return result

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -12,12 +12,14 @@ from uuid import UUID
 import httpx
 
 from orchestrator.calls import call_limit
+from orchestrator.secrets import Secrets
 from retry_config import JobRetryConfig
 
 if TYPE_CHECKING:
     from checkpoints import CheckpointStore, Ledger, StepClock, Steps
     from checkpoints.ledger import Call, Reconcile
 
+C = TypeVar("C")
 S = TypeVar("S")
 T = TypeVar("T")
 
@@ -38,7 +40,11 @@ class JobContext:
     log: logging.LoggerAdapter[logging.Logger]
     #: HTTP client with the type's connect and total call timeouts (see orchestrator.calls).
     http: httpx.AsyncClient = field(repr=False)
+    #: Secrets by name, from the environment or the mounted secrets directory; their values
+    #: are redacted from stored errors and logs (orchestrator.secrets).
+    secrets: Secrets = field(repr=False)
     _should_abort: Callable[[], bool] = field(repr=False)
+    _shared: Callable[[Hashable, Callable[[], Any]], Any] = field(repr=False)
     _ledger: Ledger = field(repr=False)
     _checkpoints: CheckpointStore = field(repr=False)
     _step_clock: StepClock = field(repr=False)
@@ -50,6 +56,13 @@ class JobContext:
         Long tasks check it between steps; an ``await`` is cancelled anyway when it happens.
         """
         return self._should_abort()
+
+    def shared(self, key: Hashable, make: Callable[[], C]) -> C:
+        """A client shared by this worker's attempts (made once per ``key`` by ``make()``,
+        closed with ``aclose()`` when the worker stops): connections are reused, and a thousand
+        concurrent jobs do not make a thousand clients."""
+        client: C = self._shared(key, make)
+        return client
 
     def call_limit(self, tool: str | None = None) -> AbstractAsyncContextManager[None]:
         """Bound one call (a tool run, a subprocess...) by the type's limit for ``tool``

@@ -12,7 +12,8 @@ OrchestratorError                  base; every subclass carries a stable ``code`
 ├── MigrationError
 └── TimedOut                       also a TimeoutError; TRANSIENT_APP (seed 004's timeout tree)
     ├── StepTimedOut               a checkpointed step overran: retried from the last checkpoint
-    └── CallTimedOut               one call overran its (per-tool) limit
+    ├── CallTimedOut               one call overran its (per-tool) limit
+    └── StreamStalled              a stream sent nothing for its inter-chunk timeout
 
 JobSignal                          raised *by task code* to steer the outcome of an attempt
 ├── RetryLater(delay)              TRANSIENT_APP, retry after ``delay`` seconds (capped)
@@ -112,6 +113,14 @@ class CallTimedOut(TimedOut):
     def __init__(self, what: str, seconds: float) -> None:
         self.what, self.seconds = what, seconds
         super().__init__(f"{what} timed out after {seconds:g} seconds")
+
+
+class StreamStalled(TimedOut):
+    code = "STREAM_STALLED"
+
+    def __init__(self, what: str, seconds: float) -> None:
+        self.what, self.seconds = what, seconds
+        super().__init__(f"{what} sent nothing for {seconds:g} seconds: stream stalled")
 
 
 class JobSignal(Exception):

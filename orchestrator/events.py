@@ -11,6 +11,8 @@ Kinds and their payloads (seed 000's vocabulary; ``run_id`` is the attempt's lea
     job.failed           {terminal, attempt, max_attempts, run, layer?, backoff_ms?, error, run_id}
     job.retry_scheduled  {layer, backoff_ms, retry_count, available_at}
     job.dead_lettered    {dead_letter_id}                    always just before a terminal failed
+    job.degraded         {action, message, fallback?, content?, escalation_job_id?}   just after
+                         it: what the failure degraded to (orchestrator.degradation)
     job.interrupted      {attempt, run_id, worker, reason}   handed back, no budget used
     job.cancelled        {reason, by}
     job.redispatched     {lost_procrastinate_job_id, lost_procrastinate_status}
@@ -20,7 +22,8 @@ Kinds and their payloads (seed 000's vocabulary; ``run_id`` is the attempt's lea
     job.approved | job.rejected | job.approval_expired   {approval_id, step, decided_by, reason,
                                                           on_reject}
 
-``error`` is ``{message, code, classification}``. The SQL adds ``retry_count``/``available_at``
+``error`` is ``{message, code, classification}``; known secrets are redacted from errors
+(orchestrator.secrets) before they are stored. The SQL adds ``retry_count``/``available_at``
 and ``dead_letter_id``, which only the database knows at the moment of the write.
 """
 
@@ -35,6 +38,7 @@ from pydantic_core import to_jsonable_python
 from orchestrator.classification import Classified
 from orchestrator.models import Claim
 from orchestrator.policy import Layer
+from orchestrator.secrets import redact, redact_json
 
 MAX_MESSAGE = 2_000
 MAX_STACK = 8_000
@@ -42,7 +46,7 @@ MAX_STACK = 8_000
 
 def error_summary(exc: BaseException, classified: Classified) -> dict[str, Any]:
     return {
-        "message": message_of(exc),
+        "message": redact(message_of(exc)),
         "code": classified.code,
         "classification": classified.error_class.value,
     }
@@ -61,7 +65,7 @@ def last_error(
     return {
         **error_summary(exc, classified),
         "ts": datetime.now(UTC).isoformat(),
-        "stack": stack_of(exc),
+        "stack": redact(stack_of(exc)),
         "attempt": claim.attempt,
         "max_attempts": claim.max_attempts,
         "run": claim.dispatch_attempt,
@@ -70,7 +74,9 @@ def last_error(
         "terminal": terminal,
         "backoff_ms": backoff_ms,
         "next_available_at": next_available_at.isoformat() if next_available_at else None,
-        "output": to_jsonable_python(output, fallback=repr) if output is not None else None,
+        "output": (
+            redact_json(to_jsonable_python(output, fallback=repr)) if output is not None else None
+        ),
     }
 
 

@@ -94,6 +94,7 @@ async def run_sweep(orc: Orchestrator) -> int:
             threshold=s.zombie_threshold,
             expiry_grace=s.job_expiry_grace_seconds,
             limit=n,
+            degrade=orc.degrader,
         )
         return result.total
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from orchestrator.degradation import Fallback
 from orchestrator.errors import InvalidPayload
 
 if TYPE_CHECKING:
@@ -32,9 +33,14 @@ class JobType:
     fn: JobFunction
     payload: TypeAdapter[Any]
     result: TypeAdapter[Any]
+    #: Run when a job of this type has FAILED for good, instead of notifying a human
+    #: (orchestrator.degradation): given the stored payload, the content it keeps.
+    fallback: Fallback | None = None
 
     @classmethod
-    def from_function(cls, name: str, fn: JobFunction) -> JobType:
+    def from_function(
+        cls, name: str, fn: JobFunction, *, fallback: Fallback | None = None
+    ) -> JobType:
         if not NAME.match(name) or len(name) > MAX_NAME:
             raise ValueError(
                 f"invalid job type name {name!r}: use lowercase letters, digits, '_' and '.', "
@@ -54,6 +60,7 @@ class JobType:
             fn=fn,
             payload=TypeAdapter(_resolve(annotations.get(params[1].name, Any), fn)),
             result=TypeAdapter(_resolve(annotations.get("return", Any), fn)),
+            fallback=fallback,
         )
 
     def payload_json(self, payload: Any) -> Any:

@@ -7,6 +7,7 @@ a laptop, CI and a Kubernetes Deployment.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -26,6 +27,20 @@ class Settings(BaseSettings):
     embedded_database: str = Field("orchestrator", description="Database used on that server.")
     retry_config: Path | None = Field(
         None, description="Retry config file (TOML); unset uses retry_config/default.toml."
+    )
+    secrets_dir: Path = Field(
+        Path("/var/run/secrets/orchestrator"),
+        description="Where secrets not set in the environment are read from, one file per"
+        " secret (a mounted Kubernetes Secret).",
+    )
+    escalation_target: dict[str, Any] | None = Field(
+        None,
+        description="Where a failed job's human notification goes: the payload of an"
+        ' escalation_job_type job, e.g. {"channel": "webhook", "url": "https://..."} (JSON);'
+        " unset: failures are logged and recorded (job.degraded), nobody is notified.",
+    )
+    escalation_job_type: str = Field(
+        "send_notification", description="The job type that carries human notifications."
     )
     pool_min_size: int = Field(2, ge=1, description="Connections the pool keeps open.")
     pool_max_size: int = Field(

@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from orchestrator import states
+from orchestrator.degradation import Degraded
 from orchestrator.errors import DeadLetterError, InvalidTransition, JobNotFound, StaleLease
 from orchestrator.ids import uuid7
 from orchestrator.models import Claim, DeadLetter, Job, JobEvent, SubmitResult
@@ -144,9 +145,11 @@ class JobStore:
         claim: Claim,
         error: dict[str, Any],
         event: dict[str, Any],
+        degraded: Degraded | None = None,
     ) -> UUID:
         """FAILED (an attempt's outcome) with a dead letter; returns the dead letter's id."""
-        return await self.fail_job(claim.id, claim.lease_token, error, event)
+        async with self.pool.connection() as conn, conn.transaction():
+            return await self.fail_job(claim.id, claim.lease_token, error, event, conn, degraded)
 
     async def fail_job(
         self,
@@ -154,10 +157,12 @@ class JobStore:
         lease_token: UUID | None,
         error: dict[str, Any],
         event: dict[str, Any],
-        conn: Conn | None = None,
+        conn: Conn,
+        degraded: Degraded | None = None,
     ) -> UUID:
-        """FAILED with a dead letter. ``lease_token`` None fails a job no attempt holds (one
-        waiting for an approval); returns the dead letter's id."""
+        """FAILED with a dead letter, and its degradation (its event, the human notification
+        it submits), in ``conn``'s transaction. ``lease_token`` None fails a job no attempt
+        holds (one waiting for an approval); returns the dead letter's id."""
         row = await self.one(
             "fail_job",
             {
@@ -167,12 +172,15 @@ class JobStore:
                 "sources": states.sources_of(Status.FAILED),
                 "error": Jsonb(error),
                 "event": Jsonb(event),
+                "degraded": Jsonb(degraded.event) if degraded else None,
                 "dead_letter_id": uuid7(),
             },
             conn,
         )
         if row is None:
             raise await self.refusal(job_id, Status.FAILED, lease_token)
+        if degraded and degraded.submit:
+            await self.submit(degraded.submit, connection=conn)
         dead_letter_id: UUID = row["id"]
         return dead_letter_id
 
@@ -310,9 +318,15 @@ class JobStore:
         )
 
     async def sweep(
-        self, conn: Conn, *, retry: list[dict[str, Any]], fail: list[dict[str, Any]]
+        self,
+        conn: Conn,
+        *,
+        retry: list[dict[str, Any]],
+        fail: list[dict[str, Any]],
+        submit: dict[str, list[dict[str, Any]]] | None = None,
     ) -> tuple[list[UUID], list[UUID]]:
-        """Apply the sweep's decisions; returns the ids moved to RETRY and to FAILED."""
+        """Apply the sweep's decisions; returns the ids moved to RETRY and to FAILED. ``submit``
+        (job id -> rows): the jobs a failed one's degradation submits, if it did fail."""
         retried: list[UUID] = []
         failed: list[UUID] = []
         if retry:
@@ -339,6 +353,9 @@ class JobStore:
                 conn,
             )
             failed = [row["id"] for row in rows]
+            rows_to_submit = [r for job_id in failed for r in (submit or {}).get(str(job_id), [])]
+            if rows_to_submit:
+                await self.submit(rows_to_submit, connection=conn)
         return retried, failed
 
     async def record_events(self, events: list[dict[str, Any]], conn: Conn | None = None) -> None:

@@ -9,7 +9,8 @@ never share one):
 
     budget left   -> RETRY with the type's backoff, retry_count + 1 (attempt is bumped at the
                      next claim), a new dispatch;            events: job.zombie_detected, ...
-    budget spent  -> dead letter, FAILED;                    events: job.zombie_detected, ...
+    budget spent  -> dead letter, FAILED, and its degradation (orchestrator.degradation);
+                                                             events: job.zombie_detected, ...
     either way    -> the lease is superseded (the old attempt's writes are refused, and its
                      worker cancels it at its next heartbeat), and the Procrastinate job the dead
                      worker left in ``doing`` is finished as failed.
@@ -25,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from orchestrator.classification import Classified, ErrorClass
+from orchestrator.degradation import Degrader
 from orchestrator.policy import Budget, Fail, decide
 from orchestrator.store import JobStore
 from retry_config import RetryConfig
@@ -47,6 +49,7 @@ async def sweep_once(
     threshold: float,
     expiry_grace: float,
     limit: int,
+    degrade: Degrader,
     rng: random.Random | None = None,
 ) -> SweepResult:
     async with store.pool.connection() as conn, conn.transaction():
@@ -54,6 +57,7 @@ async def sweep_once(
         now = datetime.now(UTC)
         retry: list[dict[str, Any]] = []
         fail: list[dict[str, Any]] = []
+        submit: dict[str, list[dict[str, Any]]] = {}  # the human notifications of failed ones
         for z in zombies:
             overran = (
                 z["deadline_at"] is not None
@@ -96,7 +100,15 @@ async def sweep_once(
             }
             if isinstance(decision, Fail):
                 failed = {"terminal": True, "attempt": z["attempt"], "error": summary}
-                fail.append({**_key(z), "error": error, "zombie": zombie, "failed": failed})
+                degraded = degrade(
+                    job_id=z["id"], job_type=z["job_type"], payload=z["payload"],
+                    error_class=classified.error_class, error=error,
+                )  # fmt: skip
+                submit[str(z["id"])] = degraded.submit
+                fail.append(
+                    {**_key(z), "error": error, "zombie": zombie, "failed": failed,
+                     "degraded": degraded.event}
+                )  # fmt: skip
             else:
                 at = now + timedelta(milliseconds=decision.delay_ms)
                 error |= {"backoff_ms": decision.delay_ms, "next_available_at": at.isoformat()}
@@ -109,7 +121,7 @@ async def sweep_once(
                         "retry": {"layer": "app", "backoff_ms": round(decision.delay_ms, 3)},
                     }
                 )
-        retried, failed_ids = await store.sweep(conn, retry=retry, fail=fail)
+        retried, failed_ids = await store.sweep(conn, retry=retry, fail=fail, submit=submit)
         await store.settle_dispatches(
             [z["procrastinate_job_id"] for z in zombies if z["procrastinate_job_id"]], conn
         )

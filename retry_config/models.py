@@ -94,6 +94,12 @@ class JobRetryConfig(_Frozen):
     )
     call_timeout_ms: int = Field(120_000, gt=0, description="Total limit of one external call.")
     connect_timeout_ms: int = Field(30_000, gt=0, description="Connect phase of one call.")
+    inter_chunk_timeout_ms: int | None = Field(
+        None,
+        gt=0,
+        description="Streaming calls: longest silence between two chunks (tokens) before the "
+        "stream counts as stalled (seed 004: 60 s for LLM streams). Unset: no such limit.",
+    )
     tool_timeouts_ms: dict[str, Annotated[int, Field(gt=0)]] = Field(
         default_factory=dict,
         description="Per-tool call limits (seed 004, Open Question 1); others use call_timeout_ms.",
@@ -118,6 +124,13 @@ class JobRetryConfig(_Frozen):
                 f"connect_timeout_ms ({self.connect_timeout_ms}) must be <= "
                 f"call_timeout_ms ({self.call_timeout_ms})"
             )
+        if self.inter_chunk_timeout_ms is not None and (
+            self.inter_chunk_timeout_ms > self.call_timeout_ms
+        ):
+            raise ValueError(
+                f"inter_chunk_timeout_ms ({self.inter_chunk_timeout_ms}) must be <= "
+                f"call_timeout_ms ({self.call_timeout_ms})"
+            )
         step_ms = self.step_timeout() * 1_000
         for name, limit in {
             "call_timeout_ms": self.call_timeout_ms,
@@ -135,6 +148,10 @@ class JobRetryConfig(_Frozen):
         type's unless a submit overrode it): never longer than the job itself."""
         job = job_timeout_seconds or self.job_timeout_seconds
         return min(self.step_timeout_seconds or DEFAULT_STEP_TIMEOUT_SECONDS, job)
+
+    def inter_chunk_timeout(self) -> float | None:
+        """Seconds a stream may stay silent, or None for no limit but the call's."""
+        return None if self.inter_chunk_timeout_ms is None else self.inter_chunk_timeout_ms / 1_000
 
     def call_timeout(self, tool: str | None = None) -> float:
         """Seconds one call may take: the tool's own limit if it has one."""

@@ -61,7 +61,14 @@ async def drive(orc: Orchestrator, job_id: UUID, timeout: float = 20) -> Any:
             and job_id not in orc.runner.running_jobs()
             and await dispatch_status(orc, job_id) == "failed"
         ):
-            await sweep_once(orc.store, orc.retry_config, threshold=0, expiry_grace=60, limit=10)
+            await sweep_once(
+                orc.store,
+                orc.retry_config,
+                threshold=0,
+                expiry_grace=60,
+                limit=10,
+                degrade=orc.degrader,
+            )
         await asyncio.sleep(0.01)
     return job
 

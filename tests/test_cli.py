@@ -88,7 +88,7 @@ def test_user_mistakes_are_one_line_and_exit_2(cli: Any, argv: list[str], fragme
 
 def test_config_validate_and_show(cli: Any, tmp_path: Path) -> None:
     code, out, _ = cli("config", "validate")
-    assert code == 0 and "default.toml: ok (7 job types)" in out
+    assert code == 0 and "default.toml: ok (9 job types)" in out
 
     bad = tmp_path / "bad.toml"
     bad.write_text("[job_types.llm_generate]\nbackoff = { base_ms = 10, cap_ms = 5 }\n")

@@ -24,12 +24,25 @@ SEED = {
     "sweep_zombies": (2, 0, 1_000, 1_000, 1, False, 60, 30_000, 5_000),
     "expire_approvals": (2, 0, 1_000, 1_000, 1, False, 60, 30_000, 5_000),
 }
+# Seed 004's taxonomy (Question 1) puts these beside http_request and send_notification.
+TAXONOMY_TWINS = {"webhook_dispatch": "http_request", "approval_notify": "send_notification"}
 
 
-def test_default_file_holds_the_seven_seed_job_types_with_the_seed_values() -> None:
+def test_default_file_holds_the_seed_job_types_with_the_seed_values() -> None:
     config = retry_config.load()
-    assert set(config.job_types) == set(SEED)
-    for name, (worker, app, base, cap, mult, jitter, job_s, call_ms, connect_ms) in SEED.items():
+    assert set(config.job_types) == set(SEED) | set(TAXONOMY_TWINS)
+    expected = SEED | {name: SEED[twin] for name, twin in TAXONOMY_TWINS.items()}
+    for name, (
+        worker,
+        app,
+        base,
+        cap,
+        mult,
+        jitter,
+        job_s,
+        call_ms,
+        connect_ms,
+    ) in expected.items():
         c = config.for_type(name)
         assert (c.worker_max_attempts, c.app_max_retries) == (worker, app), name
         assert (c.backoff.base_ms, c.backoff.cap_ms, c.backoff.multiplier) == (base, cap, mult)
@@ -37,6 +50,10 @@ def test_default_file_holds_the_seven_seed_job_types_with_the_seed_values() -> N
         assert (c.job_timeout_seconds, c.call_timeout_ms, c.connect_timeout_ms) == (
             job_s, call_ms, connect_ms,
         )  # fmt: skip
+    # Seed 004, Question 3: streams are cut after 60 s without a token.
+    assert config.for_type("llm_generate").inter_chunk_timeout() == 60
+    assert config.for_type("run_agent").inter_chunk_timeout() == 60
+    assert config.for_type("http_request").inter_chunk_timeout() is None
 
 
 def test_unlisted_types_use_the_defaults() -> None:

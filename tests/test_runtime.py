@@ -82,7 +82,7 @@ async def test_rp_004_fourth_failure_is_dead_lettered_then_failed(
     job_id = await run_script(orc, ["app"] * 4)
     job, events = await orc.get_job(job_id), await orc.job_events(job_id)
     assert status_path(events)[-2:] == ["RUNNING", "FAILED"]
-    assert [e.kind for e in events][-2:] == ["job.dead_lettered", "job.failed"]
+    assert [e.kind for e in events][-3:] == ["job.dead_lettered", "job.failed", "job.degraded"]
     assert (job.status, job.retry_count, job.attempt) == (Status.FAILED, 3, 4)
     assert job.last_error is not None and job.last_error.terminal
     assert job.last_error.classification is ErrorClass.TRANSIENT_APP

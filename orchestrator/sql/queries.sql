@@ -108,7 +108,8 @@ SELECT (SELECT count(*) FROM done) AS completed, (SELECT count(*) FROM dispatch)
 -- fail_job --
 -- Terminal failure, of an attempt (fenced by its lease) or of a job no attempt holds (a null
 -- lease: a rejected or expired approval). Seed 003's order: the dead letter is recorded, then
--- the job is FAILED; both rows and both events are written by this one statement.
+-- the job is FAILED; both rows and both events are written by this one statement, and the
+-- degradation's job.degraded (orchestrator/degradation.py) when there is one.
 WITH failed AS (
     UPDATE orc_jobs
        SET status = %(target)s, last_error = %(error)s, next_retry_at = NULL,
@@ -125,7 +126,9 @@ WITH failed AS (
     SELECT letter.job_id, e.kind, e.payload || jsonb_build_object('dead_letter_id', letter.id)
       FROM letter,
            (VALUES (1, 'job.dead_lettered', '{}'::jsonb),
-                   (2, 'job.failed', %(event)s::jsonb)) AS e (n, kind, payload)
+                   (2, 'job.failed', %(event)s::jsonb),
+                   (3, 'job.degraded', %(degraded)s::jsonb)) AS e (n, kind, payload)
+     WHERE e.payload IS NOT NULL
      ORDER BY e.n
 )
 SELECT id FROM letter
@@ -510,7 +513,7 @@ RETURNING j.lease_token
 -- zombies --
 -- RUNNING jobs whose heartbeat is older than the threshold (orc_jobs_running_heartbeat), oldest
 -- first; bounded, and SKIP LOCKED so sweepers running at once never share a job.
-SELECT id, job_type, lease_token, heartbeat_at, deadline_at, attempt, max_attempts,
+SELECT id, job_type, payload, lease_token, heartbeat_at, deadline_at, attempt, max_attempts,
        dispatch_attempt, retry_count, max_retries, procrastinate_job_id, locked_by
   FROM orc_jobs
  WHERE status = %(running)s
@@ -549,11 +552,11 @@ WITH d AS (
 SELECT id FROM moved
 
 -- sweep_to_failed --
--- Zombies whose budget is spent ([{id, lease_token, error, zombie, failed}]): dead letter, then
--- FAILED, with job.zombie_detected, job.dead_lettered and job.failed.
+-- Zombies whose budget is spent ([{id, lease_token, error, zombie, failed, degraded}]): dead
+-- letter, then FAILED, with job.zombie_detected, job.dead_lettered, job.failed, job.degraded.
 WITH d AS (
     SELECT * FROM jsonb_to_recordset(%(decisions)s)
-        AS d (id uuid, lease_token uuid, error jsonb, zombie jsonb, failed jsonb)
+        AS d (id uuid, lease_token uuid, error jsonb, zombie jsonb, failed jsonb, degraded jsonb)
 ), failed AS (
     UPDATE orc_jobs AS j
        SET status = %(target)s, last_error = d.error, next_retry_at = NULL,
@@ -573,8 +576,10 @@ WITH d AS (
            LATERAL (VALUES (1, 'job.zombie_detected', d.zombie),
                            (2, 'job.dead_lettered', jsonb_build_object('dead_letter_id', l.id)),
                            (3, 'job.failed',
-                            d.failed || jsonb_build_object('dead_letter_id', l.id)))
+                            d.failed || jsonb_build_object('dead_letter_id', l.id)),
+                           (4, 'job.degraded', d.degraded))
                AS e (n, kind, payload)
+     WHERE e.payload IS NOT NULL
      ORDER BY l.job_id, e.n
 )
 SELECT job_id AS id FROM letters
