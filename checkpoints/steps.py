@@ -103,17 +103,21 @@ class Step(Generic[S]):
         idempotent: bool = False,
         reconcile: Reconcile | None = None,
         result_type: Any = Any,
+        commit_now: bool = False,
     ) -> T:
         """Make a side-effecting call through the ledger (see checkpoints.ledger).
 
         ``key`` names the call within the step; by default its position (``call1``,
         ``call2``...), stable as long as the step makes its calls in the same order.
+        ``commit_now``: commit its result at once instead of with the checkpoint, so even a
+        crash before the checkpoint keeps it (an LLM reply whose tool calls the step goes on
+        to make: a resumed step then makes the same calls, under the same keys).
         """
         self._calls += 1
         return await self._ledger.effect(
             step=self.number, key=key or f"call{self._calls}", name=name, call=call, args=args,
             idempotent=idempotent, reconcile=reconcile, result_type=result_type,
-            commit_now=False,
+            commit_now=commit_now,
         )  # fmt: skip
 
     async def checkpoint(self, state: S, *, final: bool = False) -> None:

@@ -7,6 +7,8 @@
   Overruns raise httpx's own exceptions, so they classify as the seed's tree says: a connect
   timeout is TRANSIENT_INFRA, a response timeout TRANSIENT_APP. httpx's retries stay off: the
   orchestrator's two layers are the only retries.
+- :func:`within_gaps`: a stream's chunks, cut when it goes silent for the inter-chunk timeout
+  (raising :class:`StreamStalled`, TRANSIENT_APP).
 - :func:`call_limit`: any other awaited call (a tool, a subprocess) under a per-tool limit,
   raising :class:`CallTimedOut` (TRANSIENT_APP).
 """
@@ -14,13 +16,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
 import httpx
 
-from orchestrator.errors import CallTimedOut
+from orchestrator.errors import CallTimedOut, StreamStalled
 from retry_config import JobRetryConfig
+
+T = TypeVar("T")
 
 
 def http_client(config: JobRetryConfig) -> httpx.AsyncClient:
@@ -90,6 +95,27 @@ class _BoundedStream(httpx.AsyncByteStream):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+async def within_gaps(
+    chunks: AsyncIterable[T], seconds: float | None, what: str
+) -> AsyncIterator[T]:
+    """``chunks``, as they come; a silence longer than ``seconds`` between two of them (or
+    before the first) raises :class:`StreamStalled` (TRANSIENT_APP). A slow but steady stream
+    is never cut here, only by the call's total limit."""
+    iterator = aiter(chunks)
+    while True:
+        limit = asyncio.timeout(seconds)
+        try:
+            async with limit:
+                chunk = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            if not limit.expired():
+                raise
+            raise StreamStalled(what, seconds or 0) from None
+        yield chunk
 
 
 @asynccontextmanager

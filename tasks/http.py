@@ -1,4 +1,8 @@
-"""``http_request``: one HTTP call, classified by seed 004's table.
+"""``http_request`` and ``webhook_dispatch``: one HTTP call, classified by seed 004's table.
+
+``webhook_dispatch`` POSTs an event as JSON with an ``idempotency-key`` (the job id, the same in
+every attempt, so a receiver can drop a retried delivery it already has) and, given the name of
+a signing secret, an ``x-webhook-signature: sha256=<HMAC of the body>``.
 
 The call goes through ``ctx.http``: the job type's connect and total timeouts (see
 orchestrator.calls), httpx's own retries off, so the orchestrator's two layers are the only
@@ -8,6 +12,9 @@ status and ``Retry-After``.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 from typing import Any, Literal
 
 from pydantic import AnyHttpUrl, BaseModel, Field
@@ -45,7 +52,36 @@ async def perform(ctx: JobContext, request: HttpRequest) -> HttpResponse:
     return HttpResponse(status=response.status_code, headers=dict(response.headers), body=body)
 
 
+class Webhook(BaseModel):
+    url: AnyHttpUrl
+    event: str = Field(min_length=1, max_length=200)
+    data: Any = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    signing_secret: str | None = None  # the name of the secret, never its value
+
+
+def webhook_request(ctx: JobContext, hook: Webhook) -> HttpRequest:
+    body = json.dumps(
+        {"id": str(ctx.job_id), "event": hook.event, "data": hook.data}, separators=(",", ":")
+    )
+    headers = {
+        **hook.headers,
+        "content-type": "application/json",
+        "idempotency-key": str(ctx.job_id),
+        "x-webhook-event": hook.event,
+    }
+    if hook.signing_secret:
+        key = ctx.secrets.get(hook.signing_secret).encode()
+        digest = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+        headers["x-webhook-signature"] = f"sha256={digest}"
+    return HttpRequest(method="POST", url=hook.url, headers=headers, body=body)
+
+
 def register(orc: Orchestrator) -> None:
     @orc.job_type("http_request")
     async def http_request(ctx: JobContext, payload: HttpRequest) -> HttpResponse:
         return await perform(ctx, payload)
+
+    @orc.job_type("webhook_dispatch")
+    async def webhook_dispatch(ctx: JobContext, hook: Webhook) -> HttpResponse:
+        return await perform(ctx, webhook_request(ctx, hook))

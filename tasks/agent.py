@@ -1,0 +1,150 @@
+"""``run_agent``: an agent loop of checkpointed steps (seed 004's ``executeAgentLoop``).
+
+One step = one LLM reply plus the tool calls it asks for, then the step's checkpoint (the
+transcript so far). The reply is recorded in the ledger as soon as it arrives (idempotent,
+committed at once), so a step resumed after a crash or a drain makes the same tool calls under
+the same keys; each tool call goes through the ledger too (reconciled if it was interrupted,
+never repeated once committed). Every step runs under the step timeout; an abort (drain,
+timeout) stops the step before its next tool call, and the job resumes from its last
+checkpoint. The loop ends when the model stops asking for tools; reaching ``max_steps`` first is
+PERMANENT (``AGENT_STEP_LIMIT``). A tool the model names but the job did not offer, or arguments
+that do not fit, go back to the model as an error result (it can correct itself); a tool output
+that does not fit the tool's model is INVALID_OUTPUT.
+"""
+
+# No `from __future__ import annotations`: the job type's payload model is a local class, read
+# from the annotations when it is registered.
+import asyncio
+import functools
+import json
+from typing import Any, Self
+
+from pydantic import BaseModel, Field, model_validator
+
+from orchestrator import JobContext, Orchestrator, PermanentError
+from tasks.llm import LlmResponse, Usage, generate
+from tasks.tools import TOOLS, ToolRegistry
+
+
+class AgentRequest(BaseModel):
+    prompt: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+    system: str | None = None
+    tools: list[str] = Field(default_factory=list)  # names in the tool registry
+    max_steps: int = Field(10, ge=1, le=200)
+    max_tokens: int = Field(1024, gt=0)
+
+
+class ToolCallRecord(BaseModel):
+    step: int
+    id: str
+    tool: str
+    args: dict[str, Any]
+    output: Any
+    error: str | None = None
+
+
+class Transcript(BaseModel):
+    """The state each step checkpoints, and the job's result."""
+
+    messages: list[dict[str, Any]]
+    tool_calls: list[ToolCallRecord] = Field(default_factory=list)
+    steps: int = 0
+    answer: str | None = None  # the model's last text, once it stopped asking for tools
+    usage: Usage = Usage(input_tokens=0, output_tokens=0)
+
+
+def register(orc: Orchestrator, tools: ToolRegistry = TOOLS) -> None:
+    class Request(AgentRequest):
+        @model_validator(mode="after")
+        def _known_tools(self) -> Self:
+            unknown = sorted(set(self.tools) - set(tools.tools))
+            if unknown:
+                raise ValueError(
+                    f"unknown tools {unknown}; registered tools: {sorted(tools.tools)}"
+                )
+            return self
+
+    @orc.job_type("run_agent")
+    async def run_agent(ctx: JobContext, request: Request) -> Transcript:
+        offered = [tools.get(name).definition() for name in request.tools]
+        start = Transcript(messages=[{"role": "user", "content": request.prompt}])
+        steps = ctx.steps(Transcript, initial=start, max_steps=request.max_steps)
+        async for step in steps:
+            before = step.state
+            params: dict[str, Any] = {
+                "model": request.model,
+                "max_tokens": request.max_tokens,
+                "messages": before.messages,
+                **({"system": request.system} if request.system else {}),
+                **({"tools": offered} if offered else {}),
+            }
+            reply: LlmResponse = await step.effect(
+                "llm", functools.partial(_ask, ctx, params), key="llm", idempotent=True,
+                result_type=LlmResponse, commit_now=True,
+            )  # fmt: skip
+            calls: list[ToolCallRecord] = []
+            results: list[dict[str, Any]] = []
+            uses = [b for b in reply.content if b.get("type") == "tool_use"]
+            for n, use in enumerate(uses, start=1):
+                if ctx.should_abort():  # seed: no new tool call once aborted
+                    raise asyncio.CancelledError("aborted before a tool call")
+                call = await _call(ctx, step.effect, tools, request.tools, use, step.number, n)
+                calls.append(call)
+                results.append(_result(call))
+            usage = Usage(
+                input_tokens=before.usage.input_tokens + reply.usage.input_tokens,
+                output_tokens=before.usage.output_tokens + reply.usage.output_tokens,
+            )
+            messages = [*before.messages, {"role": "assistant", "content": reply.content}]
+            if results:
+                messages.append({"role": "user", "content": results})
+            await step.checkpoint(
+                Transcript(
+                    messages=messages,
+                    tool_calls=[*before.tool_calls, *calls],
+                    steps=step.number,
+                    answer=None if uses else reply.text,
+                    usage=usage,
+                ),
+                final=not uses,
+            )
+        if not steps.finished:
+            raise PermanentError(
+                f"the agent was still calling tools after {request.max_steps} steps",
+                code="AGENT_STEP_LIMIT",
+            )
+        transcript: Transcript = steps.state
+        return transcript
+
+
+async def _ask(ctx: JobContext, params: dict[str, Any], invocation_id: str) -> LlmResponse:
+    return await generate(ctx, **params)
+
+
+async def _call(
+    ctx: JobContext,
+    effect: Any,
+    tools: ToolRegistry,
+    offered: list[str],
+    use: dict[str, Any],
+    step: int,
+    n: int,
+) -> ToolCallRecord:
+    name, args = use["name"], use.get("input") or {}
+    record = ToolCallRecord(step=step, id=use["id"], tool=name, args=args, output=None)
+    if name not in offered:
+        return record.model_copy(update={"error": f"no tool named {name!r} is available"})
+    try:
+        tools.get(name).parse_input(args)
+    except PermanentError as exc:
+        return record.model_copy(update={"error": str(exc)})
+    output = await tools.run(ctx, effect, name, args, key=f"tool{n}")
+    return record.model_copy(update={"output": output})
+
+
+def _result(call: ToolCallRecord) -> dict[str, Any]:
+    if call.error is not None:
+        return {"type": "tool_result", "tool_use_id": call.id, "content": call.error,
+                "is_error": True}  # fmt: skip
+    return {"type": "tool_result", "tool_use_id": call.id, "content": json.dumps(call.output)}

@@ -1,0 +1,113 @@
+"""``llm_generate``: one streamed Messages API call on the official ``anthropic`` SDK.
+
+Seed 004's LLM branch of the timeout tree: connect ``connect_timeout_ms`` (30 s), the whole call
+``call_timeout_ms`` (300 s) and ``inter_chunk_timeout_ms`` (60 s) between two stream events,
+both TRANSIENT_APP. Ping events do not count as chunks (the SDK drops them): a stream that only
+pings has stalled. The SDK's retries are off (``max_retries=0``) and so are its transport's, so
+the orchestrator's two layers are the only retries and each attempt makes exactly one request.
+Errors classify by orchestrator.classification (429 and 529 TRANSIENT_APP with the server's
+``retry-after`` honoured, 401/400 PERMANENT, connection errors TRANSIENT_INFRA).
+
+The API key is the secret ``ANTHROPIC_API_KEY`` (environment or mounted secret); the endpoint
+is ``ANTHROPIC_BASE_URL`` when set (the bundled local server, a proxy), else Anthropic's.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import anthropic
+import httpx2
+from anthropic.types import Message as SdkMessage
+from pydantic import BaseModel, Field, computed_field
+
+from orchestrator import JobContext, Orchestrator
+from orchestrator.calls import within_gaps
+
+API_KEY_SECRET = "ANTHROPIC_API_KEY"
+
+
+class Message(BaseModel):
+    role: Literal["user", "assistant"]
+    content: str | list[dict[str, Any]]
+
+
+class LlmRequest(BaseModel):
+    model: str = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int = Field(1024, gt=0)
+    system: str | None = None
+    temperature: float | None = Field(None, ge=0, le=1)
+
+
+class Usage(BaseModel):
+    input_tokens: int = Field(ge=0)
+    output_tokens: int = Field(ge=0)
+
+
+class LlmResponse(BaseModel):
+    """What is kept of a reply (validated: a reply of another shape is INVALID_OUTPUT)."""
+
+    id: str
+    model: str
+    content: list[dict[str, Any]]
+    stop_reason: str | None
+    usage: Usage
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def text(self) -> str:
+        return "".join(b.get("text", "") for b in self.content if b.get("type") == "text")
+
+
+@dataclass
+class LlmClient:
+    """The SDK client a worker's attempts share (``ctx.shared``)."""
+
+    sdk: anthropic.AsyncAnthropic
+
+    async def aclose(self) -> None:
+        await self.sdk.close()
+
+
+def client(ctx: JobContext) -> anthropic.AsyncAnthropic:
+    api_key = ctx.secrets.get(API_KEY_SECRET)
+    base_url = os.environ.get("ANTHROPIC_BASE_URL")
+    config = ctx.config
+    timeout = httpx2.Timeout(config.call_timeout(), connect=config.connect_timeout_ms / 1_000)
+
+    def make() -> LlmClient:
+        http = httpx2.AsyncClient(
+            timeout=timeout,
+            # No retries in the transport either, and no connection cap (the worker's
+            # concurrency bounds the calls).
+            transport=httpx2.AsyncHTTPTransport(
+                retries=0, limits=httpx2.Limits(max_connections=None)
+            ),
+        )
+        sdk = anthropic.AsyncAnthropic(
+            api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout, http_client=http
+        )
+        return LlmClient(sdk)
+
+    key = ("anthropic", ctx.job_type, base_url, api_key, config.call_timeout())
+    return ctx.shared(key, make).sdk
+
+
+async def generate(ctx: JobContext, **params: Any) -> LlmResponse:
+    """One streamed Messages call (``params`` as ``messages.stream`` takes them), under the
+    type's total and inter-chunk limits."""
+    sdk = client(ctx)
+    async with ctx.call_limit(), sdk.messages.stream(**params) as stream:
+        async for _event in within_gaps(stream, ctx.config.inter_chunk_timeout(), "LLM"):
+            pass
+        final: SdkMessage = await stream.get_final_message()
+    return LlmResponse.model_validate(final.model_dump(mode="json"))
+
+
+def register(orc: Orchestrator) -> None:
+    @orc.job_type("llm_generate")
+    async def llm_generate(ctx: JobContext, request: LlmRequest) -> LlmResponse:
+        return await generate(ctx, **request.model_dump(mode="json", exclude_none=True))

@@ -1,0 +1,371 @@
+"""The built-in job types (tasks/) against real protocol peers on 127.0.0.1: the real anthropic
+SDK against the local Messages API server, httpx against plain HTTP endpoints, a webhook
+receiver and a Telegram-style bot API. Each failure class reaches the state seed 004's decision
+tree says, with the delay it says, read from the job's events; limits shortened in
+tests/job_types.toml (backoff 50 ms doubling, cap 3 s, no jitter)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+from uuid import UUID
+
+import psycopg
+import pytest
+
+from orchestrator import InvalidPayload, Orchestrator, Status
+from orchestrator.demo import llm_server as llm
+from orchestrator.models import JobEvent
+from tests import http_peers, job_types_app
+from tests.conftest import ROOT, WorkerRun
+from tests.external import MessageService, message_service
+
+CONFIG = ROOT / "tests" / "job_types.toml"
+KEY = "sk-test-0123456789abcdef"
+ESCALATE_TO = "ops"
+
+
+@pytest.fixture
+def peers() -> Iterator[http_peers.Peers]:
+    with http_peers.serve() as p:
+        yield p
+
+
+@pytest.fixture
+def model_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[llm.LocalLLM]:
+    with llm.serve(api_key=KEY) as server:
+        monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.url)
+        yield server
+
+
+@pytest.fixture
+def service(monkeypatch: pytest.MonkeyPatch) -> Iterator[MessageService]:
+    with message_service() as svc:
+        monkeypatch.setenv("TEST_MESSAGE_SERVICE_URL", svc.url)
+        yield svc
+
+
+@pytest.fixture
+def orc(
+    make_orc: Callable[..., Orchestrator], peers: http_peers.Peers, monkeypatch: pytest.MonkeyPatch
+) -> Orchestrator:
+    monkeypatch.setenv("TELEGRAM_BOT_TOKEN", http_peers.TOKEN)
+    target = {"channel": "webhook", "url": f"{peers.url}/hooks/{ESCALATE_TO}"}
+    made = make_orc(retry_config=CONFIG, escalation_target=target)
+    job_types_app.register(made)
+    return made
+
+
+async def run(orc: Orchestrator, job_type: str, payload: Any, timeout: float = 20) -> UUID:
+    async with WorkerRun(orc) as worker:
+        job_id = await orc.submit(job_type, payload)
+        await worker.until_finished(job_id, timeout=timeout)
+    return job_id
+
+
+def failures(events: list[JobEvent]) -> list[tuple[str, str, str | None, float | None]]:
+    """(classification, code, layer, backoff_ms) of each job.failed, in order."""
+    return [
+        (
+            e.payload["error"]["classification"],
+            e.payload["error"]["code"],
+            e.payload.get("layer"),
+            e.payload.get("backoff_ms"),
+        )
+        for e in events
+        if e.kind == "job.failed"
+    ]
+
+
+def kinds(events: list[JobEvent]) -> list[str]:
+    return [e.kind for e in events]
+
+
+# -- http_request and webhook_dispatch --------------------------------------------------------
+
+
+async def test_http_503_honours_retry_after_then_completes(
+    orc: Orchestrator, peers: http_peers.Peers
+) -> None:
+    peers.script("busy", [(503, 1)])
+    job_id = await run(orc, "http_request", {"url": f"{peers.url}/status/busy"})
+    job, events = await orc.get_job(job_id), await orc.job_events(job_id)
+    assert job.status is Status.COMPLETED and job.result["status"] == 200
+    assert failures(events) == [("TRANSIENT_APP", "HTTP_503", "app", 1000.0)]
+    assert peers.requests["busy"] == 2  # one request per attempt
+
+
+async def test_http_429_retry_after_is_capped(orc: Orchestrator, peers: http_peers.Peers) -> None:
+    peers.script("limited", [(429, 3600)])
+    job_id = await run(orc, "http_request", {"url": f"{peers.url}/status/limited"})
+    events = await orc.job_events(job_id)
+    assert failures(events) == [("TRANSIENT_APP", "HTTP_429", "app", 3000.0)]  # cap_ms
+    assert (await orc.get_job(job_id)).status is Status.COMPLETED
+
+
+async def test_http_502_is_infrastructure_retried_by_graphile_formula(
+    orc: Orchestrator, peers: http_peers.Peers
+) -> None:
+    peers.script("gateway", [502])
+    job_id = await run(orc, "http_request", {"url": f"{peers.url}/status/gateway"})
+    job, events = await orc.get_job(job_id), await orc.job_events(job_id)
+    assert job.status is Status.COMPLETED and job.retry_count == 0  # no app budget used
+    [(classification, code, layer, backoff)] = failures(events)
+    assert (classification, code, layer) == ("TRANSIENT_INFRA", "HTTP_502", "infra")
+    assert backoff == pytest.approx(2718.282, abs=1)  # exp(min(10, 1)) s
+
+
+async def test_http_400_fails_and_a_human_is_notified_in_the_same_transaction(
+    orc: Orchestrator, peers: http_peers.Peers, db: psycopg.AsyncConnection[Any]
+) -> None:
+    peers.script("bad", [400])
+    job_id = await run(orc, "http_request", {"url": f"{peers.url}/status/bad"})
+    job, events = await orc.get_job(job_id), await orc.job_events(job_id)
+    assert job.status is Status.FAILED and peers.requests["bad"] == 1
+    assert failures(events) == [("PERMANENT", "HTTP_400", None, None)]
+    assert kinds(events)[-3:] == ["job.dead_lettered", "job.failed", "job.degraded"]
+    degraded = events[-1].payload
+    assert degraded["action"] == "notify_human"
+    escalation = UUID(degraded["escalation_job_id"])
+    # Written by the transaction that failed the job: both rows carry its transaction id.
+    cur = await db.execute(
+        "SELECT count(DISTINCT xmin::text) FROM orc_job_events"
+        " WHERE (job_id, kind) IN ((%s, 'job.failed'), (%s, 'job.created'))",
+        [job_id, escalation],
+    )
+    assert (await cur.fetchone()) == (1,)
+    notice = await orc.get_job(escalation)
+    assert notice.job_type == "send_notification"
+    assert notice.payload["about_job_id"] == str(job_id)
+    assert "Manual review required" in notice.payload["text"]
+    async with WorkerRun(orc) as worker:
+        await worker.until_finished(escalation)
+    [delivered] = peers.received[ESCALATE_TO]
+    assert json.loads(delivered["body"])["about_job_id"] == str(job_id)
+
+
+async def test_webhook_is_signed_and_keeps_its_idempotency_key_across_retries(
+    orc: Orchestrator, peers: http_peers.Peers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOOK_SIGNING_KEY", "whsec-0123456789")
+    peers.script("orders", [(503, 0)])
+    job_id = await run(
+        orc,
+        "webhook_dispatch",
+        {"url": f"{peers.url}/hooks/orders", "event": "order.paid", "data": {"n": 1},
+         "signing_secret": "HOOK_SIGNING_KEY"},
+    )  # fmt: skip
+    job = await orc.get_job(job_id)
+    assert job.status is Status.COMPLETED and set(job.result) == {"status", "headers", "body"}
+    first, second = peers.received["orders"]
+    assert first["body"] == second["body"]
+    assert first["headers"]["idempotency-key"] == second["headers"]["idempotency-key"]
+    expected = hmac.new(b"whsec-0123456789", first["body"].encode(), hashlib.sha256).hexdigest()
+    assert first["headers"]["x-webhook-signature"] == f"sha256={expected}"
+    assert "whsec-0123456789" not in json.dumps(job.model_dump(mode="json"))
+
+
+async def test_unknown_job_payload_is_refused_at_submit(orc: Orchestrator) -> None:
+    async with orc:
+        with pytest.raises(InvalidPayload, match="url"):
+            await orc.submit("webhook_dispatch", {"event": "x"})
+        with pytest.raises(InvalidPayload, match="unknown tool 'nope'"):
+            await orc.submit("execute_tool", {"tool": "nope"})
+        with pytest.raises(InvalidPayload, match="unknown tools"):
+            await orc.submit("run_agent", {"prompt": "hi", "model": "m", "tools": ["nope"]})
+
+
+# -- llm_generate -----------------------------------------------------------------------------
+
+
+def ask(model: str) -> dict[str, Any]:
+    return {"model": model, "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def test_llm_streams_and_keeps_usage(orc: Orchestrator, model_server: llm.LocalLLM) -> None:
+    job_id = await run(orc, "llm_generate", ask("plain"))
+    job = await orc.get_job(job_id)
+    assert job.status is Status.COMPLETED
+    assert job.result["text"] == "Echo: hi"
+    assert job.result["usage"]["output_tokens"] > 0 and job.result["stop_reason"] == "end_turn"
+    assert model_server.requests["plain"] == 1
+    assert model_server.last_body("plain")["stream"] is True
+
+
+@pytest.mark.parametrize(
+    ("reply", "code", "backoff"),
+    [
+        (llm.Status(429, "rate_limit_error", retry_after="2"), "LLM_RATE_LIMITED", 2000.0),
+        (llm.Status(429, "rate_limit_error", retry_after="60"), "LLM_RATE_LIMITED", 3000.0),
+        (llm.Status(529, "overloaded_error"), "LLM_OVERLOADED", 50.0),
+        (llm.StreamError("overloaded_error"), "LLM_OVERLOADED", 50.0),
+        (llm.Stall(after_chunks=2), "STREAM_STALLED", 50.0),
+    ],
+    ids=["429-hint", "429-hint-capped", "529", "overloaded-mid-stream", "stalled"],
+)
+async def test_llm_transient_app_failures_retry_with_the_delay_the_seed_says(
+    orc: Orchestrator, model_server: llm.LocalLLM, reply: Any, code: str, backoff: float
+) -> None:
+    model_server.script("m", [reply, llm.Text("fine now")])
+    job_id = await run(orc, "llm_generate", ask("m"))
+    job, events = await orc.get_job(job_id), await orc.job_events(job_id)
+    assert job.status is Status.COMPLETED and job.result["text"] == "fine now"
+    assert failures(events) == [("TRANSIENT_APP", code, "app", backoff)]
+    assert model_server.requests["m"] == 2  # one request per attempt: no hidden retries
+
+
+async def test_llm_slow_but_steady_stream_is_not_cut(
+    orc: Orchestrator, model_server: llm.LocalLLM
+) -> None:
+    # 6 chunks 0.3 s apart: 1.8 s in all, more than the 0.5 s inter-chunk limit.
+    model_server.script("slow", [llm.Text("one two three four five six", chunks=6, every=0.3)])
+    job_id = await run(orc, "llm_generate", ask("slow"))
+    job, events = await orc.get_job(job_id), await orc.job_events(job_id)
+    assert job.status is Status.COMPLETED and failures(events) == []
+    assert job.result["text"] == "one two three four five six"
+    assert model_server.requests["slow"] == 1
+
+
+async def test_llm_total_timeout_cuts_a_steady_stream_that_runs_too_long(
+    orc: Orchestrator, model_server: llm.LocalLLM
+) -> None:
+    long = llm.Text(" ".join(["word"] * 12), chunks=12, every=0.3)  # 3.6 s > 2.5 s total
+    model_server.script("long", [long, llm.Text("short")])
+    job_id = await run(orc, "llm_generate", ask("long"))
+    events = await orc.job_events(job_id)
+    assert failures(events) == [("TRANSIENT_APP", "CALL_TIMEOUT", "app", 50.0)]
+    assert (await orc.get_job(job_id)).status is Status.COMPLETED
+
+
+@pytest.mark.parametrize(
+    ("reply", "code"),
+    [
+        (llm.Status(400, "invalid_request_error", "prompt is too long"), "LLM_BAD_REQUEST"),
+        (llm.Status(401, "authentication_error"), "LLM_AUTHENTICATION"),
+    ],
+    ids=["400", "401"],
+)
+async def test_llm_permanent_failures_fail_at_once(
+    orc: Orchestrator, model_server: llm.LocalLLM, reply: Any, code: str
+) -> None:
+    model_server.script("p", [reply])
+    job_id = await run(orc, "llm_generate", ask("p"))
+    job, events = await orc.get_job(job_id), await orc.job_events(job_id)
+    assert job.status is Status.FAILED
+    assert failures(events) == [("PERMANENT", code, None, None)]
+    assert model_server.requests["p"] == 1
+    assert events[-1].kind == "job.degraded" and events[-1].payload["action"] == "notify_human"
+
+
+async def test_llm_server_error_is_infrastructure(
+    orc: Orchestrator, model_server: llm.LocalLLM
+) -> None:
+    model_server.script("e", [llm.Status(500, "api_error"), llm.Text("ok")])
+    job_id = await run(orc, "llm_generate", ask("e"))
+    [(classification, code, layer, _)] = failures(await orc.job_events(job_id))
+    assert (classification, code, layer) == ("TRANSIENT_INFRA", "LLM_SERVER_ERROR", "infra")
+    assert model_server.requests["e"] == 2
+
+
+async def test_an_api_key_echoed_in_an_error_is_redacted_from_what_is_stored(
+    orc: Orchestrator, model_server: llm.LocalLLM
+) -> None:
+    model_server.script("k", [llm.Status(403, "permission_error", f"key {KEY} may not do this")])
+    job_id = await run(orc, "llm_generate", ask("k"))
+    job, events = await orc.get_job(job_id), await orc.job_events(job_id)
+    stored = json.dumps([job.model_dump(mode="json"), [e.payload for e in events]])
+    assert job.status is Status.FAILED
+    assert KEY not in stored
+    assert "key [REDACTED:ANTHROPIC_API_KEY] may not do this" in stored
+
+
+# -- execute_tool -----------------------------------------------------------------------------
+
+
+async def test_invalid_tool_output_fails_the_job_and_keeps_the_output(orc: Orchestrator) -> None:
+    job_id = await run(orc, "execute_tool", {"tool": "bad_output", "args": {"query": "q"}})
+    job, events = await orc.get_job(job_id), await orc.job_events(job_id)
+    assert job.status is Status.FAILED
+    assert failures(events) == [("INVALID_OUTPUT", "OUTPUT_INVALID", None, None)]
+    assert job.last_error is not None
+    assert job.last_error.output == {"rows": "three rows", "query": "q"}
+    assert "bad_output" in job.last_error.message
+
+
+async def test_tool_timeout_is_the_tools_own_and_transient(orc: Orchestrator) -> None:
+    job_id = await run(orc, "execute_tool", {"tool": "slow", "args": {"query": "q"}})
+    job, events = await orc.get_job(job_id), await orc.job_events(job_id)
+    assert [f[:2] for f in failures(events)] == [("TRANSIENT_APP", "CALL_TIMEOUT")] * 3
+    assert job.status is Status.FAILED and job.last_error is not None
+    assert "tool 'slow' timed out after 0.2 seconds" in job.last_error.message
+    assert events[-1].payload["message"].startswith("Tool execution failed after all retries")
+
+
+async def test_tool_permission_denied_is_permanent(orc: Orchestrator) -> None:
+    job_id = await run(orc, "execute_tool", {"tool": "denied", "args": {"query": "q"}})
+    assert failures(await orc.job_events(job_id)) == [("PERMANENT", "EACCES", None, None)]
+
+
+async def test_a_tool_runs_once_through_the_ledger(
+    orc: Orchestrator, service: MessageService
+) -> None:
+    job_id = await run(orc, "execute_tool", {"tool": "send_message", "args": {"text": "hello"}})
+    job = await orc.get_job(job_id)
+    assert job.result == {"delivered": True, "text": "hello"}
+    assert service.deliveries[f"{job_id}.1.tool"] == 1
+
+
+# -- send_notification and approval_notify ----------------------------------------------------
+
+
+def telegram(chat: str, text: str = "deploy finished") -> dict[str, Any]:
+    return {"channel": "telegram", "chat_id": chat, "base_url": "", "text": text}
+
+
+async def test_telegram_rate_limit_is_retried_after_its_hint(
+    orc: Orchestrator, peers: http_peers.Peers
+) -> None:
+    peers.script("telegram:42", [("429", 1)])
+    job_id = await run(orc, "send_notification", telegram("42") | {"base_url": peers.url})
+    job, events = await orc.get_job(job_id), await orc.job_events(job_id)
+    assert job.status is Status.COMPLETED and job.result["message_id"] == "1"
+    assert failures(events) == [("TRANSIENT_APP", "RETRY_LATER", "app", 1000.0)]
+
+
+async def test_notification_exhaustion_takes_the_fallback_and_redacts_the_token(
+    orc: Orchestrator, peers: http_peers.Peers, db: psycopg.AsyncConnection[Any]
+) -> None:
+    peers.script("telegram:7", [("500", "down")] * 5)
+    payload = telegram("7", "the build is red") | {"base_url": peers.url}
+    job_id = await run(orc, "send_notification", payload)
+    job, events = await orc.get_job(job_id), await orc.job_events(job_id)
+    assert job.status is Status.FAILED and peers.requests["telegram:7"] == 1
+    degraded = events[-1]
+    assert degraded.kind == "job.degraded" and degraded.payload["action"] == "fallback"
+    assert degraded.payload["fallback"] == "log_notification_content"
+    assert degraded.payload["content"]["text"] == "the build is red"
+    assert "escalation_job_id" not in degraded.payload
+    cur = await db.execute("SELECT count(*) FROM orc_jobs")
+    assert (await cur.fetchone()) == (1,)  # no human notification about a notification
+    assert job.last_error is not None
+    assert http_peers.TOKEN not in job.last_error.message + job.last_error.stack
+    assert "[REDACTED:TELEGRAM_BOT_TOKEN]" in job.last_error.message
+
+
+async def test_approval_notify_posts_the_question_with_how_to_answer(
+    orc: Orchestrator, peers: http_peers.Peers
+) -> None:
+    notice = {
+        "target": {"channel": "webhook", "url": f"{peers.url}/hooks/approvals"},
+        "approval_id": "0192f1b0-0000-7000-8000-000000000001",
+        "question": "Deploy to production?",
+    }
+    job_id = await run(orc, "approval_notify", notice)
+    assert (await orc.get_job(job_id)).status is Status.COMPLETED
+    [received] = peers.received["approvals"]
+    text = json.loads(received["body"])["text"]
+    assert "Deploy to production?" in text and "approvals approve 0192f1b0" in text
