@@ -6,9 +6,11 @@ tests/job_types.toml (backoff 50 ms doubling, cap 3 s, no jitter)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 from uuid import UUID
@@ -20,8 +22,9 @@ from orchestrator import InvalidPayload, Orchestrator, Status
 from orchestrator.demo import llm_server as llm
 from orchestrator.models import JobEvent
 from tests import http_peers, job_types_app
-from tests.conftest import ROOT, WorkerRun
+from tests.conftest import ROOT, WorkerRun, wait_for
 from tests.external import MessageService, message_service
+from tests.workers import WorkerProcess
 
 CONFIG = ROOT / "tests" / "job_types.toml"
 KEY = "sk-test-0123456789abcdef"
@@ -369,3 +372,75 @@ async def test_approval_notify_posts_the_question_with_how_to_answer(
     [received] = peers.received["approvals"]
     text = json.loads(received["body"])["text"]
     assert "Deploy to production?" in text and "approvals approve 0192f1b0" in text
+
+
+# -- run_agent --------------------------------------------------------------------------------
+
+
+def agent_task(model: str) -> dict[str, Any]:
+    return {"prompt": "tell the team", "model": model, "tools": ["send_message"]}
+
+
+async def test_run_agent_runs_three_tool_steps_then_answers(
+    orc: Orchestrator, model_server: llm.LocalLLM, service: MessageService
+) -> None:
+    job_id = await run(orc, "run_agent", agent_task("agent"))
+    job = await orc.get_job(job_id)
+    assert job.status is Status.COMPLETED
+    transcript = job.result
+    assert transcript["steps"] == 4 and model_server.requests["agent"] == 4
+    assert [(c["step"], c["tool"], c["args"]) for c in transcript["tool_calls"]] == [
+        (n, "send_message", {"text": f"text-{n}"}) for n in (1, 2, 3)
+    ]
+    assert transcript["answer"].startswith("Finished after 3 tool calls")
+    assert [m["role"] for m in transcript["messages"]] == ["user"] + ["assistant", "user"] * 3 + [
+        "assistant"
+    ]
+    assert sorted(service.deliveries.values()) == [1, 1, 1]
+    assert transcript["usage"]["output_tokens"] > 0
+
+
+async def test_run_agent_killed_in_step_2_resumes_there_without_repeating_a_tool_call(
+    orc: Orchestrator, model_server: llm.LocalLLM, service: MessageService, dsn: str
+) -> None:
+    env = {
+        "ORCHESTRATOR_RETRY_CONFIG": str(CONFIG),
+        "TEST_MESSAGE_SERVICE_URL": service.url,
+        "ANTHROPIC_BASE_URL": model_server.url,
+        "ANTHROPIC_API_KEY": KEY,
+    }
+    app = "tests.job_types_app:orc"
+    async with orc:
+        with WorkerProcess(dsn, app, **env) as first:
+            twin = await orc.submit("run_agent", agent_task("twin"))
+            expected = (await finished(orc, twin)).result
+            service.hold("text-2")  # record step 2's message, then keep the request open
+            job_id = await orc.submit("run_agent", agent_task("agent"))
+            await asyncio.to_thread(service.held.wait, 30)
+            first.signal(signal.SIGKILL)  # the tool call happened; its step is not committed
+            assert first.wait() == -signal.SIGKILL
+            service.release()
+        assert model_server.requests["agent"] == 2  # steps 1 and 2 asked the model
+        with WorkerProcess(dsn, app, **env) as second:
+            job = await finished(orc, job_id)
+            assert job.status is Status.COMPLETED, second.output()[-3000:]
+        steps = await orc.job_steps(job_id)
+        events = await orc.job_events(job_id)
+    assert job.result == expected  # the same transcript as the uninterrupted twin
+    # Step 2's reply was committed when it arrived: the resumed step asked nothing again.
+    assert model_server.requests["agent"] == 4
+    step2 = f"{job_id}.2.tool1"
+    assert service.deliveries[step2] == 1  # the message was not sent again
+    [ledger] = [s for s in steps if s["invocation_id"] == step2]
+    assert ledger["status"] == "committed" and ledger["detail"]["reconciled"] is True
+    checkpoints = [(s["step"], s["attempt"]) for s in steps if s["kind"] == "checkpoint"]
+    assert checkpoints == [(1, 1), (2, 2), (3, 2), (4, 2)]
+    assert kinds(events).count("job.zombie_detected") == 1
+
+
+async def finished(orc: Orchestrator, job_id: UUID, timeout: float = 30) -> Any:
+    async def done() -> bool:
+        return (await orc.get_job(job_id)).finished_at is not None
+
+    await wait_for(done, timeout=timeout)
+    return await orc.get_job(job_id)
