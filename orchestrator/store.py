@@ -294,7 +294,12 @@ class JobStore:
     # -- liveness --------------------------------------------------------------------------
 
     async def heartbeat(
-        self, leases: dict[UUID, UUID], *, zombie_threshold: float, expiry_grace: float
+        self,
+        leases: dict[UUID, UUID],
+        *,
+        zombie_threshold: float,
+        expiry_grace: float,
+        conn: Conn | None = None,
     ) -> set[UUID]:
         """Refresh the heartbeats of these attempts (lease token -> job id) in one statement;
         returns the lease tokens still held."""
@@ -307,6 +312,7 @@ class JobStore:
                 "expiry_grace": expiry_grace,
                 "running": Status.RUNNING.value,
             },
+            conn,
         )
         return {row["lease_token"] for row in rows}
 

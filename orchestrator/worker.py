@@ -217,6 +217,7 @@ async def run_worker(
     heartbeats = Heartbeats(
         orc.store,
         orc.runner,
+        dsn=orc.dsn,
         interval=settings.heartbeat_interval,
         zombie_threshold=settings.zombie_threshold,
         expiry_grace=settings.job_expiry_grace_seconds,
