@@ -159,6 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.set_defaults(handler=cmd_approvals_decide, action=action)
 
     cmd = commands.add_parser("demo", help="run the demo scenario on the embedded database")
+    cmd.add_argument(
+        "--real-llm",
+        action="store_true",
+        help="run the agent against Anthropic's API (needs ANTHROPIC_API_KEY) instead of the"
+        " bundled local server",
+    )
+    cmd.add_argument("--model", default="claude-sonnet-4-5", help="the agent's model")
     cmd.set_defaults(handler=cmd_demo)
     return parser
 
@@ -433,4 +440,6 @@ def cmd_approvals_decide(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from orchestrator import demo
 
-    return asyncio.run(demo.main())
+    if args.real_llm and not os.environ.get("ANTHROPIC_API_KEY"):
+        raise UsageError("--real-llm needs ANTHROPIC_API_KEY in the environment")
+    return asyncio.run(demo.main(real_llm=args.real_llm, model=args.model))

@@ -188,3 +188,9 @@ def test_approvals_list_approve_and_reject(cli: Any, dsn: str) -> None:
     assert code == 2 and "already approved" in err
     code, out, _ = cli("status", ids[1][0])
     assert "FAILED" in out and "job.rejected" in out and "by bob: no" in out
+
+
+def test_demo_with_the_real_llm_needs_a_key(cli: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    code, _, err = cli("demo", "--real-llm")
+    assert code == 2 and "--real-llm needs ANTHROPIC_API_KEY" in err

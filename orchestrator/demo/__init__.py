@@ -10,6 +10,11 @@ worker is killed (SIGKILL). A second worker's zombie sweep finds the job, which 
 step 2: the ledger asks the message service, learns the notification arrived, and does not send
 it again.
 
+Part 3, an LLM agent: a ``run_agent`` job (one LLM reply and the tool calls it asks for per
+checkpointed step) against the bundled local Messages API server (orchestrator/demo/
+llm_server.py), or against Anthropic's API with ``--real-llm`` and ``ANTHROPIC_API_KEY``. Its
+tool, ``file_write``, writes under .orchestrator/demo-workspace.
+
 Each job's final state, history and steps are printed.
 """
 
@@ -27,11 +32,12 @@ from uuid import UUID
 import tasks
 from orchestrator.app import Orchestrator
 from orchestrator.cli import describe
-from orchestrator.demo import agent
+from orchestrator.demo import agent, llm_server
 from orchestrator.demo.peers import Peers, serve
 from orchestrator.settings import Settings
 
 CONFIG = Path(__file__).with_name("retry_config.toml")
+WORKSPACE = Path(".orchestrator") / "demo-workspace"
 #: Worker processes of part 2: heartbeats every 0.2 s, zombies after 2 s, a sweep every second.
 FAST = {
     "ORCHESTRATOR_HEARTBEAT_INTERVAL": "0.2",
@@ -42,7 +48,7 @@ FAST = {
 }
 
 
-async def main() -> int:
+async def main(*, real_llm: bool = False, model: str = "claude-sonnet-4-5") -> int:
     orc = Orchestrator(settings=Settings(retry_config=CONFIG, health_port=0))
     tasks.register_all(orc)
     agent.register(orc)
@@ -52,7 +58,37 @@ async def main() -> int:
         async with orc:
             await retries(orc, peers)
             await crash_and_recovery(orc, peers)
+            if real_llm:
+                await agent_run(orc, model, "Anthropic's API")
+            else:
+                with llm_server.serve() as local:
+                    os.environ["ANTHROPIC_BASE_URL"] = local.url
+                    os.environ.setdefault("ANTHROPIC_API_KEY", "local-demo-key")
+                    await agent_run(orc, model, f"the bundled local server at {local.url}")
     return 0
+
+
+async def agent_run(orc: Orchestrator, model: str, where: str) -> None:
+    print(f"#### Part 3: an LLM agent ({model}, {where})\n")
+    os.environ.setdefault("ORCHESTRATOR_TOOL_WORKSPACE", str(WORKSPACE))
+    prompt = (
+        "Write a three-line poem about retry budgets to poem.txt with the file_write tool, "
+        "then answer with the poem."
+    )
+    job_id = await orc.submit(
+        "run_agent", {"prompt": prompt, "model": model, "tools": ["file_write"], "max_steps": 6}
+    )
+    worker = asyncio.create_task(orc.run_worker(install_signal_handlers=False))
+    await until_finished(orc, [job_id], seconds=300)
+    worker.cancel()
+    await asyncio.gather(worker, return_exceptions=True)
+    await show(orc, "the LLM agent", job_id)
+    job = await orc.get_job(job_id)
+    if isinstance(job.result, dict):
+        for call in job.result["tool_calls"]:
+            print(f"step {call['step']}: {call['tool']}({call['args']}) -> {call['output']}")
+        print(f"answer: {job.result['answer']}")
+        print(f"tokens: {job.result['usage']}\n")
 
 
 async def retries(orc: Orchestrator, peers: Peers) -> None:
