@@ -7,7 +7,9 @@ a signing secret, an ``x-webhook-signature: sha256=<HMAC of the body>``.
 The call goes through ``ctx.http``: the job type's connect and total timeouts (see
 orchestrator.calls), httpx's own retries off, so the orchestrator's two layers are the only
 retries. A non-2xx response raises ``httpx.HTTPStatusError``, which the classifier maps by
-status and ``Retry-After``.
+status and ``Retry-After``. The output is ``{status, headers, body}``: the body parsed when the
+response says it is JSON, its text otherwise, None when empty. A body that claims to be JSON
+and is not is INVALID_OUTPUT (terminal, the text kept in the job's ``last_error``).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import hmac
 import json
 from typing import Any, Literal
 
+import httpx
 from pydantic import AnyHttpUrl, BaseModel, Field
 
-from orchestrator import JobContext, Orchestrator
+from orchestrator import InvalidOutput, JobContext, Orchestrator
 
 
 class HttpRequest(BaseModel):
@@ -45,11 +48,32 @@ async def perform(ctx: JobContext, request: HttpRequest) -> HttpResponse:
         content=request.body,
     )
     response.raise_for_status()
+    return HttpResponse(
+        status=response.status_code, headers=dict(response.headers), body=_body(response)
+    )
+
+
+def _body(response: httpx.Response) -> Any:
+    if not response.content:
+        return None  # HEAD, 204, and empty bodies of any type
+    if not _declares_json(response.headers.get("content-type", "")):
+        return response.text
     try:
-        body: Any = response.json()
-    except ValueError:
-        body = response.text
-    return HttpResponse(status=response.status_code, headers=dict(response.headers), body=body)
+        return response.json()
+    except ValueError as exc:
+        raise InvalidOutput(
+            f"{response.request.method} {response.request.url} answered "
+            f"{response.status_code} with a body that is not the JSON it declares: {exc}",
+            output=response.text,
+        ) from None
+
+
+def _declares_json(content_type: str) -> bool:
+    """application/json, and the +json family (application/problem+json, ...)."""
+    media = content_type.split(";")[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
 
 
 class Webhook(BaseModel):

@@ -8,22 +8,29 @@ the orchestrator's two layers are the only retries and each attempt makes exactl
 Errors classify by orchestrator.classification (429 and 529 TRANSIENT_APP with the server's
 ``retry-after`` honoured, 401/400 PERMANENT, connection errors TRANSIENT_INFRA).
 
+The reply is validated (seed 004's "validate LLM response"): its shape always, and, when the
+request gives an ``output_schema`` (a JSON Schema, checked at submit), its text must be JSON
+that the schema accepts; the parsed value is the result's ``output``. A reply that does not fit
+is INVALID_OUTPUT, terminal, its text kept in the job's ``last_error``.
+
 The API key is the secret ``ANTHROPIC_API_KEY`` (environment or mounted secret); the endpoint
 is ``ANTHROPIC_BASE_URL`` when set (the bundled local server, a proxy), else Anthropic's.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import anthropic
 import httpx2
+import jsonschema
 from anthropic.types import Message as SdkMessage
-from pydantic import BaseModel, Field, computed_field
+from pydantic import BaseModel, Field, computed_field, field_validator
 
-from orchestrator import JobContext, Orchestrator
+from orchestrator import InvalidOutput, JobContext, Orchestrator
 from orchestrator.calls import within_gaps
 
 API_KEY_SECRET = "ANTHROPIC_API_KEY"
@@ -40,6 +47,17 @@ class LlmRequest(BaseModel):
     max_tokens: int = Field(1024, gt=0)
     system: str | None = None
     temperature: float | None = Field(None, ge=0, le=1)
+    output_schema: dict[str, Any] | None = None  # JSON Schema the reply's text must meet
+
+    @field_validator("output_schema")
+    @classmethod
+    def _valid_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        if schema is not None:
+            try:
+                jsonschema.validators.validator_for(schema).check_schema(schema)
+            except jsonschema.SchemaError as exc:
+                raise ValueError(f"not a valid JSON Schema: {exc.message}") from None
+        return schema
 
 
 class Usage(BaseModel):
@@ -60,6 +78,31 @@ class LlmResponse(BaseModel):
     @property
     def text(self) -> str:
         return "".join(b.get("text", "") for b in self.content if b.get("type") == "text")
+
+
+class LlmResult(LlmResponse):
+    """``llm_generate``'s result: the reply, and its text parsed when a schema was given."""
+
+    output: Any = None
+
+    @classmethod
+    def checked(cls, reply: LlmResponse, schema: dict[str, Any] | None) -> LlmResult:
+        if schema is None:
+            return cls(**reply.model_dump(exclude={"text"}))
+        try:
+            output = json.loads(reply.text)
+            jsonschema.validators.validator_for(schema)(schema).validate(output)
+        except ValueError as exc:
+            problem = f"its text is not JSON ({exc})"
+        except jsonschema.ValidationError as exc:
+            where = "/".join(str(part) for part in exc.absolute_path) or "the top level"
+            problem = f"its JSON does not meet output_schema at {where}: {exc.message}"
+        else:
+            return cls(**reply.model_dump(exclude={"text"}), output=output)
+        raise InvalidOutput(
+            f"the reply of {reply.model} (stop_reason {reply.stop_reason}): {problem}",
+            output=reply.text,
+        )
 
 
 @dataclass
@@ -109,5 +152,6 @@ async def generate(ctx: JobContext, **params: Any) -> LlmResponse:
 
 def register(orc: Orchestrator) -> None:
     @orc.job_type("llm_generate")
-    async def llm_generate(ctx: JobContext, request: LlmRequest) -> LlmResponse:
-        return await generate(ctx, **request.model_dump(mode="json", exclude_none=True))
+    async def llm_generate(ctx: JobContext, request: LlmRequest) -> LlmResult:
+        params = request.model_dump(mode="json", exclude_none=True, exclude={"output_schema"})
+        return LlmResult.checked(await generate(ctx, **params), request.output_schema)

@@ -1,7 +1,8 @@
 """Plain HTTP peers on 127.0.0.1 for the job-type tests, one server, scripted per path:
 
-    ANY  /status/<name>            the next scripted answer of <name> (status, Retry-After);
-                                   once the script is used up, 200 {"ok": true}
+    ANY  /status/<name>            the next scripted answer of <name>: a status, (status,
+                                   Retry-After), Slow(seconds) or MALFORMED (200, JSON declared,
+                                   not JSON); once the script is used up, 200 {"ok": true}
     POST /hooks/<name>             a webhook receiver: records the body and headers, then
                                    answers like /status/<name>
     POST /bot<token>/sendMessage   Telegram's Bot API: 401 for a token other than TOKEN;
@@ -9,14 +10,17 @@
                                    "ok" | ("429", retry_after) | ("400", description) |
                                    ("500", _) in Telegram's {"ok": false, ...} shape
 
-Every request is counted by its script name.
+Every request is counted by its script name. ``refused_url`` is a port on which nothing
+listens (a bound socket that never accepts): connecting is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import threading
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,11 +28,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 TOKEN = "123456:telegram-test-token"
+MALFORMED = "malformed"
+
+
+@dataclass(frozen=True)
+class Slow:
+    seconds: float  # then 200
 
 
 @dataclass
 class Peers:
     url: str = ""
+    refused_url: str = ""
     requests: Counter[str] = field(default_factory=Counter)
     received: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     scripts: dict[str, list[Any]] = field(default_factory=dict)
@@ -70,6 +81,11 @@ def serve() -> Iterator[Peers]:
             elif kind != "status":
                 return self._reply(404, {"error": "not found"})
             answer = peers.next(name)
+            if isinstance(answer, Slow):
+                time.sleep(answer.seconds)
+                answer = None
+            if answer == MALFORMED:
+                return self._reply(200, '{"ok": tr', raw=True)
             status, retry_after = answer if isinstance(answer, tuple) else (answer or 200, None)
             headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
             self._reply(status, {"ok": status < 400, "request": peers.requests[name]}, headers)
@@ -98,8 +114,15 @@ def serve() -> Iterator[Peers]:
 
         do_GET = do_POST = do_PUT = _answer
 
-        def _reply(self, status: int, body: object, headers: dict[str, str] | None = None) -> None:
-            data = json.dumps(body).encode()
+        def _reply(
+            self,
+            status: int,
+            body: object,
+            headers: dict[str, str] | None = None,
+            *,
+            raw: bool = False,
+        ) -> None:
+            data = str(body).encode() if raw else json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
@@ -113,12 +136,16 @@ def serve() -> Iterator[Peers]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    refusing = socket.socket()
+    refusing.bind(("127.0.0.1", 0))
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     peers.url = f"http://127.0.0.1:{server.server_address[1]}"
+    peers.refused_url = f"http://127.0.0.1:{refusing.getsockname()[1]}"
     try:
         yield peers
     finally:
+        refusing.close()
         server.shutdown()
         server.server_close()

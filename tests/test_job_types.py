@@ -91,17 +91,6 @@ def kinds(events: list[JobEvent]) -> list[str]:
 # -- http_request and webhook_dispatch --------------------------------------------------------
 
 
-async def test_http_503_honours_retry_after_then_completes(
-    orc: Orchestrator, peers: http_peers.Peers
-) -> None:
-    peers.script("busy", [(503, 1)])
-    job_id = await run(orc, "http_request", {"url": f"{peers.url}/status/busy"})
-    job, events = await orc.get_job(job_id), await orc.job_events(job_id)
-    assert job.status is Status.COMPLETED and job.result["status"] == 200
-    assert failures(events) == [("TRANSIENT_APP", "HTTP_503", "app", 1000.0)]
-    assert peers.requests["busy"] == 2  # one request per attempt
-
-
 async def test_http_429_retry_after_is_capped(orc: Orchestrator, peers: http_peers.Peers) -> None:
     peers.script("limited", [(429, 3600)])
     job_id = await run(orc, "http_request", {"url": f"{peers.url}/status/limited"})
@@ -180,6 +169,112 @@ async def test_unknown_job_payload_is_refused_at_submit(orc: Orchestrator) -> No
             await orc.submit("execute_tool", {"tool": "nope"})
         with pytest.raises(InvalidPayload, match="unknown tools"):
             await orc.submit("run_agent", {"prompt": "hi", "model": "m", "tools": ["nope"]})
+
+
+# -- each failure class of each HTTP-based type -----------------------------------------------
+
+APPROVAL_ID = "0192f1b0-0000-7000-8000-000000000001"
+
+#: job type -> payload addressing the peer's script ``name`` on ``base``.
+HTTP_TYPES: dict[str, Callable[[str, str], dict[str, Any]]] = {
+    "http_request": lambda base, name: {"url": f"{base}/status/{name}"},
+    "webhook_dispatch": lambda base, name: {"url": f"{base}/hooks/{name}", "event": "order.paid"},
+    "send_notification": lambda base, name: {
+        "channel": "webhook", "url": f"{base}/hooks/{name}", "text": "deploy finished"
+    },
+    "approval_notify": lambda base, name: {
+        "target": {"channel": "webhook", "url": f"{base}/hooks/{name}"},
+        "approval_id": APPROVAL_ID, "question": "Deploy?",
+    },
+}  # fmt: skip
+NOTIFICATIONS = {"send_notification", "approval_notify"}  # app budget 1, 1 run, a fallback
+INFRA_CODE = "CONNECT_ERROR"
+
+
+def expected_failures(job_type: str, case: str) -> tuple[Status, list[Any]]:
+    """Seed 004's decision tree with tests/job_types.toml's numbers: backoff 50 ms doubling,
+    app budget 2 (notifications 1), 2 runs per dispatch (notifications 1)."""
+    notification = job_type in NOTIFICATIONS
+    app, infra = "TRANSIENT_APP", "TRANSIENT_INFRA"
+    match case:
+        case "503-retry-after":  # the server's hint honoured
+            return Status.COMPLETED, [(app, "HTTP_503", "app", 1000.0)]
+        case "response-timeout":  # connected, no answer within call_timeout_ms
+            return Status.COMPLETED, [(app, "RESPONSE_TIMEOUT", "app", 50.0)]
+        case "400":
+            return Status.FAILED, [("PERMANENT", "HTTP_400", None, None)]
+        case "503-exhausted":
+            retries = [
+                (app, "HTTP_503", "app", 50.0 * 2**n) for n in range(1 if notification else 2)
+            ]
+            return Status.FAILED, [*retries, (app, "HTTP_503", None, None)]
+        case "connection-refused":  # the Graphile formula, then FAILED on the last run
+            runs = [] if notification else [(infra, INFRA_CODE, "infra", pytest.approx(2718.282))]
+            return Status.FAILED, [*runs, (infra, INFRA_CODE, None, None)]
+        case "malformed-json":
+            return Status.FAILED, [("INVALID_OUTPUT", "OUTPUT_INVALID", None, None)]
+    raise AssertionError(case)
+
+
+SCRIPTS: dict[str, list[Any]] = {
+    "503-retry-after": [(503, 1)],
+    "response-timeout": [http_peers.Slow(1.5)],
+    "400": [400],
+    "503-exhausted": [503] * 5,
+    "connection-refused": [],
+    "malformed-json": [http_peers.MALFORMED],
+}
+FAILURE_CASES = [
+    (job_type, case)
+    for job_type in HTTP_TYPES
+    for case in SCRIPTS
+    if not (case == "malformed-json" and job_type in NOTIFICATIONS)  # no output to validate
+]
+
+
+@pytest.mark.parametrize(("job_type", "case"), FAILURE_CASES, ids=map("/".join, FAILURE_CASES))
+async def test_each_failure_class_reaches_the_state_and_delay_the_seed_says(
+    orc: Orchestrator, peers: http_peers.Peers, job_type: str, case: str
+) -> None:
+    peers.script(case, SCRIPTS[case])
+    base = peers.refused_url if case == "connection-refused" else peers.url
+    job_id = await run(orc, job_type, HTTP_TYPES[job_type](base, case))
+    job, events = await orc.get_job(job_id), await orc.job_events(job_id)
+    status, expected = expected_failures(job_type, case)
+    assert (job.status, failures(events)) == (status, expected)
+    attempts = len(expected) + (status is Status.COMPLETED)
+    assert peers.requests[case] == (0 if case == "connection-refused" else attempts)
+    if status is Status.FAILED:
+        degraded = events[-1]
+        assert degraded.kind == "job.degraded"
+        fallback = job_type in NOTIFICATIONS  # a notification's content is logged, no escalation
+        assert degraded.payload["action"] == ("fallback" if fallback else "notify_human")
+    if case == "malformed-json":
+        assert job.last_error is not None and job.last_error.output == '{"ok": tr'
+
+
+@pytest.mark.parametrize(
+    ("answer", "token", "code"),
+    [(("400", "Bad Request: chat not found"), http_peers.TOKEN, "TELEGRAM_400"),
+     ("ok", "999:wrong-token", "TELEGRAM_401")],
+    ids=["chat-not-found", "bad-token"],
+)  # fmt: skip
+async def test_telegram_client_errors_are_permanent_and_take_the_fallback(
+    orc: Orchestrator,
+    peers: http_peers.Peers,
+    monkeypatch: pytest.MonkeyPatch,
+    answer: Any,
+    token: str,
+    code: str,
+) -> None:
+    monkeypatch.setenv("TELEGRAM_BOT_TOKEN", token)
+    peers.script("telegram:9", [answer])
+    job_id = await run(orc, "send_notification", telegram("9") | {"base_url": peers.url})
+    job, events = await orc.get_job(job_id), await orc.job_events(job_id)
+    assert job.status is Status.FAILED
+    assert failures(events) == [("PERMANENT", code, None, None)]
+    assert events[-1].kind == "job.degraded" and events[-1].payload["action"] == "fallback"
+    assert job.last_error is not None and token not in job.last_error.message
 
 
 # -- llm_generate -----------------------------------------------------------------------------
