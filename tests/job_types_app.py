@@ -82,6 +82,17 @@ async def denied(ctx: JobContext, args: Query, invocation_id: str) -> Answer:
     raise PermissionError(errno.EACCES, "Permission denied", "/etc/shadow")
 
 
+FLAKY_CALLS: dict[str, int] = {}
+
+
+@TOOLS.tool("flaky", description="The network drops the first call.", idempotent=True)
+async def flaky(ctx: JobContext, args: Query, invocation_id: str) -> Answer:
+    FLAKY_CALLS[args.query] = FLAKY_CALLS.get(args.query, 0) + 1
+    if FLAKY_CALLS[args.query] == 1:
+        raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+    return Answer(answer=f"answer to {args.query}")
+
+
 def register(orc: Orchestrator) -> None:
     tasks.register_all(orc, tool_registry=TOOLS)
 

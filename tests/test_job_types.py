@@ -2,7 +2,8 @@
 SDK against the local Messages API server, httpx against plain HTTP endpoints, a webhook
 receiver and a Telegram-style bot API. Each failure class reaches the state seed 004's decision
 tree says, with the delay it says, read from the job's events; limits shortened in
-tests/job_types.toml (backoff 50 ms doubling, cap 3 s, no jitter)."""
+tests/job_types.toml (backoff 50 ms doubling, cap 3 s, no jitter, HTTP and notification calls
+1 s)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import json
 import signal
 from collections.abc import Callable, Iterator
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import psycopg
 import pytest
@@ -369,6 +370,60 @@ async def test_llm_server_error_is_infrastructure(
     assert model_server.requests["e"] == 2
 
 
+SCHEMA = {
+    "type": "object",
+    "required": ["severity"],
+    "properties": {"severity": {"enum": [1, 2, 3]}},
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [('{"severity": 2}', None),
+     ("Severity: two", "its text is not JSON"),
+     ('{"severity": 7}', "does not meet output_schema at severity: 7 is not one of [1, 2, 3]")],
+    ids=["fits", "not-json", "off-schema"],
+)  # fmt: skip
+async def test_llm_reply_is_validated_against_the_output_schema(
+    orc: Orchestrator, model_server: llm.LocalLLM, text: str, problem: str | None
+) -> None:
+    model_server.script("s", [llm.Text(text)])
+    job_id = await run(orc, "llm_generate", ask("s") | {"output_schema": SCHEMA})
+    job, events = await orc.get_job(job_id), await orc.job_events(job_id)
+    assert model_server.requests["s"] == 1
+    assert "output_schema" not in model_server.last_body("s")  # checked here, not sent
+    if problem is None:
+        assert job.status is Status.COMPLETED and job.result["output"] == {"severity": 2}
+        return
+    assert job.status is Status.FAILED
+    assert failures(events) == [("INVALID_OUTPUT", "OUTPUT_INVALID", None, None)]
+    assert job.last_error is not None and job.last_error.output == text
+    assert problem in job.last_error.message
+
+
+async def test_llm_output_schema_that_is_not_a_schema_is_refused_at_submit(
+    orc: Orchestrator,
+) -> None:
+    async with orc:
+        with pytest.raises(InvalidPayload, match="not a valid JSON Schema"):
+            await orc.submit("llm_generate", ask("s") | {"output_schema": {"type": "thing"}})
+
+
+async def test_llm_unreachable_is_infrastructure_then_fails_on_the_last_run(
+    orc: Orchestrator, peers: http_peers.Peers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", peers.refused_url)
+    job_id = await run(orc, "llm_generate", ask("m"))
+    job, events = await orc.get_job(job_id), await orc.job_events(job_id)
+    assert job.status is Status.FAILED
+    infra = "TRANSIENT_INFRA"
+    assert failures(events) == [
+        (infra, "LLM_CONNECTION_ERROR", "infra", pytest.approx(2718.282)),
+        (infra, "LLM_CONNECTION_ERROR", None, None),
+    ]
+
+
 async def test_an_api_key_echoed_in_an_error_is_redacted_from_what_is_stored(
     orc: Orchestrator, model_server: llm.LocalLLM
 ) -> None:
@@ -401,6 +456,17 @@ async def test_tool_timeout_is_the_tools_own_and_transient(orc: Orchestrator) ->
     assert job.status is Status.FAILED and job.last_error is not None
     assert "tool 'slow' timed out after 0.2 seconds" in job.last_error.message
     assert events[-1].payload["message"].startswith("Tool execution failed after all retries")
+
+
+async def test_a_dropped_connection_in_a_tool_is_retried_by_the_infrastructure_layer(
+    orc: Orchestrator,
+) -> None:
+    job_id = await run(orc, "execute_tool", {"tool": "flaky", "args": {"query": uuid4().hex}})
+    job, events = await orc.get_job(job_id), await orc.job_events(job_id)
+    assert job.status is Status.COMPLETED and job.retry_count == 0
+    [(classification, code, layer, backoff)] = failures(events)
+    assert (classification, code, layer) == ("TRANSIENT_INFRA", "ECONNRESET", "infra")
+    assert backoff == pytest.approx(2718.282, abs=1)  # exp(min(10, 1)) s
 
 
 async def test_tool_permission_denied_is_permanent(orc: Orchestrator) -> None:
@@ -531,6 +597,58 @@ async def test_run_agent_killed_in_step_2_resumes_there_without_repeating_a_tool
     checkpoints = [(s["step"], s["attempt"]) for s in steps if s["kind"] == "checkpoint"]
     assert checkpoints == [(1, 1), (2, 2), (3, 2), (4, 2)]
     assert kinds(events).count("job.zombie_detected") == 1
+
+
+@pytest.mark.parametrize(
+    ("trouble", "code", "backoff"),
+    [(llm.Status(429, "rate_limit_error", retry_after="1"), "LLM_RATE_LIMITED", 1000.0),
+     (llm.Stall(after_chunks=1), "STREAM_STALLED", 50.0)],
+    ids=["429", "stalled-stream"],
+)  # fmt: skip
+async def test_run_agent_retries_a_step_from_its_checkpoint(
+    orc: Orchestrator,
+    model_server: llm.LocalLLM,
+    service: MessageService,
+    trouble: Any,
+    code: str,
+    backoff: float,
+) -> None:
+    step1 = llm.ToolUse("send_message", {"text": "hello"})
+    model_server.script("m", [step1, trouble, llm.Text("Told them.")])
+    job_id = await run(orc, "run_agent", agent_task("m"))
+    job, events = await orc.get_job(job_id), await orc.job_events(job_id)
+    assert job.status is Status.COMPLETED and job.result["answer"] == "Told them."
+    assert failures(events) == [("TRANSIENT_APP", code, "app", backoff)]
+    assert model_server.requests["m"] == 3  # step 1 once, step 2 twice
+    assert service.deliveries == {f"{job_id}.1.tool1": 1}  # step 1's call not repeated
+    steps = await orc.job_steps(job_id)
+    checkpoints = [(s["step"], s["attempt"]) for s in steps if s["kind"] == "checkpoint"]
+    assert checkpoints == [(1, 1), (2, 2)]  # step 2 retried in attempt 2, step 1 kept
+
+
+@pytest.mark.parametrize(
+    ("script", "tools", "failure"),
+    [([llm.Status(400, "invalid_request_error")], ["send_message"],
+      ("PERMANENT", "LLM_BAD_REQUEST", None, None)),
+     ([llm.Status(500, "api_error")], ["send_message"],  # the type's one run: FAILED at once
+      ("TRANSIENT_INFRA", "LLM_SERVER_ERROR", None, None)),
+     ([llm.ToolUse("bad_output", {"query": "q"})], ["bad_output"],
+      ("INVALID_OUTPUT", "OUTPUT_INVALID", None, None))],
+    ids=["llm-400", "llm-500-last-run", "tool-output-invalid"],
+)  # fmt: skip
+async def test_run_agent_terminal_failures(
+    orc: Orchestrator,
+    model_server: llm.LocalLLM,
+    script: list[Any],
+    tools: list[str],
+    failure: tuple[Any, ...],
+) -> None:
+    model_server.script("m", script)
+    job_id = await run(orc, "run_agent", agent_task("m") | {"tools": tools})
+    job, events = await orc.get_job(job_id), await orc.job_events(job_id)
+    assert job.status is Status.FAILED and failures(events) == [failure]
+    assert model_server.requests["m"] == 1
+    assert events[-1].kind == "job.degraded" and events[-1].payload["action"] == "notify_human"
 
 
 async def finished(orc: Orchestrator, job_id: UUID, timeout: float = 30) -> Any:
