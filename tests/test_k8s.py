@@ -337,6 +337,22 @@ def test_the_database_url_comes_from_the_documented_secret_which_is_not_applied(
     )  # fmt: skip
 
 
+def test_job_type_secrets_are_mounted_where_the_worker_reads_them() -> None:
+    worker = find(BASE_DOCS, "Deployment")
+    volumes = {v["name"]: v for v in worker["spec"]["template"]["spec"]["volumes"]}
+    [mount] = [m for m in container(worker)["volumeMounts"] if m["name"] == "job-secrets"]
+    assert Path(mount["mountPath"]) == Settings.model_fields["secrets_dir"].default
+    assert mount["readOnly"] is True and "ORCHESTRATOR_SECRETS_DIR" not in env(worker)
+    secret = volumes["job-secrets"]["secret"]
+    assert secret["secretName"] == "orchestrator-job-secrets" and not secret.get("optional")
+    kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    assert "job-secrets.example.yaml" not in kustomization["resources"]
+    (example,) = check.parse((BASE / "job-secrets.example.yaml").read_text())
+    assert check.schema_problems(example) == []
+    assert example["metadata"]["name"] == "orchestrator-job-secrets"
+    assert set(example["stringData"]) == {"ANTHROPIC_API_KEY", "TELEGRAM_BOT_TOKEN"}
+
+
 def test_the_pdb_selects_the_workers_only() -> None:
     pdb, worker = find(BASE_DOCS, "PodDisruptionBudget"), find(BASE_DOCS, "Deployment")
     selector = pdb["spec"]["selector"]["matchLabels"]
