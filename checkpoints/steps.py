@@ -142,9 +142,12 @@ class Step(Generic[S]):
         details: Any = None,
         key: str = "approval",
         on_reject: Literal["fail", "resume"] = "fail",
+        notify: dict[str, Any] | None = None,
     ) -> Decision:
-        """Ask a human before going on. The first time, the job stops here (WAITING_APPROVAL);
-        once decided it resumes from the last checkpoint, this step runs again, and this call
+        """Ask a human before going on. The first time, the job stops here (WAITING_APPROVAL)
+        and a notice goes out (an ``approval_notify`` job to ``notify``, a channel target, or
+        else to the configured approval target), submitted in the same transaction; once
+        decided the job resumes from the last checkpoint, this step runs again, and this call
         returns the decision. A rejection fails the job unless ``on_reject="resume"``."""
         fence = self._ledger.fence
         asked = await self._approvals.step_approval(fence.job_id, self.number, key)
@@ -157,7 +160,7 @@ class Step(Generic[S]):
         await self._approvals.request_approval(
             fence, approval_id=approval_id, step=self.number, key=key, question=question,
             details=details if details is not None else {}, on_reject=on_reject,
-            expires_in=expires_in.total_seconds(),
+            expires_in=expires_in.total_seconds(), notify=notify,
         )  # fmt: skip
         raise AwaitingApproval(approval_id)
 

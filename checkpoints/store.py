@@ -6,6 +6,7 @@ Each method is one round trip; a write whose lease was superseded matches nothin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, LiteralString
 from uuid import UUID
@@ -50,10 +51,16 @@ class LedgerEntry:
     result: Any
 
 
+#: (job id, approval id, question, target or None) -> the submit row of the approval's notice,
+#: or None when nobody is to be told (orchestrator.approvals.ApprovalNotices).
+Notice = Callable[..., dict[str, Any] | None]
+
+
 class CheckpointStore:
-    def __init__(self, pool: AsyncConnectionPool) -> None:
+    def __init__(self, pool: AsyncConnectionPool, notice: Notice | None = None) -> None:
         self.pool = pool
         self.jobs = JobStore(pool)
+        self.notice = notice
 
     async def _rows(self, name: LiteralString, params: dict[str, Any]) -> list[dict[str, Any]]:
         async with self.pool.connection() as conn:
@@ -132,22 +139,36 @@ class CheckpointStore:
         details: Any,
         on_reject: str,
         expires_in: float,
-    ) -> None:
-        rows = await self._rows(
-            "request_approval",
-            {
-                "job_id": fence.job_id,
-                "lease_token": fence.lease_token,
-                "target": Status.WAITING_APPROVAL.value,
-                "sources": states.sources_of(Status.WAITING_APPROVAL),
-                "approval_id": approval_id,
-                "step": step,
-                "key": key,
-                "question": question,
-                "details": Jsonb(details),
-                "on_reject": on_reject,
-                "expires_in": expires_in,
-            },
-        )
+        notify: dict[str, Any] | None = None,
+    ) -> UUID | None:
+        """WAITING_APPROVAL, and the approval's notice submitted in the same transaction;
+        returns the notice's job id."""
+        notice = None
+        if self.notice is not None:
+            notice = self.notice(
+                job_id=fence.job_id, approval_id=approval_id, question=question, target=notify
+            )
+        async with self.pool.connection() as conn, conn.transaction():
+            rows = await self.jobs.rows(
+                "request_approval",
+                {
+                    "job_id": fence.job_id,
+                    "lease_token": fence.lease_token,
+                    "target": Status.WAITING_APPROVAL.value,
+                    "sources": states.sources_of(Status.WAITING_APPROVAL),
+                    "approval_id": approval_id,
+                    "step": step,
+                    "key": key,
+                    "question": question,
+                    "details": Jsonb(details),
+                    "on_reject": on_reject,
+                    "expires_in": expires_in,
+                    "notice_job_id": notice["id"] if notice else None,
+                },
+                conn,
+            )
+            if rows and notice:
+                await self.jobs.submit([notice], connection=conn)
         if not rows:
             raise await self.jobs.refusal(fence.job_id, Status.WAITING_APPROVAL, fence.lease_token)
+        return UUID(notice["id"]) if notice else None

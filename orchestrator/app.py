@@ -107,6 +107,13 @@ class Orchestrator:
                 _spec(job_type=job_type, payload=payload)
             ),
         )
+        self.approval_notices = approvals.ApprovalNotices(
+            job_type=self.settings.approval_job_type,
+            target=self.settings.approval_target or self.settings.escalation_target,
+            submit_row=lambda job_type, payload: self._row(
+                _spec(job_type=job_type, payload=payload)
+            ),
+        )
         maintenance.register(self)
 
     # -- definition ------------------------------------------------------------------------
@@ -166,7 +173,7 @@ class Orchestrator:
         await connector.open_async(pool)
         self._pool = pool
         self._store = JobStore(pool)
-        self._checkpoints = CheckpointStore(pool)
+        self._checkpoints = CheckpointStore(pool, notice=self.approval_notices)
         self._runner = AttemptRunner(
             store=self._store,
             checkpoints=self._checkpoints,
@@ -358,6 +365,14 @@ class Orchestrator:
             raise ConfigError(
                 f"ORCHESTRATOR_ESCALATION_TARGET cannot be submitted as a "
                 f"{self.settings.escalation_job_type!r} job: {exc}"
+            ) from None
+        try:
+            self.approval_notices.check()
+        except SubmitError as exc:
+            which = "APPROVAL" if self.settings.approval_target else "ESCALATION"
+            raise ConfigError(
+                f"ORCHESTRATOR_{which}_TARGET cannot be submitted as an approval notice "
+                f"({self.settings.approval_job_type!r} job): {exc}"
             ) from None
         await run_worker(
             self,

@@ -8,24 +8,79 @@ in one transaction with the approval and its job locked:
     rejected, on_reject="fail"       -> job.rejected, then FAILED with a dead letter
     expired (by the periodic task)   -> as rejected, with job.approval_expired
 
-Every decision records who decided and why.
+Every decision records who decided and why. A person hears of a waiting approval through its
+notice (:class:`ApprovalNotices`): an ``approval_notify`` job submitted in the transaction that
+makes the job WAITING_APPROVAL, so an approval never waits unannounced because of a crash.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from orchestrator.errors import ApprovalError, InvalidTransition
+from orchestrator.errors import ApprovalError, InvalidTransition, PermanentError, SubmitError
 from orchestrator.states import Status
 from orchestrator.store import Conn, JobStore, dispatch_params
 
 DecisionKind = Literal["approved", "rejected", "expired"]
 EVENT = {"approved": "job.approved", "rejected": "job.rejected", "expired": "job.approval_expired"}
 EXPIRED_BY = "expire_approvals"
+
+logger = logging.getLogger("orchestrator.approvals")
+
+
+class ApprovalNotices:
+    """Builds the notice of a waiting approval: a ``job_type`` job to the step's own target, or
+    else to the configured one; None (and a warning) when there is neither."""
+
+    def __init__(
+        self,
+        *,
+        job_type: str,
+        target: dict[str, Any] | None,
+        submit_row: Callable[[str, Any], dict[str, Any]],
+    ) -> None:
+        self.job_type = job_type
+        self.target = target
+        self.submit_row = submit_row  # (job type, payload) -> a validated submit row
+
+    def __call__(
+        self,
+        *,
+        job_id: UUID,
+        approval_id: UUID,
+        question: str,
+        target: dict[str, Any] | None = None,
+    ) -> dict[str, Any] | None:
+        target = target if target is not None else self.target
+        if target is None:
+            logger.warning(
+                "job %s waits for approval %s; no approval target, nobody notified",
+                job_id, approval_id,
+            )  # fmt: skip
+            return None
+        payload = {"target": target, "approval_id": str(approval_id), "question": question,
+                   "job_id": str(job_id)}  # fmt: skip
+        try:
+            return self.submit_row(self.job_type, payload)
+        except SubmitError as exc:
+            raise PermanentError(
+                f"the approval's notice cannot be submitted: {exc}", code="APPROVAL_NOTICE_INVALID"
+            ) from None
+
+    def check(self) -> None:
+        """Refuse to start a worker whose approval notices could never be submitted."""
+        if self.target is not None:
+            nil = "00000000-0000-0000-0000-000000000000"
+            self.submit_row(
+                self.job_type,
+                {"target": self.target, "approval_id": nil, "question": "check", "job_id": nil},
+            )
 
 
 async def decide(

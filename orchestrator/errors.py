@@ -1,7 +1,10 @@
 """Every exception the orchestrator raises or understands, in one tree.
 
+ConfigError                        CONFIG_INVALID, a ValueError, defined by retry_config (which
+                                   cannot depend on this package): the retry config, a setting or
+                                   a target that cannot be used; the message names what and where
+
 OrchestratorError                  base; every subclass carries a stable ``code``
-├── ConfigError                    retry config unreadable or invalid (names file, type, field)
 ├── SubmitError                    a submit was refused; nothing was stored
 │   ├── UnknownJobType
 │   └── InvalidPayload
@@ -25,13 +28,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from retry_config import ConfigError as ConfigError  # re-exported: one class for every config error
+
 
 class OrchestratorError(Exception):
     code = "ORC_ERROR"
-
-
-class ConfigError(OrchestratorError):
-    code = "CONFIG_INVALID"
 
 
 class SubmitError(OrchestratorError):

@@ -18,7 +18,7 @@ Kinds and their payloads (seed 000's vocabulary; ``run_id`` is the attempt's lea
     job.redispatched     {lost_procrastinate_job_id, lost_procrastinate_status}
     job.zombie_detected  {attempt, worker, last_heartbeat, threshold_seconds, reason}
     job.checkpointed     {step, effects_committed}
-    job.waiting_approval {approval_id, step, question, expires_at}
+    job.waiting_approval {approval_id, step, question, expires_at, notice_job_id}
     job.approved | job.rejected | job.approval_expired   {approval_id, step, decided_by, reason,
                                                           on_reject}
 

@@ -42,6 +42,15 @@ class Settings(BaseSettings):
     escalation_job_type: str = Field(
         "send_notification", description="The job type that carries human notifications."
     )
+    approval_target: dict[str, Any] | None = Field(
+        None,
+        description="Where a waiting approval is announced: the target of an approval_job_type"
+        ' job, e.g. {"channel": "telegram", "chat_id": 42} (JSON); unset: escalation_target;'
+        " both unset: approvals are only listed (orchestrator approvals list).",
+    )
+    approval_job_type: str = Field(
+        "approval_notify", description="The job type that tells a person an approval waits."
+    )
     pool_min_size: int = Field(2, ge=1, description="Connections the pool keeps open.")
     pool_max_size: int = Field(
         10, ge=1, description="Connections the pool may open (the worker's default concurrency)."

@@ -38,6 +38,7 @@ class Plan(BaseModel):
     approval_at: int | None = None
     on_reject: Literal["fail", "resume"] = "fail"
     approval_expires_in: float = 3600
+    approval_notify: dict[str, Any] | None = None  # the step's own notice target
     step_seconds: float = 0.0  # time each step takes before its checkpoint
     slow_step: int | None = None  # in the job's first attempt, this step takes slow_seconds
     slow_seconds: float = 30.0
@@ -79,6 +80,7 @@ def register(orc: Orchestrator) -> None:
                     expires_in=timedelta(seconds=plan.approval_expires_in),
                     details={"step": n},
                     on_reject=plan.on_reject,
+                    notify=plan.approval_notify,
                 )
                 line += f" {decision.status} by {decision.decided_by}"
             if n in plan.send_at:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 from uuid import UUID
@@ -9,9 +10,10 @@ from uuid import UUID
 import psycopg
 import pytest
 
-from orchestrator import ApprovalError, Orchestrator, Status
+import tasks
+from orchestrator import ApprovalError, ConfigError, Orchestrator, Status
 from orchestrator.maintenance import run_prune
-from tests import agent_app
+from tests import agent_app, http_peers
 from tests.conftest import WorkerRun, wait_for
 from tests.external import MessageService, message_service
 
@@ -165,3 +167,79 @@ async def test_retention_prunes_finished_jobs_in_bounded_batches(
             assert await orc.job_steps(job_id) == []
             assert (await orc.get_job(job_id)).status is Status.COMPLETED  # the job stays
         assert len(await orc.job_steps(recent)) == 5
+
+
+# -- the notice that tells a person an approval waits ----------------------------------------
+
+
+@pytest.fixture
+def peers() -> Iterator[http_peers.Peers]:
+    with http_peers.serve() as p:
+        yield p
+
+
+def announcing(make_orc: Callable[..., Orchestrator], **settings: Any) -> Orchestrator:
+    orc = make_orc(**settings)
+    tasks.register_all(orc)
+    agent_app.register(orc)
+    return orc
+
+
+async def test_a_waiting_approval_is_announced_in_the_same_transaction(
+    make_orc: Callable[..., Orchestrator],
+    peers: http_peers.Peers,
+    service: MessageService,
+    db: psycopg.AsyncConnection[Any],
+) -> None:
+    orc = announcing(
+        make_orc, approval_target={"channel": "webhook", "url": f"{peers.url}/hooks/ops"}
+    )
+    async with WorkerRun(orc):
+        job_id = await orc.submit("agent", plan(service))
+        approval = await waiting_for_approval(orc, job_id)
+        [waiting] = [e for e in await orc.job_events(job_id) if e.kind == "job.waiting_approval"]
+        notice_id = UUID(waiting.payload["notice_job_id"])
+        cur = await db.execute(
+            "SELECT count(DISTINCT xmin::text) FROM orc_job_events"
+            " WHERE (job_id, kind) IN ((%s, 'job.waiting_approval'), (%s, 'job.created'))",
+            [job_id, notice_id],
+        )
+        assert (await cur.fetchone()) == (1,)  # one transaction wrote both
+        notice = await finished(orc, notice_id)
+        assert (notice.job_type, notice.status) == ("approval_notify", Status.COMPLETED)
+        [received] = peers.received["ops"]
+        text = json.loads(received["body"])["text"]
+        assert "go on with step 2?" in text and f"approvals approve {approval['id']}" in text
+        assert json.loads(received["body"])["about_job_id"] == str(job_id)
+        await orc.approve(approval["id"], by="alice", reason="fine")
+        assert (await finished(orc, job_id)).status is Status.COMPLETED
+    assert len(peers.received["ops"]) == 1  # the resumed step did not announce it again
+
+
+async def test_a_step_names_its_own_approvers_and_without_any_target_nobody_is_told(
+    make_orc: Callable[..., Orchestrator], peers: http_peers.Peers, service: MessageService
+) -> None:
+    orc = announcing(make_orc)  # neither an approval nor an escalation target
+    team = {"channel": "webhook", "url": f"{peers.url}/hooks/team"}
+    async with WorkerRun(orc):
+        told = await orc.submit("agent", plan(service, approval_notify=team))
+        untold = await orc.submit("agent", plan(service))
+        for job_id, expected in ((told, 1), (untold, 0)):
+            await waiting_for_approval(orc, job_id)
+            [event] = [e for e in await orc.job_events(job_id) if e.kind == "job.waiting_approval"]
+            assert (event.payload["notice_job_id"] is not None) == bool(expected)
+
+        async def delivered() -> bool:
+            return len(peers.received["team"]) == 1
+
+        await wait_for(delivered)
+    assert json.loads(peers.received["team"][0]["body"])["about_job_id"] == str(told)
+
+
+async def test_a_worker_refuses_to_start_when_approval_notices_cannot_be_submitted(
+    make_orc: Callable[..., Orchestrator],
+) -> None:
+    orc = announcing(make_orc, approval_target={"channel": "pager", "number": "1"})
+    async with orc:
+        with pytest.raises(ConfigError, match="ORCHESTRATOR_APPROVAL_TARGET cannot be submitted"):
+            await orc.run_worker(install_signal_handlers=False)

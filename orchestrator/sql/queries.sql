@@ -400,7 +400,8 @@ SELECT * FROM orc_approvals
 
 -- request_approval --
 -- The attempt stops and waits: WAITING_APPROVAL (lease released) with its approval record and a
--- job.waiting_approval event, in one statement.
+-- job.waiting_approval event, in one statement (its notice, if any, is submitted in the same
+-- transaction).
 WITH waiting AS (
     UPDATE orc_jobs
        SET status = %(target)s, lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
@@ -416,7 +417,7 @@ WITH waiting AS (
     INSERT INTO orc_job_events (job_id, kind, payload)
     SELECT job_id, 'job.waiting_approval',
            jsonb_build_object('approval_id', id, 'step', %(step)s, 'question', %(question)s,
-                              'expires_at', expires_at)
+                              'expires_at', expires_at, 'notice_job_id', %(notice_job_id)s::uuid)
       FROM approval
 )
 SELECT id FROM approval
