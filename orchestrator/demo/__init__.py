@@ -2,7 +2,8 @@
 
 Part 1, retries: three ``http_request`` jobs, run by a worker in this process. One meets two
 HTTP 429s (``Retry-After: 1``) and then succeeds; one gets a 400 and fails permanently; one gets
-503 until its retry budget is spent.
+503 until its retry budget is spent. Each of the two failures notifies a person (a
+``send_notification`` to a local on-call webhook, submitted with the failure).
 
 Part 2, crash and recovery: an agent job of three checkpointed steps runs in a worker process.
 Right after step 2 delivered its notification, and before the worker could record it, the
@@ -49,12 +50,14 @@ FAST = {
 
 
 async def main(*, real_llm: bool = False, model: str = "claude-sonnet-4-5") -> int:
-    orc = Orchestrator(settings=Settings(retry_config=CONFIG, health_port=0))
-    tasks.register_all(orc)
-    agent.register(orc)
-    print("Starting the database (embedded PostgreSQL unless DATABASE_URL is set) ...")
-    print(f"migrate: {await orc.migrate()}")
     with serve() as peers:
+        oncall = {"channel": "webhook", "url": f"{peers.url}/oncall"}
+        settings = Settings(retry_config=CONFIG, health_port=0, escalation_target=oncall)
+        orc = Orchestrator(settings=settings)
+        tasks.register_all(orc)
+        agent.register(orc)
+        print("Starting the database (embedded PostgreSQL unless DATABASE_URL is set) ...")
+        print(f"migrate: {await orc.migrate()}")
         async with orc:
             await retries(orc, peers)
             await crash_and_recovery(orc, peers)
@@ -101,10 +104,20 @@ async def retries(orc: Orchestrator, peers: Peers) -> None:
     ids = {label: await orc.submit("http_request", {"url": u}) for label, u in jobs.items()}
     worker = asyncio.create_task(orc.run_worker(install_signal_handlers=False))
     await until_finished(orc, list(ids.values()), seconds=60)
+    notices = [
+        UUID(e.payload["escalation_job_id"])
+        for job_id in ids.values()
+        for e in await orc.job_events(job_id)
+        if e.kind == "job.degraded" and e.payload.get("escalation_job_id")
+    ]
+    await until_finished(orc, notices, seconds=30)
     worker.cancel()
     await asyncio.gather(worker, return_exceptions=True)
     for label, job_id in ids.items():
         await show(orc, label, job_id)
+    for notice in peers.oncall:
+        print(f"on-call webhook received, about job {notice['about_job_id']}:")
+        print("  " + notice["text"].replace("\n", "\n  ") + "\n")
 
 
 async def crash_and_recovery(orc: Orchestrator, peers: Peers) -> None:

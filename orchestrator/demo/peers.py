@@ -5,6 +5,7 @@ service that receives side effects.
     POST /messages {"invocation_id", "text"}  -> 201 {"message_id", "text"}  (every delivery is
                                                counted, duplicates included)
     GET  /messages/<invocation_id>            -> 200 {"message_id", "text"} | 404
+    POST /oncall {"text", ...}                -> 200; an on-call webhook: what people are told
 
 ``MessageService.hold(text)`` records a matching message, then keeps the request open until
 ``release()``: the sender can be killed after the message was delivered but before it learnt
@@ -60,6 +61,7 @@ class Peers:
     url: str
     messages: MessageService
     hits: Counter[str]
+    oncall: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _handler(peers: Peers) -> type[BaseHTTPRequestHandler]:
@@ -86,6 +88,9 @@ def _handler(peers: Peers) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/oncall":
+                peers.oncall.append(body)
+                return self._reply(200, {"ok": True})
             record = service.deliver(body["invocation_id"], body["text"])
             if service._hold_text is not None and body["text"] == service._hold_text:
                 service.held.set()
