@@ -151,7 +151,7 @@ class Attempt:
         self.interrupted: str | None = None  # why it was asked to stop (drain), if it was
         self._task: asyncio.Task[Any] | None = None
         self.store = runner.store
-        self.pjob = pctx.job
+        self.pctx = pctx
         self.claim = claim
         self.job_type = runner.job_types[claim.job_type]
         self.config: JobRetryConfig = runner.config().for_type(claim.job_type)
@@ -164,7 +164,13 @@ class Attempt:
             Fence(claim.id, claim.lease_token, claim.attempt),
             list(runner.classifiers),
         )
-        self.ctx = JobContext(
+
+    def _context(self) -> JobContext:
+        """The task's view of this attempt. Made when the task starts and not kept here, so
+        the attempt and its context form no reference cycle: both are freed as soon as the
+        attempt is over, without waiting for the garbage collector."""
+        runner, claim, pctx = self.runner, self.claim, self.pctx
+        return JobContext(
             job_id=claim.id,
             job_type=claim.job_type,
             attempt=claim.attempt,
@@ -218,6 +224,7 @@ class Attempt:
             await self._run()
         finally:
             del self.runner.running[lease]
+            self.step_clock.close()
 
     async def _run(self) -> None:
         claim = self.claim
@@ -232,7 +239,7 @@ class Attempt:
                 raise _StoredPayloadInvalid(str(exc)) from exc
             async with asyncio.timeout(timeout_seconds) as deadline:
                 try:
-                    output = await self.job_type.fn(self.ctx, payload)
+                    output = await self.job_type.fn(self._context(), payload)
                 finally:
                     self.step_clock.cancel()
             result = self.job_type.result_json(output)
@@ -265,7 +272,7 @@ class Attempt:
             await self._failed(exc, output=output)
         else:
             event = events.completed(claim, (time.perf_counter() - started) * 1_000)
-            pjob_id = self.pjob.id
+            pjob_id = self.pctx.job.id
             assert pjob_id is not None
             if not await self._write("completed", self.ledger.flush, flush=False):
                 return
@@ -402,10 +409,20 @@ class StepDeadline:
             self._timer.cancel()
             self._timer = None
 
+    def close(self) -> None:
+        """The attempt is over: no timer, and no reference back to it (so the attempt is freed
+        at once, not by the garbage collector)."""
+        self.cancel()
+        self.on_overrun = _nothing
+
     def _fire(self, step: int) -> None:
         self._timer = None
         self.overran = StepTimedOut(step, self.seconds)
         self.on_overrun()
+
+
+def _nothing() -> None:
+    pass
 
 
 class _StoredPayloadInvalid(Exception):
