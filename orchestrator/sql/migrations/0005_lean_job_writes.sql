@@ -10,15 +10,15 @@
 --   listed through orc_jobs_running_heartbeat (there are at most as many as workers run at
 --   once), and COMPLETED ones, most of the table, by walking the primary key newest first.
 --   The waiting statuses that lost_dispatches reads, and the rarer terminal ones, stay indexed.
--- * orc_jobs_job_type_id (job_type, id) is dropped: listing by type walks the primary key
---   newest first and stops at the limit (slow only for a type rare in the recent history).
+-- * orc_jobs_job_type_id (job_type, id) stays, though only `list_jobs` reads it: without it,
+--   listing a type rare in the recent history would scan the whole table (measured: 3 ms at
+--   20,000 rows, growing with the history), for about 90 B of WAL per status change.
 -- * The transition guard looks the transition and its target's terminal flag up in one query
 --   rather than two.
 
 DROP INDEX orc_jobs_status_id;
 CREATE INDEX orc_jobs_unfinished_status_id ON orc_jobs (status, id)
     WHERE status NOT IN ('RUNNING', 'COMPLETED');
-DROP INDEX orc_jobs_job_type_id;
 
 CREATE OR REPLACE FUNCTION orc_guard_transition_v1() RETURNS trigger
 LANGUAGE plpgsql AS $$
