@@ -11,13 +11,11 @@ from dataclasses import dataclass
 from typing import Any, LiteralString
 from uuid import UUID
 
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from orchestrator import states
 from orchestrator.errors import StaleLease
-from orchestrator.queries import QUERIES
 from orchestrator.states import Status
 from orchestrator.store import JobStore
 
@@ -63,10 +61,7 @@ class CheckpointStore:
         self.notice = notice
 
     async def _rows(self, name: LiteralString, params: dict[str, Any]) -> list[dict[str, Any]]:
-        async with self.pool.connection() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(QUERIES[name], params)
-            return await cur.fetchall() if cur.description else []
+        return await self.jobs.rows(name, params)
 
     async def last_checkpoint(self, job_id: UUID) -> Checkpoint | None:
         rows = await self._rows("last_checkpoint", {"job_id": job_id})

@@ -52,14 +52,14 @@ class JobStore:
     async def rows(
         self, name: LiteralString, params: dict[str, Any], conn: Conn | None = None
     ) -> list[dict[str, Any]]:
+        """The rows ``name`` returns ([] for a statement that returns none), on ``conn`` if
+        given, else on a pooled connection."""
         if conn is not None:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(QUERIES[name], params)
-            return await cur.fetchall()
+            return await cur.fetchall() if cur.description else []
         async with self.pool.connection() as pooled:
-            cur = pooled.cursor(row_factory=dict_row)
-            await cur.execute(QUERIES[name], params)
-            return await cur.fetchall()
+            return await self.rows(name, params, pooled)
 
     async def execute(
         self, name: LiteralString, params: dict[str, Any], conn: Conn | None = None

@@ -21,6 +21,7 @@ import pytest
 from orchestrator import Orchestrator, Settings
 from orchestrator.database import drop_database, ensure_database, start_embedded, with_database
 from orchestrator.migrate import migrate
+from orchestrator.models import Job
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLES = (
@@ -97,6 +98,16 @@ async def wait_for(
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         await asyncio.sleep(interval)
+
+
+async def finished(orc: Orchestrator, job_id: uuid.UUID, timeout: float = 30.0) -> Job:
+    """The job, once it has finished (run by whichever worker, in this process or another)."""
+
+    async def done() -> bool:
+        return (await orc.get_job(job_id)).finished_at is not None
+
+    await wait_for(done, timeout=timeout)
+    return await orc.get_job(job_id)
 
 
 class WorkerRun:

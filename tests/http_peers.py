@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from orchestrator.demo.peers import send_json
+
 TOKEN = "123456:telegram-test-token"
 MALFORMED = "malformed"
 
@@ -85,7 +87,7 @@ def serve() -> Iterator[Peers]:
                 time.sleep(answer.seconds)
                 answer = None
             if answer == MALFORMED:
-                return self._reply(200, '{"ok": tr', raw=True)
+                return self._reply(200, b'{"ok": tr')
             status, retry_after = answer if isinstance(answer, tuple) else (answer or 200, None)
             headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
             self._reply(status, {"ok": status < 400, "request": peers.requests[name]}, headers)
@@ -114,23 +116,8 @@ def serve() -> Iterator[Peers]:
 
         do_GET = do_POST = do_PUT = _answer
 
-        def _reply(
-            self,
-            status: int,
-            body: object,
-            headers: dict[str, str] | None = None,
-            *,
-            raw: bool = False,
-        ) -> None:
-            data = str(body).encode() if raw else json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.end_headers()
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                self.wfile.write(data)
+        def _reply(self, status: int, body: object, headers: dict[str, str] | None = None) -> None:
+            send_json(self, status, body, headers)
 
         def log_message(self, format: str, *args: object) -> None:
             pass

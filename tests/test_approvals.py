@@ -14,7 +14,7 @@ import tasks
 from orchestrator import ApprovalError, ConfigError, Orchestrator, Status
 from orchestrator.maintenance import run_prune
 from tests import agent_app, http_peers
-from tests.conftest import WorkerRun, wait_for
+from tests.conftest import WorkerRun, finished, wait_for
 from tests.external import MessageService, message_service
 
 
@@ -31,14 +31,6 @@ async def waiting_for_approval(orc: Orchestrator, job_id: UUID) -> dict[str, Any
     await wait_for(waiting)
     [approval] = [a for a in await orc.approvals() if a["job_id"] == job_id]
     return approval
-
-
-async def finished(orc: Orchestrator, job_id: UUID) -> Any:
-    async def done() -> bool:
-        return (await orc.get_job(job_id)).finished_at is not None
-
-    await wait_for(done)
-    return await orc.get_job(job_id)
 
 
 @pytest.fixture

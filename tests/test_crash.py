@@ -6,14 +6,12 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Callable, Iterator
-from typing import Any
-from uuid import UUID
 
 import pytest
 
 from orchestrator import Orchestrator, Status
 from tests import agent_app
-from tests.conftest import wait_for
+from tests.conftest import finished
 from tests.external import MessageService, message_service
 from tests.workers import WorkerProcess
 
@@ -22,14 +20,6 @@ from tests.workers import WorkerProcess
 def service() -> Iterator[MessageService]:
     with message_service() as svc:
         yield svc
-
-
-async def finished(orc: Orchestrator, job_id: UUID, timeout: float = 30) -> Any:
-    async def done() -> bool:
-        return (await orc.get_job(job_id)).finished_at is not None
-
-    await wait_for(done, timeout=timeout)
-    return await orc.get_job(job_id)
 
 
 async def test_a_worker_killed_after_sending_is_resumed_elsewhere_without_resending(

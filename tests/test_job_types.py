@@ -23,7 +23,7 @@ from orchestrator import InvalidPayload, Orchestrator, Status
 from orchestrator.demo import llm_server as llm
 from orchestrator.models import JobEvent
 from tests import http_peers, job_types_app
-from tests.conftest import ROOT, WorkerRun, wait_for
+from tests.conftest import ROOT, WorkerRun, finished
 from tests.external import MessageService, message_service
 from tests.workers import WorkerProcess
 
@@ -649,11 +649,3 @@ async def test_run_agent_terminal_failures(
     assert job.status is Status.FAILED and failures(events) == [failure]
     assert model_server.requests["m"] == 1
     assert events[-1].kind == "job.degraded" and events[-1].payload["action"] == "notify_human"
-
-
-async def finished(orc: Orchestrator, job_id: UUID, timeout: float = 30) -> Any:
-    async def done() -> bool:
-        return (await orc.get_job(job_id)).finished_at is not None
-
-    await wait_for(done, timeout=timeout)
-    return await orc.get_job(job_id)

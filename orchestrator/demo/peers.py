@@ -98,20 +98,30 @@ def _handler(peers: Peers) -> type[BaseHTTPRequestHandler]:
             self._reply(201, record)
 
         def _reply(self, status: int, body: object, headers: dict[str, str] | None = None) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.end_headers()
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                self.wfile.write(data)  # the sender may have been killed while it was held
+            send_json(self, status, body, headers)
 
         def log_message(self, format: str, *args: object) -> None:
             pass
 
     return Handler
+
+
+def send_json(
+    handler: BaseHTTPRequestHandler,
+    status: int,
+    body: object,
+    headers: dict[str, str] | None = None,
+) -> None:
+    """Answer with ``body`` as JSON (``bytes`` are sent as they are, JSON or not)."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    for name, value in (headers or {}).items():
+        handler.send_header(name, value)
+    handler.end_headers()
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        handler.wfile.write(data)  # the client may be gone (killed, or timed out)
 
 
 @contextlib.contextmanager
