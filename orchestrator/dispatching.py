@@ -1,7 +1,8 @@
 """How dispatches are fetched and finished: Procrastinate's JobManager, with our writes folded in.
 
 - fetch: Procrastinate's fetch and the claim of the application job it dispatches run as one
-  statement (``orc_fetch_dispatch_v1``); the claim is handed to the attempt from here.
+  statement (``orc_fetch_dispatches_v1``), for as many dispatches as the worker has free slots;
+  the worker's loop takes the extra ones from here, and each claim is handed to its attempt.
 - finish: a successful attempt does not write COMPLETED itself; it leaves its completion here,
   and when Procrastinate finishes the dispatch, one statement writes both.
 
@@ -12,6 +13,7 @@ job. Every other outcome (retry, failure, hand-back) is written by the attempt i
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -38,8 +40,42 @@ class DispatchManager(manager.JobManager):
         #: kept out of the task's arguments, which Procrastinate logs: it holds the payload.
         self.claims: dict[int, dict[str, Any] | None] = {}
         self.wakes = 0  # wake-ups of the worker so far (see fetch_job)
+        #: How many dispatches the worker could start now (set by the worker; see fetch_job).
+        self.free_slots: Callable[[], int] = lambda: 1
+        #: Dispatches fetched for free slots that the worker's loop has not taken yet.
+        self.fetched: collections.deque[jobs.Job] = collections.deque()
+        self.fetching = False
+        #: Called when a fetch has ended and every dispatch it fetched has been taken.
+        self.on_all_taken: Callable[[], None] = lambda: None
+
+    @property
+    def holding(self) -> bool:
+        """Whether dispatches are being fetched, or were fetched and not taken yet."""
+        return self.fetching or bool(self.fetched)
+
+    def starting(self) -> int:
+        """Jobs claimed by a fetch whose dispatches the worker has not taken yet."""
+        return sum(1 for job in self.fetched if job.id is not None and self.claims.get(job.id))
 
     async def fetch_job(self, queues: Iterable[str] | None, worker_id: int) -> jobs.Job | None:
+        """The next dispatch to run: one fetched earlier for a free slot, else a new fetch.
+
+        A fetch takes as many dispatches as the worker has free slots (the caller holds one),
+        so a busy worker fills them in one round trip; it never takes more than it can run,
+        and the worker's loop takes the others at once, their slots being free.
+        """
+        if not self.fetched:
+            self.fetching = True
+            try:
+                self.fetched.extend(await self._fetch(queues, worker_id))
+            finally:
+                self.fetching = False
+        job = self.fetched.popleft() if self.fetched else None
+        if not self.fetched:
+            self.on_all_taken()
+        return job
+
+    async def _fetch(self, queues: Iterable[str] | None, worker_id: int) -> list[jobs.Job]:
         """Fetch and claim; fetch again at once if the worker was woken during an empty fetch.
 
         Procrastinate's loop clears its wake-up event after each fetch, so a wake-up that lands
@@ -48,8 +84,9 @@ class DispatchManager(manager.JobManager):
         """
         while True:
             wakes = self.wakes
-            row = await self.connector.execute_query_one_async(
-                query=QUERIES["fetch_dispatch"],
+            rows = await self.connector.execute_query_all_async(
+                query=QUERIES["fetch_dispatches"],
+                limit=max(1, self.free_slots()),
                 queues=list(queues) if queues is not None else None,
                 worker_id=worker_id,
                 task_prefix=self.task_prefix,
@@ -57,12 +94,13 @@ class DispatchManager(manager.JobManager):
                 claimable=states.sources_of(Status.RUNNING),
                 running=Status.RUNNING.value,
             )
-            if row["id"] is not None:
-                args = dict(row["args"])
-                self.claims[row["id"]] = args.pop("claim", None)
-                return jobs.Job.from_row({**row, "args": args})
-            if self.wakes == wakes:
-                return None
+            if rows or self.wakes == wakes:
+                return [self._dispatch(row) for row in rows]
+
+    def _dispatch(self, row: dict[str, Any]) -> jobs.Job:
+        args = dict(row["args"])
+        self.claims[row["id"]] = args.pop("claim", None)
+        return jobs.Job.from_row({**row, "args": args})
 
     def take_claim(self, procrastinate_job_id: int) -> dict[str, Any] | None:
         return self.claims.pop(procrastinate_job_id, None)

@@ -30,10 +30,17 @@ RECANCEL_EVERY = 0.2  # a cancellation can be swallowed on Python 3.11 (gh-86296
 
 class Drain:
     def __init__(
-        self, *, stop_fetching: Callable[[], None], runner: AttemptRunner, deadline: float
+        self,
+        *,
+        stop_fetching: Callable[[], None],
+        runner: AttemptRunner,
+        deadline: float,
+        starting: Callable[[], int] = lambda: 0,
     ) -> None:
         self.stop_fetching = stop_fetching
         self.runner = runner
+        #: How many claimed dispatches are about to start (fetched together with another).
+        self.starting = starting
         self.deadline = deadline
         self.draining = False
         self._enforcer: asyncio.Task[None] | None = None
@@ -63,7 +70,7 @@ class Drain:
         if self.draining:
             return
         self.draining = True
-        running = len(self.runner.running)
+        running = len(self.runner.running) + self.starting()
         logger.warning(
             "%s: draining (%d job(s) running, deadline %g s)", why, running, self.deadline
         )

@@ -45,14 +45,41 @@ _wake_after_run: contextvars.ContextVar[list[UUID] | None] = contextvars.Context
 class Worker(procrastinate_worker.Worker):
     """Procrastinate's worker with a way to fetch now rather than at the next poll.
 
-    Relies on three internals of procrastinate 3.x (``_new_job_event``, ``_process_job``,
-    ``_handle_notification``); the version is pinned below 4 and tests/test_worker_wakeup.py
-    fails if they change.
+    Relies on four internals of procrastinate 3.x (``_new_job_event``, ``_process_job``,
+    ``_handle_notification``, ``_running_jobs``); the version is pinned below 4, and
+    tests/test_worker_wakeup.py and tests/test_fetch.py fail if they change.
     """
 
     def __init__(self, *, dispatches: DispatchManager, **options: Any) -> None:
         super().__init__(**options)
         self.dispatches = dispatches
+        self.stop_requested = False
+        dispatches.free_slots = self.free_slots
+        dispatches.on_all_taken = self._stop_if_requested
+
+    def free_slots(self) -> int:
+        """Slots free for a fetch, counting the one the fetching loop holds."""
+        return self.concurrency - len(self._running_jobs)
+
+    async def run(self) -> None:
+        self.stop_requested = False  # as Procrastinate forgets a stop made before this run
+        await super().run()  # type: ignore[no-untyped-call]
+
+    def stop(self) -> None:
+        """Stop fetching; dispatches already fetched (and so claimed) are started first.
+
+        A fetch takes several dispatches at once and the loop starts them one by one, so a stop
+        can arrive in between, or while a fetch is under way. Their jobs are RUNNING already:
+        they are started, as Procrastinate starts a job whose fetch ends after a stop, and the
+        drain treats them as the running jobs they are.
+        """
+        self.stop_requested = True
+        if not self.dispatches.holding:
+            super().stop()  # type: ignore[no-untyped-call]
+
+    def _stop_if_requested(self) -> None:
+        if self.stop_requested:
+            super().stop()  # type: ignore[no-untyped-call]
 
     def wake(self) -> None:
         self.dispatches.wakes += 1
@@ -204,7 +231,12 @@ async def run_worker(
         listen_notify=True,
         stalled_worker_timeout=settings.stalled_worker_seconds,
     )
-    drain = Drain(stop_fetching=worker.stop, runner=orc.runner, deadline=settings.drain_seconds)
+    drain = Drain(
+        stop_fetching=worker.stop,
+        runner=orc.runner,
+        deadline=settings.drain_seconds,
+        starting=orc.dispatches.starting,
+    )
     orc.drains.append(drain)
     waker = DueTimeWaker(
         dsn=orc.dsn,
@@ -233,7 +265,7 @@ async def run_worker(
         asyncio.create_task(waker.run(), name="due-time waker"),
         asyncio.create_task(heartbeats.run(), name="heartbeats"),
     ]
-    run = asyncio.create_task(worker.run(), name="procrastinate worker")  # type: ignore[no-untyped-call]
+    run = asyncio.create_task(worker.run(), name="procrastinate worker")
     try:
         await asyncio.shield(run)
     except asyncio.CancelledError:
@@ -260,5 +292,5 @@ async def stop_worker(worker: Worker, run: asyncio.Task[None]) -> None:
     until the worker has actually stopped.
     """
     while not run.done():
-        worker.stop()  # type: ignore[no-untyped-call]
+        worker.stop()
         await asyncio.wait([run], timeout=0.2)

@@ -76,12 +76,13 @@ SELECT orc_dispatch_v1(%(job_ids)s::uuid[], %(task_prefix)s) AS dispatched
 SELECT * FROM orc_claim_v1(%(job_id)s, %(procrastinate_job_id)s, %(run)s, %(worker)s,
                            %(sources)s, %(running)s)
 
--- fetch_dispatch --
--- The worker's fetch: Procrastinate's, plus the claim of our job (see orc_fetch_dispatch_v1).
+-- fetch_dispatches --
+-- The worker's fetch: Procrastinate's, plus the claim of our job, for up to `limit` dispatches
+-- (see orc_fetch_dispatches_v1); no row: nothing is due.
 SELECT id, status, task_name, priority, lock, queueing_lock, args, scheduled_at, queue_name,
        attempts, worker_id
-  FROM orc_fetch_dispatch_v1(%(queues)s::varchar[], %(worker_id)s, %(task_prefix)s,
-                             %(worker)s, %(claimable)s, %(running)s)
+  FROM orc_fetch_dispatches_v1(%(limit)s, %(queues)s::varchar[], %(worker_id)s,
+                               %(task_prefix)s, %(worker)s, %(claimable)s, %(running)s)
 
 -- complete_job --
 -- Success: COMPLETED with the result, lease released, job.completed recorded. Given the

@@ -1,0 +1,137 @@
+"""The worker's fetch: one statement claims a dispatch for each free slot, never more.
+
+A stop that comes between a fetch of several and their start, or during the fetch, lets the
+worker start what it claimed first. The worker tests below also guard the Procrastinate internal
+the free slots are counted from (``_running_jobs``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
+import psycopg
+
+from orchestrator import JobContext, Orchestrator, Status
+from orchestrator.store import dispatch_params
+from tests.conftest import wait_for
+
+
+def noop_app(make_orc: Callable[..., Orchestrator], **settings: Any) -> Orchestrator:
+    orc = make_orc(**settings)
+
+    @orc.job_type("noop")
+    async def noop(ctx: JobContext, payload: int) -> int:
+        return payload
+
+    return orc
+
+
+async def submit(orc: Orchestrator, n: int) -> list[UUID]:
+    return [await orc.submit("noop", i) for i in range(n)]
+
+
+async def statuses(orc: Orchestrator, job_ids: list[UUID]) -> list[Status]:
+    return [(await orc.get_job(job_id)).status for job_id in job_ids]
+
+
+async def dispatch_rows(db: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+    cur = await db.execute("SELECT id, status, attempts FROM procrastinate_jobs ORDER BY id")
+    return await cur.fetchall()
+
+
+async def test_one_fetch_claims_a_dispatch_for_each_free_slot_and_no_more(
+    make_orc: Callable[..., Orchestrator],
+) -> None:
+    orc = noop_app(make_orc)
+    await orc.open()
+    job_ids = await submit(orc, 5)
+    manager = orc.dispatches
+    manager.free_slots = lambda: 3
+    worker_id = await manager.register_worker()
+
+    first = await manager.fetch_job(queues=None, worker_id=worker_id)
+    assert await statuses(orc, job_ids) == [Status.RUNNING] * 3 + [Status.PENDING] * 2
+    taken = [first] + [await manager.fetch_job(queues=None, worker_id=worker_id) for _ in "ab"]
+    # the second and third came from the first fetch: nothing more was claimed
+    assert await statuses(orc, job_ids) == [Status.RUNNING] * 3 + [Status.PENDING] * 2
+    assert [job.task_kwargs["job_id"] for job in taken if job] == [str(i) for i in job_ids[:3]]
+    assert all(job and manager.take_claim(job.id) is not None for job in taken)
+
+
+async def test_a_fetch_of_several_honours_the_lock_of_a_job_with_two_dispatches(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    orc = noop_app(make_orc)
+    await orc.open()
+    job_id = (await submit(orc, 1))[0]
+    await orc.store.one("dispatch_jobs", dispatch_params([job_id]))  # a second, newer dispatch
+    manager = orc.dispatches
+    manager.free_slots = lambda: 5
+    worker_id = await manager.register_worker()
+
+    stale = await manager.fetch_job(queues=None, worker_id=worker_id)
+    assert stale is not None and manager.take_claim(stale.id) is None  # the older: not claimable
+    assert not manager.fetched  # the newer waits for the lock: one run of a job at a time
+    assert [row[1] for row in await dispatch_rows(db)] == ["doing", "todo"]
+
+
+def stopper_app(make_orc: Callable[..., Orchestrator], started: list[int]) -> Orchestrator:
+    orc = make_orc()
+
+    @orc.job_type("stopper")
+    async def stopper(ctx: JobContext, payload: int) -> None:
+        started.append(payload)
+        if payload == 0:
+            orc.stop_worker()  # the drain begins; the rest of the batch waits in the worker
+
+    return orc
+
+
+async def test_a_worker_stopped_mid_batch_starts_the_rest_of_it_and_fetches_no_more(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    started: list[int] = []
+    orc = stopper_app(make_orc, started)
+    await orc.open()
+    job_ids = [await orc.submit("stopper", i) for i in range(4)]
+    await orc.run_worker(concurrency=3, install_signal_handlers=False, job_types=["stopper"])
+
+    assert sorted(started) == [0, 1, 2]  # the batch: claimed, so run (the drain let them end)
+    assert await statuses(orc, job_ids) == [Status.COMPLETED] * 3 + [Status.PENDING]
+    for job_id in job_ids[:3]:
+        kinds = [e.kind for e in await orc.job_events(job_id)]
+        assert kinds == ["job.created", "job.running", "job.completed"]
+    assert [row[1] for row in await dispatch_rows(db)] == ["succeeded"] * 3 + ["todo"]
+
+
+async def test_a_stop_during_a_fetch_starts_what_the_fetch_claimed(
+    make_orc: Callable[..., Orchestrator], dsn: str, db: psycopg.AsyncConnection[Any]
+) -> None:
+    started: list[int] = []
+    orc = stopper_app(make_orc, started)
+    await orc.open()
+    job_ids = [await orc.submit("stopper", i) for i in range(1, 4)]
+    async with await psycopg.AsyncConnection.connect(dsn) as blocker:
+        # The first claim waits for this row lock, so the fetch is under way when the stop comes.
+        await blocker.execute("SELECT 1 FROM orc_jobs WHERE id = %s FOR UPDATE", [job_ids[0]])
+        worker = asyncio.create_task(
+            orc.run_worker(concurrency=3, install_signal_handlers=False, job_types=["stopper"])
+        )
+
+        async def fetch_waits_for_the_lock() -> bool:
+            cur = await db.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE %s", ["%orc_fetch_dispatches_v1%"],
+            )  # fmt: skip
+            return await cur.fetchone() is not None
+
+        await wait_for(fetch_waits_for_the_lock)
+        orc.stop_worker()
+        await blocker.rollback()
+        await asyncio.wait_for(worker, timeout=15)
+
+    assert sorted(started) == [1, 2, 3]
+    assert await statuses(orc, job_ids) == [Status.COMPLETED] * 3
