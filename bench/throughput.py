@@ -9,7 +9,10 @@ taken against the faster baseline. Each side drains N jobs that were queued befo
 tables are ANALYZEd after they are filled (a freshly filled table without statistics runs
 about 3x slower, for every side). The orchestrator's figure is submit -> terminal for
 application jobs: claim (with its event), run, COMPLETED (with its event) together with
-Procrastinate's finish, each job locked on its id. Each worker runs in its own process.
+Procrastinate's finish, each job locked on its id. Its worker fetches one dispatch per free slot
+in one statement and writes completions that arrive together in one statement (group commit);
+raw Procrastinate fetches and finishes one job per statement. Each worker runs in its own
+process.
 
 Also printed: submit throughput, single and batched, against Procrastinate's defer.
 """

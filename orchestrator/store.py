@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 from orchestrator import states
 from orchestrator.degradation import Degraded
 from orchestrator.errors import DeadLetterError, InvalidTransition, JobNotFound, StaleLease
+from orchestrator.group_commit import GroupCommit
 from orchestrator.ids import uuid7
 from orchestrator.models import Claim, DeadLetter, Job, JobEvent, SubmitResult
 from orchestrator.policy import Layer
@@ -34,6 +35,7 @@ Conn = psycopg.AsyncConnection[Any]
 class JobStore:
     def __init__(self, pool: AsyncConnectionPool) -> None:
         self.pool = pool
+        self._completions = GroupCommit(self._complete_many)
 
     # -- named queries, for this module and the few that share its pool ---------------------
 
@@ -123,22 +125,28 @@ class JobStore:
         delete_dispatch: bool = False,
     ) -> None:
         """COMPLETED; with ``procrastinate_job_id``, that dispatch is finished in the same
-        statement (it is finished even when the completion is refused)."""
-        try:
-            row = await self.one(
-                "complete_job",
-                {
-                    **_fence(claim, Status.COMPLETED),
-                    "result": Jsonb(result),
-                    "event": Jsonb(event),
-                    "procrastinate_job_id": procrastinate_job_id,
-                    "delete_dispatch": delete_dispatch,
-                },
-            )
-        except psycopg.errors.RaiseException:  # the dispatch was settled: a sweep took the job
-            row = None
-        if row is None or not row["completed"]:
+        transaction (it is finished even when the completion is refused). Completions that
+        arrive together are written together (group_commit.py)."""
+        item = {
+            "job_id": str(claim.id),
+            "lease_token": str(claim.lease_token),
+            "result": result,
+            "event": event,
+            "procrastinate_job_id": procrastinate_job_id,
+            "delete_dispatch": delete_dispatch,
+        }
+        if not await self._completions.submit(item):
             raise await self.refusal(claim.id, Status.COMPLETED, claim.lease_token)
+
+    async def _complete_many(self, items: Sequence[dict[str, Any]]) -> list[bool]:
+        params = {
+            "items": Jsonb([{**item, "ord": i} for i, item in enumerate(items)]),
+            "target": Status.COMPLETED.value,
+            "sources": states.sources_of(Status.COMPLETED),
+        }
+        rows = await self.rows("complete_jobs", params)
+        rows.sort(key=lambda r: r["ord"])
+        return [r["completed"] for r in rows]
 
     async def fail(
         self,

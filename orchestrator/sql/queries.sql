@@ -84,27 +84,12 @@ SELECT id, status, task_name, priority, lock, queueing_lock, args, scheduled_at,
   FROM orc_fetch_dispatches_v1(%(limit)s, %(queues)s::varchar[], %(worker_id)s,
                                %(task_prefix)s, %(worker)s, %(claimable)s, %(running)s)
 
--- complete_job --
--- Success: COMPLETED with the result, lease released, job.completed recorded. Given the
--- attempt's Procrastinate job, the same statement also finishes it (succeeded), so a job is
--- never COMPLETED while its dispatch still shows as running, nor the other way round.
-WITH done AS (
-    UPDATE orc_jobs
-       SET status = %(target)s, result = %(result)s,
-           lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
-     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = ANY (%(sources)s)
-    RETURNING id
-), event AS (
-    INSERT INTO orc_job_events (job_id, kind, payload)
-    SELECT id, 'job.completed', %(event)s FROM done
-), dispatch AS (
-    -- Called directly: a guard such as `FROM procrastinate_jobs WHERE status = 'doing'` is
-    -- planned as a scan and costs several times the whole completion. Like Procrastinate's
-    -- own finish, it raises (and nothing is written) if the dispatch is not running.
-    SELECT procrastinate_finish_job_v1(%(procrastinate_job_id)s, 'succeeded', %(delete_dispatch)s)
-     WHERE %(procrastinate_job_id)s::bigint IS NOT NULL
-)
-SELECT (SELECT count(*) FROM done) AS completed, (SELECT count(*) FROM dispatch) AS finished
+-- complete_jobs --
+-- Success, for several attempts at once ([{ord, job_id, lease_token, result, event,
+-- procrastinate_job_id, delete_dispatch}]; see orc_complete_jobs_v1): each job COMPLETED with
+-- its result, lease released, job.completed recorded, and its dispatch finished (succeeded) in
+-- the same transaction. One row per item: whether its job was COMPLETED.
+SELECT ord, completed FROM orc_complete_jobs_v1(%(items)s, %(target)s, %(sources)s)
 
 -- fail_job --
 -- Terminal failure, of an attempt (fenced by its lease) or of a job no attempt holds (a null

@@ -1,4 +1,6 @@
-"""The worker's fetch: one statement claims a dispatch for each free slot, never more.
+"""A busy worker's writes, batched: one fetch claims a dispatch for each free slot (never
+more), and completions that arrive together are written in one statement, each with its own
+outcome.
 
 A stop that comes between a fetch of several and their start, or during the fetch, lets the
 worker start what it claimed first. The worker tests below also guard the Procrastinate internal
@@ -14,7 +16,8 @@ from uuid import UUID
 
 import psycopg
 
-from orchestrator import JobContext, Orchestrator, Status
+from orchestrator import JobContext, Orchestrator, StaleLease, Status
+from orchestrator.models import Claim
 from orchestrator.store import dispatch_params
 from tests.conftest import wait_for
 
@@ -135,3 +138,45 @@ async def test_a_stop_during_a_fetch_starts_what_the_fetch_claimed(
 
     assert sorted(started) == [1, 2, 3]
     assert await statuses(orc, job_ids) == [Status.COMPLETED] * 3
+
+
+async def test_completions_written_together_each_get_their_own_outcome(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    orc = noop_app(make_orc)
+    await orc.open()
+    job_ids = await submit(orc, 3)
+    manager = orc.dispatches
+    manager.free_slots = lambda: 3
+    worker_id = await manager.register_worker()
+    dispatches = [await manager.fetch_job(queues=None, worker_id=worker_id) for _ in job_ids]
+    pjob_ids = [job.id for job in dispatches if job and job.id]
+    claims = [Claim.model_validate(manager.take_claim(pjob_id)) for pjob_id in pjob_ids]
+    # job 2 is superseded (as by a sweep); job 3's dispatch is settled under its attempt
+    await db.execute(
+        "UPDATE orc_jobs SET lease_token = gen_random_uuid() WHERE id = %s", [job_ids[1]]
+    )
+    await db.execute("SELECT procrastinate_finish_job_v1(%s, 'failed', false)", [pjob_ids[2]])
+    before = {job_id: await orc.get_job(job_id) for job_id in job_ids[1:]}
+
+    outcomes = await asyncio.gather(
+        *(
+            orc.store.complete(claim, {"n": i}, {"duration_ms": 1}, procrastinate_job_id=pjob_id)
+            for i, (claim, pjob_id) in enumerate(zip(claims, pjob_ids, strict=True))
+        ),
+        return_exceptions=True,
+    )
+
+    assert outcomes[0] is None
+    assert isinstance(outcomes[1], StaleLease) and isinstance(outcomes[2], StaleLease)
+    first = await orc.get_job(job_ids[0])
+    assert (first.status, first.result) == (Status.COMPLETED, {"n": 0})
+    assert [e.kind for e in await orc.job_events(job_ids[0])][-1] == "job.completed"
+    for job_id in job_ids[1:]:  # refused: the job is exactly as it was
+        assert await orc.get_job(job_id) == before[job_id]
+        assert [e.kind for e in await orc.job_events(job_id)][-1] == "job.running"
+    cur = await db.execute("SELECT status, xmin::text FROM procrastinate_jobs ORDER BY id")
+    rows = await cur.fetchall()
+    # the refused completion's dispatch is finished all the same, in the same transaction
+    assert [row[0] for row in rows] == ["succeeded", "succeeded", "failed"]
+    assert rows[0][1] == rows[1][1]
