@@ -1,7 +1,8 @@
 """Group commit: writes that arrive together go to the database in one statement.
 
-The first write goes at once, alone, so nothing waits for company. Writes that arrive while a
-batch is being written queue up and go together in the next one. An idle worker therefore
+The first write goes at once, alone, written by its own caller, so nothing waits for company or
+for another task. Writes that arrive while a batch is being written queue up and go together in
+the next one. An idle worker therefore
 writes exactly as before, and a busy one pays a statement's fixed cost (the round trip, the
 parse and execution set-up, the commit) once per batch instead of once per write. A batch is
 never larger than the writes that were waiting, which a worker's concurrency bounds.
@@ -29,14 +30,26 @@ class GroupCommit(Generic[T, R]):
         self._write = write
         self._waiting: list[tuple[T, asyncio.Future[R]]] = []
         self._writer: asyncio.Task[None] | None = None
+        self._writing_inline = False
 
     async def submit(self, item: T) -> R:
         """Write ``item`` with whatever else is waiting; its result, or its write's error."""
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._waiting.append((item, future))
-        if self._writer is None:
-            self._writer = asyncio.create_task(self._write_all(), name="group commit")
+        if self._writer is None and not self._writing_inline:
+            # Nothing is being written: write now, in this task, with no hop through another.
+            self._writing_inline = True
+            batch, self._waiting = self._waiting, []
+            try:
+                await self._write_batch(batch)
+            finally:
+                self._writing_inline = False
+                self._start_writer()  # for those that arrived meanwhile
         return await future
+
+    def _start_writer(self) -> None:
+        if self._waiting and self._writer is None:
+            self._writer = asyncio.create_task(self._write_all(), name="group commit")
 
     async def _write_all(self) -> None:
         try:

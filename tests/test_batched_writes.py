@@ -145,20 +145,21 @@ async def test_completions_written_together_each_get_their_own_outcome(
 ) -> None:
     orc = noop_app(make_orc)
     await orc.open()
-    job_ids = await submit(orc, 3)
+    job_ids = await submit(orc, 4)
     manager = orc.dispatches
-    manager.free_slots = lambda: 3
+    manager.free_slots = lambda: 4
     worker_id = await manager.register_worker()
     dispatches = [await manager.fetch_job(queues=None, worker_id=worker_id) for _ in job_ids]
     pjob_ids = [job.id for job in dispatches if job and job.id]
     claims = [Claim.model_validate(manager.take_claim(pjob_id)) for pjob_id in pjob_ids]
     # job 2 is superseded (as by a sweep); job 3's dispatch is settled under its attempt
     await db.execute(
-        "UPDATE orc_jobs SET lease_token = gen_random_uuid() WHERE id = %s", [job_ids[1]]
+        "UPDATE orc_jobs SET lease_token = gen_random_uuid() WHERE id = %s", [job_ids[2]]
     )
-    await db.execute("SELECT procrastinate_finish_job_v1(%s, 'failed', false)", [pjob_ids[2]])
-    before = {job_id: await orc.get_job(job_id) for job_id in job_ids[1:]}
+    await db.execute("SELECT procrastinate_finish_job_v1(%s, 'failed', false)", [pjob_ids[3]])
+    before = {job_id: await orc.get_job(job_id) for job_id in job_ids[2:]}
 
+    # the first is written at once; the other three arrive meanwhile and go in one statement
     outcomes = await asyncio.gather(
         *(
             orc.store.complete(claim, {"n": i}, {"duration_ms": 1}, procrastinate_job_id=pjob_id)
@@ -167,16 +168,17 @@ async def test_completions_written_together_each_get_their_own_outcome(
         return_exceptions=True,
     )
 
-    assert outcomes[0] is None
-    assert isinstance(outcomes[1], StaleLease) and isinstance(outcomes[2], StaleLease)
-    first = await orc.get_job(job_ids[0])
-    assert (first.status, first.result) == (Status.COMPLETED, {"n": 0})
-    assert [e.kind for e in await orc.job_events(job_ids[0])][-1] == "job.completed"
-    for job_id in job_ids[1:]:  # refused: the job is exactly as it was
+    assert outcomes[:2] == [None, None]
+    assert isinstance(outcomes[2], StaleLease) and isinstance(outcomes[3], StaleLease)
+    for n, job_id in enumerate(job_ids[:2]):
+        job = await orc.get_job(job_id)
+        assert (job.status, job.result) == (Status.COMPLETED, {"n": n})
+        assert [e.kind for e in await orc.job_events(job_id)][-1] == "job.completed"
+    for job_id in job_ids[2:]:  # refused: the job is exactly as it was
         assert await orc.get_job(job_id) == before[job_id]
         assert [e.kind for e in await orc.job_events(job_id)][-1] == "job.running"
     cur = await db.execute("SELECT status, xmin::text FROM procrastinate_jobs ORDER BY id")
     rows = await cur.fetchall()
-    # the refused completion's dispatch is finished all the same, in the same transaction
-    assert [row[0] for row in rows] == ["succeeded", "succeeded", "failed"]
-    assert rows[0][1] == rows[1][1]
+    # the refused completion's dispatch is finished all the same, in the batch's transaction
+    assert [row[0] for row in rows] == ["succeeded", "succeeded", "succeeded", "failed"]
+    assert rows[0][1] != rows[1][1] == rows[2][1]

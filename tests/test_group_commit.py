@@ -47,37 +47,45 @@ async def test_writes_that_arrive_while_a_batch_is_written_go_together_in_the_ne
 
 
 async def test_a_failing_batch_is_written_again_item_by_item_so_only_the_bad_one_fails() -> None:
-    write = Recorder()
+    write = Recorder(delay=0.01)
     group = GroupCommit(write)
+    first = asyncio.create_task(group.submit(0))
+    await asyncio.sleep(0.005)
     results = await asyncio.gather(*(group.submit(n) for n in (1, -2, 3)), return_exceptions=True)
+    assert await first == 0
     assert results[0] == 2 and results[2] == 6
     assert isinstance(results[1], ValueError)
-    assert write.batches == [[1, -2, 3], [1], [-2], [3]]
+    assert write.batches == [[0], [1, -2, 3], [1], [-2], [3]]
 
 
 async def test_a_cancelled_caller_leaves_the_others_their_results() -> None:
     write = Recorder(delay=0.05)
     group = GroupCommit(write)
-    tasks = [asyncio.create_task(group.submit(n)) for n in (1, 2, 3)]
+    first = asyncio.create_task(group.submit(0))
     await asyncio.sleep(0.01)
+    tasks = [asyncio.create_task(group.submit(n)) for n in (1, 2, 3)]
+    await asyncio.sleep(0.06)  # their batch is being written
     tasks[1].cancel()
+    assert await first == 0
     assert await tasks[0] == 2 and await tasks[2] == 6
     with pytest.raises(asyncio.CancelledError):
         await tasks[1]
 
 
-async def test_the_writer_can_start_again_after_it_was_cancelled() -> None:
-    write = Recorder(delay=10)
+async def test_a_caller_cancelled_in_its_own_write_does_not_strand_those_queued_behind() -> None:
+    write = Recorder(delay=0.2)
     group = GroupCommit(write)
-    stuck = asyncio.create_task(group.submit(1))
+    writing = asyncio.create_task(group.submit(1))  # writes its batch itself
     await asyncio.sleep(0.01)
-    writer = group._writer
-    assert writer is not None
-    writer.cancel()
+    queued = asyncio.create_task(group.submit(2))
+    await asyncio.sleep(0.01)
+    writing.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await stuck  # its write was cancelled: so is its caller's wait, not left hanging
+        await writing
+    assert await queued == 4  # written by a writer task, started when the first write ended
     write.delay = 0
     assert await group.submit(5) == 10
+    assert write.batches == [[1], [2], [5]]
 
 
 @settings(max_examples=60, deadline=None)
