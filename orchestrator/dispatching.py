@@ -4,11 +4,13 @@
   statement (``orc_fetch_dispatches_v1``), for as many dispatches as the worker has free slots;
   the worker's loop takes the extra ones from here, and each claim is handed to its attempt.
 - finish: a successful attempt does not write COMPLETED itself; it leaves its completion here,
-  and when Procrastinate finishes the dispatch, one statement writes both.
+  and when Procrastinate finishes the dispatch, one statement writes both (together with the
+  other completions waiting then: JobStore.complete).
 
 So a job is RUNNING exactly while one of its dispatches is doing, and COMPLETED exactly when that
-dispatch succeeded; and the hot path costs what raw Procrastinate's costs, two statements per
-job. Every other outcome (retry, failure, hand-back) is written by the attempt itself.
+dispatch succeeded; and the hot path costs at most what raw Procrastinate's costs, two
+statements per job, and fewer on a busy worker. Every other outcome (retry, failure, hand-back)
+is written by the attempt itself.
 """
 
 from __future__ import annotations
