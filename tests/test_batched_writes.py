@@ -15,6 +15,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from procrastinate.jobs import Job
 
 from orchestrator import JobContext, Orchestrator, StaleLease, Status
 from orchestrator.models import Claim
@@ -22,18 +23,28 @@ from orchestrator.store import dispatch_params
 from tests.conftest import wait_for
 
 
-def noop_app(make_orc: Callable[..., Orchestrator], **settings: Any) -> Orchestrator:
-    orc = make_orc(**settings)
+class Fetcher:
+    """The worker's side of the fetch, driven by hand: a registered Procrastinate worker with
+    ``slots`` free slots, on an orchestrator with a no-op job type (``start`` submits jobs)."""
 
-    @orc.job_type("noop")
-    async def noop(ctx: JobContext, payload: int) -> int:
-        return payload
+    def __init__(self, make_orc: Callable[..., Orchestrator], *, slots: int) -> None:
+        self.orc = make_orc()
+        self.manager = self.orc.dispatches
+        self.manager.free_slots = lambda: slots
+        self.worker_id = 0
 
-    return orc
+        @self.orc.job_type("noop")
+        async def noop(ctx: JobContext, payload: int) -> int:
+            return payload
 
+    async def start(self, jobs: int) -> list[UUID]:
+        await self.orc.open()
+        job_ids = [await self.orc.submit("noop", i) for i in range(jobs)]
+        self.worker_id = await self.manager.register_worker()
+        return job_ids
 
-async def submit(orc: Orchestrator, n: int) -> list[UUID]:
-    return [await orc.submit("noop", i) for i in range(n)]
+    async def fetch(self) -> Job | None:
+        return await self.manager.fetch_job(queues=None, worker_id=self.worker_id)
 
 
 async def statuses(orc: Orchestrator, job_ids: list[UUID]) -> list[Status]:
@@ -48,16 +59,13 @@ async def dispatch_rows(db: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...
 async def test_one_fetch_claims_a_dispatch_for_each_free_slot_and_no_more(
     make_orc: Callable[..., Orchestrator],
 ) -> None:
-    orc = noop_app(make_orc)
-    await orc.open()
-    job_ids = await submit(orc, 5)
-    manager = orc.dispatches
-    manager.free_slots = lambda: 3
-    worker_id = await manager.register_worker()
+    fetcher = Fetcher(make_orc, slots=3)
+    orc, manager = fetcher.orc, fetcher.manager
+    job_ids = await fetcher.start(jobs=5)
 
-    first = await manager.fetch_job(queues=None, worker_id=worker_id)
+    first = await fetcher.fetch()
     assert await statuses(orc, job_ids) == [Status.RUNNING] * 3 + [Status.PENDING] * 2
-    taken = [first] + [await manager.fetch_job(queues=None, worker_id=worker_id) for _ in "ab"]
+    taken = [first, await fetcher.fetch(), await fetcher.fetch()]
     # the second and third came from the first fetch: nothing more was claimed
     assert await statuses(orc, job_ids) == [Status.RUNNING] * 3 + [Status.PENDING] * 2
     assert [job.task_kwargs["job_id"] for job in taken if job] == [str(i) for i in job_ids[:3]]
@@ -67,15 +75,12 @@ async def test_one_fetch_claims_a_dispatch_for_each_free_slot_and_no_more(
 async def test_a_fetch_of_several_honours_the_lock_of_a_job_with_two_dispatches(
     make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
 ) -> None:
-    orc = noop_app(make_orc)
-    await orc.open()
-    job_id = (await submit(orc, 1))[0]
-    await orc.store.one("dispatch_jobs", dispatch_params([job_id]))  # a second, newer dispatch
-    manager = orc.dispatches
-    manager.free_slots = lambda: 5
-    worker_id = await manager.register_worker()
+    fetcher = Fetcher(make_orc, slots=5)
+    manager = fetcher.manager
+    job_id = (await fetcher.start(jobs=1))[0]
+    await fetcher.orc.store.one("dispatch_jobs", dispatch_params([job_id]))  # a newer dispatch
 
-    stale = await manager.fetch_job(queues=None, worker_id=worker_id)
+    stale = await fetcher.fetch()
     assert stale is not None and manager.take_claim(stale.id) is None  # the older: not claimable
     assert not manager.fetched  # the newer waits for the lock: one run of a job at a time
     assert [row[1] for row in await dispatch_rows(db)] == ["doing", "todo"]
@@ -143,15 +148,12 @@ async def test_a_stop_during_a_fetch_starts_what_the_fetch_claimed(
 async def test_completions_written_together_each_get_their_own_outcome(
     make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
 ) -> None:
-    orc = noop_app(make_orc)
-    await orc.open()
-    job_ids = await submit(orc, 4)
-    manager = orc.dispatches
-    manager.free_slots = lambda: 4
-    worker_id = await manager.register_worker()
-    dispatches = [await manager.fetch_job(queues=None, worker_id=worker_id) for _ in job_ids]
+    fetcher = Fetcher(make_orc, slots=4)
+    orc = fetcher.orc
+    job_ids = await fetcher.start(jobs=4)
+    dispatches = [await fetcher.fetch() for _ in job_ids]
     pjob_ids = [job.id for job in dispatches if job and job.id]
-    claims = [Claim.model_validate(manager.take_claim(pjob_id)) for pjob_id in pjob_ids]
+    claims = [Claim.model_validate(fetcher.manager.take_claim(pjob_id)) for pjob_id in pjob_ids]
     # job 2 is superseded (as by a sweep); job 3's dispatch is settled under its attempt
     await db.execute(
         "UPDATE orc_jobs SET lease_token = gen_random_uuid() WHERE id = %s", [job_ids[2]]
