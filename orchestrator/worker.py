@@ -47,7 +47,7 @@ class Worker(procrastinate_worker.Worker):
 
     Relies on four internals of procrastinate 3.x (``_new_job_event``, ``_process_job``,
     ``_handle_notification``, ``_running_jobs``); the version is pinned below 4, and
-    tests/test_worker_wakeup.py and tests/test_fetch.py fail if they change.
+    tests/test_worker_wakeup.py and tests/test_batched_writes.py fail if they change.
     """
 
     def __init__(self, *, dispatches: DispatchManager, **options: Any) -> None:
