@@ -66,16 +66,17 @@ class DispatchManager(manager.JobManager):
         so a busy worker fills them in one round trip; it never takes more than it can run,
         and the worker's loop takes the others at once, their slots being free.
         """
-        if not self.fetched:
-            self.fetching = True
-            try:
-                self.fetched.extend(await self._fetch(queues, worker_id))
-            finally:
-                self.fetching = False
-        job = self.fetched.popleft() if self.fetched else None
-        if not self.fetched:
-            self.on_all_taken()
-        return job
+        try:
+            if not self.fetched:
+                self.fetching = True
+                try:
+                    self.fetched.extend(await self._fetch(queues, worker_id))
+                finally:
+                    self.fetching = False
+            return self.fetched.popleft() if self.fetched else None
+        finally:
+            if not self.fetched:  # also when the fetch failed: a stop waiting for it goes ahead
+                self.on_all_taken()
 
     async def _fetch(self, queues: Iterable[str] | None, worker_id: int) -> list[jobs.Job]:
         """Fetch and claim; fetch again at once if the worker was woken during an empty fetch.
