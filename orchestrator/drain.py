@@ -35,7 +35,7 @@ class Drain:
         stop_fetching: Callable[[], None],
         runner: AttemptRunner,
         deadline: float,
-        starting: Callable[[], int] = lambda: 0,
+        starting: Callable[[], int],
     ) -> None:
         self.stop_fetching = stop_fetching
         self.runner = runner
