@@ -88,6 +88,33 @@ async def test_run_at_in_the_future_schedules_the_dispatch(
     assert pj[7] == run_at
 
 
+@pytest.mark.parametrize("job_key", [None, "k"], ids=["keyless", "keyed"])
+async def test_a_submit_for_later_tells_waiting_workers_when(
+    make_orc: Callable[..., Orchestrator], dsn: str, job_key: str | None
+) -> None:
+    # Workers sleep until the soonest due time they know of; orc_wakeup carries it (epoch).
+    soon, later = (datetime.now(UTC) + timedelta(hours=h) for h in (1, 2))
+    async with (
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener,
+        app(make_orc) as orc,
+    ):
+        await listener.execute("LISTEN orc_wakeup")
+        await orc.submit_many(
+            [
+                {"job_type": "greet", "payload": {"name": "now"}},
+                {
+                    "job_type": "greet",
+                    "payload": {"name": "b"},
+                    "run_at": later,
+                    "job_key": job_key,
+                },
+                {"job_type": "greet", "payload": {"name": "a"}, "run_at": soon},
+            ]
+        )
+        heard = [float(n.payload) async for n in listener.notifies(timeout=1.0)]
+    assert min(heard) == pytest.approx(soon.timestamp())  # a keyed job may add its own
+
+
 @pytest.mark.parametrize(
     ("job_type", "payload", "options", "error", "fragment"),
     [

@@ -63,9 +63,9 @@ SELECT from_status, to_status FROM declared
 ON CONFLICT DO NOTHING
 
 -- submit_jobs --
--- Insert jobs and their first dispatches in one round trip (see orc_submit_jobs_v1).
+-- Insert jobs and their first dispatches in one round trip (see orc_submit_jobs_v2).
 SELECT ord, job_id, outcome
-  FROM orc_submit_jobs_v1(%(specs)s, %(initial_status)s, %(waiting)s, %(task_prefix)s)
+  FROM orc_submit_jobs_v2(%(specs)s, %(initial_status)s, %(waiting)s, %(task_prefix)s)
 
 -- dispatch_jobs --
 -- Give jobs a new Procrastinate job each, at their next_retry_at or run_at.
