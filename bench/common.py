@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextlib.contextmanager
-def fresh_database(prefix: str = "orc_bench") -> Iterator[str]:
-    """A new database (dropped afterwards) on DATABASE_URL's server, or the embedded one."""
+def fresh_database(prefix: str = "orc_bench", *, migrated: bool = True) -> Iterator[str]:
+    """A new database (dropped afterwards) on DATABASE_URL's server, or the embedded one; with
+    the orchestrator's schema unless ``migrated`` is false."""
     server = os.environ.get("DATABASE_URL") or start_embedded(ROOT / ".orchestrator")
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     ensure_database(server, name)
@@ -30,7 +31,8 @@ def fresh_database(prefix: str = "orc_bench") -> Iterator[str]:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             await migrate(conn)
 
-    asyncio.run(apply())
+    if migrated:
+        asyncio.run(apply())
     try:
         yield dsn
     finally:
