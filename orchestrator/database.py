@@ -74,26 +74,34 @@ def drop_database(dsn: str, dbname: str) -> None:
 IDLE_CHECK_SECONDS = 5.0
 
 
-def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 20) -> AsyncConnectionPool:
+def create_pool(
+    dsn: str,
+    *,
+    min_size: int = 2,
+    max_size: int = 20,
+    idle_check_seconds: float = IDLE_CHECK_SECONDS,
+) -> AsyncConnectionPool:
     """An unopened pool of autocommit, dict-row connections (open it with ``await pool.open()``).
 
-    A connection is checked (an empty query) before use only if it sat idle for more than
-    ``IDLE_CHECK_SECONDS``: that catches connections the server or the network dropped while
+    A connection is checked (an empty query) before use only if it was last handed out more than
+    ``idle_check_seconds`` ago: that catches connections the server or the network dropped while
     idle, without doubling the round trips of every statement on a busy worker, as checking on
-    every checkout does.
+    every checkout does. The time is taken when a connection is handed out, not when it comes
+    back: a ``reset`` callback, which could take it then, makes the pool return every connection
+    through its worker task, a detour for each statement; a connection held longer than that is
+    only checked once more.
     """
-    returned_at: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float] = (
+    handed_out_at: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float] = (
         weakref.WeakKeyDictionary()
     )
 
     async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
         await conn.set_autocommit(True)
 
-    async def reset(conn: psycopg.AsyncConnection[Any]) -> None:
-        returned_at[conn] = time.monotonic()
-
     async def check_if_idle(conn: psycopg.AsyncConnection[Any]) -> None:
-        if time.monotonic() - returned_at.get(conn, 0.0) > IDLE_CHECK_SECONDS:
+        now = time.monotonic()
+        last, handed_out_at[conn] = handed_out_at.get(conn, 0.0), now
+        if now - last > idle_check_seconds:
             await AsyncConnectionPool.check_connection(conn)
 
     return AsyncConnectionPool(
@@ -102,7 +110,6 @@ def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 20) -> AsyncConn
         max_size=max_size,
         open=False,
         configure=configure,
-        reset=reset,
         check=check_if_idle,
         kwargs={"row_factory": dict_row},
         name="orchestrator",

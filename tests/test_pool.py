@@ -1,0 +1,42 @@
+"""The connection pool checks a connection before use only when it sat idle (database.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+
+from orchestrator.database import create_pool
+
+
+async def dropped_while_idle(dsn: str, idle_check_seconds: float, pause: float) -> Any:
+    """Use the pool's one connection, have the server end it, wait, and use the pool again."""
+    pool = create_pool(dsn, min_size=1, max_size=1, idle_check_seconds=idle_check_seconds)
+    await pool.open(wait=True)
+    try:
+        async with pool.connection() as conn:
+            pid = conn.info.backend_pid
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+            await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        await asyncio.sleep(pause)
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT pg_backend_pid() AS pid")
+            row = await cur.fetchone()
+            assert row is not None
+            assert row["pid"] != pid
+            return row["pid"]
+    finally:
+        await pool.close()
+
+
+async def test_a_connection_dropped_while_idle_is_replaced_before_use(dsn: str) -> None:
+    assert await dropped_while_idle(dsn, idle_check_seconds=0.2, pause=0.4)
+
+
+async def test_a_connection_in_steady_use_is_not_checked(dsn: str) -> None:
+    # Handed out again within the threshold: no check, so the dead connection is used as is
+    # (which is why the check on idle ones matters).
+    with pytest.raises(psycopg.OperationalError):
+        await dropped_while_idle(dsn, idle_check_seconds=60, pause=0.4)
