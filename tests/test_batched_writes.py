@@ -19,7 +19,7 @@ from procrastinate.jobs import Job
 
 from orchestrator import JobContext, Orchestrator, StaleLease, Status
 from orchestrator.models import Claim
-from orchestrator.store import dispatch_params
+from orchestrator.store import TASK_PREFIX, dispatch_params
 from tests.conftest import wait_for
 
 
@@ -52,7 +52,12 @@ async def statuses(orc: Orchestrator, job_ids: list[UUID]) -> list[Status]:
 
 
 async def dispatch_rows(db: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
-    cur = await db.execute("SELECT id, status, attempts FROM procrastinate_jobs ORDER BY id")
+    """The jobs' dispatches (not the maintenance tasks a worker defers on a minute's tick)."""
+    cur = await db.execute(
+        "SELECT id, status, attempts FROM procrastinate_jobs WHERE starts_with(task_name, %s) "
+        "ORDER BY id",
+        (TASK_PREFIX,),
+    )
     return await cur.fetchall()
 
 

@@ -255,7 +255,8 @@ async def test_a_duplicate_dispatch_is_a_no_op(
 
         async def all_dispatches_done() -> bool:
             cur = await db.execute(
-                "SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'"
+                "SELECT count(*) FROM procrastinate_jobs "
+                "WHERE status <> 'succeeded' AND task_name = 'orc.scripted'"
             )
             row = await cur.fetchone()
             return row is not None and row[0] == 0
