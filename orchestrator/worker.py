@@ -6,6 +6,10 @@ one timer for the soonest due job, learnt from ``orc_wakeup`` notifications (sen
 statement that schedules a dispatch) and from a periodic look at the table, and wakes the fetch
 loop when it fires. A dispatch that may be due at once but waits for the current run of the same
 job to finish (it shares its lock) wakes the loop when that run ends.
+
+The waker's connection is the worker's only listener: it also hears Procrastinate's channels
+(inserted jobs, abort requests) and hands those notifications to the worker, so each insert
+wakes one server backend and one Python handler, not two.
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -37,6 +42,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 WAKEUP_CHANNEL = "orc_wakeup"
+LISTEN_CHECK_SECONDS = 30.0  # as Procrastinate's listener: a silent connection is checked
 _wake_after_run: contextvars.ContextVar[list[UUID] | None] = contextvars.ContextVar(
     "wake_after_run", default=None
 )
@@ -85,10 +91,12 @@ class Worker(procrastinate_worker.Worker):
         self.dispatches.wakes += 1
         self._new_job_event.set()
 
-    async def _handle_notification(self, *, channel: str, notification: Any) -> None:
+    async def notified(self, channel: str, payload: str) -> None:
+        """A notification on one of Procrastinate's channels, heard by the waker's listener."""
+        notification = json.loads(payload)
         if notification.get("type") == "job_inserted":
             self.dispatches.wakes += 1
-        await super()._handle_notification(channel=channel, notification=notification)
+        await self._handle_notification(channel=channel, notification=notification)
 
     async def _process_job(self, context: Any) -> None:
         redispatched: list[UUID] = []
@@ -117,11 +125,15 @@ class DueTimeWaker:
         wake: Callable[[], None],
         refresh_interval: float,
         queues: Sequence[str] | None = None,
+        notified: Callable[[str, str], Awaitable[None]] | None = None,
     ) -> None:
+        """``notified(channel, payload)`` gets what Procrastinate's channels carry; without it,
+        any of them just wakes the worker."""
         self.dsn = dsn
         self.queues = queues
         self.store = store
         self.wake = wake
+        self.notified = notified
         self.refresh_interval = refresh_interval
         self._timer: asyncio.TimerHandle | None = None
         self._due: float | None = None  # loop time the timer fires at
@@ -176,11 +188,11 @@ class DueTimeWaker:
                 await asyncio.wait_for(self._refresh_now.wait(), self.refresh_interval)
 
     async def _listen(self) -> None:
-        """Hear due times (``orc_wakeup``) and inserted jobs (Procrastinate's channels).
+        """Hear due times (``orc_wakeup``), inserted jobs and abort requests (Procrastinate's
+        channels).
 
-        Procrastinate's own listener misses a job inserted after the worker's first fetch but
-        before it is listening (it waits for the next poll). Here, either the insert is heard,
-        or this connection came later and the refresh it triggers finds the job overdue.
+        A job inserted after the worker's first fetch but before this connection listens is not
+        missed either: the refresh that each (re)connection triggers finds it overdue.
         """
         channels = [WAKEUP_CHANNEL, *manager.get_channel_for_queues(self.queues)]
         while True:
@@ -191,15 +203,25 @@ class DueTimeWaker:
                             sql.SQL(QUERIES["listen_channel"]).format(sql.Identifier(channel))
                         )
                     self._refresh_now.set()  # catch up on anything scheduled while away
-                    async for notify in conn.notifies():
-                        self._heard(notify.channel, notify.payload)
+                    while True:
+                        async for notify in conn.notifies(timeout=LISTEN_CHECK_SECONDS):
+                            await self._heard(notify.channel, notify.payload)
+                        # Quiet for a while: make sure the connection is still there (one the
+                        # network dropped silently would otherwise leave the worker polling).
+                        await conn.execute(QUERIES["ping"])
             except psycopg.OperationalError as exc:
                 logger.warning("wake-up listener lost its connection (%s); reconnecting", exc)
                 await asyncio.sleep(1.0)
 
-    def _heard(self, channel: str, payload: str) -> None:
+    async def _heard(self, channel: str, payload: str) -> None:
         if channel != WAKEUP_CHANNEL:
-            self.wake()  # a job was inserted (or an abort requested: a fetch is harmless)
+            if self.notified is None:
+                self.wake()
+                return
+            try:
+                await self.notified(channel, payload)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                logger.warning("ignoring malformed notification %r on %s", payload, channel)
             return
         try:
             self.note(float(payload))
@@ -228,7 +250,7 @@ async def run_worker(
         wait=wait,
         fetch_job_polling_interval=settings.fetch_polling_interval,
         install_signal_handlers=False,  # ours drain (see drain.py)
-        listen_notify=True,
+        listen_notify=False,  # the waker listens for it
         stalled_worker_timeout=settings.stalled_worker_seconds,
     )
     drain = Drain(
@@ -244,6 +266,7 @@ async def run_worker(
         wake=worker.wake,
         refresh_interval=settings.fetch_polling_interval,
         queues=queues,
+        notified=worker.notified,
     )
     orc.runner.on_redispatch = wake_after_this_run
     heartbeats = Heartbeats(

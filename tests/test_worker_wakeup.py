@@ -6,11 +6,15 @@ would wait for it. They also guard the two Procrastinate internals the worker re
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+import pytest
 
 from orchestrator import Orchestrator, Status
 from tests import scripted
@@ -125,3 +129,102 @@ async def test_staggered_retries_each_start_when_due(make_orc: Callable[..., Orc
         due = next(e for e in events if e.kind == "job.retry_scheduled").payload["available_at"]
         start = [e.at for e in events if e.kind == "job.running"][1]
         assert (start - datetime.fromisoformat(due)).total_seconds() < 2  # not the 60 s poll
+
+
+@contextlib.asynccontextmanager
+async def listening_waker(
+    dsn: str, db: psycopg.AsyncConnection[Any]
+) -> AsyncIterator[list[tuple[str, dict[str, Any]]]]:
+    """A due-time waker whose listener is up; yields the Procrastinate notifications it hands
+    on, as (channel, payload)."""
+    from orchestrator.database import create_pool
+    from orchestrator.store import JobStore
+    from orchestrator.worker import DueTimeWaker
+
+    heard: list[tuple[str, dict[str, Any]]] = []
+
+    async def notified(channel: str, payload: str) -> None:
+        heard.append((channel, json.loads(payload)))
+
+    pool = create_pool(dsn, min_size=1, max_size=2)
+    await pool.open()
+    waker = DueTimeWaker(
+        dsn=dsn, store=JobStore(pool), wake=lambda: None, refresh_interval=30, notified=notified
+    )
+    task = asyncio.create_task(waker.run())
+    try:
+        await wait_for(lambda: _listener(db))
+        yield heard
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await pool.close()
+
+
+async def _listener(db: psycopg.AsyncConnection[Any], *, besides: int | None = None) -> int | None:
+    """The backend of a listener that listens on all its channels (it last ran its last LISTEN,
+    or a connection check), other than ``besides``."""
+    cur = await db.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND (query LIKE 'LISTEN \"procrastinate_any_queue_v1\"%%' OR query LIKE 'SELECT 1 AS ok%%') "
+        "AND pid <> pg_backend_pid() AND pid IS DISTINCT FROM %s",
+        (besides,),
+    )
+    row = await cur.fetchone()
+    return int(row[0]) if row else None
+
+
+async def _insert_dispatch(db: psycopg.AsyncConnection[Any]) -> int:
+    cur = await db.execute(
+        "INSERT INTO procrastinate_jobs (queue_name, task_name, args) "
+        "VALUES ('q', 't', '{}') RETURNING id"
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_the_waker_hands_procrastinate_notifications_to_the_worker(
+    dsn: str, db: psycopg.AsyncConnection[Any]
+) -> None:
+    # The waker's connection is the worker's only listener (Procrastinate's own is off): an
+    # inserted job and an abort request must reach the worker through it.
+    async with listening_waker(dsn, db) as heard:
+        job = await _insert_dispatch(db)
+        await db.execute("UPDATE procrastinate_jobs SET status = 'doing' WHERE id = %s", (job,))
+        await db.execute(
+            "UPDATE procrastinate_jobs SET abort_requested = true WHERE id = %s", (job,)
+        )
+        await wait_for(lambda: _at_least(heard, 2))
+    assert heard == [
+        ("procrastinate_any_queue_v1", {"type": "job_inserted", "job_id": job}),
+        ("procrastinate_any_queue_v1", {"type": "abort_job_requested", "job_id": job}),
+    ]
+
+
+async def test_a_quiet_listener_checks_its_connection_and_comes_back_when_it_is_lost(
+    dsn: str, db: psycopg.AsyncConnection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator import worker
+
+    monkeypatch.setattr(worker, "LISTEN_CHECK_SECONDS", 0.1)
+
+    async def checked(pid: int | None = None) -> bool:
+        cur = await db.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE query LIKE 'SELECT 1 AS ok%%' AND pid = %s",
+            (pid,),
+        )
+        return await cur.fetchone() is not None
+
+    async with listening_waker(dsn, db) as heard:
+        first = await _listener(db)
+        await wait_for(lambda: checked(first))  # quiet: it checked its connection
+        await db.execute("SELECT pg_terminate_backend(%s)", (first,))
+        await wait_for(lambda: _listener(db, besides=first), timeout=5)  # back, listening
+        job = await _insert_dispatch(db)
+        await wait_for(lambda: _at_least(heard, 1))
+    assert heard == [("procrastinate_any_queue_v1", {"type": "job_inserted", "job_id": job})]
+
+
+async def _at_least(items: list[Any], n: int) -> bool:
+    return len(items) >= n

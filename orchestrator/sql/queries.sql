@@ -17,7 +17,7 @@ DROP DATABASE IF EXISTS {} WITH (FORCE)
 -- listen_channel --
 -- (the channel is an identifier, formatted in with psycopg.sql). Workers listen on orc_wakeup,
 -- where statements that schedule a dispatch send its due time (epoch seconds), and on
--- Procrastinate's channels, where it announces inserted jobs.
+-- Procrastinate's channels, where it announces inserted jobs and abort requests.
 LISTEN {}
 
 -- migrations_lock --
@@ -227,7 +227,7 @@ SELECT j.id, j.procrastinate_job_id, p.status AS procrastinate_status
    FOR UPDATE OF j SKIP LOCKED
 
 -- ping --
--- The liveness probe's question: is the database there?
+-- The liveness probe's question, and the listener's on a quiet connection: is the database there?
 SELECT 1 AS ok
 
 -- procrastinate_job_status --
