@@ -92,8 +92,12 @@ class Worker(procrastinate_worker.Worker):
         self._new_job_event.set()
 
     async def notified(self, channel: str, payload: str) -> None:
-        """A notification on one of Procrastinate's channels, heard by the waker's listener."""
-        notification = json.loads(payload)
+        """A notification on one of Procrastinate's channels, heard by the waker's listener.
+        Raises ValueError for a payload that is not a JSON object."""
+        parsed = json.loads(payload)
+        if not isinstance(parsed, dict):
+            raise ValueError(f"not a JSON object: {payload!r}")
+        notification: Any = parsed  # one of Procrastinate's notification shapes
         if notification.get("type") == "job_inserted":
             self.dispatches.wakes += 1
         await self._handle_notification(channel=channel, notification=notification)
@@ -124,11 +128,11 @@ class DueTimeWaker:
         store: JobStore,
         wake: Callable[[], None],
         refresh_interval: float,
+        notified: Callable[[str, str], Awaitable[None]],
         queues: Sequence[str] | None = None,
-        notified: Callable[[str, str], Awaitable[None]] | None = None,
     ) -> None:
-        """``notified(channel, payload)`` gets what Procrastinate's channels carry; without it,
-        any of them just wakes the worker."""
+        """``notified(channel, payload)`` gets what Procrastinate's channels carry (inserted
+        jobs, abort requests); ``wake`` is called when a scheduled dispatch comes due."""
         self.dsn = dsn
         self.queues = queues
         self.store = store
@@ -215,13 +219,12 @@ class DueTimeWaker:
 
     async def _heard(self, channel: str, payload: str) -> None:
         if channel != WAKEUP_CHANNEL:
-            if self.notified is None:
-                self.wake()
-                return
             try:
                 await self.notified(channel, payload)
-            except (ValueError, KeyError, TypeError, AttributeError):
+            except ValueError:
                 logger.warning("ignoring malformed notification %r on %s", payload, channel)
+            except Exception:  # one notification must not end the worker's only listener
+                logger.exception("handling notification %r on %s failed", payload, channel)
             return
         try:
             self.note(float(payload))

@@ -76,8 +76,6 @@ async def test_the_waker_arms_a_timer_for_the_next_job_while_another_is_overdue(
 ) -> None:
     # One job came due but has not been fetched yet (its fetch is under way, or it waits for a
     # lock); another is due in 0.3 s. The overdue one must not hide the next one's due time.
-    import asyncio
-
     from orchestrator.database import create_pool
     from orchestrator.store import JobStore
     from orchestrator.worker import DueTimeWaker
@@ -93,8 +91,16 @@ async def test_the_waker_arms_a_timer_for_the_next_job_while_another_is_overdue(
     wakes: list[float] = []
     pool = create_pool(dsn, min_size=1, max_size=2)
     await pool.open()
+
+    async def notified(channel: str, payload: str) -> None:
+        pass  # inserted jobs: none here
+
     waker = DueTimeWaker(
-        dsn=dsn, store=JobStore(pool), wake=lambda: wakes.append(loop.time()), refresh_interval=30
+        dsn=dsn,
+        store=JobStore(pool),
+        wake=lambda: wakes.append(loop.time()),
+        notified=notified,
+        refresh_interval=30,
     )
     started = loop.time()
     task = asyncio.create_task(waker.run())
@@ -114,8 +120,6 @@ async def test_the_waker_arms_a_timer_for_the_next_job_while_another_is_overdue(
 async def test_staggered_retries_each_start_when_due(make_orc: Callable[..., Orchestrator]) -> None:
     # After the timer fires for one retry, the next one (due 50 ms later) must get its own
     # timer, even while the first is still overdue and being fetched.
-    import asyncio
-
     orc = make_orc(fetch_polling_interval=60)
     scripted.register(orc)
     async with WorkerRun(orc) as worker:
@@ -200,6 +204,16 @@ async def test_the_waker_hands_procrastinate_notifications_to_the_worker(
         ("procrastinate_any_queue_v1", {"type": "job_inserted", "job_id": job}),
         ("procrastinate_any_queue_v1", {"type": "abort_job_requested", "job_id": job}),
     ]
+
+
+async def test_a_malformed_notification_does_not_stop_the_listener(
+    dsn: str, db: psycopg.AsyncConnection[Any]
+) -> None:
+    async with listening_waker(dsn, db) as heard:
+        await db.execute("SELECT pg_notify('procrastinate_any_queue_v1', 'not json')")
+        job = await _insert_dispatch(db)
+        await wait_for(lambda: _at_least(heard, 1))
+    assert heard == [("procrastinate_any_queue_v1", {"type": "job_inserted", "job_id": job})]
 
 
 async def test_a_quiet_listener_checks_its_connection_and_comes_back_when_it_is_lost(
