@@ -16,6 +16,10 @@
 3. retry lateness: jobs fail once with ``RetryLater(0.2)``; the second attempt's start is
    compared with the ``next_retry_at`` it was scheduled for. Procrastinate alone finds
    scheduled jobs by polling (5 s); Graphile Worker is 0.6-1.3 s late here; target p50 <= 100 ms.
+
+``--breakdown`` adds, for each in-process run of 1., the server's time per job in each SQL
+function (``track_functions``; it needs a superuser): where the orchestrator's own writes cost.
+A function's time includes the triggers it fires; statements outside functions are not counted.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from typing import Any
 
 import procrastinate
 import psycopg
-from psycopg import conninfo
+from psycopg import conninfo, sql
 
 from bench.common import ROOT, fresh_database, machine, percentile, server_version
 from orchestrator import JobContext, Orchestrator, RetryLater, Settings
@@ -227,6 +231,34 @@ def worker_process(dsn: str) -> Iterator[None]:
         worker.wait(timeout=60)
 
 
+def track_functions(dsn: str) -> None:
+    """Time every SQL function in the sessions opened from now on (see ``server_time``)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        name = sql.Identifier(str(conninfo.conninfo_to_dict(dsn)["dbname"]))
+        conn.execute(sql.SQL("ALTER DATABASE {} SET track_functions = 'all'").format(name))
+
+
+def server_time(dsn: str, run: Callable[[], list[float]]) -> tuple[list[float], list[str]]:
+    """``run()``'s latencies, and the server's time per job in each SQL function during it."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_reset()")
+    latencies = run()
+    jobs = WARM_UP + len(latencies)
+    time.sleep(1.5)  # the closed sessions' counters reach the statistics
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT funcname, calls, self_time FROM pg_stat_user_functions"
+            " WHERE calls >= %s ORDER BY self_time DESC",
+            [jobs],
+        ).fetchall()
+    total = sum(self_ms for _, _, self_ms in rows) * 1_000 / jobs
+    lines = [f"server time in SQL functions: {total:.0f} us per job"] + [
+        f"  {name:<55} {calls / jobs:4.2f} calls/job {self_ms * 1_000 / jobs:6.1f} us/job"
+        for name, calls, self_ms in rows
+    ]
+    return latencies, lines
+
+
 def summary(name: str, values: list[float]) -> str:
     return (
         f"{name}: p50 {statistics.median(values):.2f} ms, p90 {percentile(values, 90):.2f} ms, "
@@ -238,6 +270,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--samples", type=int, default=1000)
     parser.add_argument("--worker", metavar="DSN")
+    parser.add_argument("--breakdown", action="store_true", help="server time per SQL function")
     args = parser.parse_args()
     if args.worker:
         asyncio.run(run_worker(args.worker))
@@ -246,11 +279,28 @@ def main() -> None:
         print(f"machine: {machine()}, PostgreSQL {asyncio.run(server_version(dsn))}")
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE bench_starts (i int PRIMARY KEY, t float8)")
-        raw = asyncio.run(in_process_raw(dsn, args.samples))
-        orc = asyncio.run(in_process_orchestrator(dsn, args.samples))
+        if args.breakdown:
+            try:
+                track_functions(dsn)
+            except psycopg.Error as exc:
+                print(f"breakdown: not measured ({str(exc).strip()})")
+                args.breakdown = False
+        runs = {
+            "raw Procrastinate": lambda: asyncio.run(in_process_raw(dsn, args.samples)),
+            "orchestrator     ": lambda: asyncio.run(in_process_orchestrator(dsn, args.samples)),
+        }
+        latencies, breakdowns = {}, {}
+        for name, run in runs.items():
+            if args.breakdown:
+                latencies[name], breakdowns[name] = server_time(dsn, run)
+            else:
+                latencies[name] = run()
+        raw, orc = latencies.values()
         print("1. submit -> start, Graphile's method (in process, back to back, concurrency 1)")
-        print("   " + summary("raw Procrastinate", raw))
-        print("   " + summary("orchestrator     ", orc))
+        for name, values in latencies.items():
+            print("   " + summary(name, values))
+            for line in breakdowns.get(name, []):
+                print("     " + line)
         print(
             f"   ratio of p50s (orchestrator / raw Procrastinate): "
             f"{statistics.median(orc) / statistics.median(raw):.2f}"
