@@ -89,6 +89,25 @@ async def test_run_at_in_the_future_schedules_the_dispatch(
 
 
 @pytest.mark.parametrize("job_key", [None, "k"], ids=["keyless", "keyed"])
+async def test_job_created_records_the_options_the_job_was_submitted_with(
+    make_orc: Callable[..., Orchestrator], job_key: str | None
+) -> None:
+    run_at = datetime.now(UTC) + timedelta(minutes=5)
+    async with app(make_orc) as orc:
+        job_id = await orc.submit(
+            "greet", {"name": "c"}, run_at=run_at, max_retries=7, job_key=job_key, trace_id="t-1"
+        )
+        [created] = await orc.job_events(job_id)
+    assert created.kind == "job.created"
+    payload = dict(created.payload)
+    assert datetime.fromisoformat(payload.pop("run_at")) == run_at
+    assert payload == {
+        "job_type": "greet", "queue": "greet", "max_attempts": 2, "max_retries": 7,
+        "job_key": job_key, "trace_id": "t-1",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("job_key", [None, "k"], ids=["keyless", "keyed"])
 async def test_a_submit_for_later_tells_waiting_workers_when(
     make_orc: Callable[..., Orchestrator], dsn: str, job_key: str | None
 ) -> None:
