@@ -18,8 +18,10 @@
    scheduled jobs by polling (5 s); Graphile Worker is 0.6-1.3 s late here; target p50 <= 100 ms.
 
 ``--breakdown`` adds, for each in-process run of 1., the server's time per job in each SQL
-function (``track_functions``; it needs a superuser): where the orchestrator's own writes cost.
-A function's time includes the triggers it fires; statements outside functions are not counted.
+function called at least once per job (``track_functions``; it needs a superuser): where the
+orchestrator's own writes cost. Each function's own time is shown: the functions and PL/pgSQL
+triggers it calls have lines of their own, foreign-key checks count in the function whose
+statement made them, and statements outside functions are not counted.
 """
 
 from __future__ import annotations
