@@ -281,19 +281,20 @@ def main() -> None:
         print(f"machine: {machine()}, PostgreSQL {asyncio.run(server_version(dsn))}")
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE bench_starts (i int PRIMARY KEY, t float8)")
-        if args.breakdown:
+        breakdown = args.breakdown
+        if breakdown:
             try:
                 track_functions(dsn)
             except psycopg.Error as exc:
                 print(f"breakdown: not measured ({str(exc).strip()})")
-                args.breakdown = False
+                breakdown = False
         runs = {
             "raw Procrastinate": lambda: asyncio.run(in_process_raw(dsn, args.samples)),
             "orchestrator     ": lambda: asyncio.run(in_process_orchestrator(dsn, args.samples)),
         }
         latencies, breakdowns = {}, {}
         for name, run in runs.items():
-            if args.breakdown:
+            if breakdown:
                 latencies[name], breakdowns[name] = server_time(dsn, run)
             else:
                 latencies[name] = run()

@@ -1,7 +1,8 @@
 """The worker starts scheduled work when it is due, not at Procrastinate's next poll.
 
 These tests set the polling interval to a minute: without the due-time waker, the retries below
-would wait for it. They also guard the two Procrastinate internals the worker relies on.
+would wait for it. They also guard the Procrastinate internals the worker relies on to be woken
+(``_new_job_event``, ``_handle_notification``).
 """
 
 from __future__ import annotations
@@ -242,3 +243,22 @@ async def test_a_quiet_listener_checks_its_connection_and_comes_back_when_it_is_
 
 async def _at_least(items: list[Any], n: int) -> bool:
     return len(items) >= n
+
+
+async def test_a_cancel_reaches_a_running_job_through_the_listener_not_the_abort_poll(
+    make_orc: Callable[..., Orchestrator],
+) -> None:
+    # Procrastinate polls for abort requests every 5 s, from the worker's start; its own
+    # listener is off, so a prompt abort shows that the waker handed the request on.
+    orc = make_orc()
+    scripted.register(orc)
+    async with WorkerRun(orc):
+        job_id = await orc.submit("scripted", {"script": ["block"]})
+        await asyncio.wait_for(scripted.STARTED.setdefault(job_id, asyncio.Event()).wait(), 3)
+        await orc.cancel(job_id, reason="stop")
+
+        async def attempt_gone() -> bool:
+            return job_id not in orc.runner.running_jobs()
+
+        await wait_for(attempt_gone, timeout=1.5)
+    assert (await orc.get_job(job_id)).status is Status.CANCELLED
