@@ -9,8 +9,10 @@ import platform
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import psycopg
+from procrastinate.schema import SchemaManager
 
 from orchestrator.database import drop_database, ensure_database, start_embedded, with_database
 from orchestrator.migrate import migrate
@@ -19,9 +21,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextlib.contextmanager
-def fresh_database(prefix: str = "orc_bench", *, migrated: bool = True) -> Iterator[str]:
-    """A new database (dropped afterwards) on DATABASE_URL's server, or the embedded one; with
-    the orchestrator's schema unless ``migrated`` is false."""
+def fresh_database(
+    prefix: str = "orc_bench",
+    *,
+    schema: Literal["orchestrator", "procrastinate"] | None = "orchestrator",
+) -> Iterator[str]:
+    """A new database (dropped afterwards) on DATABASE_URL's server, or the embedded one, with
+    the orchestrator's schema, Procrastinate's alone, or none."""
     server = os.environ.get("DATABASE_URL") or start_embedded(ROOT / ".orchestrator")
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     ensure_database(server, name)
@@ -29,9 +35,12 @@ def fresh_database(prefix: str = "orc_bench", *, migrated: bool = True) -> Itera
 
     async def apply() -> None:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            await migrate(conn)
+            if schema == "orchestrator":
+                await migrate(conn)
+            else:
+                await conn.execute(SchemaManager.get_schema().encode())
 
-    if migrated:
+    if schema is not None:
         asyncio.run(apply())
     try:
         yield dsn

@@ -1,27 +1,32 @@
 """Latency: how soon work starts.
 
-    ./dev bench latency [--samples 1000]
+    ./dev bench latency [--samples 1000] [--rounds 3] [--breakdown]
 
 1. submit -> start, by Graphile Worker's own method (perfTest/latencyTest.js): the worker runs in
    the driver's process with concurrency 1; each job is submitted the moment the previous one
    started, and the time from just before ``submit()`` to the task function's first line is
-   recorded. Baselines, measured the same way in the same run: raw Procrastinate (defer ->
-   start), and Graphile Worker itself (bench/graphile/latency.js, on its own database). That
-   needs Node.js and npm; the pinned graphile-worker (0.17.3, the newest that supports Node 20)
-   is installed when it is missing, and without them the bench says why it skipped it. The
-   issue's figures for Graphile Worker on this machine: 1.7 ms p50 / 8 ms p99.
-   Targets: p50 <= 2 ms, p99 <= 10 ms.
+   recorded. Baselines, measured the same way: raw Procrastinate (defer -> start), and Graphile
+   Worker itself (bench/graphile/latency.js). That needs Node.js and npm; the pinned
+   graphile-worker (0.17.3, the newest that supports Node 20) is installed when it is missing,
+   and without them the bench says why it skipped it. The three take turns, ``--rounds`` times
+   (the machine's speed drifts within minutes, and interleaving spreads the drift over all
+   three), each time on a fresh database of its own: a run on a table that another run has
+   filled pays for that history (finished jobs, index entries not yet vacuumed) in its fetch.
+   Raw Procrastinate's database holds Procrastinate's schema alone. Percentiles are over all
+   rounds' samples, and each round's p50 is shown. The issue's figures for Graphile Worker on
+   this machine: 1.7 ms p50 / 8 ms p99. Targets: p50 <= 2 ms, p99 <= 10 ms.
 2. the same, with the worker in another process and 25 ms of idleness before each submit: the
    usual production shape, slower on this VM because every idle hop wakes a sleeping CPU.
 3. retry lateness: jobs fail once with ``RetryLater(0.2)``; the second attempt's start is
    compared with the ``next_retry_at`` it was scheduled for. Procrastinate alone finds
    scheduled jobs by polling (5 s); Graphile Worker is 0.6-1.3 s late here; target p50 <= 100 ms.
 
-``--breakdown`` adds, for each in-process run of 1., the server's time per job in each SQL
-function called at least once per job (``track_functions``; it needs a superuser): where the
-orchestrator's own writes cost. Each function's own time is shown: the functions and PL/pgSQL
-triggers it calls have lines of their own, foreign-key checks count in the function whose
-statement made them, and statements outside functions are not counted.
+``--breakdown`` adds, for raw Procrastinate and the orchestrator in 1. (all rounds together), the
+server's time per job in each SQL function called at least once per job (``track_functions``;
+it needs a superuser): where the orchestrator's own writes cost. Each function's own time is
+shown: the functions and PL/pgSQL triggers it calls have lines of their own, foreign-key checks
+count in the function whose statement made them, and statements outside functions are not
+counted.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import procrastinate
 import psycopg
@@ -50,6 +55,7 @@ from orchestrator.database import create_pool
 
 WARM_UP = 100  # as Graphile's test: connections opening, statements being prepared
 GAP = 0.025  # idle seconds before each submit in the cross-process measurement
+RAW, ORC, GRAPHILE_WORKER = "raw Procrastinate", "orchestrator", "Graphile Worker"
 
 started_at: dict[int, float] = {}  # sample -> when its task began (in-process measurements)
 arrived: dict[int, asyncio.Future[None]] = {}
@@ -197,7 +203,7 @@ def graphile_worker(samples: int) -> tuple[str, list[float]]:
         )  # fmt: skip
         if install.returncode != 0:
             raise RuntimeError(f"npm install failed: {install.stderr.strip()[-300:]}")
-    with fresh_database("graphile_bench", migrated=False) as dsn:
+    with fresh_database("graphile_bench", schema=None) as dsn:
         params = conninfo.conninfo_to_dict(dsn)
         env = {var: str(params[key]) for key, var in LIBPQ_ENV.items() if params.get(key)}
         run = subprocess.run(
@@ -240,25 +246,38 @@ def track_functions(dsn: str) -> None:
         conn.execute(sql.SQL("ALTER DATABASE {} SET track_functions = 'all'").format(name))
 
 
-def server_time(dsn: str, run: Callable[[], list[float]]) -> tuple[list[float], list[str]]:
-    """``run()``'s latencies, and the server's time per job in each SQL function during it."""
+#: Per SQL function: (calls, milliseconds of its own time), summed over runs.
+FunctionTimes = dict[str, tuple[int, float]]
+
+
+def server_time(dsn: str, run: Callable[[], list[float]], into: FunctionTimes) -> list[float]:
+    """``run()``'s latencies; the server's time in each SQL function during it is added to
+    ``into``."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_stat_reset()")
     latencies = run()
-    jobs = WARM_UP + len(latencies)
     time.sleep(1.5)  # the closed sessions' counters reach the statistics
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT funcname, calls, self_time FROM pg_stat_user_functions"
-            " WHERE calls >= %s ORDER BY self_time DESC",
-            [jobs],
         ).fetchall()
-    total = sum(self_ms for _, _, self_ms in rows) * 1_000 / jobs
-    lines = [f"server time in SQL functions: {total:.0f} us per job"] + [
-        f"  {name:<55} {calls / jobs:4.2f} calls/job {self_ms * 1_000 / jobs:6.1f} us/job"
-        for name, calls, self_ms in rows
+    for name, calls, self_ms in rows:
+        total_calls, total_ms = into.get(name, (0, 0.0))
+        into[name] = (total_calls + calls, total_ms + self_ms)
+    return latencies
+
+
+def breakdown_lines(times: FunctionTimes, jobs: int) -> list[str]:
+    """The functions called at least once per job, costliest first."""
+    rows = sorted(
+        ((name, calls, ms) for name, (calls, ms) in times.items() if calls >= jobs),
+        key=lambda row: -row[2],
+    )
+    total = sum(ms for _, _, ms in rows) * 1_000 / jobs
+    return [f"server time in SQL functions: {total:.0f} us per job"] + [
+        f"  {name:<55} {calls / jobs:4.2f} calls/job {ms * 1_000 / jobs:6.1f} us/job"
+        for name, calls, ms in rows
     ]
-    return latencies, lines
 
 
 def summary(name: str, values: list[float]) -> str:
@@ -268,9 +287,29 @@ def summary(name: str, values: list[float]) -> str:
     )
 
 
+def measure_in_process(
+    name: str, samples: int, *, breakdown: bool, times: FunctionTimes
+) -> list[float]:
+    """One run of 1. for ``name``, on a fresh database of its own: raw Procrastinate's holds its
+    schema alone, so neither inherits the other's history (finished jobs, dead index entries)."""
+    schema: Literal["procrastinate", "orchestrator"] = (
+        "procrastinate" if name == RAW else "orchestrator"
+    )
+    with fresh_database(schema=schema) as dsn:
+        if name == RAW:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("CREATE TABLE bench_starts (i int PRIMARY KEY, t float8)")
+        measure = in_process_raw if name == RAW else in_process_orchestrator
+        if not breakdown:
+            return asyncio.run(measure(dsn, samples))
+        track_functions(dsn)
+        return server_time(dsn, lambda: asyncio.run(measure(dsn, samples)), times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--samples", type=int, default=1000)
+    parser.add_argument("--samples", type=int, default=1000, help="per system and round")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--worker", metavar="DSN")
     parser.add_argument("--breakdown", action="store_true", help="server time per SQL function")
     args = parser.parse_args()
@@ -279,8 +318,6 @@ def main() -> None:
         return
     with fresh_database() as dsn:
         print(f"machine: {machine()}, PostgreSQL {asyncio.run(server_version(dsn))}")
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("CREATE TABLE bench_starts (i int PRIMARY KEY, t float8)")
         breakdown = args.breakdown
         if breakdown:
             try:
@@ -288,42 +325,49 @@ def main() -> None:
             except psycopg.Error as exc:
                 print(f"breakdown: not measured ({str(exc).strip()})")
                 breakdown = False
-        runs = {
-            "raw Procrastinate": lambda: asyncio.run(in_process_raw(dsn, args.samples)),
-            "orchestrator     ": lambda: asyncio.run(in_process_orchestrator(dsn, args.samples)),
-        }
-        latencies, breakdowns = {}, {}
-        for name, run in runs.items():
-            if breakdown:
-                latencies[name], breakdowns[name] = server_time(dsn, run)
-            else:
-                latencies[name] = run()
-        raw, orc = latencies.values()
-        print("1. submit -> start, Graphile's method (in process, back to back, concurrency 1)")
-        for name, values in latencies.items():
-            print("   " + summary(name, values))
-            for line in breakdowns.get(name, []):
-                print("     " + line)
-        print(
-            f"   ratio of p50s (orchestrator / raw Procrastinate): "
-            f"{statistics.median(orc) / statistics.median(raw):.2f}"
-        )
+    latencies: dict[str, list[float]] = {RAW: [], ORC: [], GRAPHILE_WORKER: []}
+    p50s: dict[str, list[float]] = {name: [] for name in latencies}
+    times: dict[str, FunctionTimes] = {RAW: {}, ORC: {}}
+    graphile_version, graphile_missing = "", ""
+    for _ in range(args.rounds):  # interleaved, so that the machine's drift touches all alike
+        for name in (RAW, ORC):
+            run = measure_in_process(name, args.samples, breakdown=breakdown, times=times[name])
+            latencies[name] += run
+            p50s[name].append(statistics.median(run))
+        if graphile_missing:
+            continue
         try:
-            version, graphile = graphile_worker(args.samples)
+            graphile_version, run = graphile_worker(args.samples)
         except RuntimeError as exc:
-            print(f"   Graphile Worker: not measured ({exc})")
+            graphile_missing = str(exc)
         else:
-            print("   " + summary(f"Graphile Worker {version}", graphile))
+            latencies[GRAPHILE_WORKER] += run
+            p50s[GRAPHILE_WORKER].append(statistics.median(run))
+    print(
+        f"1. submit -> start, Graphile's method (in process, back to back, concurrency 1; "
+        f"{args.rounds} rounds, each system on a fresh database of its own every round)"
+    )
+    orc = statistics.median(latencies[ORC])
+    for name, values in latencies.items():
+        label = f"{name} {graphile_version}" if name == GRAPHILE_WORKER else f"{name:<17}"
+        if not values:
+            print(f"   {label}: not measured ({graphile_missing})")
+            continue
+        rounds = " / ".join(f"{p50:.2f}" for p50 in p50s[name])
+        print(f"   {summary(label, values)}; p50 by round {rounds}")
+        if breakdown and name in times:
+            for line in breakdown_lines(times[name], len(values) + args.rounds * WARM_UP):
+                print("     " + line)
+        if name != ORC:
             print(
-                f"   ratio of p50s (orchestrator / Graphile Worker): "
-                f"{statistics.median(orc) / statistics.median(graphile):.2f}"
+                f"     ratio of p50s (orchestrator / {name}): {orc / statistics.median(values):.2f}"
             )
-        print("   targets p50 <= 2 ms, p99 <= 10 ms (the issue's Graphile figures: 1.7 / 8 ms)")
-        with worker_process(dsn):
-            starts, late = asyncio.run(cross_process(dsn, max(100, args.samples // 3)))
-        print("2. submit -> start, worker in another process, 25 ms idle before each submit")
-        print("   " + summary("orchestrator", starts))
-        print("3. " + summary("retry start after due", late) + "  (target p50 <= 100 ms)")
+    print("   targets p50 <= 2 ms, p99 <= 10 ms (the issue's Graphile figures: 1.7 / 8 ms)")
+    with fresh_database() as dsn, worker_process(dsn):
+        starts, late = asyncio.run(cross_process(dsn, max(100, args.samples // 3)))
+    print("2. submit -> start, worker in another process, 25 ms idle before each submit")
+    print("   " + summary("orchestrator", starts))
+    print("3. " + summary("retry start after due", late) + "  (target p50 <= 100 ms)")
 
 
 if __name__ == "__main__":
