@@ -316,7 +316,7 @@ def main() -> None:
     if args.worker:
         asyncio.run(run_worker(args.worker))
         return
-    with fresh_database() as dsn:
+    with fresh_database(schema=None) as dsn:
         print(f"machine: {machine()}, PostgreSQL {asyncio.run(server_version(dsn))}")
         breakdown = args.breakdown
         if breakdown:
