@@ -10,11 +10,11 @@
    graphile-worker (0.17.3, the newest that supports Node 20) is installed when it is missing,
    and without them the bench says why it skipped it. The three take turns, ``--rounds`` times
    (the machine's speed drifts within minutes, and interleaving spreads the drift over all
-   three), each time on a fresh database of its own: a run on a table that another run has
-   filled pays for that history (finished jobs, index entries not yet vacuumed) in its fetch.
-   Raw Procrastinate's database holds Procrastinate's schema alone. Percentiles are over all
-   rounds' samples, and each round's p50 is shown. The issue's figures for Graphile Worker on
-   this machine: 1.7 ms p50 / 8 ms p99. Targets: p50 <= 2 ms, p99 <= 10 ms.
+   three), each time on a fresh database of its own, so that all start from the same empty
+   tables and none runs on another's finished jobs. Raw Procrastinate's database holds
+   Procrastinate's schema alone. Percentiles are over all rounds' samples, and each round's p50
+   is shown. The issue's figures for Graphile Worker on this machine: 1.7 ms p50 / 8 ms p99.
+   Targets: p50 <= 2 ms, p99 <= 10 ms.
 2. the same, with the worker in another process and 25 ms of idleness before each submit: the
    usual production shape, slower on this VM because every idle hop wakes a sleeping CPU.
 3. retry lateness: jobs fail once with ``RetryLater(0.2)``; the second attempt's start is
