@@ -120,6 +120,9 @@ async def back_to_back(
 
 
 async def in_process_raw(dsn: str, samples: int) -> list[float]:
+    """On a database with Procrastinate's schema and no ``bench_starts`` yet."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("CREATE TABLE bench_starts (i int PRIMARY KEY, t float8)")
     raw = procrastinate_app(dsn)
 
     async def worker() -> AsyncIterator[None]:
@@ -287,19 +290,20 @@ def summary(name: str, values: list[float]) -> str:
     )
 
 
+Measure = Callable[[str, int], Awaitable[list[float]]]
+#: The in-process runs of 1.: the schema each one's database holds, and the run.
+IN_PROCESS: dict[str, tuple[Literal["procrastinate", "orchestrator"], Measure]] = {
+    RAW: ("procrastinate", in_process_raw),
+    ORC: ("orchestrator", in_process_orchestrator),
+}
+
+
 def measure_in_process(
     name: str, samples: int, *, breakdown: bool, times: FunctionTimes
 ) -> list[float]:
-    """One run of 1. for ``name``, on a fresh database of its own: raw Procrastinate's holds its
-    schema alone, so neither inherits the other's history (finished jobs, dead index entries)."""
-    schema: Literal["procrastinate", "orchestrator"] = (
-        "procrastinate" if name == RAW else "orchestrator"
-    )
+    """One run of 1. for ``name``, on a fresh database of its own."""
+    schema, measure = IN_PROCESS[name]
     with fresh_database(schema=schema) as dsn:
-        if name == RAW:
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute("CREATE TABLE bench_starts (i int PRIMARY KEY, t float8)")
-        measure = in_process_raw if name == RAW else in_process_orchestrator
         if not breakdown:
             return asyncio.run(measure(dsn, samples))
         track_functions(dsn)
@@ -327,10 +331,10 @@ def main() -> None:
                 breakdown = False
     latencies: dict[str, list[float]] = {RAW: [], ORC: [], GRAPHILE_WORKER: []}
     p50s: dict[str, list[float]] = {name: [] for name in latencies}
-    times: dict[str, FunctionTimes] = {RAW: {}, ORC: {}}
+    times: dict[str, FunctionTimes] = {name: {} for name in IN_PROCESS}
     graphile_version, graphile_missing = "", ""
     for _ in range(args.rounds):  # interleaved, so that the machine's drift touches all alike
-        for name in (RAW, ORC):
+        for name in IN_PROCESS:
             run = measure_in_process(name, args.samples, breakdown=breakdown, times=times[name])
             latencies[name] += run
             p50s[name].append(statistics.median(run))
