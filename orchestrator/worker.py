@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import psycopg
-from procrastinate import manager
+from procrastinate import job_context, jobs, manager
 from procrastinate import worker as procrastinate_worker
 from psycopg import sql
 
@@ -49,11 +49,14 @@ _wake_after_run: contextvars.ContextVar[list[UUID] | None] = contextvars.Context
 
 
 class Worker(procrastinate_worker.Worker):
-    """Procrastinate's worker with a way to fetch now rather than at the next poll.
+    """Procrastinate's worker with a way to fetch now rather than at the next poll, and a fetch
+    loop with fewer hops through the event loop (``_fetch_and_process_jobs``).
 
-    Relies on four internals of procrastinate 3.x (``_new_job_event``, ``_process_job``,
-    ``_handle_notification``, ``_running_jobs``); the version is pinned below 4, and
-    tests/test_worker_wakeup.py and tests/test_batched_writes.py fail if they change.
+    Relies on internals of procrastinate 3.x (``_new_job_event``, ``_stop_event``,
+    ``_job_semaphore``, ``_running_jobs``, ``_job_ids_to_abort``, ``_process_job``,
+    ``_handle_notification``, and the fetch loop it replaces); the version is pinned below 4,
+    and tests/test_worker_loop.py, tests/test_worker_wakeup.py and tests/test_batched_writes.py
+    fail if they change.
     """
 
     def __init__(self, *, dispatches: DispatchManager, **options: Any) -> None:
@@ -62,6 +65,10 @@ class Worker(procrastinate_worker.Worker):
         self.stop_requested = False
         dispatches.free_slots = self.free_slots
         dispatches.on_all_taken = self._stop_if_requested
+        self._slot_freed = asyncio.Event()
+        # A stop also ends the loop's two waits, however it is made (from another thread too:
+        # Procrastinate then sets the event from the loop's own thread).
+        self._stop_event = _EventAlsoSetting(self._new_job_event, self._slot_freed)
 
     def free_slots(self) -> int:
         """Slots free for a fetch, counting the one the fetching loop holds."""
@@ -102,6 +109,70 @@ class Worker(procrastinate_worker.Worker):
             self.dispatches.wakes += 1
         await self._handle_notification(channel=channel, notification=notification)
 
+    async def _fetch_and_process_jobs(self) -> None:
+        """Procrastinate's loop: while a slot is free, fetch a job and start it in a task of its
+        own; at an empty fetch, wait for a new job, the poll interval or a stop.
+
+        Procrastinate waits for a slot, and for new work, through ``utils.wait_any``, which
+        makes a task of each thing it waits for and gathers them with ``asyncio.wait``: about
+        three turns of the event loop between a job's end and the next fetch, and twice that
+        between a notification and the fetch it calls for (the run loop's wait, then the slot's).
+        Both lie on the path from submit to start. Here each wait is one event. An empty fetch
+        waits here rather than returning to Procrastinate's run loop, which would wait for the
+        same things with tasks again; with ``wait=False`` it returns, and Procrastinate stops
+        the worker.
+        """
+        while not self._stop_event.is_set():
+            while self._job_semaphore.locked():
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+                if self._stop_event.is_set():
+                    return
+            await self._job_semaphore.acquire()  # a slot is free: this does not wait
+            job = None
+            try:
+                assert self.worker_id is not None
+                job = await self.app.job_manager.fetch_job(
+                    queues=self.queues, worker_id=self.worker_id
+                )
+            finally:
+                if job is None:
+                    self._job_semaphore.release()
+                self._new_job_event.clear()  # what woke it has been seen by this fetch
+            if job is None:
+                if not self.wait or self._stop_event.is_set():
+                    return
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.fetch_job_polling_interval):
+                        await self._new_job_event.wait()
+                continue
+            # A job fetched as a stop came is started all the same: it is claimed already.
+            self._start(job)
+
+    def _start(self, job: jobs.Job) -> None:
+        """Run ``job`` in a task of its own, holding the slot taken for its fetch until it ends
+        (as Procrastinate's loop does)."""
+        job_id = job.id
+        context = job_context.JobContext(
+            app=self.app,
+            worker_name=self.worker_name,
+            worker_queues=self.queues,
+            additional_context=self.additional_context.copy() if self.additional_context else {},
+            job=job,
+            abort_reason=lambda: self._job_ids_to_abort.get(job_id) if job_id else None,
+            start_timestamp=time.time(),
+        )
+        task = asyncio.create_task(
+            self._process_job(context), name=f"process job {job.task_name}[{job.id}]"
+        )
+        self._running_jobs[task] = context
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        del self._running_jobs[task]
+        self._job_semaphore.release()
+        self._slot_freed.set()
+
     async def _process_job(self, context: Any) -> None:
         redispatched: list[UUID] = []
         token = _wake_after_run.set(redispatched)
@@ -111,6 +182,19 @@ class Worker(procrastinate_worker.Worker):
             _wake_after_run.reset(token)
             if redispatched:
                 self.wake()
+
+
+class _EventAlsoSetting(asyncio.Event):
+    """An event whose setting also sets others, so that a wait on one of those hears it too."""
+
+    def __init__(self, *others: asyncio.Event) -> None:
+        super().__init__()
+        self._others = others
+
+    def set(self) -> None:
+        super().set()
+        for other in self._others:
+            other.set()
 
 
 def wake_after_this_run(job_id: UUID) -> None:

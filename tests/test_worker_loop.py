@@ -1,0 +1,92 @@
+"""The worker's fetch loop (orchestrator.worker.Worker._fetch_and_process_jobs), which replaces
+Procrastinate's: slots, stops, an empty queue, and the upstream loop it was copied from.
+
+The polling interval is a minute throughout: whatever these tests wait for must come from the
+loop's own wake-ups (a slot freed, a stop), never from a poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+from collections.abc import Callable
+
+from procrastinate import worker as procrastinate_worker
+
+from orchestrator import JobContext, Orchestrator, Status
+from tests import scripted
+from tests.conftest import WorkerRun
+
+#: sha256 of procrastinate 3.10's Worker._fetch_and_process_jobs, which ours replaces.
+UPSTREAM_LOOP = "2963aa354dfda4d6bc639d907cbabb23c69d1381382b2560fb7735b0429117cb"
+
+
+def test_the_upstream_loop_is_the_one_this_worker_was_written_against() -> None:
+    source = inspect.getsource(procrastinate_worker.Worker._fetch_and_process_jobs)
+    assert hashlib.sha256(source.encode()).hexdigest() == UPSTREAM_LOOP, (
+        "Procrastinate's fetch loop changed: compare it with "
+        "orchestrator.worker.Worker._fetch_and_process_jobs and _start (how a job's context and "
+        "task are made, when a slot is released), then record the new digest here"
+    )
+
+
+async def test_queued_jobs_start_one_after_another_as_the_slot_frees(
+    make_orc: Callable[..., Orchestrator],
+) -> None:
+    orc = make_orc(fetch_polling_interval=60)
+    scripted.register(orc)
+    await orc.open()
+    job_ids = [await orc.submit("scripted", {"script": ["ok"]}) for _ in range(5)]
+    async with WorkerRun(orc, concurrency=1) as worker:
+        await worker.until_finished(*job_ids, timeout=10)
+    for job_id in job_ids:
+        assert (await orc.get_job(job_id)).status is Status.COMPLETED
+
+
+async def test_a_worker_never_runs_more_jobs_than_its_concurrency(
+    make_orc: Callable[..., Orchestrator],
+) -> None:
+    orc = make_orc(fetch_polling_interval=60)
+    running = 0
+    most = 0
+
+    @orc.job_type("nap")
+    async def nap(ctx: JobContext, payload: None) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.1)
+        running -= 1
+
+    await orc.open()
+    job_ids = [await orc.submit("nap") for _ in range(7)]
+    async with WorkerRun(orc, concurrency=2) as worker:
+        await worker.until_finished(*job_ids, timeout=10)
+    assert most == 2
+
+
+async def test_a_stop_ends_an_idle_worker_at_once(make_orc: Callable[..., Orchestrator]) -> None:
+    orc = make_orc(fetch_polling_interval=60)
+    scripted.register(orc)
+    async with WorkerRun(orc, concurrency=1) as worker:
+        job_id = await orc.submit("scripted", {"script": ["ok"]})
+        await worker.until_finished(job_id, timeout=10)
+        await asyncio.sleep(0.5)  # past its last fetch: it waits for work now
+        assert worker.task is not None
+        orc.stop_worker()
+        await asyncio.wait_for(worker.task, 5)
+
+
+async def test_without_wait_the_worker_returns_once_the_queue_is_empty(
+    make_orc: Callable[..., Orchestrator],
+) -> None:
+    orc = make_orc(fetch_polling_interval=60)
+    scripted.register(orc)
+    await orc.open()
+    job_ids = [await orc.submit("scripted", {"script": ["ok"]}) for _ in range(3)]
+    await asyncio.wait_for(
+        orc.run_worker(concurrency=1, wait=False, install_signal_handlers=False), 10
+    )
+    for job_id in job_ids:
+        assert (await orc.get_job(job_id)).status is Status.COMPLETED
