@@ -1,5 +1,6 @@
 """The worker's fetch loop (orchestrator.worker.Worker._fetch_and_process_jobs), which replaces
-Procrastinate's: slots, stops, an empty queue, and the upstream loop it was copied from.
+Procrastinate's: slots, stops, an empty queue, and the upstream loop it was copied from; and
+Procrastinate's log records, whose fields the worker builds only when a record is made.
 
 The polling interval is a minute throughout: whatever these tests wait for must come from the
 loop's own wake-ups (a slot freed, a stop), never from a poll.
@@ -10,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import logging
 from collections.abc import Callable
 
+import pytest
 from procrastinate import worker as procrastinate_worker
 
 from orchestrator import JobContext, Orchestrator, Status
@@ -90,3 +93,22 @@ async def test_without_wait_the_worker_returns_once_the_queue_is_empty(
     )
     for job_id in job_ids:
         assert (await orc.get_job(job_id)).status is Status.COMPLETED
+
+
+async def test_procrastinate_log_records_still_carry_their_fields(
+    make_orc: Callable[..., Orchestrator], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The worker builds them only for records that are made (orchestrator.worker._LazyExtra).
+    orc = make_orc(fetch_polling_interval=60)
+    scripted.register(orc)
+    with caplog.at_level(logging.INFO, logger="procrastinate.worker"):
+        async with WorkerRun(orc, concurrency=1) as worker:
+            job_id = await orc.submit("scripted", {"script": ["ok"]})
+            await worker.until_finished(job_id, timeout=10)
+    ours = [r for r in caplog.records if getattr(r, "job", {}).get("task_name") == "orc.scripted"]
+    started = [r for r in ours if r.__dict__["action"] == "start_job"]
+    succeeded = [r for r in ours if r.__dict__["action"] == "job_success"]
+    assert len(started) == len(succeeded) == 1
+    assert started[0].__dict__["job"]["task_kwargs"] == {"job_id": str(job_id)}
+    assert started[0].__dict__["worker"]["name"] == "orchestrator"
+    assert succeeded[0].__dict__["start_timestamp"] <= succeeded[0].__dict__["end_timestamp"]
