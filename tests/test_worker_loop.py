@@ -13,6 +13,7 @@ import hashlib
 import inspect
 import logging
 from collections.abc import Callable
+from uuid import UUID
 
 import pytest
 from procrastinate import worker as procrastinate_worker
@@ -34,17 +35,26 @@ def test_the_upstream_loop_is_the_one_this_worker_was_written_against() -> None:
     )
 
 
-async def test_queued_jobs_start_one_after_another_as_the_slot_frees(
-    make_orc: Callable[..., Orchestrator],
-) -> None:
+async def queued(make_orc: Callable[..., Orchestrator], n: int) -> tuple[Orchestrator, list[UUID]]:
+    """An orchestrator polling once a minute, with ``n`` jobs waiting that succeed."""
     orc = make_orc(fetch_polling_interval=60)
     scripted.register(orc)
     await orc.open()
-    job_ids = [await orc.submit("scripted", {"script": ["ok"]}) for _ in range(5)]
-    async with WorkerRun(orc, concurrency=1) as worker:
-        await worker.until_finished(*job_ids, timeout=10)
+    return orc, [await orc.submit("scripted", {"script": ["ok"]}) for _ in range(n)]
+
+
+async def assert_completed(orc: Orchestrator, job_ids: list[UUID]) -> None:
     for job_id in job_ids:
         assert (await orc.get_job(job_id)).status is Status.COMPLETED
+
+
+async def test_queued_jobs_start_one_after_another_as_the_slot_frees(
+    make_orc: Callable[..., Orchestrator],
+) -> None:
+    orc, job_ids = await queued(make_orc, 5)
+    async with WorkerRun(orc, concurrency=1) as worker:
+        await worker.until_finished(*job_ids, timeout=10)
+    await assert_completed(orc, job_ids)
 
 
 async def test_a_worker_never_runs_more_jobs_than_its_concurrency(
@@ -84,15 +94,11 @@ async def test_a_stop_ends_an_idle_worker_at_once(make_orc: Callable[..., Orches
 async def test_without_wait_the_worker_returns_once_the_queue_is_empty(
     make_orc: Callable[..., Orchestrator],
 ) -> None:
-    orc = make_orc(fetch_polling_interval=60)
-    scripted.register(orc)
-    await orc.open()
-    job_ids = [await orc.submit("scripted", {"script": ["ok"]}) for _ in range(3)]
+    orc, job_ids = await queued(make_orc, 3)
     await asyncio.wait_for(
         orc.run_worker(concurrency=1, wait=False, install_signal_handlers=False), 10
     )
-    for job_id in job_ids:
-        assert (await orc.get_job(job_id)).status is Status.COMPLETED
+    await assert_completed(orc, job_ids)
 
 
 async def test_procrastinate_log_records_still_carry_their_fields(
