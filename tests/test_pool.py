@@ -1,4 +1,5 @@
-"""The connection pool checks a connection before use only when it sat idle (database.py)."""
+"""The connection pool (database.py): it checks a connection before use only when it sat idle,
+and hands out the connection returned last."""
 
 from __future__ import annotations
 
@@ -40,3 +41,19 @@ async def test_a_connection_in_steady_use_is_not_checked(dsn: str) -> None:
     # (which is why the check on idle ones matters).
     with pytest.raises(psycopg.OperationalError):
         await dropped_while_idle(dsn, idle_check_seconds=60, pause=0.4)
+
+
+async def test_the_connection_returned_last_is_handed_out_first(dsn: str) -> None:
+    pool = create_pool(dsn, min_size=2, max_size=2)
+    await pool.open(wait=True)
+    try:
+        async with pool.connection() as first, pool.connection() as second:
+            assert second is not first
+        # second went back to the pool, then first
+        for _ in range(3):  # psycopg_pool alone would hand out second (idle longest) first
+            async with pool.connection() as conn:
+                assert conn is first
+        async with pool.connection() as conn, pool.connection() as other:
+            assert (conn, other) == (first, second)
+    finally:
+        await pool.close()
