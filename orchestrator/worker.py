@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import psycopg
-from procrastinate import job_context, jobs, manager
+from procrastinate import job_context, jobs, manager, retry
 from procrastinate import worker as procrastinate_worker
 from psycopg import sql
 
@@ -55,9 +55,9 @@ class Worker(procrastinate_worker.Worker):
 
     Relies on internals of procrastinate 3.x (``_new_job_event``, ``_stop_event``,
     ``_job_semaphore``, ``_running_jobs``, ``_job_ids_to_abort``, ``_process_job``,
-    ``_handle_notification``, ``_log_extra``, and the fetch loop it replaces); the version is
-    pinned below 4, and tests/test_worker_loop.py, tests/test_worker_wakeup.py and
-    tests/test_batched_writes.py fail if they change.
+    ``_persist_job_status``, ``_handle_notification``, ``_log_extra``, and the fetch loop it
+    replaces); the version is pinned below 4, and tests/test_worker_loop.py,
+    tests/test_worker_wakeup.py and tests/test_batched_writes.py fail if they change.
     """
 
     def __init__(self, *, dispatches: DispatchManager, **options: Any) -> None:
@@ -67,13 +67,15 @@ class Worker(procrastinate_worker.Worker):
         dispatches.free_slots = self.free_slots
         dispatches.on_all_taken = self._stop_if_requested
         self._slot_freed = asyncio.Event()
+        #: The Procrastinate jobs (dispatches) holding a slot: from their fetch until freed.
+        self._slots_held: set[int] = set()
         # A stop also ends the loop's two waits, however it is made (from another thread too:
         # Procrastinate then sets the event from the loop's own thread).
         self._stop_event = _EventAlsoSetting(self._new_job_event, self._slot_freed)
 
     def free_slots(self) -> int:
         """Slots free for a fetch, counting the one the fetching loop holds."""
-        return self.concurrency - len(self._running_jobs)
+        return self.concurrency - len(self._slots_held)
 
     async def run(self) -> None:
         self.stop_requested = False  # as Procrastinate forgets a stop made before this run
@@ -151,8 +153,8 @@ class Worker(procrastinate_worker.Worker):
             self._start(job)
 
     def _start(self, job: jobs.Job) -> None:
-        """Run ``job`` in a task of its own, holding the slot taken for its fetch until it ends
-        (as Procrastinate's loop does)."""
+        """Run ``job`` in a task of its own, holding the slot taken for its fetch until its
+        dispatch is finished (``_persist_job_status``) or, failing that, its task ends."""
         job_id = job.id
         context = job_context.JobContext(
             app=self.app,
@@ -167,12 +169,41 @@ class Worker(procrastinate_worker.Worker):
             self._process_job(context), name=f"process job {job.task_name}[{job.id}]"
         )
         self._running_jobs[task] = context
+        assert job_id is not None
+        self._slots_held.add(job_id)
         task.add_done_callback(self._ended)
 
     def _ended(self, task: asyncio.Task[Any]) -> None:
-        del self._running_jobs[task]
-        self._job_semaphore.release()
-        self._slot_freed.set()
+        context = self._running_jobs.pop(task)
+        self._free_slot(context.job.id)
+
+    def _free_slot(self, job_id: int | None) -> None:
+        """Free the slot of dispatch ``job_id``, if it still holds one."""
+        if job_id in self._slots_held:
+            self._slots_held.remove(job_id)
+            self._job_semaphore.release()
+            self._slot_freed.set()
+
+    async def _persist_job_status(
+        self,
+        job: jobs.Job,
+        status: jobs.Status,
+        retry_decision: retry.RetryDecision | None,
+        context: job_context.JobContext,
+        job_result: job_context.JobResult | None,
+    ) -> None:
+        """Procrastinate's; then the dispatch's slot is freed at once, its job's work being over
+        and written. Procrastinate frees it when the job's task has ended: several turns of the
+        event loop later (the task resuming from its shield, returning, its done callback), all
+        on the path from one job's end to the next job's fetch. Measured paired in one process,
+        60-90 µs from submit to start."""
+        try:
+            await super()._persist_job_status(
+                job=job, status=status, retry_decision=retry_decision, context=context,
+                job_result=job_result,
+            )  # fmt: skip
+        finally:
+            self._free_slot(job.id)
 
     # Procrastinate declares a dict; it only ever passes the result on as a log call's extra,
     # which takes any mapping.

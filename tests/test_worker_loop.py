@@ -1,5 +1,6 @@
 """The worker's fetch loop (orchestrator.worker.Worker._fetch_and_process_jobs), which replaces
-Procrastinate's: slots, stops, an empty queue, and the upstream loop it was copied from; and
+Procrastinate's: slots (freed as soon as a dispatch is finished), stops, an empty queue, and the
+upstream loop it was copied from; and
 Procrastinate's log records, whose fields the worker builds only when a record is made.
 
 The polling interval is a minute throughout: whatever these tests wait for must come from the
@@ -13,12 +14,15 @@ import hashlib
 import inspect
 import logging
 from collections.abc import Callable
+from typing import Any
 from uuid import UUID
 
 import pytest
 from procrastinate import worker as procrastinate_worker
 
 from orchestrator import JobContext, Orchestrator, Status
+from orchestrator.store import TASK_PREFIX
+from orchestrator.worker import Worker
 from tests import scripted
 from tests.conftest import WorkerRun
 
@@ -77,6 +81,30 @@ async def test_a_worker_never_runs_more_jobs_than_its_concurrency(
     async with WorkerRun(orc, concurrency=2) as worker:
         await worker.until_finished(*job_ids, timeout=10)
     assert most == 2
+
+
+async def test_a_slot_is_free_once_its_dispatch_is_finished_before_its_task_ends(
+    make_orc: Callable[..., Orchestrator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As each job's task ends: whether its slot was still taken. Only the jobs' dispatches: a
+    # worker running across a minute's tick also runs its maintenance tasks.
+    still_held = []
+    ended = Worker._ended
+
+    def spy(self: Worker, task: asyncio.Task[Any]) -> None:
+        dispatch = self._running_jobs[task].job
+        if dispatch.task_name.startswith(TASK_PREFIX):
+            still_held.append(dispatch.id in self._slots_held)
+        ended(self, task)
+        # Nothing released twice: the semaphore never counts more slots than there are.
+        assert self._job_semaphore._value <= self.concurrency  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(Worker, "_ended", spy)
+    orc, job_ids = await queued(make_orc, 3)
+    async with WorkerRun(orc, concurrency=2) as worker:
+        await worker.until_finished(*job_ids, timeout=10)
+    await assert_completed(orc, job_ids)
+    assert still_held == [False, False, False]
 
 
 async def test_a_stop_ends_an_idle_worker_at_once(make_orc: Callable[..., Orchestrator]) -> None:
