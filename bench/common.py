@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import platform
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,3 +66,63 @@ def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     k = max(0, min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1))))
     return ordered[k]
+
+
+class CpuMeter:
+    """CPU time spent over stretches of a run: by this process, and by the server processes
+    serving one database, to show where each system's time goes. It drifts with the machine's
+    speed as the latency does. The server's share is read from ``/proc``, so only when the
+    server runs on this machine (the embedded one, or a local one); otherwise it is None."""
+
+    def __init__(self) -> None:
+        self.python = 0.0  # seconds
+        self.server: float | None = 0.0  # seconds
+        self.jobs = 0
+        self._started: tuple[float, dict[int, int] | None] | None = None
+
+    async def start(self, dsn: str) -> None:
+        self._started = (time.process_time(), await _backend_cpu(dsn))
+
+    async def stop(self, dsn: str, jobs: int) -> None:
+        assert self._started is not None, "stop() before start()"
+        python, before = self._started
+        after = await _backend_cpu(dsn)
+        self.python += time.process_time() - python
+        if self.server is not None and before is not None and after is not None:
+            # A backend that started meanwhile counts in full; one that ended is not counted.
+            self.server += sum(ns - before.get(pid, 0) for pid, ns in after.items()) / 1e9
+        else:
+            self.server = None
+        self.jobs += jobs
+
+    def per_job(self) -> str:
+        server = None if self.server is None else self.server / self.jobs * 1e6
+        return cpu_per_job(self.python / self.jobs * 1e6, server)
+
+
+def cpu_per_job(process_us: float, server_us: float | None) -> str:
+    server = "not measured" if server_us is None else f"{server_us:.0f} us"
+    return f"CPU per job: the measuring process {process_us:.0f} us, the server {server}"
+
+
+async def _backend_cpu(dsn: str) -> dict[int, int] | None:
+    """Nanoseconds of CPU used so far by each server process connected to ``dsn``'s database
+    (but this query's own), or None when they are not processes of this machine."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT pid FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        pids = [row[0] for row in await cur.fetchall()]
+    used = {}
+    for pid in pids:
+        proc = Path(f"/proc/{pid}")
+        try:
+            if not proc.joinpath("cmdline").read_bytes().startswith(b"postgres"):
+                return None  # a process of this machine, but not the server's: it is elsewhere
+            used[pid] = int(proc.joinpath("schedstat").read_text().split()[0])
+        except FileNotFoundError:
+            continue  # ended since the query, or the server is elsewhere (then all are missing)
+        except (OSError, ValueError, IndexError):
+            return None
+    return used if used or not pids else None

@@ -14,7 +14,10 @@
    tables and none runs on another's finished jobs. Raw Procrastinate's database holds
    Procrastinate's schema alone. Percentiles are over all rounds' samples, and each round's p50
    is shown. The issue's figures for Graphile Worker on this machine: 1.7 ms p50 / 8 ms p99.
-   Targets: p50 <= 2 ms, p99 <= 10 ms.
+   Targets: p50 <= 2 ms, p99 <= 10 ms. Each system's CPU time per job is printed too: of the
+   measuring process (submitter and worker) and of the server's processes serving its database
+   (read from /proc, when the server runs on this machine), to show where each one's time goes.
+   Raw Procrastinate's includes its task's own insert (bench_starts).
 2. the same, with the worker in another process and 25 ms of idleness before each submit: the
    usual production shape, slower on this VM because every idle hop wakes a sleeping CPU.
 3. retry lateness: jobs fail once with ``RetryLater(0.2)``; the second attempt's start is
@@ -49,7 +52,15 @@ import procrastinate
 import psycopg
 from psycopg import conninfo, sql
 
-from bench.common import ROOT, fresh_database, machine, percentile, server_version
+from bench.common import (
+    ROOT,
+    CpuMeter,
+    cpu_per_job,
+    fresh_database,
+    machine,
+    percentile,
+    server_version,
+)
 from orchestrator import JobContext, Orchestrator, RetryLater, Settings
 from orchestrator.database import create_pool
 
@@ -101,25 +112,33 @@ def procrastinate_app(dsn: str) -> procrastinate.App:
 
 
 async def back_to_back(
-    submit: Callable[[int], Awaitable[Any]], worker: AsyncIterator[None], samples: int
+    submit: Callable[[int], Awaitable[Any]],
+    worker: AsyncIterator[None],
+    samples: int,
+    cpu: tuple[CpuMeter, str],
 ) -> list[float]:
-    """Graphile's loop: submit, wait for the task to start, submit the next one."""
+    """Graphile's loop: submit, wait for the task to start, submit the next one. ``cpu``: the
+    meter that adds the CPU time of the samples (not the warm-up), and the database's dsn."""
+    meter, dsn = cpu
     latencies = []
     async with contextlib.aclosing(worker):
         await anext(worker)
         for i in range(WARM_UP + samples):
+            if i == WARM_UP:
+                await meter.start(dsn)
             arrived[i] = asyncio.get_running_loop().create_future()
             before = time.perf_counter()
             await submit(i)
             await asyncio.wait_for(arrived[i], 10)
             if i >= WARM_UP:
                 latencies.append((started_at[i] - before) * 1_000)
+        await meter.stop(dsn, samples)
     started_at.clear()
     arrived.clear()
     return latencies
 
 
-async def in_process_raw(dsn: str, samples: int) -> list[float]:
+async def in_process_raw(dsn: str, samples: int, meter: CpuMeter) -> list[float]:
     """On a database with Procrastinate's schema and no ``bench_starts`` yet."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute("CREATE TABLE bench_starts (i int PRIMARY KEY, t float8)")
@@ -137,10 +156,12 @@ async def in_process_raw(dsn: str, samples: int) -> list[float]:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
 
-    return await back_to_back(lambda i: raw.tasks["probe"].defer_async(i=i), worker(), samples)
+    return await back_to_back(
+        lambda i: raw.tasks["probe"].defer_async(i=i), worker(), samples, (meter, dsn)
+    )
 
 
-async def in_process_orchestrator(dsn: str, samples: int) -> list[float]:
+async def in_process_orchestrator(dsn: str, samples: int, meter: CpuMeter) -> list[float]:
     orc = orchestrator_app(dsn)
 
     async def worker() -> AsyncIterator[None]:
@@ -153,7 +174,7 @@ async def in_process_orchestrator(dsn: str, samples: int) -> list[float]:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
 
-    return await back_to_back(lambda i: orc.submit("probe", i), worker(), samples)
+    return await back_to_back(lambda i: orc.submit("probe", i), worker(), samples, (meter, dsn))
 
 
 async def run_worker(dsn: str) -> None:
@@ -193,8 +214,9 @@ GRAPHILE = ROOT / "bench" / "graphile"
 LIBPQ_ENV = {"host": "PGHOST", "port": "PGPORT", "user": "PGUSER", "password": "PGPASSWORD"}
 
 
-def graphile_worker(samples: int) -> tuple[str, list[float]]:
-    """Graphile Worker's own latency on a database of its own: (its version, latencies in ms).
+def graphile_worker(samples: int) -> tuple[str, list[float], dict[str, float | None]]:
+    """Graphile Worker's own latency on a database of its own: (its version, latencies in ms,
+    CPU per job in us of its process and of the server: ``{"process": .., "server": ..}``).
     Raises RuntimeError saying why it could not be measured."""
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
@@ -217,7 +239,7 @@ def graphile_worker(samples: int) -> tuple[str, list[float]]:
     if run.returncode != 0:
         raise RuntimeError(f"latency.js failed: {run.stderr.strip()[-300:]}")
     result = json.loads(run.stdout.strip().splitlines()[-1])
-    return str(result["version"]), [float(v) for v in result["latencies"]]
+    return str(result["version"]), [float(v) for v in result["latencies"]], result["cpu"]
 
 
 def _pinned_graphile() -> str:
@@ -283,6 +305,15 @@ def breakdown_lines(times: FunctionTimes, jobs: int) -> list[str]:
     ]
 
 
+def graphile_per_job(rounds: list[dict[str, float | None]]) -> str:
+    """The CPU line for Graphile Worker's rounds (each the same number of jobs)."""
+    servers = [r["server"] for r in rounds]
+    return cpu_per_job(
+        statistics.fmean(r["process"] or 0.0 for r in rounds),
+        None if None in servers else statistics.fmean(s or 0.0 for s in servers),
+    )
+
+
 def summary(name: str, values: list[float]) -> str:
     return (
         f"{name}: p50 {statistics.median(values):.2f} ms, p90 {percentile(values, 90):.2f} ms, "
@@ -290,7 +321,7 @@ def summary(name: str, values: list[float]) -> str:
     )
 
 
-Measure = Callable[[str, int], Awaitable[list[float]]]
+Measure = Callable[[str, int, CpuMeter], Awaitable[list[float]]]
 #: The in-process runs of 1.: the schema each one's database holds, and the run.
 IN_PROCESS: dict[str, tuple[Literal["procrastinate", "orchestrator"], Measure]] = {
     RAW: ("procrastinate", in_process_raw),
@@ -299,15 +330,15 @@ IN_PROCESS: dict[str, tuple[Literal["procrastinate", "orchestrator"], Measure]] 
 
 
 def measure_in_process(
-    name: str, samples: int, *, breakdown: bool, times: FunctionTimes
+    name: str, samples: int, *, breakdown: bool, times: FunctionTimes, meter: CpuMeter
 ) -> list[float]:
     """One run of 1. for ``name``, on a fresh database of its own."""
     schema, measure = IN_PROCESS[name]
     with fresh_database(schema=schema) as dsn:
         if not breakdown:
-            return asyncio.run(measure(dsn, samples))
+            return asyncio.run(measure(dsn, samples, meter))
         track_functions(dsn)
-        return server_time(dsn, lambda: asyncio.run(measure(dsn, samples)), times)
+        return server_time(dsn, lambda: asyncio.run(measure(dsn, samples, meter)), times)
 
 
 def main() -> None:
@@ -332,20 +363,25 @@ def main() -> None:
     latencies: dict[str, list[float]] = {RAW: [], ORC: [], GRAPHILE_WORKER: []}
     p50s: dict[str, list[float]] = {name: [] for name in latencies}
     times: dict[str, FunctionTimes] = {name: {} for name in IN_PROCESS}
+    meters = {name: CpuMeter() for name in IN_PROCESS}
     graphile_version, graphile_missing = "", ""
+    graphile_cpu: list[dict[str, float | None]] = []
     for _ in range(args.rounds):  # interleaved, so that the machine's drift touches all alike
         for name in IN_PROCESS:
-            run = measure_in_process(name, args.samples, breakdown=breakdown, times=times[name])
+            run = measure_in_process(
+                name, args.samples, breakdown=breakdown, times=times[name], meter=meters[name]
+            )
             latencies[name] += run
             p50s[name].append(statistics.median(run))
         if graphile_missing:
             continue
         try:
-            graphile_version, run = graphile_worker(args.samples)
+            graphile_version, run, cpu = graphile_worker(args.samples)
         except RuntimeError as exc:
             graphile_missing = str(exc)
         else:
             latencies[GRAPHILE_WORKER] += run
+            graphile_cpu.append(cpu)
             p50s[GRAPHILE_WORKER].append(statistics.median(run))
     print(
         f"1. submit -> start, Graphile's method (in process, back to back, concurrency 1; "
@@ -359,6 +395,10 @@ def main() -> None:
             continue
         rounds = " / ".join(f"{p50:.2f}" for p50 in p50s[name])
         print(f"   {summary(label, values)}; p50 by round {rounds}")
+        if name in meters:
+            print(f"     {meters[name].per_job()}")
+        elif graphile_cpu:
+            print(f"     {graphile_per_job(graphile_cpu)}")
         if breakdown and name in times:
             for line in breakdown_lines(times[name], len(values) + args.rounds * WARM_UP):
                 print("     " + line)
