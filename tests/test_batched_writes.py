@@ -3,8 +3,8 @@ more), and completions that arrive together are written in one statement, each w
 outcome.
 
 A stop that comes between a fetch of several and their start, or during the fetch, lets the
-worker start what it claimed first. The worker tests below also guard the Procrastinate internal
-the free slots are counted from (``_running_jobs``).
+worker start what it claimed first. The worker tests below also guard the Procrastinate internals
+a worker's slots rely on (``_running_jobs``, ``_job_semaphore``).
 """
 
 from __future__ import annotations
