@@ -37,6 +37,25 @@ async def recorded(conn: psycopg.AsyncConnection[Any]) -> list[tuple[str, str]]:
     return [(r[0], r[1]) for r in await cur.fetchall()]
 
 
+async def event_triggers(conn: psycopg.AsyncConnection[Any]) -> dict[str, str]:
+    """Procrastinate's triggers that write procrastinate_events, and whether each is enabled
+    ('O') or disabled ('D'): 0009 disables them all."""
+    cur = await conn.execute(
+        "SELECT t.tgname, t.tgenabled FROM pg_trigger AS t JOIN pg_proc AS p ON p.oid = t.tgfoid"
+        " WHERE t.tgrelid = 'procrastinate_jobs'::regclass"
+        "   AND pg_get_functiondef(p.oid) LIKE '%INSERT INTO procrastinate_events%'"
+    )
+    return dict(await cur.fetchall())
+
+
+EVENT_TRIGGERS_OFF = {
+    "procrastinate_trigger_status_events_insert_v1": "D",
+    "procrastinate_trigger_status_events_update_v1": "D",
+    "procrastinate_trigger_scheduled_events_v1": "D",
+    "procrastinate_trigger_abort_requested_events_v1": "D",
+}
+
+
 async def test_migrate_twice_applies_everything_once(fresh_dsn: str) -> None:
     async with await connect(fresh_dsn) as conn:
         first = await migrate(conn)
@@ -45,6 +64,7 @@ async def test_migrate_twice_applies_everything_once(fresh_dsn: str) -> None:
         second = await migrate(conn)
         assert second.applied == [] and str(second) == "database is up to date"
         assert await recorded(conn) == before
+        assert await event_triggers(conn) == EVENT_TRIGGERS_OFF
     assert ("orchestrator", "0001") in before
     assert len([c for c, _ in before if c == PROCRASTINATE]) == len(procrastinate_migrations())
 
@@ -121,4 +141,5 @@ async def test_an_older_procrastinate_schema_is_upgraded_in_order(fresh_dsn: str
             "SELECT to_regprocedure('procrastinate_retry_job_v2(bigint, timestamptz, integer, varchar, varchar)')"
         )
         assert (await cur.fetchone()) != (None,)
+        assert await event_triggers(conn) == EVENT_TRIGGERS_OFF
         assert own_migrations()[0].version == "0001"

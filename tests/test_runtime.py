@@ -75,6 +75,20 @@ async def test_rp_003_three_transient_failures_then_success(
     assert len({e.payload["run_id"] for e in events if e.kind == "job.running"}) == 4
 
 
+async def test_a_jobs_history_is_kept_once_in_its_own_events(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    """Every transition is in orc_job_events; Procrastinate's per-dispatch copy is off (0009),
+    through an app retry (a new dispatch, scheduled) and an infrastructure one (the same
+    dispatch, retried by Procrastinate)."""
+    orc = app(make_orc)
+    job_id = await run_script(orc, ["app", "infra", "ok"])
+    events = await orc.job_events(job_id)
+    assert status_path(events) == ["PENDING"] + ["RUNNING", "RETRY"] * 2 + ["RUNNING", "COMPLETED"]
+    cur = await db.execute("SELECT count(*) FROM procrastinate_events")
+    assert await cur.fetchone() == (0,)
+
+
 async def test_rp_004_fourth_failure_is_dead_lettered_then_failed(
     make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
 ) -> None:
