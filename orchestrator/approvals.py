@@ -23,9 +23,10 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
+from orchestrator.database import Conn
 from orchestrator.errors import ApprovalError, InvalidTransition, PermanentError, SubmitError
 from orchestrator.states import Status
-from orchestrator.store import Conn, JobStore, dispatch_params
+from orchestrator.store import JobStore, dispatch_params
 
 DecisionKind = Literal["approved", "rejected", "expired"]
 EVENT = {"approved": "job.approved", "rejected": "job.rejected", "expired": "job.approval_expired"}

@@ -12,12 +12,12 @@ from datetime import datetime
 from typing import Any, LiteralString
 from uuid import UUID
 
-import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from orchestrator import states
+from orchestrator.database import Conn
 from orchestrator.degradation import Degraded
 from orchestrator.errors import DeadLetterError, InvalidTransition, JobNotFound, StaleLease
 from orchestrator.group_commit import GroupCommit
@@ -28,8 +28,6 @@ from orchestrator.queries import QUERIES
 from orchestrator.states import Status
 
 TASK_PREFIX = "orc."  # Procrastinate task name of a job type: TASK_PREFIX + job_type
-
-Conn = psycopg.AsyncConnection[Any]
 
 
 class JobStore:
