@@ -21,16 +21,25 @@ from typing import Any
 from bench.common import fresh_database, machine, percentile, server_version
 from checkpoints import CheckpointStore, Fence, Ledger
 from orchestrator import JobContext, Orchestrator, Settings
+from orchestrator.storage.runner import Queries, Row
 
 
-class CountingStore(CheckpointStore):
-    """The checkpoint store, counting the statements it sends."""
+class CountingQueries(Queries):
+    """The query runner, counting the statements it sends."""
 
     statements = 0
 
-    async def _rows(self, name: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
+    async def rows(self, name: Any, params: Any = None, conn: Any = None) -> list[Row]:
         self.statements += 1
-        return await super()._rows(name, params)
+        return await super().rows(name, params, conn)
+
+    async def row(self, name: Any, params: Any = None, conn: Any = None) -> Row | None:
+        self.statements += 1
+        return await super().row(name, params, conn)
+
+    async def execute(self, name: Any, params: Any = None, conn: Any = None) -> int:
+        self.statements += 1
+        return await super().execute(name, params, conn)
 
 
 async def measure(dsn: str, samples: int, effects: int) -> tuple[list[float], float]:
@@ -42,7 +51,7 @@ async def measure(dsn: str, samples: int, effects: int) -> tuple[list[float], fl
 
     async with orc:
         job_id = await orc.submit("stepper")
-        async with orc.store.pool.connection() as conn:
+        async with orc.stores.queries.pool.connection() as conn:
             await conn.execute(
                 "UPDATE orc_jobs SET status = 'RUNNING', lease_token = gen_random_uuid(), "
                 "attempt = 1 WHERE id = %s",
@@ -50,8 +59,8 @@ async def measure(dsn: str, samples: int, effects: int) -> tuple[list[float], fl
             )
         lease = (await orc.get_job(job_id)).lease_token
         assert lease is not None
-        store = CountingStore(orc.store.pool)
-        ledger = Ledger(store, Fence(job_id, lease, 1), [])
+        counting = CountingQueries(orc.stores.queries.pool)
+        ledger = Ledger(CheckpointStore(counting), Fence(job_id, lease, 1), [])
         state: dict[str, Any] = {"notes": ["a line of state"] * 5}
         latencies = []
         statements = 0
@@ -62,11 +71,11 @@ async def measure(dsn: str, samples: int, effects: int) -> tuple[list[float], fl
                     reconcile=None, result_type=Any, commit_now=False,
                     call=_receipt,
                 )  # fmt: skip
-            before = store.statements
+            before = counting.statements
             started = time.perf_counter()
             await ledger.checkpoint(step, state, final=False)
             latencies.append((time.perf_counter() - started) * 1_000)
-            statements += store.statements - before
+            statements += counting.statements - before
     return latencies, statements / samples
 
 

@@ -4,21 +4,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import platform
+import shutil
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import psycopg
 from procrastinate.schema import SchemaManager
+from psycopg import conninfo
 
-from orchestrator.database import drop_database, ensure_database, start_embedded, with_database
-from orchestrator.migrate import migrate
+from orchestrator.storage.database import (
+    drop_database,
+    ensure_database,
+    start_embedded,
+    with_database,
+)
+from orchestrator.storage.migrate import migrate
 
 ROOT = Path(__file__).resolve().parent.parent
+GRAPHILE = ROOT / "bench" / "graphile"
+LIBPQ_ENV = {"host": "PGHOST", "port": "PGPORT", "user": "PGUSER", "password": "PGPASSWORD"}
 
 
 @contextlib.contextmanager
@@ -47,6 +58,49 @@ def fresh_database(
         yield dsn
     finally:
         drop_database(server, name)
+
+
+def graphile_node() -> str:
+    """The path of ``node``, with the graphile-worker pinned in bench/graphile/package.json
+    installed there (by npm, when it is missing or another version). Raises RuntimeError saying
+    why Graphile Worker cannot be measured."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        raise RuntimeError("Node.js and npm are not installed")
+    pinned = json.loads((GRAPHILE / "package.json").read_text())["dependencies"]["graphile-worker"]
+    installed = GRAPHILE / "node_modules" / "graphile-worker" / "package.json"
+    if not installed.is_file() or json.loads(installed.read_text())["version"] != pinned:
+        install = subprocess.run(
+            [npm, "install", "--no-package-lock", "--no-audit", "--no-fund", "--silent"],
+            cwd=GRAPHILE, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if install.returncode != 0:
+            raise RuntimeError(f"npm install failed: {install.stderr.strip()[-300:]}")
+    return node
+
+
+def run_graphile(script: str, args: list[str], dsn: str, timeout: float) -> dict[str, Any]:
+    """Run bench/graphile/``script`` with ``args`` on ``dsn``'s database (passed as the libpq
+    environment, PGHOST, PGDATABASE, ...) and return the JSON object its last line prints.
+    Raises RuntimeError saying why it could not be measured."""
+    node = graphile_node()
+    params = conninfo.conninfo_to_dict(dsn)
+    env = {var: str(params[key]) for key, var in LIBPQ_ENV.items() if params.get(key)}
+    try:
+        run = subprocess.run(
+            [node, str(GRAPHILE / script), *args],
+            env={**os.environ, **env, "PGDATABASE": str(params["dbname"])},
+            capture_output=True, text=True, check=False, timeout=timeout,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"{script} took over {timeout:.0f} s") from exc
+    if run.returncode != 0:
+        raise RuntimeError(f"{script} failed: {run.stderr.strip()[-300:]}")
+    try:
+        result: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError) as exc:
+        raise RuntimeError(f"{script} printed no result: {run.stdout.strip()[-300:]}") from exc
+    return result
 
 
 def machine() -> str:

@@ -62,7 +62,7 @@ from bench.common import (
     server_version,
 )
 from orchestrator import JobContext, Orchestrator, RetryLater, Settings
-from orchestrator.database import create_pool
+from orchestrator.storage.database import create_pool
 
 WARM_UP = 100  # as Graphile's test: connections opening, statements being prepared
 GAP = 0.025  # idle seconds before each submit in the cross-process measurement

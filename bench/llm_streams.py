@@ -2,7 +2,7 @@
 
     ./dev bench llm_streams [--jobs 1000] [--chunks 20] [--every 0.5]
 
-The bundled local Messages API server (orchestrator/demo/llm_server.py) runs in its own
+The bundled local Messages API server (demo/llm_server.py) runs in its own
 process and streams each answer as ``--chunks`` deltas ``--every`` seconds apart. One worker
 process (the real CLI, ``tasks.app:orc``, concurrency = jobs, heartbeat every 1 s) runs them all.
 Printed: time to complete them all, requests the server saw (target: exactly one per job),
@@ -44,7 +44,7 @@ def memory_mb(pid: int, field: str) -> float:
 
 def start_llm(chunks: int, every: float) -> tuple[subprocess.Popen[str], str]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.demo.llm_server", "--port", "0",
+        [sys.executable, "-m", "demo.llm_server", "--port", "0",
          "--chunks", str(chunks), "--chunk-every", str(every), "--api-key", KEY],
         cwd=ROOT, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -103,7 +103,7 @@ async def run_jobs(dsn: str, pid: int, port: int, url: str, jobs: int) -> tuple[
         lateness = await _until_done(app, len(ids))
         elapsed = time.monotonic() - started
         peak = memory_mb(pid, "VmHWM")
-        async with app.store.pool.connection() as conn:
+        async with app.stores.queries.pool.connection() as conn:
             cur = await conn.execute("SELECT status, count(*) AS n FROM orc_jobs GROUP BY 1")
             statuses = {row["status"]: row["n"] for row in await cur.fetchall()}
             cur = await conn.execute(
@@ -121,7 +121,7 @@ async def _until_done(app: Orchestrator, jobs: int) -> list[float]:
     transaction time, so the stamps shared by many rows are the statements (a claim stamps
     one row)."""
     stamps: set[Any] = set()
-    async with app.store.pool.connection() as conn:
+    async with app.stores.queries.pool.connection() as conn:
         while True:
             cur = await conn.execute(
                 "SELECT heartbeat_at AS at FROM orc_jobs WHERE status = 'RUNNING'"

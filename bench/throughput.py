@@ -1,6 +1,7 @@
-"""Throughput: the orchestrator against raw Procrastinate, in one run, on one database server.
+"""Throughput: the orchestrator against raw Procrastinate and Graphile Worker, in one run, on one
+database server.
 
-    ./dev bench throughput [--jobs 5000] [--concurrency 10] [--rounds 2]
+    ./dev bench throughput [--jobs 20000] [--concurrency 10] [--rounds 3]
 
 Baselines: raw Procrastinate (same version), one worker process, the same concurrency, no-op
 tasks, (a) with its default connection pool, which pings every connection it hands out, and
@@ -16,6 +17,21 @@ process. Both run on the orchestrator's schema, where Procrastinate's triggers t
 changes into procrastinate_events are off (migration 0009): the raw baseline is that much
 faster than Procrastinate as shipped, so the ratio is, if anything, understated.
 
+Graphile Worker itself (bench/graphile/throughput.js, the pinned graphile-worker 0.17.3 in a
+Node.js process of its own, on a database of its own holding only its schema) drains the same N
+no-op jobs with the same concurrency, the way its own perfTest times it: queued beforehand
+(addJobs, 1000 per call, then ANALYZE), then ``runOnce`` (its worker pool, stopping when the
+queue is empty), NO_LOG_SUCCESS=1, a pool of concurrency + 1 connections opened before the clock
+starts; timed until every job is done (the run has returned and graphile_worker.jobs is empty).
+Twice: with its default options (one job fetched and one completed per statement; a worker does
+not wait for its job's completion before fetching the next), and batched, with the batching
+options of its documented performance set-up: ``localQueue: {size: 500}`` (500 jobs fetched and
+locked at once, handed out locally), ``completeJobBatchDelay: 0`` and ``failJobBatchDelay: 0``
+(completions and failures that arrive together written in one statement). It needs Node.js and
+npm; graphile-worker is installed into bench/graphile when it is missing, and without them the
+bench says why it skipped it. All sides take turns, ``--rounds`` times (the machine's speed
+drifts within minutes), and medians are compared.
+
 Also printed: submit throughput, single and batched, against Procrastinate's defer.
 """
 
@@ -24,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.metadata
+import json
 import statistics
 import subprocess
 import sys
@@ -32,11 +49,13 @@ import time
 import procrastinate
 import psycopg
 
-from bench.common import fresh_database, machine, server_version
+from bench.common import fresh_database, machine, run_graphile, server_version
 from orchestrator import JobContext, Orchestrator, Settings
-from orchestrator.database import create_pool
+from orchestrator.storage.database import create_pool
 
-SIDES = ["raw", "raw-our-pool", "orc"]
+SIDES = ["raw", "raw-our-pool", "orc", "orc-no-metrics"]
+#: Graphile Worker's runs (bench/graphile/throughput.js's modes), by their label in the output.
+GRAPHILE_MODES = {"gw-default": "default", "gw-batched": "batched"}
 TRUNCATE = (
     "TRUNCATE orc_job_events, orc_dead_letters, orc_jobs, procrastinate_events, "
     "procrastinate_periodic_defers, procrastinate_jobs, procrastinate_workers "
@@ -59,8 +78,8 @@ def raw_app(dsn: str, *, our_pool: bool = False) -> procrastinate.App:
     return app
 
 
-def orc_app(dsn: str) -> Orchestrator:
-    orc = Orchestrator(settings=Settings(), dsn=dsn)
+def orc_app(dsn: str, *, metrics: bool = True) -> Orchestrator:
+    orc = Orchestrator(settings=Settings(metrics=metrics), dsn=dsn)
 
     @orc.job_type("noop")
     async def noop(ctx: JobContext, payload: int) -> None:
@@ -114,10 +133,20 @@ async def drain_here(side: str, dsn: str, concurrency: int) -> float:
                 concurrency=concurrency, wait=False, install_signal_handlers=False
             )
             return time.perf_counter() - started
-    async with orc_app(dsn) as orc:
+    async with orc_app(dsn, metrics=side == "orc") as orc:
         started = time.perf_counter()
         await orc.run_worker(concurrency=concurrency, wait=False, install_signal_handlers=False)
         return time.perf_counter() - started
+
+
+def graphile_drain(mode: str, dsn: str, jobs: int, concurrency: int) -> tuple[str, str, float]:
+    """Graphile Worker's run on ``dsn``'s database: (its version, the worker options the mode
+    sets, seconds for the jobs). Raises RuntimeError saying why it could not be measured."""
+    result = run_graphile(
+        "throughput.js", [str(jobs), str(concurrency), mode], dsn, timeout=max(600, jobs / 20)
+    )
+    options = json.dumps(result["options"], separators=(", ", ": ")) if result["options"] else ""
+    return str(result["version"]), options, float(result["seconds"])
 
 
 async def count_done(dsn: str, side: str) -> int:
@@ -165,7 +194,7 @@ async def submit_rates(dsn: str, n_single: int, n_batch: int) -> dict[str, float
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--jobs", type=int, default=5000)
+    parser.add_argument("--jobs", type=int, default=20_000, help="per side and round")
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--drain", choices=SIDES)
@@ -175,15 +204,17 @@ def main() -> None:
         print(asyncio.run(drain_here(args.drain, args.dsn, args.concurrency)))
         return
 
-    with fresh_database() as dsn:
+    with fresh_database() as dsn, fresh_database("graphile_bench", schema=None) as graphile_dsn:
         print(f"machine: {machine()}, PostgreSQL {asyncio.run(server_version(dsn))}")
         print(f"procrastinate {importlib.metadata.version('procrastinate')}")
         print(f"{args.jobs} no-op jobs per side, 1 worker process each, "
               f"concurrency {args.concurrency}; tables ANALYZEd after each fill")  # fmt: skip
-        results: dict[str, list[float]] = {side: [] for side in SIDES}
+        results: dict[str, list[float]] = {side: [] for side in [*SIDES, *GRAPHILE_MODES]}
+        graphile_version, graphile_missing = "", ""
+        graphile_options: dict[str, str] = {}
         for round_no in range(1, args.rounds + 1):
             for side in SIDES:
-                fill = fill_orc if side == "orc" else fill_raw
+                fill = fill_orc if side.startswith("orc") else fill_raw
                 asyncio.run(reset(dsn))
                 asyncio.run(fill(dsn, args.jobs))
                 asyncio.run(analyze(dsn))
@@ -193,7 +224,20 @@ def main() -> None:
                 rate = args.jobs / seconds
                 results[side].append(rate)
                 print(f"  round {round_no} {side:>12}: {rate:7.0f} jobs/s ({seconds:.2f}s)")
-        medians = {side: statistics.median(rates) for side, rates in results.items()}
+            for side, mode in GRAPHILE_MODES.items():
+                if graphile_missing:
+                    break
+                try:
+                    graphile_version, graphile_options[side], seconds = graphile_drain(
+                        mode, graphile_dsn, args.jobs, args.concurrency
+                    )
+                except RuntimeError as exc:
+                    graphile_missing = str(exc)
+                    break
+                rate = args.jobs / seconds
+                results[side].append(rate)
+                print(f"  round {round_no} {side:>12}: {rate:7.0f} jobs/s ({seconds:.2f}s)")
+        medians = {side: statistics.median(rates) for side, rates in results.items() if rates}
         baseline = max(medians["raw"], medians["raw-our-pool"])
         print(
             f"end-to-end (median of {args.rounds} rounds): raw Procrastinate "
@@ -201,6 +245,24 @@ def main() -> None:
             f"(our pool); orchestrator {medians['orc']:.0f} jobs/s; ratio "
             f"{medians['orc'] / baseline:.2f} against the faster baseline (target >= 0.80)"
         )
+        print(
+            f"metrics: orchestrator {medians['orc']:.0f} jobs/s with them, "
+            f"{medians['orc-no-metrics']:.0f} jobs/s without (ORCHESTRATOR_METRICS=false); ratio "
+            f"{medians['orc'] / medians['orc-no-metrics']:.3f} (target >= 0.97)"
+        )
+        if graphile_missing or not all(side in medians for side in GRAPHILE_MODES):
+            print(f"Graphile Worker: not measured ({graphile_missing})")
+        else:
+            default, batched = medians["gw-default"], medians["gw-batched"]
+            print(
+                f"Graphile Worker {graphile_version} (gw-*: its own Node.js process, runOnce; "
+                f"median of {args.rounds} rounds): default options {default:.0f} jobs/s, "
+                f"batched {graphile_options['gw-batched']} {batched:.0f} jobs/s"
+            )
+            print(
+                f"ratio orchestrator / Graphile Worker: {medians['orc'] / default:.2f} (default), "
+                f"{medians['orc'] / batched:.2f} (batched)"
+            )
         rates = asyncio.run(submit_rates(dsn, n_single=2000, n_batch=10_000))
         for name, rate in rates.items():
             print(f"  {name:<36} {rate:8.0f} jobs/s")

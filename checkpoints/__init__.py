@@ -3,24 +3,23 @@
 A task reaches them through its context: ``ctx.steps(...)`` for checkpointed steps and
 ``ctx.effect(...)`` for a side effect in a plain task (its single implicit step). The protocol
 is described in docs/checkpoints.md.
+
+This package sits on the orchestrator's domain and storage layers (it imports nothing from the
+runtime above them); the runtime hands each attempt its ledger and gate.
 """
 
+from checkpoints.gate import ApprovalGate, AwaitingApproval
 from checkpoints.ledger import Ledger, Reconciled
-from checkpoints.steps import (
-    AwaitingApproval,
-    CheckpointMissing,
-    Decision,
-    Step,
-    StepClock,
-    Steps,
-)
-from checkpoints.store import CheckpointStore, Fence
+from checkpoints.steps import ApprovalDecision, CheckpointMissing, Step, StepClock, Steps
+from checkpoints.store import CheckpointStore
+from orchestrator.domain.models import Fence
 
 __all__ = [
+    "ApprovalDecision",
+    "ApprovalGate",
     "AwaitingApproval",
     "CheckpointMissing",
     "CheckpointStore",
-    "Decision",
     "Fence",
     "Ledger",
     "Reconciled",

@@ -26,10 +26,11 @@ from typing import Any, TypeVar
 
 from pydantic import TypeAdapter
 
-from checkpoints.store import Checkpoint, CheckpointStore, Fence
-from orchestrator.classification import Classifier, classify
-from orchestrator.errors import PermanentError
-from orchestrator.events import error_summary
+from checkpoints.store import Checkpoint, CheckpointStore
+from orchestrator.domain.classification import Classifier, classify
+from orchestrator.domain.errors import PermanentError
+from orchestrator.domain.events import error_summary
+from orchestrator.domain.models import Fence
 
 T = TypeVar("T")
 KEY = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # keeps invocation ids safe in URLs and headers
@@ -118,10 +119,11 @@ class Ledger:
         return await self.store.last_checkpoint(self.fence.job_id)
 
     async def flush(self) -> None:
-        """Commit the results still held (the attempt is ending before its step committed)."""
+        """Commit the results still held (the attempt is ending before its step committed). They
+        are let go once written, so a flush that failed can be made again."""
         held = [e for step in sorted(self._held) for e in self._held[step]]
-        self._held.clear()
         await self.store.commit_effects(self.fence, held)
+        self._held.clear()
 
 
 def _committed(

@@ -27,9 +27,9 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from pydantic import TypeAdapter
 
+from checkpoints.gate import ApprovalGate
 from checkpoints.ledger import Call, Ledger, Reconcile
-from checkpoints.store import CheckpointStore
-from orchestrator.errors import PermanentError
+from orchestrator.domain.errors import PermanentError
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -44,19 +44,8 @@ class CheckpointMissing(PermanentError):
         )
 
 
-class AwaitingApproval(BaseException):
-    """Raised by ``Step.approval`` once the job waits: the attempt ends without an outcome.
-
-    A BaseException, so that a task's ``except Exception`` cannot swallow it by accident.
-    """
-
-    def __init__(self, approval_id: uuid.UUID) -> None:
-        self.approval_id = approval_id
-        super().__init__(f"waiting for approval {approval_id}")
-
-
 @dataclass(frozen=True)
-class Decision:
+class ApprovalDecision:
     approval_id: uuid.UUID
     status: str  # approved | rejected | expired
     decided_by: str | None
@@ -79,14 +68,14 @@ class StepClock(Protocol):
 
 class Step(Generic[S]):
     def __init__(
-        self, ledger: Ledger, approvals: CheckpointStore, number: int, state: S,
+        self, ledger: Ledger, gate: ApprovalGate, number: int, state: S,
         adapter: TypeAdapter[S], clock: StepClock | None = None,
     ) -> None:  # fmt: skip
         self.number = number
         self._clock = clock
         self.state = state  #: the state at the start of this step (the last checkpoint's)
         self._ledger = ledger
-        self._approvals = approvals
+        self._gate = gate
         self._adapter = adapter
         self._calls = 0
         self.committed: S | None = None
@@ -143,37 +132,35 @@ class Step(Generic[S]):
         key: str = "approval",
         on_reject: Literal["fail", "resume"] = "fail",
         notify: dict[str, Any] | None = None,
-    ) -> Decision:
+    ) -> ApprovalDecision:
         """Ask a human before going on. The first time, the job stops here (WAITING_APPROVAL)
         and a notice goes out (an ``approval_notify`` job to ``notify``, a channel target, or
         else to the configured approval target), submitted in the same transaction; once
         decided the job resumes from the last checkpoint, this step runs again, and this call
         returns the decision. A rejection fails the job unless ``on_reject="resume"``."""
         fence = self._ledger.fence
-        asked = await self._approvals.step_approval(fence.job_id, self.number, key)
+        asked = await self._gate.asked(fence, self.number, key)
         if asked is not None:
-            if asked["status"] == "pending":
-                raise RuntimeError(f"approval {asked['id']} is pending while its job runs")
-            return Decision(asked["id"], asked["status"], asked["decided_by"], asked["reason"])
+            if asked.status == "pending":
+                raise RuntimeError(f"approval {asked.id} is pending while its job runs")
+            return ApprovalDecision(asked.id, asked.status, asked.decided_by, asked.reason)
         await self._ledger.flush()
-        approval_id = uuid.uuid4()
-        await self._approvals.request_approval(
-            fence, approval_id=approval_id, step=self.number, key=key, question=question,
+        raise await self._gate.ask(
+            fence, step=self.number, key=key, question=question,
             details=details if details is not None else {}, on_reject=on_reject,
-            expires_in=expires_in.total_seconds(), notify=notify,
+            expires_in=expires_in, notify=notify,
         )  # fmt: skip
-        raise AwaitingApproval(approval_id)
 
 
 class Steps(Generic[S]):
     """The steps of a job, from the one after its last checkpoint (an async iterator)."""
 
     def __init__(
-        self, ledger: Ledger, store: CheckpointStore, state_type: Any, initial: S,
+        self, ledger: Ledger, gate: ApprovalGate, state_type: Any, initial: S,
         max_steps: int | None, clock: StepClock | None = None,
     ) -> None:  # fmt: skip
         self._ledger = ledger
-        self._store = store
+        self._gate = gate
         self._clock = clock
         self._adapter: TypeAdapter[S] = TypeAdapter(state_type)
         self._max_steps = max_steps
@@ -209,7 +196,7 @@ class Steps(Generic[S]):
             self._current = None
             raise StopAsyncIteration
         self._current = Step(
-            self._ledger, self._store, number, self.state, self._adapter, self._clock
+            self._ledger, self._gate, number, self.state, self._adapter, self._clock
         )
         if self._clock is not None:
             self._clock.start(number)

@@ -9,11 +9,11 @@ its kustomization's ``resources`` and ``configMapGenerator`` are read as they ar
 
 Every document is validated against the Kubernetes schemas bundled with kubernetes-validate
 (strict: an unknown field is an error). Every worker Deployment (one with a container named
-``worker``) must fit seed 004's shutdown timeline, with the worker's own defaults for what its
-env does not set:
+``worker``) must fit the shutdown timeline of docs/contracts.md, with the worker's own defaults
+for what its env does not set:
 
     terminationGracePeriodSeconds >= preStop sleep + ORCHESTRATOR_DRAIN_SECONDS
-                                     + orchestrator.drain.EXIT_GRACE + 10 s of margin
+                                     + orchestrator.runtime.drain.EXIT_GRACE + 10 s of margin
 
 and probe GET /readyz (readiness) and /healthz (liveness) on ORCHESTRATOR_HEALTH_PORT. Each
 problem is one line naming the object and the field; the exit code is 1 if there is any.
@@ -60,7 +60,7 @@ class Defaults:
 
 
 def project_defaults() -> Defaults:
-    from orchestrator.drain import EXIT_GRACE
+    from orchestrator.runtime.drain import EXIT_GRACE
     from orchestrator.settings import Settings
 
     fields = Settings.model_fields

@@ -1,3 +1,3 @@
-from orchestrator.cli import main
+from orchestrator.interfaces.start import main
 
 raise SystemExit(main())

@@ -6,70 +6,129 @@ async def summarise(ctx: JobContext, payload: Doc) -> Summary: ...
 async with orc:
     job_id = await orc.submit("summarise", {"url": ...})
     await orc.run_worker()
+
+It is also where the layers are put together: the domain's policy (job types, the notifier, the
+failure shaper), the stores on one pool, the maintenance services, and a worker per
+``run_worker`` call, each given what it needs explicitly.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import random
+import signal
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 from uuid import UUID
 
 import procrastinate
 import psycopg
-from psycopg_pool import AsyncConnectionPool
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 import retry_config
-from checkpoints import CheckpointStore
-from orchestrator import approvals, database, maintenance
-from orchestrator.attempt import HOST, AttemptRunner
-from orchestrator.classification import Classifier
-from orchestrator.context import JobContext
-from orchestrator.degradation import Degrader, Fallback
-from orchestrator.dispatching import DispatchManager
-from orchestrator.drain import Drain
-from orchestrator.errors import (
+from checkpoints import ApprovalGate, CheckpointStore
+from orchestrator.domain.classification import Classifier
+from orchestrator.domain.degradation import Degrader, Fallback, TypeDegradation
+from orchestrator.domain.errors import (
     ConfigError,
     DeadLetterError,
+    InvalidPayload,
+    InvalidTransition,
     OrchestratorError,
     SubmitError,
     UnknownJobType,
 )
-from orchestrator.ids import uuid7
-from orchestrator.migrate import MigrationReport, migrate
-from orchestrator.models import DeadLetter, Job, JobEvent
-from orchestrator.registry import JobType
-from orchestrator.retry_strategy import GraphileRetryStrategy
-from orchestrator.secrets import Secrets
+from orchestrator.domain.failures import Failures
+from orchestrator.domain.ids import uuid7
+from orchestrator.domain.job_types import JobType
+from orchestrator.domain.models import DeadLetter, Job, JobEvent
+from orchestrator.domain.notices import Notifier
+from orchestrator.domain.secrets import Secrets
+from orchestrator.domain.states import Status
+from orchestrator.domain.traceparent import normalized, trace_id_of
+from orchestrator.runtime import logs
+from orchestrator.runtime.attempt import Toolkit
+from orchestrator.runtime.context import JobContext
+from orchestrator.runtime.health import HealthServer
+from orchestrator.runtime.metrics import Metrics, NoMetrics
+from orchestrator.runtime.worker import Worker
+from orchestrator.services import maintenance
+from orchestrator.services.approvals import ApprovalDecisions
+from orchestrator.services.fleet import FleetMetrics
+from orchestrator.services.maintenance import Maintenance
 from orchestrator.settings import Settings
-from orchestrator.states import Status
-from orchestrator.store import TASK_PREFIX, JobStore
+from orchestrator.storage import database
+from orchestrator.storage.database import Pool
+from orchestrator.storage.migrate import MigrationReport, migrate
+from orchestrator.storage.rows import ApprovalRecord, StepRecord
+from orchestrator.storage.stores import Stores
+from retry_config import MAX_VALUE
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+    from orchestrator.runtime.tracing import Tracing
 
 F = TypeVar("F", bound=Callable[[JobContext, Any], Awaitable[Any]])
+
+
+def _no_nul(text: str) -> str:
+    if "\x00" in text:
+        raise ValueError("text with a NUL character (\\u0000), which PostgreSQL cannot hold")
+    return text
+
+
 JobKeyMode = Literal["replace", "preserve_run_at", "unsafe_dedupe"]
 
 
+#: Text a column can hold: no NUL character (PostgreSQL's text refuses it).
+Text = Annotated[str, AfterValidator(_no_nul)]
+
+#: A W3C traceparent, as version 00 writes it (orchestrator.domain.traceparent).
+Traceparent = Annotated[str, AfterValidator(normalized)]
+
+
 class JobSpec(BaseModel):
-    """One job to submit; the options follow Graphile Worker's ``addJob``."""
+    """One job to submit; the options follow Graphile Worker's ``addJob``. Every bound is what
+    the job table's columns hold, so nothing valid here can fail in the database."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    job_type: str
+    job_type: Text
     payload: Any = None
-    agent_id: str | None = Field(None, max_length=200)
+    agent_id: Text | None = Field(None, max_length=200)
     run_at: AwareDatetime | None = None
     priority: int = Field(0, ge=-(2**31) + 1, le=2**31 - 1, description="Lower runs first.")
-    queue: str | None = Field(None, min_length=1, max_length=128)
-    max_retries: int | None = Field(None, ge=0)
-    job_key: str | None = Field(None, min_length=1, max_length=512)
+    queue: Text | None = Field(None, min_length=1, max_length=128)
+    max_retries: int | None = Field(None, ge=0, le=MAX_VALUE)
+    job_key: Text | None = Field(None, min_length=1, max_length=512)
     job_key_mode: JobKeyMode = "replace"
-    timeout_seconds: int | None = Field(None, gt=0)
-    trace_id: str | None = Field(None, min_length=1, max_length=200)
+    timeout_seconds: int | None = Field(None, gt=0, le=MAX_VALUE)
+    trace_id: Text | None = Field(None, min_length=1, max_length=200)
+    #: Whose job it is (docs/contracts.md, "Tenants"); none by default.
+    tenant_id: Text | None = Field(None, min_length=1, max_length=200)
+    #: The W3C trace context the job continues: its trace id becomes the job's trace_id.
+    traceparent: Traceparent | None = None
+
+    @model_validator(mode="after")
+    def _one_trace(self) -> JobSpec:
+        if self.trace_id and self.traceparent and self.trace_id != trace_id_of(self.traceparent):
+            raise ValueError("trace_id differs from the trace id of traceparent")
+        return self
 
 
 class Orchestrator:
@@ -79,64 +138,59 @@ class Orchestrator:
         settings: Settings | None = None,
         retry_config_path: Path | str | None = None,
         dsn: str | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
+        """``tracer_provider``: spans go there (tracing on, whatever ``settings.tracing``
+        says); by default, to the global provider when ``ORCHESTRATOR_TRACING=otel``."""
         self.settings = settings or Settings()
+        self.tracing = _tracing(self.settings, tracer_provider)
         self.retry_config = retry_config.load(retry_config_path or self.settings.retry_config)
         self.job_types: dict[str, JobType] = {}
         self.classifiers: list[Classifier] = []
-        self.procrastinate = procrastinate.App(
-            connector=procrastinate.PsycopgConnector(),
-            periodic_defaults={"max_delay": self.settings.periodic_max_delay},
-        )
-        self.dispatches = DispatchManager(
-            self.procrastinate.connector, task_prefix=TASK_PREFIX, worker_label=HOST
-        )
-        self.procrastinate.job_manager = self.dispatches
-        self._dsn = dsn
-        self._pool: AsyncConnectionPool | None = None
-        self._store: JobStore | None = None
-        self._checkpoints: CheckpointStore | None = None
-        self._runner: AttemptRunner | None = None
-        self.drains: list[Drain] = []  # the workers running in this process, by their drain
         self.secrets = Secrets(self.settings.secrets_dir)
-        self.degrader = Degrader(
-            fallback_of=lambda name: getattr(self.job_types.get(name), "fallback", None),
+        self.notifier = Notifier(
+            submit_row=lambda job_type, payload: self._row(
+                _spec(job_type=job_type, payload=payload)
+            ),
             escalation_type=self.settings.escalation_job_type,
             escalation_target=self.settings.escalation_target,
-            submit_row=lambda job_type, payload: self._row(
-                _spec(job_type=job_type, payload=payload)
-            ),
+            approval_type=self.settings.approval_job_type,
+            approval_target=self.settings.approval_target,
         )
-        self.approval_notices = approvals.ApprovalNotices(
-            job_type=self.settings.approval_job_type,
-            target=self.settings.approval_target or self.settings.escalation_target,
-            submit_row=lambda job_type, payload: self._row(
-                _spec(job_type=job_type, payload=payload)
-            ),
-        )
-        maintenance.register(self)
+        self.failures = Failures(Degrader(of_type=self._degradation_of, notifier=self.notifier))
+        self.procrastinate = procrastinate.App(connector=procrastinate.PsycopgConnector())
+        maintenance.register(self.procrastinate, self.settings, self.retry_config)
+        self._dsn = dsn
+        self._pool: Pool | None = None
+        self._opened: _Opened | None = None
+        self.workers: list[Worker] = []  # the workers running in this process
+        # Served by each worker's health port (/metrics).
+        self.metrics = Metrics() if self.settings.metrics else NoMetrics()
+        self.metrics.watch(lambda: self.workers)
 
     # -- definition ------------------------------------------------------------------------
 
-    def job_type(self, name: str, *, fallback: Fallback | None = None) -> Callable[[F], F]:
+    def job_type(
+        self,
+        name: str,
+        *,
+        fallback: Fallback | None = None,
+        exhausted_message: str | None = None,
+    ) -> Callable[[F], F]:
         """Register ``async def fn(ctx, payload) -> result`` as the job type ``name``.
 
         ``fallback(payload) -> content``: what a job of this type that FAILED for good keeps
-        (logged and recorded) instead of a human being notified (orchestrator.degradation).
+        (logged and recorded) instead of a human being notified; ``exhausted_message``: what
+        the human notification says when its transient failures spent the retry budget
+        (orchestrator.domain.degradation).
         """
 
         def decorate(fn: F) -> F:
             if name in self.job_types:
                 raise ValueError(f"job type {name!r} is already registered")
-            job_type = JobType.from_function(name, fn, fallback=fallback)
-            config = self.retry_config.for_type(name)
-            self.procrastinate.task(
-                name=TASK_PREFIX + name,
-                queue=config.queue or name,
-                pass_context=True,
-                retry=GraphileRetryStrategy(config.worker_max_attempts),
-            )(self._run_attempt)
-            self.job_types[name] = job_type
+            self.job_types[name] = JobType.from_function(
+                name, fn, fallback=fallback, exhausted_message=exhausted_message
+            )
             return fn
 
         return decorate
@@ -146,9 +200,14 @@ class Orchestrator:
         self.classifiers.append(classifier)
         return classifier
 
-    async def _run_attempt(self, pctx: procrastinate.JobContext, job_id: str) -> None:
-        assert pctx.job.id is not None
-        await self.runner.run(pctx, job_id, self.dispatches.take_claim(pctx.job.id))
+    def known_job_types(self) -> set[str]:
+        """The names a retry config may configure: the registered job types, the built-in
+        ones, and the maintenance services."""
+        return {*self.job_types, *retry_config.built_in_types(), *maintenance.NAMES}
+
+    def _degradation_of(self, job_type: str) -> TypeDegradation:
+        known = self.job_types.get(job_type)
+        return known.degradation if known is not None else TypeDegradation()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -156,41 +215,31 @@ class Orchestrator:
     def dsn(self) -> str:
         if self._dsn is None:
             self._dsn = database.resolve_dsn(self.settings)
-        return self._dsn
+        return database.with_connect_timeout(self._dsn, self.settings.connect_timeout)
 
     async def open(self) -> None:
-        if self._pool is not None:
+        if self._opened is not None:
             return
         dsn = await asyncio.to_thread(lambda: self.dsn)
+        await database.check_database(dsn)
         pool = database.create_pool(
             dsn, min_size=self.settings.pool_min_size, max_size=self.settings.pool_max_size
         )
-        await pool.open(wait=True)
+        await pool.open()  # connects in the background; check_database already did once
         # A connector given an external pool keeps it even after close_async, so each opening
-        # gets a fresh one (swapped the way App.replace_connector does).
+        # gets a fresh one (swapped the way App.replace_connector does). Procrastinate's own
+        # writes (the periodic deferrer's) go through it.
         connector = procrastinate.PsycopgConnector()
         self.procrastinate.connector = self.procrastinate.job_manager.connector = connector
         await connector.open_async(pool)
-        self._pool = pool
-        self._store = JobStore(pool)
-        self._checkpoints = CheckpointStore(pool, notice=self.approval_notices)
-        self._runner = AttemptRunner(
-            store=self._store,
-            checkpoints=self._checkpoints,
-            job_types=self.job_types,
-            config=lambda: self.retry_config,
-            classifiers=self.classifiers,
-            dispatches=self.dispatches,
-            degrade=self.degrader,
-            secrets=self.secrets,
-        )
+        self._opened = _Opened.on(pool, self)
 
     async def close(self) -> None:
-        if self._pool is None:
+        if self._opened is None:
             return
         await self.procrastinate.close_async()
-        await self._pool.close()
-        self._pool = self._store = self._checkpoints = self._runner = None
+        await self._opened.stores.queries.pool.close()
+        self._opened = None
 
     async def __aenter__(self) -> Orchestrator:
         await self.open()
@@ -205,16 +254,19 @@ class Orchestrator:
         await self.close()
 
     @property
-    def store(self) -> JobStore:
-        if self._store is None:
+    def opened(self) -> _Opened:
+        if self._opened is None:
             raise OrchestratorError("the orchestrator is not open: use `async with orc:`")
-        return self._store
+        return self._opened
 
     @property
-    def runner(self) -> AttemptRunner:
-        if self._runner is None:
-            raise OrchestratorError("the orchestrator is not open: use `async with orc:`")
-        return self._runner
+    def stores(self) -> Stores:
+        return self.opened.stores
+
+    @property
+    def maintenance(self) -> Maintenance:
+        """The maintenance services (their ``run_once`` is what each periodic tick runs)."""
+        return self.opened.maintenance
 
     async def migrate(self) -> MigrationReport:
         async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
@@ -236,14 +288,21 @@ class Orchestrator:
         job_key_mode: JobKeyMode = "replace",
         timeout_seconds: int | None = None,
         trace_id: str | None = None,
+        tenant_id: str | None = None,
+        traceparent: str | None = None,
         connection: psycopg.AsyncConnection[Any] | None = None,
     ) -> UUID:
         """Submit one job and return its id. With ``connection``, the job is written inside
-        that connection's open transaction and disappears if it rolls back."""
+        that connection's open transaction and disappears if it rolls back. A submit the
+        database rolls back in a conflict (a deadlock) is run again; inside ``connection``'s
+        transaction it cannot be, and raises TransactionConflict: run the transaction again.
+        ``traceparent`` (W3C): the trace the job continues (docs/operations.md, "Traces")."""
         spec = _spec(
             job_type=job_type, payload=payload, agent_id=agent_id, run_at=run_at,
             priority=priority, queue=queue, max_retries=max_retries, job_key=job_key,
             job_key_mode=job_key_mode, timeout_seconds=timeout_seconds, trace_id=trace_id,
+            tenant_id=tenant_id,
+            traceparent=traceparent,
         )  # fmt: skip
         (job_id,) = await self.submit_many([spec], connection=connection)
         return job_id
@@ -254,11 +313,19 @@ class Orchestrator:
         *,
         connection: psycopg.AsyncConnection[Any] | None = None,
     ) -> list[UUID]:
-        """Submit many jobs in one round trip; every spec is checked before anything is sent."""
-        rows = [self._row(job if isinstance(job, JobSpec) else _spec(**job)) for job in jobs]
+        """Submit many jobs in one round trip; every spec is checked before anything is sent.
+        With tracing, each job gets a span of its own (orchestrator.runtime.tracing)."""
+        specs = [job if isinstance(job, JobSpec) else _spec(**job) for job in jobs]
+        rows = [self._row(spec) for spec in specs]
         if not rows:
             return []
-        results = await self.store.submit(rows, connection=connection)
+        if self.tracing is None:
+            results = await self.stores.jobs.submit(rows, connection)
+        else:
+            chosen = [spec.trace_id is not None or spec.traceparent is not None for spec in specs]
+            with self.tracing.submits(rows, chosen) as spans:
+                results = await self.stores.jobs.submit(rows, connection)
+                self.tracing.submitted(spans, results)
         return [r.job_id for r in results]
 
     def _row(self, spec: JobSpec) -> dict[str, Any]:
@@ -266,10 +333,18 @@ class Orchestrator:
         if job_type is None:
             raise UnknownJobType(spec.job_type, list(self.job_types))
         config = self.retry_config.for_type(spec.job_type)
+        payload = job_type.payload_json(spec.payload)
+        size = len(json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode())
+        if size > self.settings.max_payload_bytes:
+            raise InvalidPayload(
+                spec.job_type,
+                f"payload: {size} bytes, over the limit of {self.settings.max_payload_bytes} "
+                "(ORCHESTRATOR_MAX_PAYLOAD_BYTES)",
+            )
         return {
             "id": str(uuid7()),
             "job_type": spec.job_type,
-            "payload": job_type.payload_json(spec.payload),
+            "payload": payload,
             "queue": spec.queue or config.queue or spec.job_type,
             "priority": spec.priority,
             "run_at": spec.run_at.isoformat() if spec.run_at else None,
@@ -278,7 +353,11 @@ class Orchestrator:
             "job_key": spec.job_key,
             "job_key_mode": spec.job_key_mode,
             "agent_id": spec.agent_id,
-            "trace_id": spec.trace_id or uuid.uuid4().hex,
+            "trace_id": spec.trace_id
+            or (trace_id_of(spec.traceparent) if spec.traceparent else None)
+            or uuid.uuid4().hex,
+            "traceparent": spec.traceparent,
+            "tenant_id": spec.tenant_id,
             # Stored effective, so the claim can stamp the attempt's deadline (the backstop).
             "timeout_seconds": spec.timeout_seconds or config.job_timeout_seconds,
         }
@@ -286,64 +365,104 @@ class Orchestrator:
     # -- reads and operator actions --------------------------------------------------------
 
     async def get_job(self, job_id: UUID | str) -> Job:
-        return await self.store.get_job(_uuid(job_id))
+        return await self.stores.jobs.get(_uuid(job_id))
 
     async def job_events(self, job_id: UUID | str) -> list[JobEvent]:
-        return await self.store.job_events(_uuid(job_id))
+        return await self.stores.jobs.history(_uuid(job_id))
 
     async def list_jobs(
-        self, *, status: Status | str | None = None, job_type: str | None = None, limit: int = 50
+        self,
+        *,
+        status: Status | str | None = None,
+        job_type: str | None = None,
+        tenant_id: str | None = None,
+        limit: int = 50,
     ) -> list[Job]:
-        return await self.store.list_jobs(
-            status=Status(status) if status else None, job_type=job_type, limit=limit
+        """Newest first, of the given status, type and tenant (each: any when None)."""
+        return await self.stores.jobs.list_jobs(
+            status=Status(status) if status else None,
+            job_type=job_type,
+            tenant_id=tenant_id,
+            limit=limit,
         )
 
     async def cancel(self, job_id: UUID | str, *, reason: str = "", by: str = "api") -> None:
-        await self.store.cancel(_uuid(job_id), {"reason": reason, "by": by})
+        with self._counting_refusals():
+            await self.stores.jobs.cancel(_uuid(job_id), reason=reason, by=by)
 
-    async def dead_letters(self, *, state: str | None = None, limit: int = 50) -> list[DeadLetter]:
-        return await self.store.dead_letters(state=state, limit=limit)
+    async def dead_letters(
+        self, *, state: str | None = None, tenant_id: str | None = None, limit: int = 50
+    ) -> list[DeadLetter]:
+        """Newest first, in the given state and of the given tenant (each: any when None)."""
+        return await self.stores.dead_letters.list_letters(
+            state=state, tenant_id=tenant_id, limit=limit
+        )
+
+    async def dead_letter(self, dead_letter_id: UUID | str) -> DeadLetter:
+        return await self.stores.dead_letters.get(_uuid(dead_letter_id, "dead letter"))
 
     async def requeue_dead_letter(self, dead_letter_id: UUID | str) -> UUID:
-        """Seed 003's ``requeue``: a new job with the dead job's payload, linked to the letter."""
-        letter_id = _uuid(dead_letter_id)
-        async with self.store.pool.connection() as conn, conn.transaction():
-            letter = await self.store.lock_dead_letter(letter_id, conn)
+        """The dead-letter flow's ``requeue``: a new job with the dead job's payload and tenant,
+        linked to the letter."""
+        letter_id = _uuid(dead_letter_id, "dead letter")
+        stores = self.stores
+
+        async def requeue(conn: psycopg.AsyncConnection[Any]) -> UUID:
+            letter = await stores.dead_letters.lock(letter_id, conn)
             if letter.state not in ("recorded", "discard_requested"):
                 raise DeadLetterError(f"dead letter {letter_id} is already {letter.state}")
-            spec = self._row(JobSpec(job_type=letter.job_type, payload=letter.payload))
-            (result,) = await self.store.submit(
-                [{**spec, "replay_of": str(letter_id)}], connection=conn
+            spec = self._row(
+                JobSpec(
+                    job_type=letter.job_type, payload=letter.payload, tenant_id=letter.tenant_id
+                )
             )
-            await self.store.mark_dead_letter_requeued(letter_id, result.job_id, conn)
+            (result,) = await stores.jobs.submit([{**spec, "replay_of": str(letter_id)}], conn)
+            await stores.dead_letters.mark_requeued(letter_id, result.job_id, conn)
             return result.job_id
 
+        return await stores.queries.in_transaction(requeue)
+
     async def request_discard(self, dead_letter_id: UUID | str, *, by: str, reason: str) -> None:
-        """First of the two reviews seed 003 asks for before a dead letter is discarded."""
+        """The first of the two reviews a discard needs."""
         if not reason.strip():
             raise DeadLetterError("a discard needs a reason")
-        await self.store.request_dead_letter_discard(_uuid(dead_letter_id), by, reason)
+        await self.stores.dead_letters.request_discard(
+            _uuid(dead_letter_id, "dead letter"), by, reason
+        )
 
     async def confirm_discard(self, dead_letter_id: UUID | str, *, by: str) -> None:
         """Second review: by someone other than the requester."""
-        await self.store.confirm_dead_letter_discard(_uuid(dead_letter_id), by)
+        await self.stores.dead_letters.confirm_discard(_uuid(dead_letter_id, "dead letter"), by)
 
     async def approve(self, approval_id: UUID | str, *, by: str, reason: str = "") -> None:
         """Approve a waiting step: its job resumes from its last checkpoint (no budget used)."""
-        await approvals.decide(self.store, _uuid(approval_id), "approved", by=by, reason=reason)
+        approval = _uuid(approval_id, "approval")
+        with self._counting_refusals():
+            await self.opened.decisions.decide(approval, "approved", by=by, reason=reason)
 
     async def reject(self, approval_id: UUID | str, *, by: str, reason: str) -> None:
         """Reject a waiting step: its job fails, or resumes down the task's rejection path."""
-        await approvals.decide(self.store, _uuid(approval_id), "rejected", by=by, reason=reason)
+        approval = _uuid(approval_id, "approval")
+        with self._counting_refusals():
+            await self.opened.decisions.decide(approval, "rejected", by=by, reason=reason)
 
     async def approvals(
         self, *, status: str | None = "pending", limit: int = 50
-    ) -> list[dict[str, Any]]:
-        return await self.store.approvals(status=status, limit=limit)
+    ) -> list[ApprovalRecord]:
+        return await self.stores.approvals.list_approvals(status=status, limit=limit)
 
-    async def job_steps(self, job_id: UUID | str) -> list[dict[str, Any]]:
+    @contextlib.contextmanager
+    def _counting_refusals(self) -> Iterator[None]:
+        """A transition the state machine refuses is counted (an alert watches it)."""
+        try:
+            yield
+        except InvalidTransition as exc:
+            self.metrics.transition_refused(exc.source, exc.target)
+            raise
+
+    async def job_steps(self, job_id: UUID | str) -> list[StepRecord]:
         """A job's checkpoints and side effects, in step order."""
-        return await self.store.job_steps(_uuid(job_id))
+        return await self.stores.jobs.steps(_uuid(job_id))
 
     # -- worker ----------------------------------------------------------------------------
 
@@ -357,42 +476,83 @@ class Orchestrator:
         install_signal_handlers: bool = True,
         name: str | None = None,
     ) -> None:
-        from orchestrator.worker import run_worker
-
-        try:
-            self.degrader.check()
-        except SubmitError as exc:
-            raise ConfigError(
-                f"ORCHESTRATOR_ESCALATION_TARGET cannot be submitted as a "
-                f"{self.settings.escalation_job_type!r} job: {exc}"
-            ) from None
-        try:
-            self.approval_notices.check()
-        except SubmitError as exc:
-            which = "APPROVAL" if self.settings.approval_target else "ESCALATION"
-            raise ConfigError(
-                f"ORCHESTRATOR_{which}_TARGET cannot be submitted as an approval notice "
-                f"({self.settings.approval_job_type!r} job): {exc}"
-            ) from None
-        await run_worker(
-            self,
+        """Run a worker until it is stopped: by SIGTERM/SIGINT (with
+        ``install_signal_handlers``), by ``stop_worker()``, or by cancelling this coroutine;
+        each of them drains (docs/operations.md)."""
+        self.retry_config.check_names(self.known_job_types())
+        self.notifier.check()
+        logs.make_visible(self.settings.log_format)
+        opened = self.opened
+        worker = Worker(
+            dsn=self.dsn,
+            stores=opened.stores,
+            kit=Toolkit(
+                job_types=dict(self.job_types),
+                config=self.retry_config,
+                classifiers=tuple(self.classifiers),
+                failures=self.failures,
+                secrets=self.secrets,
+                checkpoints=opened.checkpoints,
+                gate=opened.gate,
+                rng=random.Random(),
+                metrics=self.metrics,
+                tracing=self.tracing,
+            ),
+            metrics=self.metrics,
+            procrastinate_app=self.procrastinate,
+            services=opened.maintenance,
+            settings=self.settings,
             concurrency=concurrency or self.settings.worker_concurrency,
             queues=self.queues_for(queues, job_types),
+            maintenance_queue=maintenance.QUEUE,
             wait=wait,
-            install_signal_handlers=install_signal_handlers,
-            name=name,
+            name=name or "orchestrator",
         )
+        self.workers.append(worker)
+        try:
+            await worker.run(install_signal_handlers=install_signal_handlers)
+        finally:
+            self.workers.remove(worker)
+
+    async def run_exporter(self, *, port: int | None = None) -> None:
+        """Serve the fleet's metrics (orchestrator.services.fleet) on ``port`` (the
+        exporter_port setting) at /metrics, with /healthz and /readyz, until cancelled or
+        stopped by SIGTERM/SIGINT. One per fleet: every scrape reads the database."""
+        fleet = FleetMetrics(
+            self.stores.fleet, zombie_threshold=self.settings.zombie_threshold,
+            max_tenants=self.settings.metrics_max_tenants,
+            min_interval=self.settings.exporter_min_interval,
+        )  # fmt: skip
+        server = HealthServer(
+            port=port or self.settings.exporter_port, ready=lambda: True,
+            database_ok=self.stores.liveness.ping, metrics=fleet.exposition,
+        )  # fmt: skip
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await server.start()
+        try:
+            await stop.wait()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            await server.close()
 
     def stop_worker(self) -> None:
         """Drain the workers this process runs, as SIGTERM would."""
-        for drain in list(self.drains):
-            drain.begin("stop requested")
+        for worker in list(self.workers):
+            worker.drain.begin("stop requested")
+
+    def running_jobs(self) -> set[UUID]:
+        """The jobs whose attempts the workers of this process are running."""
+        return {job_id for worker in self.workers for job_id in worker.running_jobs()}
 
     def queues_for(
         self, queues: Sequence[str] | None, job_types: Sequence[str] | None
     ) -> list[str] | None:
-        """The Procrastinate queues a worker listens to: the given ones, plus each given job
-        type's queue, plus the maintenance queue; None (all queues) when neither is given."""
+        """The queues of a worker's jobs lane: the given ones, plus each given job type's
+        queue; None (all queues) when neither is given. Maintenance has a lane of its own."""
         if not queues and not job_types:
             return None
         chosen = list(queues or [])
@@ -400,8 +560,58 @@ class Orchestrator:
             if name not in self.job_types:
                 raise UnknownJobType(name, list(self.job_types))
             chosen.append(self.retry_config.for_type(name).queue or name)
-        chosen.append(maintenance.QUEUE)
         return sorted(set(chosen))
+
+
+class _Opened:
+    """What an open Orchestrator holds: its stores on one pool, and what is built on them."""
+
+    def __init__(
+        self,
+        stores: Stores,
+        checkpoints: CheckpointStore,
+        gate: ApprovalGate,
+        decisions: ApprovalDecisions,
+        maintenance: Maintenance,
+    ) -> None:
+        self.stores = stores
+        self.checkpoints = checkpoints
+        self.gate = gate
+        self.decisions = decisions
+        self.maintenance = maintenance
+
+    @classmethod
+    def on(cls, pool: Pool, orc: Orchestrator) -> _Opened:
+        stores = Stores.on(pool)
+        checkpoints = CheckpointStore(stores.queries)
+        decisions = ApprovalDecisions(stores=stores, failures=orc.failures)
+        return cls(
+            stores=stores,
+            checkpoints=checkpoints,
+            gate=ApprovalGate(stores.approvals, orc.notifier),
+            decisions=decisions,
+            maintenance=Maintenance.build(
+                stores=stores, checkpoints=checkpoints, failures=orc.failures,
+                decisions=decisions, config=orc.retry_config, settings=orc.settings,
+                on_run=orc.metrics.maintenance_run,
+            ),
+        )  # fmt: skip
+
+
+def _tracing(settings: Settings, provider: TracerProvider | None) -> Tracing | None:
+    """Tracing when it is asked for; None (off) otherwise, without importing opentelemetry."""
+    if provider is None and settings.tracing == "off":
+        return None
+    try:
+        from orchestrator.runtime.tracing import Tracing
+    except ImportError as exc:
+        if not (exc.name or "").startswith("opentelemetry"):
+            raise
+        raise ConfigError(
+            "ORCHESTRATOR_TRACING=otel needs OpenTelemetry's API: pip install "
+            "'agent-orchestrator[otel]'"
+        ) from None
+    return Tracing(provider)
 
 
 def _spec(**options: Any) -> JobSpec:
@@ -415,10 +625,11 @@ def _spec(**options: Any) -> JobSpec:
         raise SubmitError(f"invalid submit options: {problems}") from None
 
 
-def _uuid(value: UUID | str) -> UUID:
+def _uuid(value: UUID | str, what: str = "job") -> UUID:
     if isinstance(value, UUID):
         return value
     try:
         return UUID(value)
     except ValueError:
-        raise OrchestratorError(f"not a job id: {value!r}") from None
+        article = "an" if what[0] in "aeiou" else "a"
+        raise OrchestratorError(f"not {article} {what} id: {value!r}") from None

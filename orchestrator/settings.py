@@ -7,9 +7,10 @@ a laptop, CI and a Kubernetes Deployment.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import AliasChoices, Field
+from croniter import croniter
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -25,6 +26,13 @@ class Settings(BaseSettings):
         Path(".orchestrator"), description="Embedded PostgreSQL lives in <data_dir>/pgdata."
     )
     embedded_database: str = Field("orchestrator", description="Database used on that server.")
+    connect_timeout: int = Field(
+        5,
+        ge=2,
+        le=300,
+        description="Seconds a connection attempt may take before it fails with its reason"
+        " (libpq's connect_timeout; a DATABASE_URL that sets its own keeps it).",
+    )
     retry_config: Path | None = Field(
         None, description="Retry config file (TOML); unset uses retry_config/default.toml."
     )
@@ -51,6 +59,23 @@ class Settings(BaseSettings):
     approval_job_type: str = Field(
         "approval_notify", description="The job type that tells a person an approval waits."
     )
+    max_payload_bytes: int = Field(
+        1_048_576,
+        ge=1,
+        le=256 * 1_048_576,
+        description="A job's payload may be this large at most, as JSON (UTF-8); a larger one is"
+        " refused at submit (InvalidPayload).",
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="How a worker logs: text lines for a terminal, or json, one object per line"
+        " with the attempt's fields (job_id, job_type, attempt, trace_id, worker).",
+    )
+    tracing: Literal["off", "otel"] = Field(
+        "off",
+        description="otel: OpenTelemetry spans for submits, attempts, steps and calls, through"
+        " the global tracer provider (the otel extra); off: opentelemetry is never imported.",
+    )
     pool_min_size: int = Field(2, ge=1, description="Connections the pool keeps open.")
     pool_max_size: int = Field(
         10, ge=1, description="Connections the pool may open (the worker's default concurrency)."
@@ -58,7 +83,10 @@ class Settings(BaseSettings):
 
     worker_concurrency: int = Field(10, ge=1, description="Jobs a worker runs at once.")
     fetch_polling_interval: float = Field(
-        5.0, gt=0, description="Seconds between Procrastinate polls when no NOTIFY arrives."
+        5.0,
+        gt=0,
+        description="Seconds between a worker's fetches when nothing wakes it (a notification,"
+        " a due time, a freed slot); also how often it re-reads the soonest due time.",
     )
     safety_net_cron: str = Field(
         "* * * * *", description="When the retry safety net looks for lost dispatches."
@@ -71,29 +99,49 @@ class Settings(BaseSettings):
         45.0,
         ge=0,
         description="After SIGTERM, how long running jobs may go on before they are"
-        " handed back (seed 004: 45 s, inside a 65 s grace period with a 5 s preStop).",
+        " handed back (45 s, inside a 65 s grace period with a 5 s preStop: docs/contracts.md).",
     )
+    metrics: bool = Field(
+        True,
+        description="Count the workers' metrics and serve them at /metrics on the health port;"
+        " off, nothing is counted (bench/throughput.py measures the difference).",
+    )
+    exporter_port: int = Field(
+        9464, ge=1, le=65535,
+        description="Port of `orchestrator exporter`'s /metrics (the fleet's metrics, from the"
+        " database), /healthz and /readyz.",
+    )  # fmt: skip
+    exporter_min_interval: float = Field(
+        5.0, ge=0,
+        description="Seconds a fleet scrape is reused for: more scrapers (Prometheus replicas)"
+        " within it cost the database nothing more.",
+    )  # fmt: skip
+    metrics_max_tenants: int = Field(
+        100, ge=1, le=10_000,
+        description="Tenants named in the fleet metrics at most (the largest); the others are"
+        " summed under the tenant _other.",
+    )  # fmt: skip
     health_port: int = Field(
         8080, ge=0, le=65535, description="Port of /healthz and /readyz; 0 turns them off."
     )
     heartbeat_interval: float = Field(
-        30.0, gt=0, description="Seconds between a worker's heartbeats (seed 004: 30 s)."
+        30.0, gt=0, description="Seconds between a worker's heartbeats."
     )
     zombie_threshold: float = Field(
-        300.0, gt=0, description="A RUNNING job silent this long is a zombie (seed 004: 5 min)."
+        300.0, gt=0, description="A RUNNING job silent this long is a zombie."
     )
     job_expiry_grace_seconds: float = Field(
         60.0,
         ge=0,
         description="The backstop: an attempt still RUNNING this long past its job timeout is"
-        " a zombie even if it heartbeats (seed 004's job_expiry = timeout + 60 s).",
+        " a zombie even if it heartbeats (Graphile Worker's job_expiry = timeout + 60 s).",
     )
     sweep_cron: str = Field("* * * * *", description="When sweep_zombies runs (every minute).")
     sweep_limit: int = Field(
         1000,
         ge=1,
         description="Zombies recovered per sweep run at most: a mass recovery is spread over"
-        " several runs (seed 004, Open Question 2).",
+        " several runs (no stampede of recovered jobs after an outage).",
     )
     sweep_batch_size: int = Field(
         250, ge=1, description="Zombies handled per transaction within a run."
@@ -113,3 +161,23 @@ class Settings(BaseSettings):
     stalled_worker_seconds: float = Field(
         30.0, gt=0, description="A Procrastinate worker silent this long is considered dead."
     )
+
+    @field_validator("safety_net_cron", "sweep_cron", "approvals_cron", "prune_cron")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        """A schedule Procrastinate's periodic tasks can follow (croniter: five fields, or six
+        with seconds last)."""
+        if not croniter.is_valid(value):
+            raise ValueError("not a cron schedule (five fields, or six with seconds last)")
+        return value
+
+    @model_validator(mode="after")
+    def _heartbeats_fit_the_threshold(self) -> Settings:
+        """A live job must not look dead: one late heartbeat may not reach the threshold."""
+        if self.heartbeat_interval * 2 > self.zombie_threshold:
+            raise ValueError(
+                f"ORCHESTRATOR_HEARTBEAT_INTERVAL ({self.heartbeat_interval:g} s) must be at most"
+                f" half of ORCHESTRATOR_ZOMBIE_THRESHOLD ({self.zombie_threshold:g} s): a running"
+                " job whose heartbeat is late once would be swept as a zombie"
+            )
+        return self

@@ -1,7 +1,16 @@
 """Per-job-type retry configuration: the models, the loader and the default file users edit."""
 
-from retry_config.loader import DEFAULT_PATH, ConfigError, RetryConfig, load, parse
+from retry_config.loader import (
+    DEFAULT_PATH,
+    ConfigError,
+    RetryConfig,
+    built_in_types,
+    load,
+    parse,
+    unknown_type,
+)
 from retry_config.models import (
+    MAX_VALUE,
     AdditiveJitter,
     BackoffConfig,
     FullJitter,
@@ -13,6 +22,7 @@ from retry_config.models import (
 
 __all__ = [
     "DEFAULT_PATH",
+    "MAX_VALUE",
     "AdditiveJitter",
     "BackoffConfig",
     "ConfigError",
@@ -22,6 +32,8 @@ __all__ = [
     "NoJitter",
     "ProportionalJitter",
     "RetryConfig",
+    "built_in_types",
     "load",
     "parse",
+    "unknown_type",
 ]

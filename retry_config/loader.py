@@ -10,13 +10,19 @@ File shape::
     [job_types.http_request]        # merged over [defaults], field by field
     worker_max_attempts = 5
 
-Any problem raises :class:`ConfigError` whose message names the file, the job type and the field.
+Any problem raises :class:`ConfigError` whose message names the file, the job type and the field,
+one line per problem (every problem is reported at once). A field set in ``[defaults]`` is
+reported against ``defaults`` only, not against every type that inherits it. Which job types a
+file may name is known only to the application: :meth:`RetryConfig.check_names` refuses a table
+that names none of them, and suggests the closest.
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +52,31 @@ class RetryConfig:
     def for_type(self, job_type: str) -> JobRetryConfig:
         return self.job_types.get(job_type, self.defaults)
 
+    def check_names(self, known: Iterable[str]) -> None:
+        """Refuse tables of job types that are not in ``known`` (a typo would otherwise leave
+        the type it meant on ``[defaults]``, silently)."""
+        names = sorted(set(known))
+        problems = [
+            f"{self.path}: {unknown_type(name, names)}"
+            for name in self.job_types
+            if name not in names
+        ]
+        if problems:
+            raise ConfigError("\n".join(problems))
+
+
+def unknown_type(name: str, known: Iterable[str]) -> str:
+    """``job type 'x' is neither registered nor built in``, with the closest known name."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"job type {name!r} is neither registered nor built in{hint}"
+
+
+@functools.cache
+def built_in_types() -> frozenset[str]:
+    """The job types the default file configures: the built-in ones."""
+    return frozenset(tomllib.loads(DEFAULT_PATH.read_text(encoding="utf-8"))["job_types"])
+
 
 def load(path: Path | str | None = None) -> RetryConfig:
     path = Path(path) if path is not None else DEFAULT_PATH
@@ -74,8 +105,9 @@ def parse(raw: Mapping[str, Any], path: Path) -> RetryConfig:
     defaults = _validate(defaults_raw, path, "defaults", problems)
     job_types: dict[str, JobRetryConfig] = {}
     for name, entry in types_raw.items():
-        merged = _deep_merge(defaults_raw, _table(entry, path, f"[job_types.{name}]"))
-        config = _validate(merged, path, f"job type {name!r}", problems)
+        own = _table(entry, path, f"[job_types.{name}]")
+        merged = _deep_merge(defaults_raw, own)
+        config = _validate(merged, path, f"job type {name!r}", problems, own=own)
         if config is not None:
             job_types[name] = config
     if problems or defaults is None:
@@ -84,15 +116,34 @@ def parse(raw: Mapping[str, Any], path: Path) -> RetryConfig:
 
 
 def _validate(
-    data: Mapping[str, Any], path: Path, where: str, problems: list[str]
+    data: Mapping[str, Any],
+    path: Path,
+    where: str,
+    problems: list[str],
+    own: Mapping[str, Any] | None = None,
 ) -> JobRetryConfig | None:
+    """The config, or None with its problems added. ``own``: the type's own table; a field it
+    does not set came from ``[defaults]``, whose problems are reported there once."""
     try:
         return JobRetryConfig.model_validate(data)
     except ValidationError as exc:
         for err in exc.errors(include_url=False):
-            loc = ".".join(str(p) for p in err["loc"] if not _is_union_tag(p)) or "(entry)"
+            parts = [p for p in err["loc"] if not _is_union_tag(p)]
+            if own is not None and parts and not _sets(own, parts):
+                continue  # inherited from [defaults], and reported against it
+            loc = ".".join(str(p) for p in parts) or "(entry)"
             problems.append(f"{path}: {where}: field {loc!r}: {err['msg']}")
         return None
+
+
+def _sets(table: Mapping[str, Any], loc: list[Any]) -> bool:
+    """Whether ``table`` itself sets the field at ``loc`` (or a table that holds it)."""
+    value: Any = table
+    for part in loc:
+        if not isinstance(value, Mapping) or part not in value:
+            return False
+        value = value[part]
+    return True
 
 
 def _is_union_tag(part: object) -> bool:

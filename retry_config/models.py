@@ -1,4 +1,4 @@
-"""The per-job-type retry configuration (seed 004's ``JobRetryConfig``) as pydantic models.
+"""The per-job-type retry configuration (the design's ``JobRetryConfig``) as pydantic models.
 
 Models are frozen and reject unknown fields, so a typo in the config file is an error at load,
 not a silently ignored setting.
@@ -10,8 +10,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-#: Seed 004: "no single step should take more than 10 minutes".
+#: No single step should take more than 10 minutes.
 DEFAULT_STEP_TIMEOUT_SECONDS = 600
+#: The largest count, duration (in its unit) or delay a config may hold: what the job table's
+#: integer columns store, and far inside what a timestamp can be moved by (a delay of this many
+#: milliseconds is under 25 days). A larger value is refused at load, not when a job first needs
+#: it.
+MAX_VALUE = 2**31 - 1
 
 
 class _Frozen(BaseModel):
@@ -23,27 +28,27 @@ class NoJitter(_Frozen):
 
 
 class FullJitter(_Frozen):
-    """Uniform in [0, delay] (seed 004: spreads a thundering herd over the whole interval)."""
+    """Uniform in [0, delay] (spreads a thundering herd over the whole interval)."""
 
     mode: Literal["full"] = "full"
 
 
 class ProportionalJitter(_Frozen):
-    """Uniform in [delay·(1-ratio), delay·(1+ratio)] (seed 000: ±30%)."""
+    """Uniform in [delay·(1-ratio), delay·(1+ratio)] (e.g. ±30%)."""
 
     mode: Literal["proportional"] = "proportional"
     ratio: float = Field(0.3, gt=0, le=1)
 
 
 class AdditiveJitter(_Frozen):
-    """delay + uniform in [0, max_ms] (seed 003: 0-300 ms)."""
+    """delay + uniform in [0, max_ms] (e.g. 0-300 ms)."""
 
     mode: Literal["additive"] = "additive"
-    max_ms: int = Field(300, ge=0)
+    max_ms: int = Field(300, ge=0, le=MAX_VALUE)
 
 
 def _jitter_shorthand(value: Any) -> Any:
-    """Accept ``jitter = "full"`` and the seed's ``jitter = true/false`` as well as a table."""
+    """Accept ``jitter = "full"`` and the design's ``jitter = true/false`` as well as a table."""
     if value is True:
         return {"mode": "full"}
     if value is False:
@@ -63,9 +68,9 @@ Jitter = Annotated[
 class BackoffConfig(_Frozen):
     """Application-layer backoff: ``min(cap, base · multiplier^(n-1))`` plus jitter."""
 
-    base_ms: int = Field(1_000, gt=0)
-    cap_ms: int = Field(300_000, gt=0)
-    multiplier: float = Field(2.0, ge=1)
+    base_ms: int = Field(1_000, gt=0, le=MAX_VALUE)
+    cap_ms: int = Field(300_000, gt=0, le=MAX_VALUE)
+    multiplier: float = Field(2.0, ge=1, le=1_000)
     jitter: Jitter = FullJitter()
 
     @model_validator(mode="after")
@@ -79,30 +84,45 @@ class JobRetryConfig(_Frozen):
     """Everything that governs retries and timeouts of one job type."""
 
     worker_max_attempts: int = Field(
-        3, ge=1, description="Total infrastructure runs per dispatch (Graphile's maxAttempts)."
+        3,
+        ge=1,
+        le=MAX_VALUE,
+        description="Total infrastructure runs per dispatch (Graphile's maxAttempts).",
     )
-    app_max_retries: int = Field(3, ge=0, description="Application-level retries (RETRY state).")
+    app_max_retries: int = Field(
+        3, ge=0, le=MAX_VALUE, description="Application-level retries (RETRY state)."
+    )
     backoff: BackoffConfig = BackoffConfig()
     job_timeout_seconds: int = Field(
-        3_600, gt=0, description="Wall-clock limit of one attempt; overrunning fails the job."
+        3_600,
+        gt=0,
+        le=MAX_VALUE,
+        description="Wall-clock limit of one attempt; overrunning fails the job.",
     )
     step_timeout_seconds: int | None = Field(
         None,
         gt=0,
+        le=MAX_VALUE,
         description="Limit of one checkpointed step; overrunning retries from the last "
         f"checkpoint. Unset: {DEFAULT_STEP_TIMEOUT_SECONDS} s, or the job timeout if shorter.",
     )
-    call_timeout_ms: int = Field(120_000, gt=0, description="Total limit of one external call.")
-    connect_timeout_ms: int = Field(30_000, gt=0, description="Connect phase of one call.")
+    call_timeout_ms: int = Field(
+        120_000, gt=0, le=MAX_VALUE, description="Total limit of one external call."
+    )
+    connect_timeout_ms: int = Field(
+        30_000, gt=0, le=MAX_VALUE, description="Connect phase of one call."
+    )
     inter_chunk_timeout_ms: int | None = Field(
         None,
         gt=0,
+        le=MAX_VALUE,
         description="Streaming calls: longest silence between two chunks (tokens) before the "
-        "stream counts as stalled (seed 004: 60 s for LLM streams). Unset: no such limit.",
+        "stream counts as stalled (60 s for LLM streams in the default file). Unset: no such "
+        "limit.",
     )
-    tool_timeouts_ms: dict[str, Annotated[int, Field(gt=0)]] = Field(
+    tool_timeouts_ms: dict[str, Annotated[int, Field(gt=0, le=MAX_VALUE)]] = Field(
         default_factory=dict,
-        description="Per-tool call limits (seed 004, Open Question 1); others use call_timeout_ms.",
+        description="Per-tool call limits; other calls use call_timeout_ms.",
     )
     queue: str | None = Field(
         None, min_length=1, max_length=128, description="Procrastinate queue; the type's name."
@@ -110,7 +130,7 @@ class JobRetryConfig(_Frozen):
 
     @model_validator(mode="after")
     def _inner_timeouts_fit(self) -> JobRetryConfig:
-        """Inner timeouts fire before outer ones (seed 004's hierarchy)."""
+        """Inner timeouts fire before outer ones (docs/contracts.md, "Timeouts")."""
         if self.step_timeout_seconds is not None and self.step_timeout_seconds > (
             self.job_timeout_seconds
         ):

@@ -1,4 +1,4 @@
-"""``run_agent``: an agent loop of checkpointed steps (seed 004's ``executeAgentLoop``).
+"""``run_agent``: an agent loop of checkpointed steps.
 
 One step = one LLM reply plus the tool calls it asks for, then the step's checkpoint (the
 transcript so far). The reply is recorded in the ledger as soon as it arrives (idempotent,
@@ -23,10 +23,11 @@ from pydantic import BaseModel, Field, model_validator
 
 from orchestrator import JobContext, Orchestrator, PermanentError
 from tasks.llm import LlmResponse, Usage, generate
+from tasks.payload import Payload
 from tasks.tools import TOOLS, ToolRegistry
 
 
-class AgentRequest(BaseModel):
+class AgentRequest(Payload):
     prompt: str = Field(min_length=1)
     model: str = Field(min_length=1)
     system: str | None = None
@@ -87,7 +88,7 @@ def register(orc: Orchestrator, tools: ToolRegistry = TOOLS) -> None:
             results: list[dict[str, Any]] = []
             uses = [b for b in reply.content if b.get("type") == "tool_use"]
             for n, use in enumerate(uses, start=1):
-                if ctx.should_abort():  # seed: no new tool call once aborted
+                if ctx.should_abort():  # no new tool call once aborted
                     raise asyncio.CancelledError("aborted before a tool call")
                 call = await _call(ctx, step.effect, tools, request.tools, use, step.number, n)
                 calls.append(call)

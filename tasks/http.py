@@ -1,11 +1,11 @@
-"""``http_request`` and ``webhook_dispatch``: one HTTP call, classified by seed 004's table.
+"""``http_request`` and ``webhook_dispatch``: one HTTP call, classified by the status table.
 
 ``webhook_dispatch`` POSTs an event as JSON with an ``idempotency-key`` (the job id, the same in
 every attempt, so a receiver can drop a retried delivery it already has) and, given the name of
 a signing secret, an ``x-webhook-signature: sha256=<HMAC of the body>``.
 
 The call goes through ``ctx.http``: the job type's connect and total timeouts (see
-orchestrator.calls), httpx's own retries off, so the orchestrator's two layers are the only
+orchestrator.runtime.calls), httpx's own retries off, so the orchestrator's two layers are the only
 retries. A non-2xx response raises ``httpx.HTTPStatusError``, which the classifier maps by
 status and ``Retry-After``. The output is ``{status, headers, body}``: the body parsed when the
 response says it is JSON, its text otherwise, None when empty. A body that claims to be JSON
@@ -23,9 +23,10 @@ import httpx
 from pydantic import AnyHttpUrl, BaseModel, Field
 
 from orchestrator import InvalidOutput, JobContext, Orchestrator
+from tasks.payload import Payload
 
 
-class HttpRequest(BaseModel):
+class HttpRequest(Payload):
     method: Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"] = "GET"
     url: AnyHttpUrl
     headers: dict[str, str] = Field(default_factory=dict)
@@ -76,7 +77,7 @@ def _declares_json(content_type: str) -> bool:
     )
 
 
-class Webhook(BaseModel):
+class Webhook(Payload):
     url: AnyHttpUrl
     event: str = Field(min_length=1, max_length=200)
     data: Any = None

@@ -1,20 +1,21 @@
 """``llm_generate``: one streamed Messages API call on the official ``anthropic`` SDK.
 
-Seed 004's LLM branch of the timeout tree: connect ``connect_timeout_ms`` (30 s), the whole call
-``call_timeout_ms`` (300 s) and ``inter_chunk_timeout_ms`` (60 s) between two stream events,
-both TRANSIENT_APP. Ping events do not count as chunks (the SDK drops them): a stream that only
-pings has stalled. The SDK's retries are off (``max_retries=0``) and so are its transport's, so
-the orchestrator's two layers are the only retries and each attempt makes exactly one request.
-Errors classify by orchestrator.classification (429 and 529 TRANSIENT_APP with the server's
+The LLM branch of the timeout tree (docs/contracts.md): connect ``connect_timeout_ms`` (30 s), the
+whole call ``call_timeout_ms`` (300 s) and ``inter_chunk_timeout_ms`` (60 s) between two stream
+events, both TRANSIENT_APP. Ping events do not count as chunks (the SDK drops them): a stream that
+only pings has stalled. The SDK's retries are off (``max_retries=0``) and so are its transport's,
+so the orchestrator's two layers are the only retries and each attempt makes exactly one request.
+Errors classify by orchestrator.domain.classification (429 and 529 TRANSIENT_APP with the server's
 ``retry-after`` honoured, 401/400 PERMANENT, connection errors TRANSIENT_INFRA).
 
-The reply is validated (seed 004's "validate LLM response"): its shape always, and, when the
+The reply is validated: its shape always, and, when the
 request gives an ``output_schema`` (a JSON Schema, checked at submit), its text must be JSON
 that the schema accepts; the parsed value is the result's ``output``. A reply that does not fit
 is INVALID_OUTPUT, terminal, its text kept in the job's ``last_error``.
 
 The API key is the secret ``ANTHROPIC_API_KEY`` (environment or mounted secret); the endpoint
 is ``ANTHROPIC_BASE_URL`` when set (the bundled local server, a proxy), else Anthropic's.
+With tracing on, the call has a span, ``chat <model>`` (docs/operations.md, "Traces").
 """
 
 from __future__ import annotations
@@ -22,26 +23,26 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import anthropic
-import httpx2
-import jsonschema
-from anthropic.types import Message as SdkMessage
 from pydantic import BaseModel, Field, computed_field, field_validator
 
 from orchestrator import InvalidOutput, JobContext, Orchestrator
-from orchestrator.calls import within_gaps
+from orchestrator.runtime.calls import within_gaps
+from tasks.payload import Payload
+
+if TYPE_CHECKING:  # the SDK is imported when a call is made: most of a second, saved elsewhere
+    import anthropic
 
 API_KEY_SECRET = "ANTHROPIC_API_KEY"
 
 
-class Message(BaseModel):
+class Message(Payload):
     role: Literal["user", "assistant"]
     content: str | list[dict[str, Any]]
 
 
-class LlmRequest(BaseModel):
+class LlmRequest(Payload):
     model: str = Field(min_length=1)
     messages: list[Message] = Field(min_length=1)
     max_tokens: int = Field(1024, gt=0)
@@ -53,6 +54,8 @@ class LlmRequest(BaseModel):
     @classmethod
     def _valid_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
         if schema is not None:
+            import jsonschema  # only with a schema: every process would pay ~20 ms to load it
+
             try:
                 jsonschema.validators.validator_for(schema).check_schema(schema)
             except jsonschema.SchemaError as exc:
@@ -63,6 +66,8 @@ class LlmRequest(BaseModel):
 class Usage(BaseModel):
     input_tokens: int = Field(ge=0)
     output_tokens: int = Field(ge=0)
+    cache_read_input_tokens: int | None = Field(None, ge=0)
+    cache_creation_input_tokens: int | None = Field(None, ge=0)
 
 
 class LlmResponse(BaseModel):
@@ -89,6 +94,8 @@ class LlmResult(LlmResponse):
     def checked(cls, reply: LlmResponse, schema: dict[str, Any] | None) -> LlmResult:
         if schema is None:
             return cls(**reply.model_dump(exclude={"text"}))
+        import jsonschema  # only with a schema (above)
+
         try:
             output = json.loads(reply.text)
             jsonschema.validators.validator_for(schema)(schema).validate(output)
@@ -116,6 +123,9 @@ class LlmClient:
 
 
 def client(ctx: JobContext) -> anthropic.AsyncAnthropic:
+    import anthropic
+    import httpx2
+
     api_key = ctx.secrets.get(API_KEY_SECRET)
     base_url = os.environ.get("ANTHROPIC_BASE_URL")
     config = ctx.config
@@ -141,13 +151,29 @@ def client(ctx: JobContext) -> anthropic.AsyncAnthropic:
 
 async def generate(ctx: JobContext, **params: Any) -> LlmResponse:
     """One streamed Messages call (``params`` as ``messages.stream`` takes them), under the
-    type's total and inter-chunk limits."""
+    type's total and inter-chunk limits; counted with its tokens (``ctx.record_llm_call``); with
+    tracing, in a span of its own (the SDK's own span, when it makes one, is its child)."""
     sdk = client(ctx)
-    async with ctx.call_limit(), sdk.messages.stream(**params) as stream:
-        async for _event in within_gaps(stream, ctx.config.inter_chunk_timeout(), "LLM"):
-            pass
-        final: SdkMessage = await stream.get_final_message()
-    return LlmResponse.model_validate(final.model_dump(mode="json"))
+    model = str(params.get("model"))
+    call = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "anthropic",
+            "gen_ai.request.model": model}  # fmt: skip
+    try:
+        with ctx.span(f"chat {model}", client=True, attributes=call):
+            async with ctx.call_limit(), sdk.messages.stream(**params) as stream:
+                async for _event in within_gaps(stream, ctx.config.inter_chunk_timeout(), "LLM"):
+                    pass
+                final = await stream.get_final_message()
+        reply = LlmResponse.model_validate(final.model_dump(mode="json"))
+    except BaseException:
+        ctx.record_llm_call(model, ok=False)
+        raise
+    usage = reply.usage
+    ctx.record_llm_call(
+        reply.model, ok=True, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+        cache_read_tokens=usage.cache_read_input_tokens or 0,
+        cache_creation_tokens=usage.cache_creation_input_tokens or 0,
+    )  # fmt: skip
+    return reply
 
 
 def register(orc: Orchestrator) -> None:

@@ -9,7 +9,7 @@ Channels (the payload's ``channel`` picks one):
                come as {"ok": false, "error_code", "description", "parameters": {retry_after}}:
                429 is retried after ``retry_after``, other 4xx are PERMANENT
 
-Both types have a fallback (seed 004's ``determineDegradation``): when a notification fails
+Both types have a fallback (orchestrator.domain.degradation): when a notification fails
 for good, its content is logged and recorded in the job's ``job.degraded`` event, and no further
 notification is attempted. They are also where human notifications of other failed jobs go
 (``ORCHESTRATOR_ESCALATION_TARGET`` holds a ``send_notification`` payload without its text).
@@ -24,15 +24,16 @@ import httpx
 from pydantic import AnyHttpUrl, BaseModel, Field
 
 from orchestrator import JobContext, Orchestrator, PermanentError, RetryLater
+from tasks.payload import Payload
 
 
-class Webhook(BaseModel):
+class Webhook(Payload):
     channel: Literal["webhook"]
     url: AnyHttpUrl
     token_secret: str | None = None  # name of the secret sent as a bearer token
 
 
-class Telegram(BaseModel):
+class Telegram(Payload):
     channel: Literal["telegram"]
     chat_id: int | str
     base_url: AnyHttpUrl = AnyHttpUrl("https://api.telegram.org")
@@ -55,7 +56,7 @@ class TelegramNotification(Telegram):
 Notification = Annotated[WebhookNotification | TelegramNotification, Field(discriminator="channel")]
 
 
-class ApprovalNotice(BaseModel):
+class ApprovalNotice(Payload):
     target: Target
     approval_id: UUID
     question: str = Field(min_length=1)

@@ -7,7 +7,7 @@
     async def post_message(ctx: JobContext, args: PostArgs, invocation_id: str) -> Posted:
         ...  # use invocation_id as the idempotency key of the external call
 
-Each tool declares (seed 004, Question 7 and Open Question 1): its input and output models (from
+Each tool declares: its input and output models (from
 its annotations), its timeout (``tool_timeouts_ms`` in the type's config overrides it), and
 whether it is ``idempotent`` or has a ``reconcile(ctx, args, invocation_id)`` that asks the
 external system whether an interrupted call happened. Calls go through the side-effect ledger,
@@ -30,7 +30,8 @@ from pydantic import AnyHttpUrl, BaseModel, Field, TypeAdapter, ValidationError,
 
 from checkpoints import Reconciled
 from orchestrator import InvalidOutput, JobContext, Orchestrator, PermanentError
-from orchestrator.calls import call_limit
+from orchestrator.runtime.calls import call_limit
+from tasks.payload import Payload
 
 ToolFunction = Callable[[JobContext, Any, str], Awaitable[Any]]
 ToolReconcile = Callable[[JobContext, Any, str], Awaitable[Reconciled | None]]
@@ -157,7 +158,7 @@ class ToolRegistry:
 TOOLS = ToolRegistry()
 
 
-class FetchArgs(BaseModel):
+class FetchArgs(Payload):
     url: AnyHttpUrl
 
 
@@ -176,7 +177,7 @@ async def http_fetch(ctx: JobContext, args: FetchArgs, invocation_id: str) -> Fe
 WORKSPACE = ".orchestrator/tool-workspace"
 
 
-class WriteArgs(BaseModel):
+class WriteArgs(Payload):
     path: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
     content: str
 
@@ -207,7 +208,7 @@ def _write(args: WriteArgs) -> Written:
     return Written(path=args.path, bytes=len(data))
 
 
-class ToolRequest(BaseModel):
+class ToolRequest(Payload):
     tool: str = Field(min_length=1)
     args: dict[str, Any] = Field(default_factory=dict)
 
@@ -224,6 +225,9 @@ def register(orc: Orchestrator, tools: ToolRegistry = TOOLS) -> None:
                 raise ValueError(str(exc)) from None
             return self
 
-    @orc.job_type("execute_tool")
+    @orc.job_type(
+        "execute_tool",
+        exhausted_message="Tool execution failed after all retries. Manual intervention required.",
+    )
     async def execute_tool(ctx: JobContext, request: Request) -> Any:
         return await tools.run(ctx, ctx.effect, request.tool, request.args, key="tool")

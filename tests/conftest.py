@@ -2,26 +2,58 @@
 
 With ``DATABASE_URL`` set, that server is used; otherwise the embedded one (``.orchestrator/``).
 Each session creates its own database there, migrates it once, and drops it at the end; each
-test starts from empty tables.
+test starts from empty tables. Helpers live in ``tests/support/`` (harness.py: settings, waits,
+a worker in the test's loop; scripted, agent_app, job_types_app: job types; workers.py: worker
+processes; external, http_peers, slow_peers: real peers on 127.0.0.1).
+
+Where each part of the code is tested:
+
+    orchestrator/domain       states: test_states, test_transitions_db; policy and backoff:
+                              test_policy, test_backoff; classification: test_classification;
+                              events and failures: test_failures, test_runtime
+    orchestrator/storage      submit and job keys: test_submit; tenants, end to end:
+                              test_tenants; migrations: test_migrate;
+                              connections: test_pool; every store operation: test_transitions_db;
+                              the embedded server's life: test_embedded; lock order and
+                              conflicts: test_lock_order
+    checkpoints               test_checkpoints, test_crash, test_chaos (slow)
+    orchestrator/runtime      the worker loop: test_worker_loop, test_batched_writes,
+                              test_worker_wakeup; attempts and outcomes: test_runtime,
+                              test_timeouts; liveness and drain: test_liveness; group commit:
+                              test_group_commit
+    orchestrator/services     sweep: test_liveness, test_timeouts; safety net, dead letters:
+                              test_runtime; approvals and retention: test_approvals; a bad
+                              row in a batch: test_passed_over; the maintenance lane:
+                              test_worker_loop
+    orchestrator/interfaces   test_cli, test_first_hour
+    logs and traces           test_logs, test_tracing
+    tasks, demo               test_job_types, test_llm_server, test_demo
+    retry_config              test_retry_config
+    k8s/, docs/, the layout   test_k8s, test_docs, test_architecture; alert rules and
+                              dashboard: test_monitoring; autoscaling: test_autoscaling
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from orchestrator import Orchestrator, Settings
-from orchestrator.database import drop_database, ensure_database, start_embedded, with_database
-from orchestrator.migrate import migrate
-from orchestrator.models import Job
+from orchestrator import Orchestrator
+from orchestrator.storage.database import (
+    drop_database,
+    ensure_database,
+    start_embedded,
+    with_database,
+)
+from orchestrator.storage.migrate import migrate
+from tests.support.harness import settings_for_tests
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLES = (
@@ -58,87 +90,21 @@ async def db(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         yield conn
 
 
-def test_settings(**overrides: Any) -> Settings:
-    values: dict[str, Any] = {
-        "fetch_polling_interval": 1.0,
-        "health_port": 0,
-        "worker_concurrency": 10,
-        "pool_min_size": 1,
-        "pool_max_size": 10,
-        "retry_config": ROOT / "tests" / "retry_config.toml",
-    }
-    values.update(overrides)
-    return Settings(**values)
-
-
 @pytest.fixture
 async def make_orc(
     dsn: str, db: psycopg.AsyncConnection[Any]
 ) -> AsyncIterator[Callable[..., Orchestrator]]:
-    """Build Orchestrators on the test database; they are closed after the test."""
+    """Build Orchestrators on the test database (``tracer_provider``: with tracing); they are
+    closed after the test."""
     made: list[Orchestrator] = []
 
-    def make(**settings: Any) -> Orchestrator:
-        orc = Orchestrator(settings=test_settings(**settings), dsn=dsn)
+    def make(tracer_provider: Any = None, **settings: Any) -> Orchestrator:
+        orc = Orchestrator(
+            settings=settings_for_tests(**settings), dsn=dsn, tracer_provider=tracer_provider
+        )
         made.append(orc)
         return orc
 
     yield make
     for orc in made:
         await orc.close()
-
-
-async def wait_for(
-    condition: Callable[[], Awaitable[bool]], timeout: float = 15.0, interval: float = 0.05
-) -> None:
-    """Poll ``condition`` until it holds; fail the test after ``timeout`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        await asyncio.sleep(interval)
-
-
-async def finished(orc: Orchestrator, job_id: uuid.UUID, timeout: float = 30.0) -> Job:
-    """The job, once it has finished (run by whichever worker, in this process or another)."""
-
-    async def done() -> bool:
-        return (await orc.get_job(job_id)).finished_at is not None
-
-    await wait_for(done, timeout=timeout)
-    return await orc.get_job(job_id)
-
-
-class WorkerRun:
-    """A worker running in this event loop for the duration of an ``async with``."""
-
-    def __init__(self, orc: Orchestrator, **options: Any) -> None:
-        self.orc = orc
-        self.options = options
-        self.task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> WorkerRun:
-        await self.orc.open()
-        self.task = asyncio.create_task(
-            self.orc.run_worker(install_signal_handlers=False, **self.options)
-        )
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.task is not None
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
-
-    async def until_finished(self, *job_ids: uuid.UUID, timeout: float = 15.0) -> None:
-        async def finished() -> bool:
-            assert self.task is not None
-            if self.task.done():
-                self.task.result()  # surface a crashed worker
-            for job_id in job_ids:
-                if (await self.orc.get_job(job_id)).finished_at is None:
-                    return False
-            return True
-
-        await wait_for(finished, timeout)

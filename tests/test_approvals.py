@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -12,10 +13,9 @@ import pytest
 
 import tasks
 from orchestrator import ApprovalError, ConfigError, Orchestrator, Status
-from orchestrator.maintenance import run_prune
-from tests import agent_app, http_peers
-from tests.conftest import WorkerRun, finished, wait_for
-from tests.external import MessageService, message_service
+from tests.support import agent_app, http_peers
+from tests.support.external import MessageService, message_service
+from tests.support.harness import WorkerRun, config_with, finished, run_prune, wait_for
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ async def waiting_for_approval(orc: Orchestrator, job_id: UUID) -> dict[str, Any
 
 @pytest.fixture
 async def agent(make_orc: Callable[..., Orchestrator]) -> AsyncIterator[Orchestrator]:
-    orc = make_orc()
+    orc = make_orc(retry_config=config_with(agent_app.TABLE))
     agent_app.register(orc)
     async with WorkerRun(orc):
         yield orc
@@ -101,7 +101,9 @@ async def test_reject_can_resume_down_the_rejection_path(
 async def test_expired_approvals_are_failed_by_the_periodic_task(
     make_orc: Callable[..., Orchestrator], service: MessageService
 ) -> None:
-    orc = make_orc(approvals_cron="* * * * * *")  # every second (croniter's seconds field)
+    orc = make_orc(
+        retry_config=config_with(agent_app.TABLE), approvals_cron="* * * * * *"
+    )  # every second (croniter's seconds field)
     agent_app.register(orc)
     async with WorkerRun(orc):
         job_id = await orc.submit("agent", plan(service, approval_expires_in=1))
@@ -143,15 +145,19 @@ async def test_retention_prunes_finished_jobs_in_bounded_batches(
     db: psycopg.AsyncConnection[Any],
     service: MessageService,
 ) -> None:
-    orc = make_orc(checkpoint_retention_days=1, prune_batch_size=2)
+    retention = 2.0  # seconds; a finished job's outcome (finished_at too) cannot be backdated
+    orc = make_orc(
+        retry_config=config_with(agent_app.TABLE),
+        checkpoint_retention_days=retention / 86_400,
+        prune_batch_size=2,
+    )
     agent_app.register(orc)
     async with WorkerRun(orc) as worker:
         old = [await orc.submit("agent", {"service": service.url}) for _ in range(3)]
+        await worker.until_finished(*old)
+        await asyncio.sleep(retention + 0.5)
         recent = await orc.submit("agent", {"service": service.url})
-        await worker.until_finished(*old, recent)
-    await db.execute(
-        "UPDATE orc_jobs SET finished_at = now() - interval '2 days' WHERE id = ANY(%s)", (old,)
-    )
+        await worker.until_finished(recent)
     async with orc:
         # 3 old jobs: 9 checkpoints and 6 ledger rows; 2 rows per batch, 10 batches at most.
         assert await run_prune(orc) == 9
@@ -171,7 +177,7 @@ def peers() -> Iterator[http_peers.Peers]:
 
 
 def announcing(make_orc: Callable[..., Orchestrator], **settings: Any) -> Orchestrator:
-    orc = make_orc(**settings)
+    orc = make_orc(retry_config=config_with(agent_app.TABLE), **settings)
     tasks.register_all(orc)
     agent_app.register(orc)
     return orc

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.backoff import (
+from orchestrator.domain.backoff import (
     app_base_delay_ms,
     app_delay_ms,
     graphile_delay_seconds,
@@ -18,13 +18,13 @@ from orchestrator.backoff import (
 )
 from retry_config import AdditiveJitter, BackoffConfig, FullJitter, NoJitter, ProportionalJitter
 
-# Seed 004's table: delay after attempt N is exp(least(10, N)) seconds.
+# Graphile Worker's table: delay after attempt N is exp(least(10, N)) seconds.
 SEED_TABLE = {1: 2.7, 2: 7.4, 3: 20.1, 4: 54.6, 5: 148.4, 6: 403.4, 7: 1096.6, 8: 2981.0,
               9: 8103.1, 10: 22026.5}  # fmt: skip
 
 
 @pytest.mark.parametrize(("run", "seconds"), SEED_TABLE.items())
-def test_graphile_delay_matches_the_seed_table(run: int, seconds: float) -> None:
+def test_graphile_delay_matches_graphile_workers_table(run: int, seconds: float) -> None:
     assert graphile_delay_seconds(run) == pytest.approx(seconds, abs=0.05)
 
 

@@ -2,9 +2,8 @@
 more), and completions that arrive together are written in one statement, each with its own
 outcome.
 
-A stop that comes between a fetch of several and their start, or during the fetch, lets the
-worker start what it claimed first. The worker tests below also guard the Procrastinate internals
-a worker's slots rely on (``_running_jobs``, ``_job_semaphore``).
+A stop that comes during a fetch, or between a fetch of several and their start, lets the
+worker start what it claimed.
 """
 
 from __future__ import annotations
@@ -15,22 +14,23 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from procrastinate.jobs import Job
 
 from orchestrator import JobContext, Orchestrator, StaleLease, Status
-from orchestrator.models import Claim
-from orchestrator.store import TASK_PREFIX, dispatch_params
-from tests.conftest import wait_for
+from orchestrator.runtime.metrics import Metrics
+from orchestrator.runtime.outcomes import OutcomeWriter
+from orchestrator.storage.database import OwnConnection
+from orchestrator.storage.dispatches import Completion, Dispatch
+from orchestrator.storage.jobs import TASK_PREFIX
+from tests.support.harness import wait_for
 
 
 class Fetcher:
-    """The worker's side of the fetch, driven by hand: a registered Procrastinate worker with
-    ``slots`` free slots, on an orchestrator with a no-op job type (``start`` submits jobs)."""
+    """The worker's side of the fetch, driven by hand: a registered worker with ``slots`` free
+    slots, on an orchestrator with a no-op job type (``start`` submits jobs)."""
 
     def __init__(self, make_orc: Callable[..., Orchestrator], *, slots: int) -> None:
         self.orc = make_orc()
-        self.manager = self.orc.dispatches
-        self.manager.free_slots = lambda: slots
+        self.slots = slots
         self.worker_id = 0
 
         @self.orc.job_type("noop")
@@ -40,11 +40,15 @@ class Fetcher:
     async def start(self, jobs: int) -> list[UUID]:
         await self.orc.open()
         job_ids = [await self.orc.submit("noop", i) for i in range(jobs)]
-        self.worker_id = await self.manager.register_worker()
+        self.worker_id = await self.orc.stores.dispatches.register_worker(prune_after=30)
         return job_ids
 
-    async def fetch(self) -> Job | None:
-        return await self.manager.fetch_job(queues=None, worker_id=self.worker_id)
+    async def fetch(self) -> list[Dispatch]:
+        stores = self.orc.stores
+        async with stores.queries.connection() as conn:
+            return await stores.dispatches.fetch(
+                limit=self.slots, queues=None, worker_id=self.worker_id, worker="test", conn=conn
+            )
 
 
 async def statuses(orc: Orchestrator, job_ids: list[UUID]) -> list[Status]:
@@ -65,29 +69,25 @@ async def test_one_fetch_claims_a_dispatch_for_each_free_slot_and_no_more(
     make_orc: Callable[..., Orchestrator],
 ) -> None:
     fetcher = Fetcher(make_orc, slots=3)
-    orc, manager = fetcher.orc, fetcher.manager
+    orc = fetcher.orc
     job_ids = await fetcher.start(jobs=5)
 
-    first = await fetcher.fetch()
+    taken = await fetcher.fetch()
     assert await statuses(orc, job_ids) == [Status.RUNNING] * 3 + [Status.PENDING] * 2
-    taken = [first, await fetcher.fetch(), await fetcher.fetch()]
-    # the second and third came from the first fetch: nothing more was claimed
-    assert await statuses(orc, job_ids) == [Status.RUNNING] * 3 + [Status.PENDING] * 2
-    assert [job.task_kwargs["job_id"] for job in taken if job] == [str(i) for i in job_ids[:3]]
-    assert all(job and manager.take_claim(job.id) is not None for job in taken)
+    assert [d.row["args"]["job_id"] for d in taken] == [str(i) for i in job_ids[:3]]
+    assert all(d.claim is not None for d in taken)
 
 
 async def test_a_fetch_of_several_honours_the_lock_of_a_job_with_two_dispatches(
     make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
 ) -> None:
     fetcher = Fetcher(make_orc, slots=5)
-    manager = fetcher.manager
     job_id = (await fetcher.start(jobs=1))[0]
-    await fetcher.orc.store.one("dispatch_jobs", dispatch_params([job_id]))  # a newer dispatch
+    async with fetcher.orc.stores.queries.transaction() as conn:
+        await fetcher.orc.stores.jobs.dispatch([job_id], conn)  # a newer dispatch
 
-    stale = await fetcher.fetch()
-    assert stale is not None and manager.take_claim(stale.id) is None  # the older: not claimable
-    assert not manager.fetched  # the newer waits for the lock: one run of a job at a time
+    [stale] = await fetcher.fetch()  # the newer waits for the lock: one run of a job at a time
+    assert stale.claim is None  # the older: not claimable
     assert [row[1] for row in await dispatch_rows(db)] == ["doing", "todo"]
 
 
@@ -128,8 +128,9 @@ async def test_a_stop_during_a_fetch_starts_what_the_fetch_claimed(
     await orc.open()
     job_ids = [await orc.submit("stopper", i) for i in range(1, 4)]
     async with await psycopg.AsyncConnection.connect(dsn) as blocker:
-        # The first claim waits for this row lock, so the fetch is under way when the stop comes.
-        await blocker.execute("SELECT 1 FROM orc_jobs WHERE id = %s FOR UPDATE", [job_ids[0]])
+        # The first claim's job.running waits for this lock (the fetch waits for no row lock),
+        # so the fetch is under way when the stop comes.
+        await blocker.execute("LOCK TABLE orc_job_events IN EXCLUSIVE MODE")
         worker = asyncio.create_task(
             orc.run_worker(concurrency=3, install_signal_handlers=False, job_types=["stopper"])
         )
@@ -151,29 +152,33 @@ async def test_a_stop_during_a_fetch_starts_what_the_fetch_claimed(
 
 
 async def test_completions_written_together_each_get_their_own_outcome(
-    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+    make_orc: Callable[..., Orchestrator], dsn: str, db: psycopg.AsyncConnection[Any]
 ) -> None:
     fetcher = Fetcher(make_orc, slots=4)
     orc = fetcher.orc
     job_ids = await fetcher.start(jobs=4)
-    dispatches = [await fetcher.fetch() for _ in job_ids]
-    pjob_ids = [job.id for job in dispatches if job and job.id]
-    claims = [Claim.model_validate(fetcher.manager.take_claim(pjob_id)) for pjob_id in pjob_ids]
+    dispatches = await fetcher.fetch()
+    pjob_ids = [d.id for d in dispatches]
+    claims = [d.claim for d in dispatches if d.claim is not None]
     # job 2 is superseded (as by a sweep); job 3's dispatch is settled under its attempt
     await db.execute(
         "UPDATE orc_jobs SET lease_token = gen_random_uuid() WHERE id = %s", [job_ids[2]]
     )
     await db.execute("SELECT procrastinate_finish_job_v1(%s, 'failed', false)", [pjob_ids[3]])
     before = {job_id: await orc.get_job(job_id) for job_id in job_ids[2:]}
+    connection = OwnConnection(dsn, "completions")
+    writer = OutcomeWriter(orc.stores.dispatches, orc.stores.jobs, connection, Metrics())
+
+    async def complete(i: int) -> None:
+        claim = claims[i]
+        if not await writer.complete(Completion(claim, {"n": i}, {"duration_ms": 1}, pjob_ids[i])):
+            raise await orc.stores.jobs.refusal(claim.id, Status.COMPLETED, claim.lease_token)
 
     # the first is written at once; the other three arrive meanwhile and go in one statement
-    outcomes = await asyncio.gather(
-        *(
-            orc.store.complete(claim, {"n": i}, {"duration_ms": 1}, procrastinate_job_id=pjob_id)
-            for i, (claim, pjob_id) in enumerate(zip(claims, pjob_ids, strict=True))
-        ),
-        return_exceptions=True,
-    )
+    try:
+        outcomes = await asyncio.gather(*(complete(i) for i in range(4)), return_exceptions=True)
+    finally:
+        await connection.close()
 
     assert outcomes[:2] == [None, None]
     assert isinstance(outcomes[2], StaleLease) and isinstance(outcomes[3], StaleLease)

@@ -16,10 +16,10 @@ from contextlib import ExitStack
 import pytest
 
 from orchestrator import Orchestrator, Status
-from tests import agent_app
-from tests.conftest import wait_for
-from tests.external import MessageService, message_service
-from tests.workers import WorkerProcess
+from tests.support import agent_app
+from tests.support.external import MessageService, message_service
+from tests.support.harness import config_with, wait_for
+from tests.support.workers import WorkerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ async def test_jobs_survive_workers_killed_and_drained_at_random(
     seconds = float(os.environ.get("CHAOS_SECONDS", 45))
     rng = random.Random(seed)
     print(f"CHAOS_SEED={seed}")
-    orc = make_orc()
+    orc = make_orc(retry_config=config_with(agent_app.TABLE))
     agent_app.register(orc)
     await orc.open()
     plan = {"service": service.url, "steps": 6, "step_seconds": 1.0, "send_at": [2, 4, 5]}

@@ -16,11 +16,11 @@ import pytest
 
 from checkpoints import CheckpointStore, Fence, Ledger
 from orchestrator import ErrorClass, JobContext, Orchestrator, StaleLease, Status
-from orchestrator.sweeper import sweep_once
-from tests import agent_app
-from tests.agent_app import CRASH_POINTS, RECONCILES, STARTS
-from tests.conftest import WorkerRun
-from tests.external import MessageService, find, message_service, send
+from orchestrator.services.sweep import ZombieSweep
+from tests.support import agent_app
+from tests.support.agent_app import CRASH_POINTS, RECONCILES, STARTS
+from tests.support.external import MessageService, find, message_service, send
+from tests.support.harness import WorkerRun, config_with
 
 
 @pytest.fixture
@@ -31,14 +31,14 @@ def service() -> Iterator[MessageService]:
 
 @pytest.fixture
 async def agent(make_orc: Callable[..., Orchestrator]) -> AsyncIterator[Orchestrator]:
-    orc = make_orc()
+    orc = make_orc(retry_config=config_with(agent_app.TABLE))
     agent_app.register(orc)
     async with WorkerRun(orc):
         yield orc
 
 
 async def dispatch_status(orc: Orchestrator, job_id: UUID) -> str | None:
-    async with orc.store.pool.connection() as conn:
+    async with orc.stores.queries.pool.connection() as conn:
         cur = await conn.execute(
             "SELECT p.status::text AS status FROM procrastinate_jobs p "
             "JOIN orc_jobs j ON j.procrastinate_job_id = p.id WHERE j.id = %s",
@@ -58,17 +58,18 @@ async def drive(orc: Orchestrator, job_id: UUID, timeout: float = 20) -> Any:
             raise AssertionError(f"job {job_id} did not finish: {job.status}")
         if (
             job.status is Status.RUNNING
-            and job_id not in orc.runner.running_jobs()
+            and job_id not in orc.running_jobs()
             and await dispatch_status(orc, job_id) == "failed"
         ):
-            await sweep_once(
-                orc.store,
-                orc.retry_config,
+            await ZombieSweep(
+                stores=orc.stores,
+                failures=orc.failures,
+                config=orc.retry_config,
                 threshold=0,
                 expiry_grace=60,
+                batch_size=10,
                 limit=10,
-                degrade=orc.degrader,
-            )
+            ).run_once()
         await asyncio.sleep(0.01)
     return job
 
@@ -253,7 +254,7 @@ async def test_a_step_without_checkpoint_fails_the_job_clearly(
 async def test_a_stale_attempt_cannot_checkpoint_or_commit(
     make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any], service: MessageService
 ) -> None:
-    orc = make_orc()
+    orc = make_orc(retry_config=config_with(agent_app.TABLE))
     agent_app.register(orc)
     async with orc:
         job_id = await orc.submit("agent", plan(service))
@@ -264,7 +265,7 @@ async def test_a_stale_attempt_cannot_checkpoint_or_commit(
         )
         lease = (await orc.get_job(job_id)).lease_token
         assert lease is not None
-        ledger = Ledger(CheckpointStore(orc.store.pool), Fence(job_id, lease, 1), [])
+        ledger = Ledger(CheckpointStore(orc.stores.queries), Fence(job_id, lease, 1), [])
 
         def effect(key: str, text: str, **options: Any) -> Any:
             return ledger.effect(

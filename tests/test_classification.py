@@ -1,4 +1,4 @@
-"""Classification is total, and each source of errors maps as seed 004 says."""
+"""Classification is total, and each source of errors maps as docs/contracts.md says."""
 
 import asyncio
 import errno
@@ -12,8 +12,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.classification import Classified, ErrorClass, classify, classify_http_status
-from orchestrator.errors import InvalidOutput, PermanentError, RetryLater
+from orchestrator.domain.classification import (
+    Classified,
+    ErrorClass,
+    classify,
+    classify_http_status,
+)
+from orchestrator.domain.errors import InvalidOutput, PermanentError, RetryLater
 
 INFRA, APP = ErrorClass.TRANSIENT_INFRA, ErrorClass.TRANSIENT_APP
 PERMANENT, INVALID = ErrorClass.PERMANENT, ErrorClass.INVALID_OUTPUT
@@ -21,7 +26,7 @@ FAILURES = {INFRA, APP, PERMANENT, INVALID}
 
 
 def seed_table(status: int) -> ErrorClass:
-    """Seed 004's classifyHttpStatus, transcribed line by line."""
+    """The design's classifyHttpStatus, transcribed line by line."""
     if 200 <= status < 300:
         return ErrorClass.VALID
     if status == 429:
@@ -44,7 +49,7 @@ def seed_table(status: int) -> ErrorClass:
 
 
 @pytest.mark.parametrize("status", range(100, 600))
-def test_http_status_table_matches_the_seed(status: int) -> None:
+def test_http_status_table_matches_the_design(status: int) -> None:
     assert classify_http_status(status) == seed_table(status)
 
 
@@ -87,7 +92,7 @@ REQ = httpx.Request("GET", "http://127.0.0.1/")
     ],
 )
 def test_httpx_transport_errors(exc: BaseException, expected: tuple[ErrorClass, str]) -> None:
-    # Connect-phase failures are infrastructure; response timeouts are the app's (seed tree).
+    # Connect-phase failures are infrastructure; response timeouts are the app's (the timeout tree).
     assert (classify(exc).error_class, classify(exc).code) == expected
 
 
@@ -151,7 +156,9 @@ def test_dns_failures() -> None:
 
 def test_timeouts_and_cancellation_are_transient_app() -> None:
     assert classify(TimeoutError()).error_class is APP  # asyncio.timeout, wait_for
-    assert classify(asyncio.CancelledError()).error_class is APP  # drain: seed's AbortError
+    assert (
+        classify(asyncio.CancelledError()).error_class is APP
+    )  # drain: an AbortError in the design
 
 
 def test_task_signals() -> None:

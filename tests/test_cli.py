@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from orchestrator.cli import main
+import tasks
+from orchestrator import Orchestrator
+from orchestrator.domain.classification import ErrorClass
+from orchestrator.domain.events import Fault
+from orchestrator.domain.models import JobState
+from orchestrator.interfaces.cli import main
+from tests.support import scripted
+from tests.support.harness import WorkerRun, config_with
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,11 +62,13 @@ def test_submit_status_jobs_cancel(cli: Any) -> None:
 
     code, out, _ = cli("jobs", "--status", "PENDING")
     assert code == 0 and str(job_id) in out
+    assert cli("jobs", "--status", "pending") == (code, out, "")  # any case
 
-    code, out, _ = cli("cancel", str(job_id), "--reason", "test")
+    code, out, _ = cli("cancel", str(job_id), "--reason", "no longer needed", "--by", "alice")
     assert code == 0
     code, out, _ = cli("status", str(job_id))
-    assert "CANCELLED" in out and "job.cancelled" in out
+    assert "CANCELLED" in out
+    assert "job.cancelled            by alice: no longer needed" in out  # why, and who
 
     code, out, _ = cli("jobs", "--status", "PENDING")
     assert str(job_id) not in out
@@ -72,11 +83,35 @@ def test_submit_status_jobs_cancel(cli: Any) -> None:
             "invalid payload for job type 'http_request': url",
         ),
         (["submit", "http_request", "--payload", "{oops"], "--payload is not valid JSON"),
+        (["submit", "http_request", "--tenant", ""], "invalid submit options: tenant_id: Value"),
         (["status", "not-a-job-id"], "not a job id"),
         (["status", str(uuid.UUID(int=1))], "no job with id 00000000-0000-0000-0000-000000000001"),
         (["--app", "no_such_module:orc", "jobs"], "cannot import 'no_such_module'"),
         (["--app", "tasks.app", "jobs"], "--app must look like module:attribute"),
         (["dlq", "discard", str(uuid.UUID(int=2)), "--by", "me"], "no dead letter"),
+        (["dlq", "show", str(uuid.UUID(int=3))], f"no dead letter with id {uuid.UUID(int=3)}"),
+        (["dlq", "requeue", "nope"], "not a dead letter id: 'nope'"),
+        (["approvals", "approve", "nope", "--by", "me"], "not an approval id: 'nope'"),
+        (
+            ["approvals", "reject", str(uuid.UUID(int=4)), "--by", "me", "--reason", "no"],
+            f"no approval with id {uuid.UUID(int=4)}",
+        ),
+        # argparse's own mistakes are one line too
+        (["jobs", "--limit", "-1"], "argument --limit: must be a whole number from 1 to 100000"),
+        (["jobs", "--limit", str(10**30)], "argument --limit: must be a whole number from 1 to"),
+        (["dlq", "list", "--limit", "0"], "argument --limit: must be a whole number from 1 to"),
+        (["approvals", "list", "--limit", "x"], "argument --limit: must be a whole number"),
+        (["jobs", "--status", "done"], "argument --status: invalid choice: 'DONE'"),
+        (["dlq", "discard", str(uuid.UUID(int=2))], "required: --by"),
+        (["no-such-command"], "argument COMMAND: invalid choice: 'no-such-command'"),
+        (
+            ["submit", "http_request", "--payload", "[" * 10_000 + "]" * 10_000],
+            "--payload is nested too deeply to read",
+        ),
+        (
+            ["status", "\udcff"],
+            "an argument is not UTF-8 text: b'\\xff'",
+        ),  # as Python reads b"\xff"
     ],
 )
 def test_user_mistakes_are_one_line_and_exit_2(cli: Any, argv: list[str], fragment: str) -> None:
@@ -84,6 +119,38 @@ def test_user_mistakes_are_one_line_and_exit_2(cli: Any, argv: list[str], fragme
     assert code == 2 and out == ""
     assert err.startswith("error: ") and fragment in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("environment", "expected"),
+    [
+        (
+            {"ORCHESTRATOR_WORKER_CONCURRENCY": "0"},
+            "error: ORCHESTRATOR_WORKER_CONCURRENCY: Input should be greater than or equal to 1 "
+            "(got '0')",
+        ),
+        (
+            {"ORCHESTRATOR_SWEEP_CRON": "every minute"},
+            "error: ORCHESTRATOR_SWEEP_CRON: not a cron schedule (five fields, or six with "
+            "seconds last) (got 'every minute')",
+        ),
+        (
+            {"ORCHESTRATOR_ZOMBIE_THRESHOLD": "40"},
+            "error: Settings: ORCHESTRATOR_HEARTBEAT_INTERVAL (30 s) must be at most half of "
+            "ORCHESTRATOR_ZOMBIE_THRESHOLD (40 s): a running job whose heartbeat is late once "
+            "would be swept as a zombie",
+        ),
+    ],
+)
+def test_a_bad_setting_is_one_line_naming_its_variable(
+    dsn: str, environment: dict[str, str], expected: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "jobs"],
+        capture_output=True, text=True, env={**os.environ, "DATABASE_URL": dsn, **environment},
+        cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", expected + "\n")
 
 
 def test_config_validate_and_show(cli: Any, tmp_path: Path) -> None:
@@ -123,12 +190,27 @@ def test_dlq_list_requeue_and_two_person_discard(cli: Any, dsn: str) -> None:
             """'{"ts": "2026-11-21T00:00:00Z", "message": "400 Bad Request", "code": "HTTP_400", "classification": "PERMANENT", "attempt": 1, "max_attempts": 5, "terminal": true}' FROM f""",
             (job_id,),
         )
-    code, out, _ = cli("dlq", "list")
+    code, out, _ = cli("dlq", "list", "--state", "RECORDED")
     assert code == 0 and job_id in out and "[PERMANENT HTTP_400] 400 Bad Request" in out
     letter_id = out.split()[0]
+    code, out, err = cli("dlq", "show", job_id)  # a job's id is not its dead letter's
+    assert (code, err) == (2, f"error: no dead letter with id {job_id}\n")
 
+    code, out, err = cli("dlq", "discard", letter_id, "--by", "alice")  # no request to confirm
+    assert code == 2 and out == ""
+    assert err == (
+        f"error: --reason is required: it requests the discard of dead letter {letter_id}, "
+        "which a second reviewer then confirms (without --reason)\n"
+    )
     code, out, err = cli("dlq", "discard", letter_id, "--by", "alice", "--reason", "bad input")
     assert code == 0 and "a second reviewer must confirm" in out
+    code, out, err = cli("dlq", "show", letter_id)
+    assert code == 0 and out.splitlines()[:3] == [
+        f"dead letter {letter_id}  discard_requested",
+        f"  job {job_id}  http_request  (orchestrator status {job_id})",
+        "  error: [PERMANENT HTTP_400] 400 Bad Request",
+    ]
+    assert "  discard requested by alice: bad input" in out
     code, out, err = cli("dlq", "discard", letter_id, "--by", "alice")
     assert code == 2 and "second reviewer" in err
     code, out, err = cli("dlq", "requeue", letter_id)
@@ -136,6 +218,55 @@ def test_dlq_list_requeue_and_two_person_discard(cli: Any, dsn: str) -> None:
     uuid.UUID(out.strip())
     code, out, err = cli("dlq", "discard", letter_id, "--by", "bob")
     assert code == 2 and "it is requeued" in err
+
+
+async def test_a_tenant_is_shown_and_filters_jobs_and_dead_letters(
+    cli: Any, make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    def submit(*options: str) -> str:
+        payload = '{"url": "http://127.0.0.1:9/"}'
+        return str(cli("submit", "http_request", "--payload", payload, *options)[1].strip())
+
+    acme = await asyncio.to_thread(submit, "--tenant", "acme")  # the CLI runs a loop of its own
+    nobody = await asyncio.to_thread(submit)
+    orc = make_orc()
+    tasks.register_all(orc)
+    async with orc:  # both fail as an attempt's permanent error fails them
+        for job_id in (acme, nobody):
+            await db.execute(
+                "UPDATE orc_jobs SET status = 'RUNNING', lease_token = gen_random_uuid() "
+                "WHERE id = %s",
+                (job_id,),
+            )
+            held = JobState.model_validate((await orc.get_job(job_id)).model_dump())
+            fault = Fault("400 Bad Request", "HTTP_400", ErrorClass.PERMANENT)
+            await orc.stores.jobs.fail([orc.failures.terminal(held, fault)])
+
+    def check() -> None:
+        code, out, _ = cli("status", acme)
+        assert code == 0 and out.splitlines()[2] == "  tenant acme"
+        assert "tenant" not in cli("status", nobody)[1]
+        code, out, _ = cli("jobs", "--tenant", "acme")
+        assert code == 0 and len(out.splitlines()) == 1
+        assert out.startswith(acme) and out.endswith("  tenant acme\n")
+        code, out, _ = cli("jobs")
+        assert [line.endswith("  tenant acme") for line in out.splitlines()] == [False, True]
+        assert cli("jobs", "--tenant", "initech", "--type", "http_request") == (
+            0, "", "no jobs of type http_request for tenant initech\n",
+        )  # fmt: skip
+
+        code, out, _ = cli("dlq", "list", "--tenant", "acme")
+        assert code == 0 and len(out.splitlines()) == 1
+        assert f"job {acme}" in out and " tenant acme  [PERMANENT HTTP_400] 400 Bad Request" in out
+        code, out, _ = cli("dlq", "list")
+        assert [" tenant " in line for line in out.splitlines()] == [False, True]
+        code, out, _ = cli("dlq", "show", cli("dlq", "list", "--tenant", "acme")[1].split()[0])
+        assert code == 0 and "  tenant acme" in out.splitlines()
+        assert cli("dlq", "list", "--state", "recorded", "--tenant", "initech") == (
+            0, "", "no recorded dead letters for tenant initech\n",
+        )  # fmt: skip
+
+    await asyncio.to_thread(check)
 
 
 def test_the_console_script_runs_as_a_real_process(dsn: str) -> None:
@@ -176,7 +307,7 @@ def test_approvals_list_approve_and_reject(cli: Any, dsn: str) -> None:
             ).fetchone()
             assert row is not None
             ids.append((job_id, str(row[0])))
-    code, out, _ = cli("approvals", "list")
+    code, out, _ = cli("approvals", "list", "--status", "PENDING")
     assert code == 0 and ids[0][1] in out and "deploy?" in out
     code, out, err = cli("approvals", "approve", ids[0][1], "--by", "alice")
     assert code == 0 and "approved" in out
@@ -194,3 +325,128 @@ def test_demo_with_the_real_llm_needs_a_key(cli: Any, monkeypatch: pytest.Monkey
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     code, _, err = cli("demo", "--real-llm")
     assert code == 2 and "--real-llm needs ANTHROPIC_API_KEY" in err
+
+
+def test_config_names_the_closest_known_type_for_a_typo(cli: Any, tmp_path: Path) -> None:
+    typo = tmp_path / "typo.toml"
+    typo.write_text("[job_types.http_requset]\n[job_types.webhok_dispatch]\n")
+    code, _, err = cli("config", "validate", str(typo))
+    assert code == 2
+    assert err.splitlines() == [
+        f"error: {typo}: job type 'http_requset' is neither registered nor built in; did you "
+        "mean 'http_request'?",
+        f"error: {typo}: job type 'webhok_dispatch' is neither registered nor built in; did you "
+        "mean 'webhook_dispatch'?",
+    ]
+    code, out, err = cli("config", "show", "http_requset")
+    assert (code, out) == (2, "")
+    assert err == (
+        "error: job type 'http_requset' is neither registered nor built in; did you mean "
+        "'http_request'?\n"
+    )
+    bad_defaults = tmp_path / "defaults.toml"
+    bad_defaults.write_text("[defaults]\napp_max_retries = -1\n[job_types.http_request]\n")
+    code, _, err = cli("config", "validate", str(bad_defaults))
+    assert code == 2 and err.count("\n") == 1 and f"{bad_defaults}: defaults: " in err
+
+
+def test_empty_lists_say_so_on_stderr(cli: Any) -> None:
+    assert cli("jobs") == (0, "", "no jobs\n")
+    assert cli("jobs", "--status", "failed", "--type", "http_request") == (
+        0, "", "no FAILED jobs of type http_request\n",
+    )  # fmt: skip
+    assert cli("dlq", "list") == (0, "", "no dead letters\n")
+    assert cli("dlq", "list", "--state", "requeued") == (0, "", "no requeued dead letters\n")
+    assert cli("approvals", "list") == (0, "", "no pending approvals\n")
+    assert cli("approvals", "list", "--status", "all") == (0, "", "no approvals\n")
+
+
+def test_status_shows_when_a_scheduled_job_is_due(cli: Any) -> None:
+    code, out, _ = cli(
+        "submit", "http_request", "--payload", '{"url": "http://127.0.0.1:9/"}',
+        "--run-at", "2099-01-01T00:00:00Z",
+    )  # fmt: skip
+    code, out, _ = cli("status", out.strip())
+    assert code == 0 and "PENDING" in out
+    assert "  scheduled for 2099-01-01T00:00:00+00:00 (in " in out
+
+
+async def test_status_shows_how_a_failed_job_degraded(
+    cli: Any, make_orc: Callable[..., Orchestrator]
+) -> None:
+    hook = {"channel": "webhook", "url": "http://127.0.0.1:9/hooks/oncall"}
+    orc = make_orc(retry_config=config_with(scripted.TABLE), escalation_target=hook)
+    scripted.register(orc)
+    tasks.register_all(orc)  # send_notification, which carries the escalation
+    async with WorkerRun(orc) as run:
+        job_id = await orc.submit("scripted", {"script": ["permanent"]})
+        await run.until_finished(job_id)
+    (degraded,) = [e for e in await orc.job_events(job_id) if e.kind == "job.degraded"]
+    notice = degraded.payload["escalation_job_id"]
+    code, out, _ = await asyncio.to_thread(cli, "status", str(job_id))  # a loop of its own
+    assert code == 0 and "FAILED" in out
+    assert (
+        f"job.degraded             a person is notified (job {notice}): Job failed permanently "
+        "(PERMANENT). Manual review required."
+    ) in out
+
+
+async def test_output_cut_short_by_its_reader_ends_quietly(
+    dsn: str, make_orc: Callable[..., Orchestrator]
+) -> None:
+    """``orchestrator jobs | head -1``: the pipe closes while the command still writes."""
+    orc = make_orc()
+    tasks.register_all(orc)
+    await orc.open()
+    await orc.submit_many(
+        [
+            {"job_type": "http_request", "payload": {"url": f"http://127.0.0.1:9/{n}"}}
+            for n in range(3000)
+        ]
+    )
+    code, err = await asyncio.to_thread(read_one_line_then_close, dsn)
+    assert (code, err) == (141, "")
+
+
+def read_one_line_then_close(dsn: str) -> tuple[int, str]:
+    env = {**os.environ, "DATABASE_URL": dsn}
+    reader = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "jobs", "--limit", "3000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT,
+    )  # fmt: skip
+    assert reader.stdout is not None and reader.stderr is not None
+    assert b"http_request" in reader.stdout.readline()  # 3,000 lines are ~300 kB: far more
+    reader.stdout.close()  # than a pipe holds, so the command is still writing
+    err = reader.stderr.read().decode()
+    return reader.wait(timeout=60), err
+
+
+def test_an_argument_that_is_not_utf8_is_one_line(dsn: str) -> None:
+    env = {**os.environ, "DATABASE_URL": dsn}
+    for argv in ([b"status", b"\xff"], [b"submit", b"http_request", b"--agent-id", b"a\xffb"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "orchestrator", *argv],
+            capture_output=True, env=env, cwd=ROOT, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 2 and done.stdout == b""
+        assert done.stderr.decode().startswith("error: an argument is not UTF-8 text: b'")
+        assert done.stderr.count(b"\n") == 1
+
+
+def test_dev_orchestrator_finds_the_app_in_the_callers_directory(tmp_path: Path, dsn: str) -> None:
+    """``./dev orchestrator --app mymodule:orc`` typed in the directory that holds mymodule.py."""
+    (tmp_path / "mymodule.py").write_text(
+        "from orchestrator import JobContext, Orchestrator\n\n"
+        "orc = Orchestrator()\n\n\n"
+        '@orc.job_type("greet")\n'
+        "async def greet(ctx: JobContext, payload: dict) -> dict:\n"
+        "    return payload\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ORCHESTRATOR_RETRY_CONFIG"}
+    done = subprocess.run(
+        [str(ROOT / "dev"), "orchestrator", "--app", "mymodule:orc", "config", "show", "greet"],
+        capture_output=True, text=True, env={**env, "DATABASE_URL": dsn}, cwd=tmp_path,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["app_max_retries"] == 3  # [defaults], for the type it found

@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from orchestrator import Orchestrator, Status
-from tests import agent_app
-from tests.conftest import finished
-from tests.external import MessageService, message_service
-from tests.workers import WorkerProcess
+from tests.support import agent_app
+from tests.support.external import MessageService, message_service
+from tests.support.harness import config_with, finished
+from tests.support.workers import WorkerProcess
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def service() -> Iterator[MessageService]:
 async def test_a_worker_killed_after_sending_is_resumed_elsewhere_without_resending(
     make_orc: Callable[..., Orchestrator], dsn: str, service: MessageService
 ) -> None:
-    orc = make_orc()
+    orc = make_orc(retry_config=config_with(agent_app.TABLE))
     agent_app.register(orc)
     async with orc:
         with WorkerProcess(dsn) as first:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.group_commit import GroupCommit
+from orchestrator.runtime.group_commit import GroupCommit
 
 
 class Recorder:

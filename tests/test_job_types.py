@@ -1,8 +1,8 @@
 """The built-in job types (tasks/) against real protocol peers on 127.0.0.1: the real anthropic
 SDK against the local Messages API server, httpx against plain HTTP endpoints, a webhook
-receiver and a Telegram-style bot API. Each failure class reaches the state seed 004's decision
+receiver and a Telegram-style bot API. Each failure class reaches the state the design's decision
 tree says, with the delay it says, read from the job's events; limits shortened in
-tests/job_types.toml (backoff 50 ms doubling, cap 3 s, no jitter, HTTP and notification calls
+tests/support/job_types.toml (backoff 50 ms doubling, cap 3 s, no jitter, HTTP and notification calls
 1 s)."""
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from uuid import UUID, uuid4
 import psycopg
 import pytest
 
+from demo import llm_server as llm
 from orchestrator import InvalidPayload, Orchestrator, Status
-from orchestrator.demo import llm_server as llm
-from orchestrator.models import JobEvent
-from tests import http_peers, job_types_app
-from tests.conftest import ROOT, WorkerRun, finished
-from tests.external import MessageService, message_service
-from tests.workers import WorkerProcess
+from orchestrator.domain.models import JobEvent
+from tests.support import http_peers, job_types_app
+from tests.support.external import MessageService, message_service
+from tests.support.harness import ROOT, WorkerRun, finished
+from tests.support.workers import WorkerProcess
 
-CONFIG = ROOT / "tests" / "job_types.toml"
+CONFIG = ROOT / "tests" / "support" / "job_types.toml"
 KEY = "sk-test-0123456789abcdef"
 ESCALATE_TO = "ops"
 
@@ -193,7 +193,7 @@ INFRA_CODE = "CONNECT_ERROR"
 
 
 def expected_failures(job_type: str, case: str) -> tuple[Status, list[Any]]:
-    """Seed 004's decision tree with tests/job_types.toml's numbers: backoff 50 ms doubling,
+    """The decision tree with tests/support/job_types.toml's numbers: backoff 50 ms doubling,
     app budget 2 (notifications 1), 2 runs per dispatch (notifications 1)."""
     notification = job_type in NOTIFICATIONS
     app, infra = "TRANSIENT_APP", "TRANSIENT_INFRA"
@@ -234,7 +234,7 @@ FAILURE_CASES = [
 
 
 @pytest.mark.parametrize(("job_type", "case"), FAILURE_CASES, ids=map("/".join, FAILURE_CASES))
-async def test_each_failure_class_reaches_the_state_and_delay_the_seed_says(
+async def test_each_failure_class_reaches_the_state_and_delay_the_design_says(
     orc: Orchestrator, peers: http_peers.Peers, job_type: str, case: str
 ) -> None:
     peers.script(case, SCRIPTS[case])
@@ -306,7 +306,7 @@ async def test_llm_streams_and_keeps_usage(orc: Orchestrator, model_server: llm.
     ],
     ids=["429-hint", "429-hint-capped", "529", "overloaded-mid-stream", "stalled"],
 )
-async def test_llm_transient_app_failures_retry_with_the_delay_the_seed_says(
+async def test_llm_transient_app_failures_retry_with_the_delay_the_design_says(
     orc: Orchestrator, model_server: llm.LocalLLM, reply: Any, code: str, backoff: float
 ) -> None:
     model_server.script("m", [reply, llm.Text("fine now")])
@@ -570,7 +570,7 @@ async def test_run_agent_killed_in_step_2_resumes_there_without_repeating_a_tool
         "ANTHROPIC_BASE_URL": model_server.url,
         "ANTHROPIC_API_KEY": KEY,
     }
-    app = "tests.job_types_app:orc"
+    app = "tests.support.job_types_app:orc"
     async with orc:
         with WorkerProcess(dsn, app, **env) as first:
             twin = await orc.submit("run_agent", agent_task("twin"))

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 import retry_config
-from orchestrator.cli import build_parser
+from orchestrator.interfaces.cli import build_parser
 from orchestrator.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -383,3 +383,51 @@ def test_the_image_runs_tini_as_pid_1_without_group_signals_as_a_non_root_user()
     assert "install -y --no-install-recommends tini" in "\n".join(stage)
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "pip install -c constraints.txt .\n" in dockerfile  # pinned, no dev extras
+
+
+# -- monitoring: the fleet exporter and the scrape ----------------------------------------------
+
+MONITORING = ROOT / "k8s" / "monitoring"
+MONITORING_DOCS: list[dict[str, Any]] = check.load_resources(MONITORING)
+
+
+def test_monitoring_holds_the_exporter_the_scrapes_and_the_rules() -> None:
+    kinds = sorted(d["kind"] for d in MONITORING_DOCS)
+    assert kinds == ["Deployment", "PodMonitor", "PodMonitor", "PrometheusRule"]
+
+
+def test_the_exporter_is_valid_and_runs_the_real_command_on_its_setting_s_port() -> None:
+    exporter = find(MONITORING_DOCS, "Deployment")
+    assert check.schema_problems(exporter) == []
+    assert exporter["spec"]["replicas"] == 1
+    args = build_parser().parse_args(container(exporter)["args"])
+    assert args.command == "exporter" and args.port is None  # the port comes from the env
+    port = int(env(exporter)["ORCHESTRATOR_EXPORTER_PORT"]["value"])
+    assert port == Settings().exporter_port
+    [named] = container(exporter)["ports"]
+    assert (named["name"], named["containerPort"]) == ("metrics", port)
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        assert container(exporter)[probe]["httpGet"] == {"path": path, "port": "metrics"}
+
+
+def test_the_exporter_has_the_workers_database_secret_and_security() -> None:
+    worker, exporter = find(BASE_DOCS, "Deployment"), find(MONITORING_DOCS, "Deployment")
+    assert env(exporter)["DATABASE_URL"] == env(worker)["DATABASE_URL"]
+    assert container(exporter)["securityContext"] == container(worker)["securityContext"]
+    assert container(exporter)["image"] == container(worker)["image"]
+    pods = [d["spec"]["template"]["spec"]["securityContext"] for d in (exporter, worker)]
+    assert pods[0] == pods[1]
+
+
+def test_the_pod_monitors_scrape_the_ports_the_pods_name() -> None:
+    worker, exporter = find(BASE_DOCS, "Deployment"), find(MONITORING_DOCS, "Deployment")
+    monitors = {
+        d["metadata"]["name"]: d["spec"] for d in MONITORING_DOCS if d["kind"] == "PodMonitor"
+    }
+    for name, pods in (("orchestrator-workers", worker), ("orchestrator-exporter", exporter)):
+        spec = monitors[name]
+        labels = pods["spec"]["template"]["metadata"]["labels"]
+        assert spec["selector"]["matchLabels"].items() <= labels.items()
+        [endpoint] = spec["podMetricsEndpoints"]
+        assert endpoint["path"] == "/metrics"
+        assert endpoint["port"] in [p["name"] for p in container(pods)["ports"]]

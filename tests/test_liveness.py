@@ -1,7 +1,7 @@
 """Liveness with real worker processes and real signals: a frozen worker (SIGSTOP/SIGCONT), the
 drain on SIGTERM (short jobs, a long job handed back, a second signal), and sweepers running
 at once over a crowd of zombies left by a SIGKILLed worker. Intervals are shortened through the
-environment (tests/workers.py), never by patching. (A SIGKILL mid-job, recovered from its
+environment (tests/support/workers.py), never by patching. (A SIGKILL mid-job, recovered from its
 checkpoint: tests/test_crash.py.)"""
 
 from __future__ import annotations
@@ -9,23 +9,20 @@ from __future__ import annotations
 import asyncio
 import inspect
 import signal
-import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 from uuid import UUID
 
-import httpx
 import psycopg
 import pytest
 
 from orchestrator import Orchestrator, Status
-from orchestrator.maintenance import run_sweep
-from orchestrator.queries import QUERIES
-from tests import agent_app
-from tests.conftest import wait_for
-from tests.external import MessageService, message_service
-from tests.workers import WorkerProcess
+from orchestrator.storage.queries import QUERIES
+from tests.support import agent_app
+from tests.support.external import MessageService, message_service
+from tests.support.harness import config_with, free_port, probe, run_sweep, wait_for
+from tests.support.workers import WorkerProcess
 
 
 @pytest.fixture
@@ -37,25 +34,17 @@ def service() -> Iterator[MessageService]:
 @pytest.fixture
 async def orc(make_orc: Callable[..., Orchestrator]) -> Orchestrator:
     """The test's own view of the database (it runs no worker)."""
-    app = make_orc(zombie_threshold=1.5, sweep_limit=30)
+    app = make_orc(
+        retry_config=config_with(agent_app.TABLE), zombie_threshold=1.5, heartbeat_interval=0.2,
+        sweep_limit=30,
+    )  # fmt: skip
     agent_app.register(app)
     await app.open()
     return app
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 async def readyz(port: int) -> int | None:
-    try:
-        async with httpx.AsyncClient(timeout=1) as client:
-            return (await client.get(f"http://127.0.0.1:{port}/readyz")).status_code
-    except httpx.TransportError:
-        return None
+    return await probe(port, "/readyz")
 
 
 async def until(condition: Callable[[], Any], timeout: float = 30) -> None:
@@ -146,7 +135,19 @@ async def test_sigterm_lets_short_jobs_finish_and_exits_0_well_before_the_deadli
         job, events = await orc.get_job(job_id), await orc.job_events(job_id)
         assert (job.status, job.attempt, job.retry_count) == (Status.COMPLETED, 1, 0)
         assert "job.interrupted" not in [e.kind for e in events]
-    assert "draining (3 job(s) running" in log
+    assert "WARNING orchestrator.runtime.drain: SIGTERM: draining (3 job(s) running" in log
+
+
+async def test_an_idle_worker_stops_without_a_warning(dsn: str) -> None:
+    """Nothing running: a normal shutdown, logged at INFO."""
+    with WorkerProcess(dsn) as worker:
+        await until(lambda: "started: database" in worker.output())
+        worker.signal(signal.SIGTERM)
+        code, _ = await exited(worker)
+        log = worker.output()
+    assert code == 0, log[-3000:]
+    assert "INFO orchestrator.runtime.drain: SIGTERM: draining (0 job(s) running" in log
+    assert "WARNING" not in log and "ERROR" not in log, log
 
 
 async def _all_status(orc: Orchestrator, job_ids: list[UUID], status: Status) -> bool:
@@ -243,7 +244,8 @@ async def test_two_sweepers_at_the_same_moment_process_each_zombie_exactly_once(
     job_ids = await zombies(orc, dsn, 100)
     # small batches (one transaction each), so the two runs interleave and contend
     sweepers = [
-        make_orc(zombie_threshold=1.5, sweep_limit=100, sweep_batch_size=10) for _ in range(2)
+        make_orc(zombie_threshold=1.5, heartbeat_interval=0.2, sweep_limit=100, sweep_batch_size=10)
+        for _ in range(2)
     ]
     for sweeper in sweepers:
         await sweeper.open()
@@ -288,7 +290,9 @@ async def test_the_sweep_query_uses_the_partial_index_among_100k_terminal_jobs(
     await db.execute("ANALYZE orc_jobs")
     explain = f"EXPLAIN {QUERIES['zombies']}"
     rows = await (
-        await db.execute(explain, {"running": "RUNNING", "threshold": 300, "limit": 500})
+        await db.execute(
+            explain, {"running": "RUNNING", "threshold": 300, "limit": 500, "passed_over": []}
+        )
     ).fetchall()
     plan = "\n".join(row[0] for row in rows)
     assert "orc_jobs_running_heartbeat" in plan, plan

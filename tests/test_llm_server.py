@@ -1,4 +1,4 @@
-"""The local Anthropic Messages API (orchestrator/demo/llm_server.py), driven by the real
+"""The local Anthropic Messages API (demo/llm_server.py), driven by the real
 ``anthropic`` SDK with ``max_retries=0``: one SDK call is one request."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from anthropic.types import (
     UserMessageParam,
 )
 
-from orchestrator.demo.llm_server import (
+from demo.llm_server import (
     LocalLLM,
     Stall,
     Status,
@@ -397,7 +397,7 @@ async def test_counting(client: anthropic.AsyncAnthropic, llm: LocalLLM) -> None
 
 async def test_as_a_process() -> None:
     process = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "orchestrator.demo.llm_server", "--port", "0", "--api-key", KEY),
+        *(sys.executable, "-m", "demo.llm_server", "--port", "0", "--api-key", KEY),
         stdout=asyncio.subprocess.PIPE,
     )
     try:

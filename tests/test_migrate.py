@@ -11,12 +11,20 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
-from orchestrator.database import drop_database, ensure_database, with_database
-from orchestrator.errors import MigrationError
-from orchestrator.migrate import PROCRASTINATE, migrate, own_migrations, procrastinate_migrations
+from orchestrator.domain.errors import MigrationError
+from orchestrator.storage.database import drop_database, ensure_database, with_database
+from orchestrator.storage.migrate import (
+    PROCRASTINATE,
+    migrate,
+    own_migrations,
+    procrastinate_migrations,
+)
 
-PACKAGED = Path(__file__).resolve().parent.parent / "orchestrator" / "sql" / "migrations"
+PACKAGED = (
+    Path(__file__).resolve().parent.parent / "orchestrator" / "storage" / "sql" / "migrations"
+)
 OURS = [f"{m.version}_{m.name}" for m in own_migrations()]
 
 
@@ -143,3 +151,43 @@ async def test_an_older_procrastinate_schema_is_upgraded_in_order(fresh_dsn: str
         assert (await cur.fetchone()) != (None,)
         assert await event_triggers(conn) == EVENT_TRIGGERS_OFF
         assert own_migrations()[0].version == "0001"
+
+
+async def test_a_database_at_0015_keeps_its_jobs_and_takes_tenants_after_0016(
+    fresh_dsn: str, tmp_path: Path
+) -> None:
+    """0016 alters the spec type and replaces functions a live session has already run: the
+    same connection submits a job before the upgrade and a tenant's job after it."""
+    older = tmp_path / "0015"
+    older.mkdir()
+    for path in PACKAGED.glob("*.sql"):
+        if path.name < "0016":
+            shutil.copy(path, older)
+
+    async def submit(conn: psycopg.AsyncConnection[Any], **spec: Any) -> uuid.UUID:
+        spec = {"ord": 0, "id": str(uuid.uuid4()), "job_type": "t", "queue": "t", "priority": 0,
+                "max_attempts": 1, "max_retries": 0, "trace_id": "x", **spec}  # fmt: skip
+        cur = await conn.execute(
+            "SELECT job_id FROM orc_submit_jobs_v2(%s, 'PENDING', ARRAY['PENDING'], 'orc.')",
+            (Jsonb([spec]),),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return uuid.UUID(str(row[0]))
+
+    async with await connect(fresh_dsn) as conn:
+        await migrate(conn, folder=older)
+        before = await submit(conn)
+        report = await migrate(conn)
+        assert report.applied == [name for name in OURS if name >= "0016"]
+        after = await submit(conn, tenant_id="acme")
+        cur = await conn.execute(
+            "SELECT c.tenant_id FROM orc_jobs AS j, orc_claim_v1(j.id, j.procrastinate_job_id,"
+            " 1, 'w', ARRAY['PENDING'], 'RUNNING') AS c WHERE j.id = %s",
+            (after,),
+        )
+        assert await cur.fetchall() == [("acme",)]  # the claim carries it to the attempt
+        cur = await conn.execute(
+            "SELECT id, tenant_id FROM orc_jobs ORDER BY tenant_id NULLS FIRST"
+        )
+        assert await cur.fetchall() == [(before, None), (after, "acme")]

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.classification import Classified, ErrorClass
-from orchestrator.policy import Budget, Fail, Layer, Retry, decide, has_app_budget
+from orchestrator.domain.classification import Classified, ErrorClass
+from orchestrator.domain.policy import Budget, Fail, Layer, Retry, decide, has_app_budget
 from retry_config import BackoffConfig, NoJitter
 
 BACKOFF = BackoffConfig(base_ms=1_000, cap_ms=60_000, multiplier=2, jitter=NoJitter())
@@ -23,7 +23,7 @@ def budget(
     )
 
 
-def test_seed_002_budget_scenario() -> None:
+def test_the_budget_spec_scenario() -> None:
     # max_retries=3: retry while retry_count < 3; 2 < 3 allows a retry, 3 < 3 does not.
     assert has_app_budget(2, 3) and not has_app_budget(3, 3)
     assert isinstance(decide(APP, budget(retry_count=2), BACKOFF), Retry)

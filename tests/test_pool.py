@@ -1,5 +1,6 @@
-"""The connection pool (database.py): it checks a connection before use only when it sat idle,
-and hands out the connection returned last."""
+"""Connections (storage/database.py): the pool checks a connection before use only when it sat
+idle; a worker loop's own connection stays the same while it works, and is replaced after an
+error."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from orchestrator.database import create_pool
+from orchestrator.storage.database import OwnConnection, create_pool
 
 
 async def dropped_while_idle(dsn: str, idle_check_seconds: float, pause: float) -> Any:
@@ -43,17 +44,22 @@ async def test_a_connection_in_steady_use_is_not_checked(dsn: str) -> None:
         await dropped_while_idle(dsn, idle_check_seconds=60, pause=0.4)
 
 
-async def test_the_connection_returned_last_is_handed_out_first(dsn: str) -> None:
-    pool = create_pool(dsn, min_size=2, max_size=2)
-    await pool.open(wait=True)
+async def test_a_loops_own_connection_is_kept_and_replaced_after_an_error(dsn: str) -> None:
+    own = OwnConnection(dsn, "test")
     try:
-        async with pool.connection() as first, pool.connection() as second:
-            assert second is not first
-        # second went back to the pool, then first
-        for _ in range(3):  # psycopg_pool alone would hand out second (idle longest) first
-            async with pool.connection() as conn:
-                assert conn is first
-        async with pool.connection() as conn, pool.connection() as other:
-            assert (conn, other) == (first, second)
+        pids = []
+        for _ in range(3):  # one backend for consecutive statements: its caches stay warm
+            async with own.connection() as conn:
+                pids.append(conn.info.backend_pid)
+        assert len(set(pids)) == 1
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+            await admin.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
+        with pytest.raises(psycopg.OperationalError):
+            async with own.connection() as conn:
+                await conn.execute("SELECT 1")
+        async with own.connection() as conn:  # the failed one was dropped: a new one
+            cur = await conn.execute("SELECT pg_backend_pid() AS pid")
+            row = await cur.fetchone()
+            assert row is not None and row["pid"] != pids[0]
     finally:
-        await pool.close()
+        await own.close()

@@ -1,6 +1,7 @@
-"""The per-type config: the default file holds the seed's values; bad files fail clearly."""
+"""The per-type config: the default file holds the design's values; bad files fail clearly."""
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ from retry_config import (
     ProportionalJitter,
 )
 
-# Seed 004, "Artifact: Retry Configuration Spec".
+# The design's retry configuration spec.
 SEED = {
     "http_request": (5, 3, 1_000, 60_000, 2, True, 600, 120_000, 30_000),
     "llm_generate": (3, 5, 5_000, 300_000, 3, True, 3_600, 300_000, 30_000),
@@ -24,11 +25,11 @@ SEED = {
     "sweep_zombies": (2, 0, 1_000, 1_000, 1, False, 60, 30_000, 5_000),
     "expire_approvals": (2, 0, 1_000, 1_000, 1, False, 60, 30_000, 5_000),
 }
-# Seed 004's taxonomy (Question 1) puts these beside http_request and send_notification.
+# The design's taxonomy puts these beside http_request and send_notification.
 TAXONOMY_TWINS = {"webhook_dispatch": "http_request", "approval_notify": "send_notification"}
 
 
-def test_default_file_holds_the_seed_job_types_with_the_seed_values() -> None:
+def test_default_file_holds_the_design_job_types_with_their_values() -> None:
     config = retry_config.load()
     assert set(config.job_types) == set(SEED) | set(TAXONOMY_TWINS)
     expected = SEED | {name: SEED[twin] for name, twin in TAXONOMY_TWINS.items()}
@@ -50,7 +51,7 @@ def test_default_file_holds_the_seed_job_types_with_the_seed_values() -> None:
         assert (c.job_timeout_seconds, c.call_timeout_ms, c.connect_timeout_ms) == (
             job_s, call_ms, connect_ms,
         )  # fmt: skip
-    # Seed 004, Question 3: streams are cut after 60 s without a token.
+    # Streams are cut after 60 s without a token.
     assert config.for_type("llm_generate").inter_chunk_timeout() == 60
     assert config.for_type("run_agent").inter_chunk_timeout() == 60
     assert config.for_type("http_request").inter_chunk_timeout() is None
@@ -59,7 +60,7 @@ def test_default_file_holds_the_seed_job_types_with_the_seed_values() -> None:
 def test_unlisted_types_use_the_defaults() -> None:
     config = retry_config.load()
     assert config.for_type("my_custom_type") == config.defaults
-    assert config.defaults.backoff.cap_ms == 300_000  # seed's DEFAULT_BACKOFF_CONFIG
+    assert config.defaults.backoff.cap_ms == 300_000  # the design's DEFAULT_BACKOFF_CONFIG
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -189,3 +190,67 @@ def test_tool_limits_merge_over_the_defaults(tmp_path: Path) -> None:
         "[job_types.t]\ntool_timeouts_ms = { ls = 2000 }\n",
     )
     assert retry_config.load(path).for_type("t").tool_timeouts_ms == {"kubectl": 30000, "ls": 2000}
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("[job_types.t.backoff]\nbase_ms = 1000000000000000\ncap_ms = 1000000000000000\n",
+         "backoff.base_ms"),
+        ("[job_types.t]\nworker_max_attempts = 10000000000\n", "worker_max_attempts"),
+        ("[job_types.t]\napp_max_retries = 2147483648\n", "app_max_retries"),
+        ("[job_types.t]\njob_timeout_seconds = 99999999999\n", "job_timeout_seconds"),
+        ("[job_types.t]\nbackoff = { jitter = { mode = \"additive\", max_ms = 9999999999 } }\n",
+         "backoff.jitter.max_ms"),
+    ],
+)  # fmt: skip
+def test_values_the_runtime_or_the_columns_cannot_hold_are_refused_at_load(
+    tmp_path: Path, text: str, field: str
+) -> None:
+    with pytest.raises(ConfigError, match=rf"field '{field}': .*less than or equal to 2147483647"):
+        retry_config.load(write(tmp_path, text))
+
+
+def test_a_defaults_problem_is_reported_against_defaults_once(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "[defaults]\napp_max_retries = -2\n[job_types.a]\nworker_max_attempts = 2\n"
+        "[job_types.b]\napp_max_retries = 1\nworker_max_attempts = 0\n",
+    )
+    with pytest.raises(ConfigError) as info:
+        retry_config.load(path)
+    assert str(info.value).splitlines() == [
+        f"{path}: defaults: field 'app_max_retries': Input should be greater than or equal to 0",
+        f"{path}: job type 'b': field 'worker_max_attempts': Input should be greater than or "
+        "equal to 1",
+    ]
+
+
+def test_a_table_naming_no_known_type_is_refused_with_the_closest_name(tmp_path: Path) -> None:
+    config = retry_config.load(
+        write(tmp_path, "[job_types.http_requset]\n[job_types.zzz]\n[job_types.http_request]\n")
+    )
+    with pytest.raises(ConfigError) as info:
+        config.check_names({"http_request", "llm_generate"})
+    assert str(info.value).splitlines() == [
+        f"{config.path}: job type 'http_requset' is neither registered nor built in; "
+        "did you mean 'http_request'?",
+        f"{config.path}: job type 'zzz' is neither registered nor built in",
+    ]
+    config.check_names({"http_request", "http_requset", "zzz"})  # all known: fine
+
+
+def test_the_built_in_types_are_the_default_files_tables() -> None:
+    assert retry_config.built_in_types() == set(retry_config.load().job_types)
+
+
+async def test_a_worker_refuses_a_config_naming_a_type_the_application_lacks(
+    make_orc: Any, tmp_path: Path
+) -> None:
+    from tests.support import scripted
+
+    orc = make_orc(retry_config=write(tmp_path, "[job_types.scriptd]\napp_max_retries = 1\n"))
+    scripted.register(orc)
+    await orc.open()
+    with pytest.raises(ConfigError, match=r"'scriptd' is neither .* did you mean 'scripted'"):
+        await orc.run_worker(install_signal_handlers=False)

@@ -11,14 +11,13 @@ import psycopg
 import pytest
 
 from orchestrator import ErrorClass, InvalidTransition, Orchestrator, Status
-from orchestrator.maintenance import run_safety_net
-from tests import scripted
-from tests.conftest import WorkerRun, wait_for
-from tests.scripted import RELEASE, RUNS, STARTED, status_path
+from tests.support import scripted
+from tests.support.harness import WorkerRun, config_with, run_safety_net, wait_for
+from tests.support.scripted import RELEASE, RUNS, STARTED, status_path
 
 
 def app(make_orc: Callable[..., Orchestrator], **settings: Any) -> Orchestrator:
-    orc = make_orc(**settings)
+    orc = make_orc(retry_config=config_with(scripted.TABLE), **settings)
     scripted.register(orc)
     return orc
 
@@ -30,7 +29,7 @@ async def run_script(orc: Orchestrator, script: list[str], **options: Any) -> An
     return job_id
 
 
-# -- seed 003's replay cases, in this state model ---------------------------------------------
+# -- the replay cases RP-001..005 (docs/contracts.md) ---------------------------------------------
 
 
 async def test_rp_001_success(make_orc: Callable[..., Orchestrator]) -> None:
@@ -121,7 +120,7 @@ async def test_rp_005_a_second_terminal_write_is_refused(
     assert await orc.get_job(job_id) == before
 
 
-# -- seed 002: attempts count claims, never reset ---------------------------------------------
+# -- attempts count claims, never reset ---------------------------------------------
 
 
 async def test_attempt_counts_every_claim_and_is_never_reset(
@@ -261,9 +260,13 @@ async def test_a_duplicate_dispatch_is_a_no_op(
     orc = app(make_orc)
     async with orc:
         job_id = await orc.submit("scripted", {"script": ["ok"]})
-        duplicate = orc.procrastinate.tasks["orc.scripted"].configure(lock=str(job_id))
-        await duplicate.defer_async(job_id=str(job_id))
-        await duplicate.defer_async(job_id=str(job_id))
+        for _ in range(2):  # two more dispatches of the job, through Procrastinate's defer
+            await db.execute(
+                "SELECT procrastinate_defer_jobs_v1(ARRAY[ROW('scripted', 'orc.scripted', 0, %s,"
+                " NULL, jsonb_build_object('job_id', %s::text), NULL)"
+                "::procrastinate_job_to_defer_v1])",
+                (str(job_id), str(job_id)),
+            )
     async with WorkerRun(orc) as worker:
         await worker.until_finished(job_id)
 
@@ -287,7 +290,7 @@ async def test_a_duplicate_dispatch_is_a_no_op(
 # -- timeouts, invalid output, payloads that no longer fit ------------------------------------
 
 
-async def test_job_timeout_fails_the_job_with_the_seed_message(
+async def test_job_timeout_fails_the_job_with_the_design_message(
     make_orc: Callable[..., Orchestrator],
 ) -> None:
     orc = app(make_orc)
@@ -352,7 +355,7 @@ async def test_cancel_a_running_job_aborts_it(make_orc: Callable[..., Orchestrat
         await orc.cancel(job_id, reason="stop")
 
         async def attempt_gone() -> bool:
-            return job_id not in orc.runner.running_jobs()
+            return job_id not in orc.running_jobs()
 
         await wait_for(attempt_gone)  # Procrastinate cancelled it; it could not hand the job back
     assert (await orc.get_job(job_id)).status is Status.CANCELLED
@@ -395,7 +398,7 @@ async def test_safety_net_redispatches_a_job_whose_dispatch_was_lost(
         assert (await orc.get_job(job_id)).status is Status.COMPLETED
 
 
-# -- dead letters: seed 003's requeue and two-person discard -----------------------------------
+# -- dead letters: requeue and two-person discard -----------------------------------
 
 
 async def test_dead_letter_requeue_creates_a_linked_job(

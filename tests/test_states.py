@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
-from orchestrator import states
-from orchestrator.states import CLAIMABLE, TERMINAL, TRANSITIONS, Status
+from orchestrator.domain import states
+from orchestrator.domain.states import CLAIMABLE, TERMINAL, TRANSITIONS, Status
 
 
 def test_every_status_is_declared() -> None:

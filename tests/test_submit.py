@@ -10,6 +10,7 @@ import psycopg
 import pytest
 from pydantic import BaseModel
 
+import tasks
 from orchestrator import (
     InvalidPayload,
     JobContext,
@@ -95,15 +96,16 @@ async def test_job_created_records_the_options_the_job_was_submitted_with(
     run_at = datetime.now(UTC) + timedelta(minutes=5)
     async with app(make_orc) as orc:
         job_id = await orc.submit(
-            "greet", {"name": "c"}, run_at=run_at, max_retries=7, job_key=job_key, trace_id="t-1"
-        )
+            "greet", {"name": "c"}, run_at=run_at, max_retries=7, job_key=job_key, trace_id="t-1",
+            tenant_id="acme",
+        )  # fmt: skip
         [created] = await orc.job_events(job_id)
     assert created.kind == "job.created"
     payload = dict(created.payload)
     assert datetime.fromisoformat(payload.pop("run_at")) == run_at
     assert payload == {
-        "job_type": "greet", "queue": "greet", "max_attempts": 2, "max_retries": 7,
-        "job_key": job_key, "trace_id": "t-1",
+        "job_type": "greet", "queue": "greet", "max_runs": 2, "max_retries": 7,
+        "job_key": job_key, "trace_id": "t-1", "tenant_id": "acme",
     }  # fmt: skip
 
 
@@ -161,6 +163,89 @@ async def test_bad_submits_are_refused_before_anything_is_stored(
         with pytest.raises(error) as info:
             await orc.submit(job_type, payload, **options)
     assert fragment in str(info.value)
+    assert await nothing_stored(db)
+
+
+def nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("payload", "options", "error", "fragment"),
+    [
+        ({"a": {"b": float("nan")}}, {}, InvalidPayload, "payload.a.b: nan is not a number JSON can hold"),
+        ({"a": [1, float("inf")]}, {}, InvalidPayload, "payload.a[1]: inf is not a number"),
+        ({"text": "x\x00y"}, {}, InvalidPayload, "payload.text: text with a NUL character"),
+        ({"k\x00": 1}, {}, InvalidPayload, "payload (a key): text with a NUL character"),
+        ({"text": "\ud800"}, {}, InvalidPayload, "payload.text: text with a lone surrogate"),
+        (nested(101), {}, InvalidPayload, "payload: nested more than 100 levels deep"),
+        (nested(400), {}, InvalidPayload, "payload: nested more than 100 levels deep"),
+        ({"blob": "x" * 400}, {}, InvalidPayload, "over the limit of 300 (ORCHESTRATOR_MAX_PAYLOAD_BYTES)"),
+        ({}, {"job_key": "k\x00"}, SubmitError, "job_key: Value error, text with a NUL character"),
+        ({}, {"agent_id": "a\x00"}, SubmitError, "agent_id: Value error, text with a NUL"),
+        ({}, {"tenant_id": "t\x00"}, SubmitError, "tenant_id: Value error, text with a NUL"),
+        ({}, {"tenant_id": ""}, SubmitError, "tenant_id: Value should have at least 1 item"),
+        ({}, {"tenant_id": "t" * 201}, SubmitError, "tenant_id: Value should have at most 200 items"),
+        ({}, {"max_retries": 2**31}, SubmitError, "max_retries: Input should be less than or equal to 2147483647"),
+        ({}, {"timeout_seconds": 2**40}, SubmitError, "timeout_seconds: Input should be less than or equal"),
+    ],
+    ids=lambda v: str(v)[:24],
+)  # fmt: skip
+async def test_what_json_or_a_column_cannot_hold_is_refused_naming_the_field(
+    make_orc: Callable[..., Orchestrator],
+    db: psycopg.AsyncConnection[Any],
+    payload: Any,
+    options: dict[str, Any],
+    error: type[Exception],
+    fragment: str,
+) -> None:
+    orc = make_orc(max_payload_bytes=300)
+
+    @orc.job_type("anything")
+    async def anything(ctx: JobContext, payload: Any) -> None:
+        return None
+
+    async with orc:
+        with pytest.raises(error) as info:
+            await orc.submit("anything", payload, **options)
+        assert fragment in str(info.value)
+        await orc.submit("anything", nested(99))  # as deep as allowed: fine
+    assert len(await procrastinate_jobs(db)) == 1
+
+
+async def test_a_payload_exactly_at_the_limit_is_taken(
+    make_orc: Callable[..., Orchestrator],
+) -> None:
+    orc = make_orc(max_payload_bytes=12)
+
+    @orc.job_type("anything")
+    async def anything(ctx: JobContext, payload: Any) -> None:
+        return None
+
+    async with orc:
+        await orc.submit("anything", {"a": "1234"})  # {"a":"1234"}: 12 bytes
+        with pytest.raises(InvalidPayload, match="13 bytes, over the limit of 12"):
+            await orc.submit("anything", {"a": "12345"})
+
+
+async def test_built_in_job_types_refuse_a_field_they_do_not_know(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    orc = make_orc()
+    tasks.register_all(orc)
+    typos = [
+        ("http_request", {"url": "http://127.0.0.1:9/", "metod": "POST"}, "metod"),
+        ("llm_generate", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_token": 5}, "max_token"),
+        ("send_notification", {"channel": "webhook", "url": "http://127.0.0.1:9/", "text": "t", "txt": "t"}, "txt"),
+        ("execute_tool", {"tool": "http_fetch", "args": {"url": "http://127.0.0.1:9/"}, "timeout": 3}, "timeout"),
+    ]  # fmt: skip
+    async with orc:
+        for job_type, payload, field in typos:
+            with pytest.raises(InvalidPayload, match=rf"{field}: Extra inputs are not permitted"):
+                await orc.submit(job_type, payload)
     assert await nothing_stored(db)
 
 
@@ -273,3 +358,28 @@ async def test_job_key_of_a_finished_job_does_not_block_a_new_one(
         new = await orc.submit("greet", {"name": "b"}, job_key="k")
         assert new != old
         assert (await orc.get_job(old)).job_key == "k"  # history keeps the key
+
+
+async def test_a_keyed_jobs_revision_counts_every_later_submit_in_any_mode(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    async with app(make_orc) as orc:
+        job_id = await orc.submit("greet", {"name": "a"}, job_key="k")
+        assert (await orc.get_job(job_id)).revision == 0
+        for n, mode in enumerate(["replace", "preserve_run_at", "unsafe_dedupe", "replace"], 1):
+            assert (
+                await orc.submit("greet", {"name": "b"}, job_key="k", job_key_mode=mode) == job_id
+            )
+            assert (await orc.get_job(job_id)).revision == n
+        replaced = [
+            e.payload["revision"] for e in await orc.job_events(job_id) if e.kind == "job.replaced"
+        ]
+        assert replaced == [1, 2, 4]  # unsafe_dedupe counts, and changes nothing else
+        await db.execute(
+            "UPDATE orc_jobs SET status = 'RUNNING', lease_token = gen_random_uuid() WHERE id = %s",
+            (job_id,),
+        )
+        fresh = await orc.submit("greet", {"name": "c"}, job_key="k")  # took the key: a new job
+        assert fresh != job_id and (await orc.get_job(fresh)).revision == 0
+        assert (await orc.get_job(job_id)).revision == 4
+        assert (await orc.get_job(await orc.submit("greet", {"name": "d"}))).revision == 0

@@ -1,6 +1,6 @@
-"""The timeout hierarchy (seed 004, Question 3), innermost first: a call, a step, the job, and
+"""The timeout hierarchy (docs/contracts.md, "Timeouts"), innermost first: a call, a step, the job, and
 the backstop for an attempt that outlives its job timeout. Real PostgreSQL, a real worker in
-this process, real slow peers on 127.0.0.1; limits shortened in tests/retry_config.toml."""
+this process, real slow peers on 127.0.0.1; limits shortened in TABLES below and tests/support/retry_config.toml."""
 
 from __future__ import annotations
 
@@ -17,11 +17,10 @@ from pydantic import BaseModel
 
 import tasks
 from orchestrator import CallTimedOut, ErrorClass, JobContext, Orchestrator, Status
-from orchestrator.calls import http_client
-from orchestrator.maintenance import run_sweep
+from orchestrator.runtime.calls import http_client
 from retry_config import JobRetryConfig
-from tests.conftest import WorkerRun, wait_for
-from tests.slow_peers import trickle_server, unreachable
+from tests.support.harness import WorkerRun, config_with, run_sweep, wait_for
+from tests.support.slow_peers import trickle_server, unreachable
 
 STEP_RUNS: Counter[tuple[UUID, int]] = Counter()
 STUBBORN: Counter[UUID] = Counter()  # cancellations a stubborn attempt swallowed
@@ -37,6 +36,21 @@ class StepPlan(BaseModel):
 class ToolCall(BaseModel):
     tool: str
     seconds: float
+
+
+#: The retry config tables of the job types below.
+TABLES = """
+[job_types.stepper]
+step_timeout_seconds = 1
+call_timeout_ms = 500
+connect_timeout_ms = 100
+
+[job_types.tool_user]
+tool_timeouts_ms = { slow_tool = 200 }
+
+[job_types.stubborn]
+app_max_retries = 3
+"""
 
 
 def register(orc: Orchestrator) -> None:
@@ -76,7 +90,12 @@ def register(orc: Orchestrator) -> None:
 
 @pytest.fixture
 def orc(make_orc: Callable[..., Orchestrator]) -> Orchestrator:
-    app = make_orc(heartbeat_interval=0.1, zombie_threshold=1.0, job_expiry_grace_seconds=0.5)
+    app = make_orc(
+        retry_config=config_with(TABLES),
+        heartbeat_interval=0.1,
+        zombie_threshold=1.0,
+        job_expiry_grace_seconds=0.5,
+    )
     register(app)
     return app
 
@@ -162,7 +181,7 @@ async def test_each_tool_has_its_own_call_limit(orc: Orchestrator) -> None:
 
 
 async def test_call_limit_does_not_claim_timeouts_raised_inside_it() -> None:
-    from orchestrator.calls import call_limit
+    from orchestrator.runtime.calls import call_limit
 
     with pytest.raises(CallTimedOut, match=r"inner timed out after 0\.05"):
         async with call_limit(5, "outer"), call_limit(0.05, "inner"):
@@ -224,7 +243,7 @@ async def test_a_timeout_given_at_submit_shortens_the_job_and_its_steps(
     orc: Orchestrator,
 ) -> None:
     """The step limit never outlasts the job: with the job's own timeout at 1 s, the job
-    timeout (terminal) is what fires, with the seed's message."""
+    timeout (terminal) is what fires, with the design's message."""
     async with WorkerRun(orc) as worker:
         job_id = await orc.submit("stepper", {"hang_attempts": 9}, timeout_seconds=1)
         await worker.until_finished(job_id)

@@ -2,9 +2,10 @@
 
 - raw SQL: the guard trigger accepts legal changes and rejects every other one with
   WF_STATE_TRANSITION_INVALID, changing nothing;
-- the store's operations (claim, complete, fail, retry, hand back, cancel): the legal ones
-  apply; an illegal one raises InvalidTransition (or, for a dispatch's claim, is a no-op) and
-  leaves the row and its history exactly as they were.
+- the stores' operations (claim, complete, fail, retry, hand back, cancel, approval
+  requests and decisions): the legal ones apply; an illegal one is refused with
+  InvalidTransition (or, for a dispatch's claim, is a no-op) and leaves the row and its history
+  exactly as they were.
 """
 
 from __future__ import annotations
@@ -18,25 +19,38 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
 
-from checkpoints import CheckpointStore, Fence
-from orchestrator import approvals, states
-from orchestrator.database import create_pool
-from orchestrator.errors import InvalidTransition
-from orchestrator.models import Claim
-from orchestrator.policy import Layer
-from orchestrator.states import TERMINAL, Status
-from orchestrator.store import JobStore
+from orchestrator.domain import events, states
+from orchestrator.domain.classification import ErrorClass
+from orchestrator.domain.degradation import Degrader, TypeDegradation
+from orchestrator.domain.errors import InvalidTransition
+from orchestrator.domain.events import Fault
+from orchestrator.domain.failures import Failures
+from orchestrator.domain.models import Claim, Fence
+from orchestrator.domain.notices import Notifier
+from orchestrator.domain.policy import Layer
+from orchestrator.domain.states import TERMINAL, Status
+from orchestrator.services.approvals import ApprovalDecisions
+from orchestrator.storage.database import create_pool
+from orchestrator.storage.dispatches import Completion
+from orchestrator.storage.stores import Stores
 
 PAIRS = list(itertools.product(Status, Status))
 LEASE = uuid.UUID("00000000-0000-4000-8000-000000000001")
-PJ_ID = 424242
 
 
 async def insert_job(db: psycopg.AsyncConnection[Any], status: Status) -> uuid.UUID:
+    """A job in ``status``, with a dispatch its worker is running and an open approval."""
     job_id = uuid.uuid4()
     running = status is Status.RUNNING
+    cur = await db.execute(
+        "INSERT INTO procrastinate_jobs (queue_name, task_name, lock, args, status) "
+        "VALUES ('echo', 'orc.echo', %s, jsonb_build_object('job_id', %s::text), 'doing') "
+        "RETURNING id",
+        (str(job_id), str(job_id)),
+    )
+    row = await cur.fetchone()
+    assert row is not None
     await db.execute(
         """
         INSERT INTO orc_jobs (id, job_type, status, payload, queue, max_attempts, max_retries,
@@ -48,7 +62,7 @@ async def insert_job(db: psycopg.AsyncConnection[Any], status: Status) -> uuid.U
             job_id,
             status.value,
             LEASE if running else None,
-            PJ_ID,
+            row[0],
             datetime.now(UTC) - timedelta(seconds=1) if status is Status.RETRY else None,
             datetime.now(UTC) if status in TERMINAL else None,
         ),
@@ -94,69 +108,118 @@ async def test_guard_trigger(
 
 
 @pytest.fixture
-async def store(dsn: str, db: psycopg.AsyncConnection[Any]) -> Any:
-    pool: AsyncConnectionPool = create_pool(dsn, min_size=1, max_size=4)
+async def stores(dsn: str, db: psycopg.AsyncConnection[Any]) -> Any:
+    pool = create_pool(dsn, min_size=1, max_size=4)
     await pool.open()
-    yield JobStore(pool)
+    yield Stores.on(pool)
     await pool.close()
 
 
 def claim_for(job_id: uuid.UUID) -> Claim:
     return Claim(
-        id=job_id, job_type="echo", payload={}, attempt=1, max_attempts=3, dispatch_attempt=1,
-        retry_count=0, max_retries=3, lease_token=LEASE, locked_by="test", queue="echo",
-        priority=0, timeout_seconds=None, trace_id="t", agent_id=None,
+        id=job_id, job_type="echo", tenant_id=None, payload={}, attempt=1, max_attempts=3,
+        dispatch_attempt=1, retry_count=0, max_retries=3, lease_token=LEASE, locked_by="test",
+        queue="echo", priority=0, timeout_seconds=None, trace_id="t", agent_id=None,
         started_at=datetime.now(UTC),
     )  # fmt: skip
 
 
+def nobody_notified() -> Failures:
+    notifier = Notifier(
+        submit_row=lambda job_type, payload: {}, escalation_type="send_notification",
+        escalation_target=None, approval_type="approval_notify", approval_target=None,
+    )  # fmt: skip
+    return Failures(Degrader(of_type=lambda job_type: TypeDegradation(), notifier=notifier))
+
+
 def operation(
-    store: JobStore, source: Status, target: Status, job_id: uuid.UUID
+    stores: Stores, source: Status, target: Status, job_id: uuid.UUID
 ) -> Callable[[], Awaitable[Any]]:
+    """The store operation that moves the job to ``target``; a refused one raises why."""
     claim = claim_for(job_id)
-    error = {"message": "x", "code": "X", "classification": "TRANSIENT_APP"}
-    fence = Fence(job_id, LEASE, 1)
+    fault = Fault("x", "X", ErrorClass.TRANSIENT_APP)
+    error = events.last_error(claim, fault, terminal=True)
+
+    async def dispatch_id() -> int:
+        job = await stores.jobs.get(job_id)
+        assert job.procrastinate_job_id is not None
+        return job.procrastinate_job_id
+
+    async def written(done: bool) -> None:
+        if not done:
+            raise await stores.jobs.refusal(job_id, target, LEASE)
+
+    async def claim_it() -> Any:  # the claim a fetch makes for this dispatch (orc_claim_v1)
+        pjob_id = await dispatch_id()
+        async with stores.queries.connection() as conn:
+            cur = await conn.execute(
+                "SELECT * FROM orc_claim_v1(%s, %s, 1, 'test', %s, %s)",
+                (job_id, pjob_id, states.sources_of(Status.RUNNING), Status.RUNNING.value),
+            )
+            return await cur.fetchone()
+
+    async def complete() -> None:
+        completion = Completion(claim, {"ok": True}, {}, await dispatch_id())
+        async with stores.queries.connection() as conn:
+            [done] = await stores.dispatches.complete([completion], conn)
+        await written(done)
+
+    async def fail() -> None:
+        failure = nobody_notified().terminal(claim, fault)
+        [letter] = await stores.jobs.fail([failure])
+        await written(letter is not None)
+
+    async def retry() -> None:
+        done = await stores.dispatches.retry(
+            claim, await dispatch_id(), layer=Layer.APP, next_retry_at=datetime.now(UTC),
+            error=error, failed_event={}, retry_event={},
+        )  # fmt: skip
+        await written(done)
+
+    async def hand_back() -> None:
+        await written(await stores.dispatches.hand_back(claim, await dispatch_id(), {}))
+
+    async def request_approval() -> None:
+        await stores.approvals.request(
+            Fence(job_id, LEASE, 1), approval_id=uuid.uuid4(), step=1, key="another",
+            question="ok?", details={}, on_reject="fail", expires_in=3600, notice=None,
+        )  # fmt: skip
 
     async def decide(decision: Any) -> None:
-        async with store.pool.connection() as conn:
+        async with stores.queries.connection() as conn:
             cur = await conn.execute("SELECT id FROM orc_approvals WHERE job_id = %s", (job_id,))
             row = await cur.fetchone()
         assert row is not None
-        await approvals.decide(store, row["id"], decision, by="reviewer", reason="test")
+        decisions = ApprovalDecisions(stores=stores, failures=nobody_notified())
+        await decisions.decide(row["id"], decision, by="reviewer", reason="test")
 
     if source is Status.WAITING_APPROVAL and target in (Status.PENDING, Status.FAILED):
         return lambda: decide("approved" if target is Status.PENDING else "rejected")
     match target:
         case Status.WAITING_APPROVAL:
-            return lambda: CheckpointStore(store.pool).request_approval(
-                fence, approval_id=uuid.uuid4(), step=1, key="another", question="ok?",
-                details={}, on_reject="fail", expires_in=3600,
-            )  # fmt: skip
+            return request_approval
         case Status.RUNNING:
-            return lambda: store.claim(job_id, PJ_ID, run=1, worker="test")
+            return claim_it
         case Status.COMPLETED:
-            return lambda: store.complete(claim, {"ok": True}, {})
+            return complete
         case Status.FAILED:
-            return lambda: store.fail(claim, error, {})
+            return fail
         case Status.RETRY:
-            return lambda: store.schedule_retry(
-                claim, layer=Layer.APP, next_retry_at=datetime.now(UTC), error=error,
-                failed_event={}, retry_event={},
-            )  # fmt: skip
+            return retry
         case Status.PENDING:
-            return lambda: store.hand_back(claim, {})
+            return hand_back
         case Status.CANCELLED:
-            return lambda: store.cancel(job_id, {"reason": "test"})
+            return lambda: stores.jobs.cancel(job_id, reason="test", by="test")
     raise AssertionError(target)
 
 
 @pytest.mark.parametrize(("source", "target"), PAIRS)
 async def test_store_operations(
-    db: psycopg.AsyncConnection[Any], store: JobStore, source: Status, target: Status
+    db: psycopg.AsyncConnection[Any], stores: Stores, source: Status, target: Status
 ) -> None:
     job_id = await insert_job(db, source)
     before = await snapshot(db, job_id)
-    run = operation(store, source, target, job_id)
+    run = operation(stores, source, target, job_id)
     if states.is_legal(source, target):
         await run()
         row, events = await snapshot(db, job_id)
@@ -173,10 +236,44 @@ async def test_store_operations(
         assert await snapshot(db, job_id) == before
 
 
-async def test_events_are_append_only(db: psycopg.AsyncConnection[Any], store: JobStore) -> None:
+async def test_events_are_append_only(db: psycopg.AsyncConnection[Any], stores: Stores) -> None:
     job_id = await insert_job(db, Status.PENDING)
-    await store.cancel(job_id, {"reason": "x"})
+    await stores.jobs.cancel(job_id, reason="x", by="test")
     with pytest.raises(psycopg.Error, match="append-only"):
         await db.execute(
             "UPDATE orc_job_events SET kind = 'job.completed' WHERE job_id = %s", (job_id,)
         )
+
+
+@pytest.mark.parametrize("status", sorted(TERMINAL))
+@pytest.mark.parametrize(
+    "change",
+    [
+        "result = '{\"forged\": true}'",
+        "last_error = '{}'",
+        "finished_at = now() + interval '1 day'",
+        "attempt = attempt + 1",
+        "retry_count = retry_count + 1",
+        "dispatch_attempt = 7",
+        "next_retry_at = now()",
+        "locked_by = 'someone'",
+    ],
+)
+async def test_a_finished_jobs_outcome_cannot_change_even_by_hand(
+    db: psycopg.AsyncConnection[Any], status: Status, change: str
+) -> None:
+    job_id = await insert_job(db, status)
+    before = await snapshot(db, job_id)
+    with pytest.raises(psycopg.Error, match="WF_STATE_TRANSITION_INVALID") as info:
+        await db.execute(f"UPDATE orc_jobs SET {change} WHERE id = %s", (job_id,))
+    assert info.value.sqlstate == "WF001"
+    assert await snapshot(db, job_id) == before
+    await db.execute("DELETE FROM orc_jobs WHERE id = %s", (job_id,))  # retention still can
+
+
+async def test_only_a_terminal_transition_sets_finished_at(
+    db: psycopg.AsyncConnection[Any],
+) -> None:
+    job_id = await insert_job(db, Status.PENDING)
+    with pytest.raises(psycopg.Error, match="only a terminal transition sets finished_at"):
+        await db.execute("UPDATE orc_jobs SET finished_at = now() WHERE id = %s", (job_id,))

@@ -1,7 +1,6 @@
-"""The worker's fetch loop (orchestrator.worker.Worker._fetch_and_process_jobs), which replaces
-Procrastinate's: slots (freed as soon as a dispatch is finished), stops, an empty queue, and the
-upstream loop it was copied from; and
-Procrastinate's log records, whose fields the worker builds only when a record is made.
+"""The worker's fetch loop (orchestrator.runtime.worker.Worker): slots (each freed once, when
+its dispatch's outcome is written), stops, an empty queue, two workers in one process, and the
+log line of each job's outcome.
 
 The polling interval is a minute throughout: whatever these tests wait for must come from the
 loop's own wake-ups (a slot freed, a stop), never from a poll.
@@ -10,38 +9,22 @@ loop's own wake-ups (a slot freed, a stop), never from a poll.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import inspect
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
 import pytest
-from procrastinate import worker as procrastinate_worker
 
 from orchestrator import JobContext, Orchestrator, Status
-from orchestrator.store import TASK_PREFIX
-from orchestrator.worker import Worker
-from tests import scripted
-from tests.conftest import WorkerRun
-
-#: sha256 of procrastinate 3.10's Worker._fetch_and_process_jobs, which ours replaces.
-UPSTREAM_LOOP = "2963aa354dfda4d6bc639d907cbabb23c69d1381382b2560fb7735b0429117cb"
-
-
-def test_the_upstream_loop_is_the_one_this_worker_was_written_against() -> None:
-    source = inspect.getsource(procrastinate_worker.Worker._fetch_and_process_jobs)
-    assert hashlib.sha256(source.encode()).hexdigest() == UPSTREAM_LOOP, (
-        "Procrastinate's fetch loop changed: compare it with "
-        "orchestrator.worker.Worker._fetch_and_process_jobs and _start (how a job's context and "
-        "task are made, when a slot is released), then record the new digest here"
-    )
+from tests.support import scripted
+from tests.support.harness import WorkerRun, config_with, wait_for
 
 
 async def queued(make_orc: Callable[..., Orchestrator], n: int) -> tuple[Orchestrator, list[UUID]]:
     """An orchestrator polling once a minute, with ``n`` jobs waiting that succeed."""
-    orc = make_orc(fetch_polling_interval=60)
+    orc = make_orc(retry_config=config_with(scripted.TABLE), fetch_polling_interval=60)
     scripted.register(orc)
     await orc.open()
     return orc, [await orc.submit("scripted", {"script": ["ok"]}) for _ in range(n)]
@@ -83,32 +66,25 @@ async def test_a_worker_never_runs_more_jobs_than_its_concurrency(
     assert most == 2
 
 
-async def test_a_slot_is_free_once_its_dispatch_is_finished_before_its_task_ends(
-    make_orc: Callable[..., Orchestrator], monkeypatch: pytest.MonkeyPatch
+async def test_every_slot_is_freed_once_when_its_dispatch_ends(
+    make_orc: Callable[..., Orchestrator],
 ) -> None:
-    # As each job's task ends: whether its slot was still taken. Only the jobs' dispatches: a
-    # worker running across a minute's tick also runs its maintenance tasks.
-    still_held = []
-    ended = Worker._ended
-
-    def spy(self: Worker, task: asyncio.Task[Any]) -> None:
-        dispatch = self._running_jobs[task].job
-        if dispatch.task_name.startswith(TASK_PREFIX):
-            still_held.append(dispatch.id in self._slots_held)
-        ended(self, task)
-        # Nothing released twice: the semaphore never counts more slots than there are.
-        assert self._job_semaphore._value <= self.concurrency  # type: ignore[attr-defined]
-
-    monkeypatch.setattr(Worker, "_ended", spy)
+    # Only the jobs' dispatches count: a worker running across a minute's tick also runs its
+    # maintenance tasks, which take slots as well (and free them).
     orc, job_ids = await queued(make_orc, 3)
     async with WorkerRun(orc, concurrency=2) as worker:
         await worker.until_finished(*job_ids, timeout=10)
+        [running] = orc.workers
+
+        async def all_free() -> bool:
+            return running.free_slots == 2
+
+        await wait_for(all_free, timeout=5)  # never more than there are: none released twice
     await assert_completed(orc, job_ids)
-    assert still_held == [False, False, False]
 
 
 async def test_a_stop_ends_an_idle_worker_at_once(make_orc: Callable[..., Orchestrator]) -> None:
-    orc = make_orc(fetch_polling_interval=60)
+    orc = make_orc(retry_config=config_with(scripted.TABLE), fetch_polling_interval=60)
     scripted.register(orc)
     async with WorkerRun(orc, concurrency=1) as worker:
         job_id = await orc.submit("scripted", {"script": ["ok"]})
@@ -129,20 +105,110 @@ async def test_without_wait_the_worker_returns_once_the_queue_is_empty(
     await assert_completed(orc, job_ids)
 
 
-async def test_procrastinate_log_records_still_carry_their_fields(
+async def test_each_job_outcome_is_logged_with_its_fields(
     make_orc: Callable[..., Orchestrator], caplog: pytest.LogCaptureFixture
 ) -> None:
-    # The worker builds them only for records that are made (orchestrator.worker._LazyExtra).
-    orc = make_orc(fetch_polling_interval=60)
+    orc = make_orc(retry_config=config_with(scripted.TABLE), fetch_polling_interval=60)
     scripted.register(orc)
-    with caplog.at_level(logging.INFO, logger="procrastinate.worker"):
+    with caplog.at_level(logging.INFO, logger="orchestrator.worker"):
         async with WorkerRun(orc, concurrency=1) as worker:
             job_id = await orc.submit("scripted", {"script": ["ok"]})
             await worker.until_finished(job_id, timeout=10)
-    ours = [r for r in caplog.records if getattr(r, "job", {}).get("task_name") == "orc.scripted"]
-    started = [r for r in ours if r.__dict__["action"] == "start_job"]
-    succeeded = [r for r in ours if r.__dict__["action"] == "job_success"]
-    assert len(started) == len(succeeded) == 1
-    assert started[0].__dict__["job"]["task_kwargs"] == {"job_id": str(job_id)}
-    assert started[0].__dict__["worker"]["name"] == "orchestrator"
-    assert succeeded[0].__dict__["start_timestamp"] <= succeeded[0].__dict__["end_timestamp"]
+    [record] = [r for r in caplog.records if getattr(r, "job_id", None) == str(job_id)]
+    assert (record.__dict__["job_type"], record.__dict__["attempt"]) == ("scripted", 1)
+    assert record.getMessage() == f"job {job_id} (scripted) attempt 1: completed"
+    started = [r for r in caplog.records if r.getMessage().startswith("worker orchestrator")]
+    assert len(started) == 1 and "concurrency 1" in started[0].getMessage()
+
+
+async def test_two_workers_in_one_process_run_side_by_side_and_stop_apart(
+    make_orc: Callable[..., Orchestrator],
+) -> None:
+    orc = make_orc(fetch_polling_interval=60)
+
+    # Each job answers with its worker, and whether its worker's HTTP client is still open
+    # (one worker's exit must not close another's clients).
+    @orc.job_type("left")
+    async def left(ctx: JobContext, payload: int) -> str:
+        return ctx.worker if not ctx.http.is_closed else "closed"
+
+    @orc.job_type("right")
+    async def right(ctx: JobContext, payload: int) -> str:
+        return ctx.worker if not ctx.http.is_closed else "closed"
+
+    async def results(job_ids: list[UUID]) -> set[str]:
+        return {(await orc.get_job(job_id)).result for job_id in job_ids}
+
+    async def done(job_ids: list[UUID]) -> bool:
+        return all([(await orc.get_job(j)).status is Status.COMPLETED for j in job_ids])
+
+    await orc.open()
+    workers = {
+        side: asyncio.create_task(
+            orc.run_worker(
+                job_types=[side], name=side, concurrency=2, install_signal_handlers=False
+            )
+        )
+        for side in ("left", "right")
+    }
+    try:
+        lefts = [await orc.submit("left", i) for i in range(4)]
+        rights = [await orc.submit("right", i) for i in range(4)]
+        await wait_for(lambda: done(lefts + rights), timeout=10)
+        [ran_left], [ran_right] = await results(lefts), await results(rights)
+        assert ran_left != ran_right  # each queue's jobs ran on its own worker
+
+        workers["left"].cancel()  # stop one: it drains and returns
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(workers["left"], 10)
+        assert [w.name for w in orc.workers] == ["right"]
+        later_left = await orc.submit("left", 9)
+        later_rights = [await orc.submit("right", i) for i in range(4)]
+        await wait_for(lambda: done(later_rights), timeout=10)  # the other keeps working
+        assert await results(later_rights) == {ran_right}
+        assert (await orc.get_job(later_left)).status is Status.PENDING
+    finally:
+        for task in workers.values():
+            task.cancel()
+        await asyncio.gather(*workers.values(), return_exceptions=True)
+
+
+async def test_the_zombie_sweep_runs_on_time_behind_a_backlog_of_10000_jobs(
+    make_orc: Callable[..., Orchestrator], db: Any
+) -> None:
+    # Every job slot is taken by a long job and 10,000 more wait: the sweep, ticking every
+    # second, must still recover a zombie within its threshold plus one interval, in the
+    # maintenance lane's own slot (in the jobs' lane it would wait hours behind the backlog).
+    threshold, interval = 2.0, 1.0
+    orc = make_orc(
+        sweep_cron="* * * * * *", zombie_threshold=threshold, heartbeat_interval=0.5,
+        drain_seconds=0.5, fetch_polling_interval=60,
+    )  # fmt: skip
+
+    @orc.job_type("long")
+    async def long(ctx: JobContext, payload: None) -> None:
+        await asyncio.sleep(600)
+
+    await orc.open()
+    await orc.submit_many([{"job_type": "long"}] * 10_000)
+    zombie = await db.execute(
+        "INSERT INTO orc_jobs (id, job_type, status, payload, queue, max_attempts, max_retries, "
+        "trace_id, lease_token, locked_by, attempt, dispatch_attempt, heartbeat_at, started_at, "
+        "deadline_at) VALUES (gen_random_uuid(), 'long', 'RUNNING', 'null', 'long', 3, 3, 't', "
+        "gen_random_uuid(), 'gone/1/w1', 1, 1, now(), now(), now() + interval '1 hour') "
+        "RETURNING id, heartbeat_at"
+    )
+    zombie_id, last_heartbeat = await zombie.fetchone()
+    async with WorkerRun(orc, concurrency=2):
+
+        async def recovered() -> bool:
+            events = await orc.job_events(zombie_id)
+            return any(e.kind == "job.zombie_detected" for e in events)
+
+        await wait_for(recovered, timeout=30)  # in the jobs' lane: never
+        detected = next(
+            e for e in await orc.job_events(zombie_id) if e.kind == "job.zombie_detected"
+        )
+        assert orc.workers[0].free_slots == 0  # the backlog kept every job slot busy
+    late = (detected.at - last_heartbeat).total_seconds() - threshold - interval
+    assert late < 5, f"recovered {late:.1f} s after threshold + one sweep interval"

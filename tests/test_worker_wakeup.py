@@ -1,15 +1,13 @@
 """The worker starts scheduled work when it is due, not at Procrastinate's next poll.
 
-These tests set the polling interval to a minute: without the due-time waker, the retries below
-would wait for it. They also guard the Procrastinate internals the worker relies on to be woken
-(``_new_job_event``, ``_handle_notification``).
+These tests set the polling interval to a minute: without the wake-ups (orchestrator.runtime.
+wakeups: one listener, one due-time timer), the retries below would wait for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,14 +16,18 @@ import psycopg
 import pytest
 
 from orchestrator import Orchestrator, Status
-from tests import scripted
-from tests.conftest import WorkerRun, wait_for
+from orchestrator.runtime import wakeups
+from orchestrator.runtime.wakeups import Wakeups
+from orchestrator.storage.database import create_pool
+from orchestrator.storage.stores import Stores
+from tests.support import scripted
+from tests.support.harness import WorkerRun, config_with, wait_for
 
 
 async def test_app_retries_start_when_due_not_at_the_next_poll(
     make_orc: Callable[..., Orchestrator],
 ) -> None:
-    orc = make_orc(fetch_polling_interval=60)
+    orc = make_orc(retry_config=config_with(scripted.TABLE), fetch_polling_interval=60)
     scripted.register(orc)
     async with WorkerRun(orc) as worker:
         job_id = await orc.submit("scripted", {"script": ["app", "app", "ok"]})
@@ -39,7 +41,7 @@ async def test_app_retries_start_when_due_not_at_the_next_poll(
 
 
 async def test_a_job_submitted_for_later_starts_then(make_orc: Callable[..., Orchestrator]) -> None:
-    orc = make_orc(fetch_polling_interval=60)
+    orc = make_orc(retry_config=config_with(scripted.TABLE), fetch_polling_interval=60)
     scripted.register(orc)
     async with WorkerRun(orc) as worker:
         run_at = datetime.now(UTC) + timedelta(seconds=0.5)
@@ -72,15 +74,37 @@ async def test_an_immediate_retry_starts_once_the_failed_run_has_finished(
     assert calls == [1, 2, 3]
 
 
+async def test_a_dispatch_waiting_for_its_lock_starts_on_another_worker_once_it_is_free(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    # A job's dispatch is queued while an earlier dispatch of the job still holds its lock (a
+    # run that has not finished ending; here a row standing for it, on no worker of this test).
+    # The worker hears the insert, its fetch skips the locked dispatch; when the lock comes
+    # free, it must hear of that too, not find out at its poll a minute later.
+    orc = make_orc(retry_config=config_with(scripted.TABLE), fetch_polling_interval=60)
+    scripted.register(orc)
+    await orc.open()
+    job_id = await orc.submit("scripted", {"script": ["ok"]})
+    cur = await db.execute(
+        "INSERT INTO procrastinate_jobs (queue_name, task_name, lock, args, status) "
+        "VALUES ('elsewhere', 'orc.scripted', %s, '{}', 'doing') RETURNING id",
+        (str(job_id),),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    async with WorkerRun(orc) as worker:
+        await asyncio.sleep(0.5)  # the worker has fetched, and skipped the job
+        assert (await orc.get_job(job_id)).status is Status.PENDING
+        await db.execute("SELECT procrastinate_finish_job_v1(%s, 'succeeded', false)", (row[0],))
+        await worker.until_finished(job_id, timeout=5)  # not at the 60 s poll
+    assert (await orc.get_job(job_id)).status is Status.COMPLETED
+
+
 async def test_the_waker_arms_a_timer_for_the_next_job_while_another_is_overdue(
     dsn: str, db: psycopg.AsyncConnection[Any]
 ) -> None:
     # One job came due but has not been fetched yet (its fetch is under way, or it waits for a
     # lock); another is due in 0.3 s. The overdue one must not hide the next one's due time.
-    from orchestrator.database import create_pool
-    from orchestrator.store import JobStore
-    from orchestrator.worker import DueTimeWaker
-
     for offset in ("-1 second", "0.3 seconds"):
         await db.execute(
             "INSERT INTO orc_jobs (id, job_type, status, payload, queue, max_attempts, "
@@ -93,12 +117,12 @@ async def test_the_waker_arms_a_timer_for_the_next_job_while_another_is_overdue(
     pool = create_pool(dsn, min_size=1, max_size=2)
     await pool.open()
 
-    async def notified(channel: str, payload: str) -> None:
+    def notified(channel: str, notification: dict[str, Any]) -> None:
         pass  # inserted jobs: none here
 
-    waker = DueTimeWaker(
+    waker = Wakeups(
         dsn=dsn,
-        store=JobStore(pool),
+        liveness=Stores.on(pool).liveness,
         wake=lambda: wakes.append(loop.time()),
         notified=notified,
         refresh_interval=30,
@@ -121,7 +145,7 @@ async def test_the_waker_arms_a_timer_for_the_next_job_while_another_is_overdue(
 async def test_staggered_retries_each_start_when_due(make_orc: Callable[..., Orchestrator]) -> None:
     # After the timer fires for one retry, the next one (due 50 ms later) must get its own
     # timer, even while the first is still overdue and being fetched.
-    orc = make_orc(fetch_polling_interval=60)
+    orc = make_orc(retry_config=config_with(scripted.TABLE), fetch_polling_interval=60)
     scripted.register(orc)
     async with WorkerRun(orc) as worker:
         jobs = []
@@ -142,19 +166,19 @@ async def listening_waker(
 ) -> AsyncIterator[list[tuple[str, dict[str, Any]]]]:
     """A due-time waker whose listener is up; yields the Procrastinate notifications it hands
     on, as (channel, payload)."""
-    from orchestrator.database import create_pool
-    from orchestrator.store import JobStore
-    from orchestrator.worker import DueTimeWaker
-
     heard: list[tuple[str, dict[str, Any]]] = []
 
-    async def notified(channel: str, payload: str) -> None:
-        heard.append((channel, json.loads(payload)))
+    def notified(channel: str, notification: dict[str, Any]) -> None:
+        heard.append((channel, notification))
 
     pool = create_pool(dsn, min_size=1, max_size=2)
     await pool.open()
-    waker = DueTimeWaker(
-        dsn=dsn, store=JobStore(pool), wake=lambda: None, refresh_interval=30, notified=notified
+    waker = Wakeups(
+        dsn=dsn,
+        liveness=Stores.on(pool).liveness,
+        wake=lambda: None,
+        refresh_interval=30,
+        notified=notified,
     )
     task = asyncio.create_task(waker.run())
     try:
@@ -220,9 +244,7 @@ async def test_a_malformed_notification_does_not_stop_the_listener(
 async def test_a_quiet_listener_checks_its_connection_and_comes_back_when_it_is_lost(
     dsn: str, db: psycopg.AsyncConnection[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator import worker
-
-    monkeypatch.setattr(worker, "LISTEN_CHECK_SECONDS", 0.1)
+    monkeypatch.setattr(wakeups, "LISTEN_CHECK_SECONDS", 0.1)
 
     async def checked(pid: int | None = None) -> bool:
         cur = await db.execute(
@@ -250,7 +272,7 @@ async def test_a_cancel_reaches_a_running_job_through_the_listener_not_the_abort
 ) -> None:
     # Procrastinate polls for abort requests every 5 s, from the worker's start; its own
     # listener is off, so a prompt abort shows that the waker handed the request on.
-    orc = make_orc()
+    orc = make_orc(retry_config=config_with(scripted.TABLE))
     scripted.register(orc)
     async with WorkerRun(orc):
         job_id = await orc.submit("scripted", {"script": ["block"]})
@@ -258,7 +280,7 @@ async def test_a_cancel_reaches_a_running_job_through_the_listener_not_the_abort
         await orc.cancel(job_id, reason="stop")
 
         async def attempt_gone() -> bool:
-            return job_id not in orc.runner.running_jobs()
+            return job_id not in orc.running_jobs()
 
         await wait_for(attempt_gone, timeout=1.5)
     assert (await orc.get_job(job_id)).status is Status.CANCELLED

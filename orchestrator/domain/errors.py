@@ -1,0 +1,183 @@
+"""Every exception the orchestrator raises or understands, in one tree.
+
+ConfigError                        CONFIG_INVALID, a ValueError, defined by retry_config (which
+                                   cannot depend on this package): the retry config, a setting or
+                                   a target that cannot be used; the message names what and where
+
+OrchestratorError                  base; every subclass carries a stable ``code``
+├── SubmitError                    a submit was refused; nothing was stored
+│   ├── UnknownJobType
+│   └── InvalidPayload
+├── JobNotFound
+├── InvalidTransition              WF_STATE_TRANSITION_INVALID; nothing was changed
+├── StaleLease                     a write from an attempt whose lease was superseded
+├── DeadLetterError                a dead-letter action that does not apply
+├── MigrationError
+├── SchemaOutdated                 the database is not migrated to this version
+├── DatabaseUnavailable            the database cannot be reached (the server's reason)
+├── TransactionConflict            the database rolled a transaction back (a deadlock or a
+│                                  serialization failure): nothing of it was kept; run it again
+└── TimedOut                       also a TimeoutError; TRANSIENT_APP (the timeout tree)
+    ├── StepTimedOut               a checkpointed step overran: retried from the last checkpoint
+    ├── CallTimedOut               one call overran its (per-tool) limit
+    └── StreamStalled              a stream sent nothing for its inter-chunk timeout
+
+JobSignal                          raised *by task code* to steer the outcome of an attempt
+├── RetryLater(delay)              TRANSIENT_APP, retry after ``delay`` seconds (capped)
+├── PermanentError                 PERMANENT: no retry at either layer
+└── InvalidOutput                  INVALID_OUTPUT: terminal, the output is kept in last_error
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from retry_config import ConfigError as ConfigError  # re-exported: one class for every config error
+
+
+class OrchestratorError(Exception):
+    code = "ORC_ERROR"
+
+
+class SubmitError(OrchestratorError):
+    code = "SUBMIT_REJECTED"
+
+
+class UnknownJobType(SubmitError):
+    code = "JOB_TYPE_UNKNOWN"
+
+    def __init__(self, job_type: str, known: list[str]) -> None:
+        self.job_type = job_type
+        super().__init__(
+            f"unknown job type {job_type!r}; registered types: {', '.join(sorted(known)) or 'none'}"
+        )
+
+
+class InvalidPayload(SubmitError):
+    code = "PAYLOAD_INVALID"
+
+    def __init__(self, job_type: str, detail: str) -> None:
+        self.job_type = job_type
+        super().__init__(f"invalid payload for job type {job_type!r}: {detail}")
+
+
+class JobNotFound(OrchestratorError):
+    code = "JOB_NOT_FOUND"
+
+    def __init__(self, job_id: object) -> None:
+        self.job_id = job_id
+        super().__init__(f"no job with id {job_id}")
+
+
+class InvalidTransition(OrchestratorError):
+    code = "WF_STATE_TRANSITION_INVALID"
+
+    def __init__(self, job_id: object, source: str, target: str) -> None:
+        self.job_id, self.source, self.target = job_id, source, target
+        super().__init__(f"{self.code}: job {job_id} cannot go from {source} to {target}")
+
+
+class StaleLease(OrchestratorError):
+    code = "WF_LEASE_STALE"
+
+    def __init__(self, job_id: object, lease_token: object) -> None:
+        self.job_id, self.lease_token = job_id, lease_token
+        super().__init__(
+            f"{self.code}: job {job_id} is no longer leased by attempt {lease_token}; "
+            "write rejected"
+        )
+
+
+class DeadLetterError(OrchestratorError):
+    code = "DLQ_ACTION_INVALID"
+
+
+class ApprovalError(OrchestratorError):
+    code = "APPROVAL_INVALID"
+
+
+class MigrationError(OrchestratorError):
+    code = "MIGRATION_FAILED"
+
+
+class SchemaOutdated(OrchestratorError):
+    """The database lacks this version's schema (or any): ``orchestrator migrate`` brings it."""
+
+    code = "SCHEMA_OUTDATED"
+
+
+class DatabaseUnavailable(OrchestratorError):
+    """The database cannot be reached; the message carries the server's (or the network's)
+    own reason."""
+
+    code = "DATABASE_UNAVAILABLE"
+
+    def __init__(self, reason: object) -> None:
+        super().__init__(f"cannot reach the database: {' '.join(str(reason).split())}")
+
+
+class TransactionConflict(OrchestratorError):
+    """The database rolled a transaction back to break a deadlock or a serialization failure
+    (SQLSTATE 40P01, 40001). Nothing it wrote was kept, so running it again is safe: the
+    orchestrator does so itself for a statement it runs alone (orchestrator.storage.runner);
+    raised when that kept failing, or when the transaction was the caller's."""
+
+    code = "DATABASE_CONFLICT"
+
+    def __init__(self, reason: object) -> None:
+        super().__init__(
+            f"the database rolled the transaction back ({' '.join(str(reason).split())}); "
+            "nothing of it was kept: run it again"
+        )
+
+
+class TimedOut(OrchestratorError, TimeoutError):
+    code = "TIMEOUT"
+
+
+class StepTimedOut(TimedOut):
+    code = "STEP_TIMEOUT"
+
+    def __init__(self, step: int, seconds: float) -> None:
+        self.step, self.seconds = step, seconds
+        super().__init__(f"Step {step} timed out after {seconds:g} seconds")
+
+
+class CallTimedOut(TimedOut):
+    code = "CALL_TIMEOUT"
+
+    def __init__(self, what: str, seconds: float) -> None:
+        self.what, self.seconds = what, seconds
+        super().__init__(f"{what} timed out after {seconds:g} seconds")
+
+
+class StreamStalled(TimedOut):
+    code = "STREAM_STALLED"
+
+    def __init__(self, what: str, seconds: float) -> None:
+        self.what, self.seconds = what, seconds
+        super().__init__(f"{what} sent nothing for {seconds:g} seconds: stream stalled")
+
+
+class JobSignal(Exception):
+    """Base for exceptions a task raises on purpose to choose its outcome."""
+
+
+class RetryLater(JobSignal):
+    def __init__(self, delay: float, message: str = "retry requested by the task") -> None:
+        if delay < 0:
+            raise ValueError("RetryLater delay must be >= 0 seconds")
+        self.delay = delay
+        super().__init__(message)
+
+
+class PermanentError(JobSignal):
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+class InvalidOutput(JobSignal):
+    def __init__(self, message: str, *, output: Any = None) -> None:
+        self.output = output
+        super().__init__(message)

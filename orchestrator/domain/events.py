@@ -1,0 +1,233 @@
+"""The one place where event payloads and ``last_error`` are shaped.
+
+Every job's history (``orc_job_events``) is written from these functions, whichever path writes
+it, so the same kind always has the same keys (docs/contracts.md has the table, and a test holds
+real events to it). The counters an event reports are named apart, so that no rule misreads
+them: ``attempt`` counts every claim of the job (never reset); ``run`` and ``max_runs`` are the
+current dispatch's infrastructure runs and their budget; ``retry_count`` and ``max_retries`` the
+application retries and theirs. ``run_id`` is the attempt's lease token, ``worker`` the process
+that held it (each event row also has ``job_id``, ``kind`` and ``at``):
+
+    job.created          {job_type, queue, run_at, max_runs, max_retries, job_key, trace_id,
+                          tenant_id}   (shaped by the submit statement: orc_created_event_v1)
+    job.replaced         {job_key, mode, revision, tenant_id}  a keyed submit replaced a waiting job
+    job.key_revoked      {job_key, replaced_by}              ... or took the key from a running one
+    job.running          {attempt, run, max_runs, retry_count, max_retries, worker, run_id}
+                         (shaped by the claim statement: orc_claim_v1)
+    job.completed        {attempt, run, run_id, worker, duration_ms}
+    job.failed           {terminal, attempt, run, max_runs, retry_count, max_retries, run_id,
+                          worker, layer, backoff_ms, error, dead_letter_id}
+    job.retry_scheduled  {attempt, run, max_runs, retry_count, max_retries, run_id, worker,
+                          layer, backoff_ms, available_at}
+    job.dead_lettered    {dead_letter_id}                    always just before a terminal failed
+    job.degraded         {action, message, dead_letter_id, fallback? content?
+                          escalation_job_id?}                just after it
+    job.interrupted      {attempt, run, run_id, worker, reason}   handed back, no budget used
+    job.cancelled        {reason, by}
+    job.redispatched     {lost_procrastinate_job_id, lost_procrastinate_status}
+    job.zombie_detected  {attempt, worker, last_heartbeat, threshold_seconds, reason}
+    job.checkpointed     {step, final, effects_committed}   (shaped by write_checkpoint)
+    job.waiting_approval {approval_id, step, question, expires_at, notice_job_id}
+    job.approved | job.rejected | job.approval_expired   {approval_id, step, decided_by, reason,
+                                                          on_reject}
+
+``error`` is ``{message, code, classification}``. On a retry ``layer`` and ``backoff_ms`` say how
+and ``dead_letter_id`` is null; on a terminal failure it is the reverse. Known secrets are
+redacted from every message and stack (orchestrator.domain.secrets) before anything is stored.
+The SQL adds what only the database knows at the moment of the write: ``retry_count`` and
+``available_at`` of a retry, and ``dead_letter_id``.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+from pydantic_core import to_jsonable_python
+
+from orchestrator.domain.classification import Classified, ErrorClass
+from orchestrator.domain.models import Claim, JobState
+from orchestrator.domain.policy import Layer
+from orchestrator.domain.secrets import redact, redact_json
+
+MAX_MESSAGE = 2_000
+MAX_STACK = 8_000
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What went wrong, as it is stored: from an exception, or stated by the orchestrator itself
+    (a zombie, a rejected approval), which has no stack."""
+
+    message: str
+    code: str
+    classification: ErrorClass
+    stack: str | None = None
+    output: Any = None  # the rejected output of an INVALID_OUTPUT failure
+
+    @classmethod
+    def of(cls, exc: BaseException, classified: Classified, *, output: Any = None) -> Fault:
+        return cls(
+            message=redact(message_of(exc)),
+            code=classified.code,
+            classification=classified.error_class,
+            stack=redact(stack_of(exc)),
+            output=output,
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """The ``error`` of a ``job.failed`` event, and of a failed ledger entry."""
+        return {
+            "message": self.message,
+            "code": self.code,
+            "classification": self.classification.value,
+        }
+
+
+def error_summary(exc: BaseException, classified: Classified) -> dict[str, Any]:
+    return Fault.of(exc, classified).summary()
+
+
+def counters(job: JobState) -> dict[str, Any]:
+    """Where a job stands, as every attempt-related event and ``last_error`` report it."""
+    return {
+        "attempt": job.attempt,
+        "run": job.dispatch_attempt,
+        "max_runs": job.max_attempts,
+        "retry_count": job.retry_count,
+        "max_retries": job.max_retries,
+    }
+
+
+def holder(job: JobState) -> dict[str, Any]:
+    """Which attempt: its lease token and its worker (null for a job no attempt held)."""
+    return {
+        "run_id": str(job.lease_token) if job.lease_token else None,
+        "worker": job.locked_by,
+    }
+
+
+def last_error(
+    job: JobState,
+    fault: Fault,
+    *,
+    terminal: bool,
+    backoff_ms: float | None = None,
+    next_available_at: datetime | None = None,
+) -> dict[str, Any]:
+    """``last_error`` (the worker contract's failure payload, plus the classification)."""
+    return {
+        **fault.summary(),
+        "ts": datetime.now(UTC).isoformat(),
+        "stack": fault.stack,
+        **counters(job),
+        "terminal": terminal,
+        "backoff_ms": backoff_ms,
+        "next_available_at": next_available_at.isoformat() if next_available_at else None,
+        "output": (
+            redact_json(to_jsonable_python(fault.output, fallback=repr))
+            if fault.output is not None
+            else None
+        ),
+    }
+
+
+def failed(
+    job: JobState,
+    fault: Fault,
+    *,
+    terminal: bool,
+    layer: Layer | None = None,
+    backoff_ms: float | None = None,
+) -> dict[str, Any]:
+    """``job.failed``: a failure, retried (``layer`` and ``backoff_ms`` say how) or terminal
+    (the SQL that writes it adds its ``dead_letter_id``)."""
+    return {
+        "terminal": terminal,
+        **counters(job),
+        **holder(job),
+        "layer": layer.value if layer is not None else None,
+        "backoff_ms": round(backoff_ms, 3) if backoff_ms is not None else None,
+        "error": fault.summary(),
+        "dead_letter_id": None,
+    }
+
+
+def retry_scheduled(job: JobState, layer: Layer, backoff_ms: float) -> dict[str, Any]:
+    """``job.retry_scheduled`` (the SQL adds ``retry_count`` after the retry and
+    ``available_at``)."""
+    return {
+        **counters(job),
+        **holder(job),
+        "layer": layer.value,
+        "backoff_ms": round(backoff_ms, 3),
+    }
+
+
+def completed(claim: Claim, duration_ms: float) -> dict[str, Any]:
+    return {
+        "attempt": claim.attempt,
+        "run": claim.dispatch_attempt,
+        **holder(claim),
+        "duration_ms": round(duration_ms, 3),
+    }
+
+
+def interrupted(claim: Claim, reason: str) -> dict[str, Any]:
+    return {
+        "attempt": claim.attempt,
+        "run": claim.dispatch_attempt,
+        **holder(claim),
+        "reason": reason,
+    }
+
+
+def cancelled(reason: str, by: str) -> dict[str, Any]:
+    return {"reason": reason, "by": by}
+
+
+def zombie_detected(
+    job: JobState, *, last_heartbeat: datetime, threshold: float, reason: str
+) -> dict[str, Any]:
+    return {
+        "attempt": job.attempt,
+        "worker": job.locked_by,
+        "last_heartbeat": last_heartbeat.isoformat(),
+        "threshold_seconds": threshold,
+        "reason": reason,
+    }
+
+
+def redispatched(lost_dispatch_id: int | None, lost_status: str | None) -> dict[str, Any]:
+    return {"lost_procrastinate_job_id": lost_dispatch_id, "lost_procrastinate_status": lost_status}
+
+
+def maintenance_failed(service: str, error: str, code: str) -> dict[str, Any]:
+    """A maintenance service could not handle this job; it went on with the others, and tries
+    this one again at its next run."""
+    return {"service": service, "error": error, "code": code}
+
+
+def approval_decided(
+    approval_id: UUID, *, step: int, by: str, reason: str, on_reject: str
+) -> dict[str, Any]:
+    return {
+        "approval_id": str(approval_id),
+        "step": step,
+        "decided_by": by,
+        "reason": reason,
+        "on_reject": on_reject,
+    }
+
+
+def message_of(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
+
+
+def stack_of(exc: BaseException) -> str:
+    text = "".join(traceback.format_exception(exc))
+    return text if len(text) <= MAX_STACK else "…" + text[-(MAX_STACK - 1) :]

@@ -1,0 +1,152 @@
+"""Typed views of what the database holds: jobs, their events, dead letters, errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+from orchestrator.domain.classification import ErrorClass
+from orchestrator.domain.states import Status
+
+
+class _Row(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class LastError(_Row):
+    """``last_error`` of a job: the failure payload of docs/contracts.md ("Failures"), the same
+    keys whichever path wrote it (an attempt, the zombie sweep, an approval's rejection or
+    expiry). Rows written by older versions may lack ``run``, ``retry_count``,
+    ``max_retries``."""
+
+    ts: datetime
+    message: str
+    code: str
+    classification: ErrorClass
+    stack: str | None = None
+    attempt: int
+    run: int | None = None
+    #: The current dispatch's run budget (``max_attempts`` in rows written before it was named
+    #: apart from ``attempt``).
+    max_runs: int | None = Field(None, validation_alias=AliasChoices("max_runs", "max_attempts"))
+    retry_count: int | None = None
+    max_retries: int | None = None
+    terminal: bool
+    backoff_ms: float | None = None
+    next_available_at: datetime | None = None
+    output: Any = None  # the rejected output of an INVALID_OUTPUT failure
+
+
+class Job(_Row):
+    id: UUID
+    job_type: str
+    status: Status
+    payload: Any
+    result: Any = None
+    queue: str
+    priority: int
+    run_at: datetime
+    attempt: int
+    max_attempts: int
+    dispatch_attempt: int
+    retry_count: int
+    max_retries: int
+    next_retry_at: datetime | None
+    heartbeat_at: datetime | None
+    lease_token: UUID | None
+    locked_by: str | None
+    procrastinate_job_id: int | None
+    last_error: LastError | None
+    job_key: str | None
+    #: Later submits with this job's key (Graphile Worker's ``revision``), 0 for none.
+    revision: int = 0
+    agent_id: str | None
+    trace_id: str
+    tenant_id: str | None
+    #: The W3C trace context its attempts continue: its submit's span (docs/operations.md).
+    traceparent: str | None = None
+    timeout_seconds: int | None
+    replay_of: UUID | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class JobEvent(_Row):
+    id: int
+    job_id: UUID
+    kind: str
+    at: datetime
+    payload: dict[str, Any]
+
+
+class DeadLetter(_Row):
+    id: UUID
+    job_id: UUID
+    job_type: str
+    payload: Any
+    error: LastError
+    #: The job's tenant, copied when the letter was written.
+    tenant_id: str | None
+    state: str
+    requeued_job_id: UUID | None
+    discard_reason: str | None
+    discard_requested_by: str | None
+    discarded_by: str | None
+    created_at: datetime
+    resolved_at: datetime | None
+
+
+class JobState(_Row):
+    """A job as it stands when something happens to it: its counters and who holds it. Every
+    failure payload reports these (``orchestrator.domain.events``), whichever path wrote it."""
+
+    id: UUID
+    job_type: str
+    tenant_id: str | None
+    payload: Any
+    attempt: int
+    max_attempts: int
+    dispatch_attempt: int
+    retry_count: int
+    max_retries: int
+    lease_token: UUID | None
+    locked_by: str | None
+
+
+class Claim(JobState):
+    """What one run of a job holds after claiming it: the lease fences all its writes."""
+
+    lease_token: UUID
+    locked_by: str
+    queue: str
+    priority: int
+    timeout_seconds: int | None
+    trace_id: str
+    agent_id: str | None
+    started_at: datetime
+    traceparent: str | None = None  # where its attempt's span hangs (orchestrator.runtime.tracing)
+
+    @property
+    def fence(self) -> Fence:
+        return Fence(self.id, self.lease_token, self.attempt)
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Which attempt is writing: the job and the lease it holds (every write it makes names
+    them, so a superseded attempt's writes match nothing)."""
+
+    job_id: UUID
+    lease_token: UUID
+    attempt: int
+
+
+class SubmitResult(_Row):
+    job_id: UUID
+    outcome: str  # created | replaced | deduplicated

@@ -1,0 +1,80 @@
+"""What happens after an attempt fails: one pure decision, shared by the runtime and the tests.
+
+The runtime classifies the exception, then asks :func:`decide`; it never computes a delay or
+checks a budget anywhere else (the retry owner computes the delay; docs/contracts.md).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from enum import StrEnum
+
+from orchestrator.domain.backoff import app_delay_ms, graphile_delay_seconds, graphile_retries_left
+from orchestrator.domain.classification import Classified, ErrorClass
+from retry_config import BackoffConfig
+
+
+class Layer(StrEnum):
+    APP = "app"
+    INFRA = "infra"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The counters an attempt is judged against."""
+
+    retry_count: int  # application retries already used
+    max_retries: int
+    run: int  # 1-based run of the current dispatch (Procrastinate's attempts + 1)
+    max_attempts: int  # runs a dispatch may take (the type's worker_max_attempts)
+
+
+@dataclass(frozen=True)
+class Retry:
+    layer: Layer
+    delay_ms: float
+
+
+@dataclass(frozen=True)
+class Fail:
+    reason: str
+
+
+#: What to do after a failure: retry it (at which layer, after how long) or fail the job.
+Verdict = Retry | Fail
+
+
+def decide(
+    classified: Classified,
+    budget: Budget,
+    backoff: BackoffConfig,
+    rng: random.Random | None = None,
+) -> Verdict:
+    match classified.error_class:
+        case ErrorClass.TRANSIENT_INFRA:
+            if graphile_retries_left(budget.run, budget.max_attempts):
+                return Retry(Layer.INFRA, graphile_delay_seconds(budget.run) * 1_000)
+            runs = f"{budget.run}/{budget.max_attempts} runs"
+            return Fail(f"infrastructure retries exhausted ({runs})")
+        case ErrorClass.TRANSIENT_APP:
+            if has_app_budget(budget.retry_count, budget.max_retries):
+                delay = app_delay_ms(
+                    budget.retry_count + 1,
+                    backoff,
+                    server_hint_seconds=classified.retry_after,
+                    rng=rng,
+                )
+                return Retry(Layer.APP, delay)
+            return Fail(f"retry budget exhausted ({budget.retry_count}/{budget.max_retries})")
+        case ErrorClass.PERMANENT:
+            return Fail("permanent error")
+        case ErrorClass.INVALID_OUTPUT:
+            return Fail("invalid output")
+    raise ValueError(f"{classified.error_class} is not a failure class")
+
+
+def has_app_budget(retry_count: int, max_retries: int) -> bool:
+    """Retry while ``retry_count < max_retries`` (3 retries, 4 runs at most: docs/contracts.md,
+    "The budget rule")."""
+    return retry_count < max_retries

@@ -1,0 +1,80 @@
+"""The job state machine, declared once as data.
+
+Every status write in the project is a conditional UPDATE whose ``WHERE status = ANY(...)``
+comes from :data:`TRANSITIONS` (see :func:`sources_of`), and ``orchestrator migrate`` copies
+the same table into ``orc_state_transitions``, where a trigger rejects any other status change,
+including one made by hand in SQL. Nothing else may list transitions.
+
+    PENDING ──► RUNNING ──► COMPLETED
+       │         │ ▲ │
+       │         │ │ └──► FAILED          (permanent, invalid output, budget spent)
+       │         ▼ │
+       │        RETRY                    (visible backoff, app or infra layer)
+       │         │
+       │         └──► WAITING_APPROVAL ──► PENDING (approved, or rejected down the task's
+       │                                   rejection path) | FAILED (rejected, expired)
+       ▼
+    CANCELLED ◄── PENDING | RETRY | RUNNING | WAITING_APPROVAL
+
+RUNNING → PENDING is the hand-back of a drained or interrupted attempt: it costs no retry budget,
+and neither does resuming after an approval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+
+
+class Status(StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    RETRY = "RETRY"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    WAITING_APPROVAL = "WAITING_APPROVAL"
+
+
+TRANSITIONS: Mapping[Status, frozenset[Status]] = {
+    Status.PENDING: frozenset({Status.RUNNING, Status.CANCELLED}),
+    Status.RUNNING: frozenset(
+        {
+            Status.COMPLETED,
+            Status.RETRY,
+            Status.FAILED,
+            Status.CANCELLED,
+            Status.PENDING,
+            Status.WAITING_APPROVAL,
+        }
+    ),
+    Status.RETRY: frozenset({Status.RUNNING, Status.CANCELLED}),
+    Status.WAITING_APPROVAL: frozenset({Status.PENDING, Status.FAILED, Status.CANCELLED}),
+    Status.COMPLETED: frozenset(),
+    Status.FAILED: frozenset(),
+    Status.CANCELLED: frozenset(),
+}
+
+TERMINAL: frozenset[Status] = frozenset(s for s, targets in TRANSITIONS.items() if not targets)
+CLAIMABLE: frozenset[Status] = frozenset(s for s, t in TRANSITIONS.items() if Status.RUNNING in t)
+
+
+def is_legal(source: Status, target: Status) -> bool:
+    return target in TRANSITIONS[source]
+
+
+def sources_of(target: Status) -> list[str]:
+    """The statuses a job may be in for a write to ``target`` to apply (sorted, for SQL)."""
+    return sorted(s.value for s, targets in TRANSITIONS.items() if target in targets)
+
+
+def transition_rows() -> list[tuple[str, str]]:
+    """Every legal (from, to) pair: the rows ``migrate`` writes to ``orc_state_transitions``."""
+    return sorted((s.value, t.value) for s, targets in TRANSITIONS.items() for t in targets)
+
+
+def illegal_pairs() -> list[tuple[str, str]]:
+    """Every (from, to) pair the state machine refuses (a status to itself is no transition)."""
+    return sorted(
+        (s.value, t.value) for s in Status for t in Status if t != s and not is_legal(s, t)
+    )

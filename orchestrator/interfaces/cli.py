@@ -1,0 +1,590 @@
+"""``orchestrator``: the command line.
+
+Every command works on an application (``--app module:attribute``, or ``ORCHESTRATOR_APP``;
+default ``tasks.app:orc``, the built-in job types), except ``db``, which looks at the embedded
+server only. A user mistake, argparse's included, prints one ``error:`` line and exits 2; an
+unreachable database exits 1; nothing prints a traceback for either. Output cut short by its
+reader (``orchestrator jobs | head -1``) ends the command quietly with 141, as SIGPIPE would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+import psycopg
+from pydantic import ValidationError
+
+import retry_config
+from orchestrator.app import Orchestrator
+from orchestrator.domain.errors import DatabaseUnavailable, OrchestratorError
+from orchestrator.domain.states import Status
+from orchestrator.interfaces import render
+from orchestrator.runtime import logs
+from orchestrator.settings import Settings
+from orchestrator.storage.database import describe_database
+from orchestrator.storage.embedded import Embedded
+
+DEFAULT_APP = "tasks.app:orc"
+MAX_LIMIT = 100_000  # rows a list command prints at most
+DEAD_LETTER_STATES = ["recorded", "discard_requested", "requeued", "discarded"]
+APPROVAL_STATUSES = ["pending", "approved", "rejected", "expired", "cancelled", "all"]
+
+
+class UsageError(Exception):
+    """A mistake in what the user typed."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    for argument in arguments:
+        if not _is_utf8(argument):
+            print(
+                f"error: an argument is not UTF-8 text: {os.fsencode(argument)!r}", file=sys.stderr
+            )
+            return 2
+    args = build_parser().parse_args(arguments)
+    try:
+        _log_to_stderr(args)
+        result: int = args.handler(args)
+        sys.stdout.flush()  # a reader that went away shows here, not at the interpreter's exit
+        return result
+    except DatabaseUnavailable as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    except ValidationError as exc:
+        for problem in _invalid(exc):
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
+    except (UsageError, OrchestratorError, retry_config.ConfigError) as exc:
+        for problem in str(exc).splitlines() or [type(exc).__name__]:  # one problem per line
+            print(f"error: {_one_line(problem)}", file=sys.stderr)
+        return 2
+    except psycopg.OperationalError as exc:
+        print(f"error: cannot reach the database: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # What is still buffered goes nowhere, so the interpreter's exit cannot fail on it.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except KeyboardInterrupt:
+        return 130
+
+
+def _log_to_stderr(args: argparse.Namespace) -> None:
+    """Records go to stderr, secrets redacted, from WARNING up (INFO with ``-v``). A worker (and
+    the exporter) says what it does (its start, each job's outcome) in
+    ``ORCHESTRATOR_LOG_FORMAT``, read before its application is imported: importing it may log
+    already."""
+    server = args.command in ("worker", "exporter")
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING)
+    if server:
+        logging.getLogger("orchestrator").setLevel(logging.INFO)
+    log_format = Settings().log_format if server else "text"
+    for handler in logging.getLogger().handlers:
+        logs.prepare(handler, log_format)
+
+
+def _invalid(exc: ValidationError) -> list[str]:
+    """One line per problem; a setting is named as it is set, ``ORCHESTRATOR_...``."""
+    problems = []
+    for error in exc.errors(include_url=False):
+        message = _one_line(error["msg"]).removeprefix("Value error, ")
+        if not error["loc"]:  # the model as a whole: its message names the fields
+            problems.append(f"{exc.title}: {message}")
+            continue
+        where = ".".join(str(part) for part in error["loc"])
+        if exc.title == "Settings":
+            where = "DATABASE_URL" if where == "database_url" else f"ORCHESTRATOR_{where.upper()}"
+        problems.append(f"{where}: {message} (got {error['input']!r})")
+    return problems
+
+
+def _is_utf8(argument: str) -> bool:
+    """False for an argument holding bytes that are not UTF-8 (Python keeps them as lone
+    surrogates, which nothing downstream could print or store)."""
+    try:
+        argument.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _one_line(what: object) -> str:
+    return " ".join(str(what).split()) or type(what).__name__
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors on one line like every other mistake."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {_one_line(message)} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="orchestrator", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--app",
+        default=os.environ.get("ORCHESTRATOR_APP", DEFAULT_APP),
+        help=f"the Orchestrator to use, as module:attribute (default {DEFAULT_APP})",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    cmd = commands.add_parser("migrate", help="apply Procrastinate's and our schema migrations")
+    cmd.set_defaults(handler=cmd_migrate)
+
+    cmd = commands.add_parser("worker", help="run a worker until SIGTERM/SIGINT")
+    cmd.add_argument(
+        "--concurrency", type=_whole(1, 100_000), help="jobs run at once (default from settings)"
+    )
+    cmd.add_argument("--queues", type=_csv, help="comma-separated queues to listen to")
+    cmd.add_argument("--job-types", type=_csv, help="comma-separated job types to run")
+    cmd.add_argument("--name", help="worker name, for logs")
+    cmd.add_argument(
+        "--migrate", action="store_true", help="apply the schema migrations first (as migrate)"
+    )
+    cmd.set_defaults(handler=cmd_worker)
+
+    cmd = commands.add_parser(
+        "exporter", help="serve the fleet's metrics, read from the database (one per fleet)"
+    )
+    cmd.add_argument("--port", type=_whole(1, 65535), help="default: ORCHESTRATOR_EXPORTER_PORT")
+    cmd.set_defaults(handler=cmd_exporter)
+
+    cmd = commands.add_parser("submit", help="submit a job and print its id")
+    cmd.add_argument("job_type")
+    cmd.add_argument("--payload", default="null", help="the payload, as JSON")
+    cmd.add_argument("--run-at", type=_datetime, help="ISO 8601 time with a timezone")
+    cmd.add_argument("--priority", type=int, default=0, help="lower runs first (Graphile)")
+    cmd.add_argument("--queue")
+    cmd.add_argument("--max-retries", type=int)
+    cmd.add_argument("--job-key")
+    cmd.add_argument(
+        "--job-key-mode", default="replace", choices=["replace", "preserve_run_at", "unsafe_dedupe"]
+    )
+    cmd.add_argument("--timeout-seconds", type=int)
+    cmd.add_argument("--agent-id")
+    cmd.add_argument("--tenant", help="the tenant the job belongs to (default: none)")
+    cmd.set_defaults(handler=cmd_submit)
+
+    cmd = commands.add_parser("status", help="one job: state, counters, last error, history")
+    cmd.add_argument("job_id")
+    cmd.set_defaults(handler=cmd_status)
+
+    cmd = commands.add_parser("jobs", help="list jobs, newest first")
+    cmd.add_argument("--status", type=str.upper, choices=[s.value for s in Status])
+    cmd.add_argument("--type", dest="job_type")
+    cmd.add_argument("--tenant", help="only this tenant's jobs")
+    cmd.add_argument("--limit", type=_whole(1, MAX_LIMIT), default=50)
+    cmd.set_defaults(handler=cmd_jobs)
+
+    cmd = commands.add_parser("cancel", help="cancel a job that has not finished")
+    cmd.add_argument("job_id")
+    cmd.add_argument("--reason", default="")
+    cmd.add_argument("--by", default=os.environ.get("USER", "cli"))
+    cmd.set_defaults(handler=cmd_cancel)
+
+    config = commands.add_parser("config", help="the retry config").add_subparsers(
+        dest="config_command", required=True, metavar="ACTION"
+    )
+    cmd = config.add_parser("validate", help="check a retry config file")
+    cmd.add_argument("path", nargs="?", type=Path, help="default: the configured file")
+    cmd.set_defaults(handler=cmd_config_validate)
+    cmd = config.add_parser("show", help="print the effective config (of one type)")
+    cmd.add_argument("job_type", nargs="?")
+    cmd.set_defaults(handler=cmd_config_show)
+
+    dlq = commands.add_parser("dlq", help="dead letters").add_subparsers(
+        dest="dlq_command", required=True, metavar="ACTION"
+    )
+    cmd = dlq.add_parser("list", help="list dead letters, newest first")
+    cmd.add_argument("--state", type=str.lower, choices=DEAD_LETTER_STATES)
+    cmd.add_argument("--tenant", help="only this tenant's dead letters")
+    cmd.add_argument("--limit", type=_whole(1, MAX_LIMIT), default=50)
+    cmd.set_defaults(handler=cmd_dlq_list)
+    cmd = dlq.add_parser("show", help="one dead letter: its job, error, review and payload")
+    cmd.add_argument("dead_letter_id")
+    cmd.set_defaults(handler=cmd_dlq_show)
+    cmd = dlq.add_parser("requeue", help="submit a new job from a dead letter")
+    cmd.add_argument("dead_letter_id")
+    cmd.set_defaults(handler=cmd_dlq_requeue)
+    cmd = dlq.add_parser(
+        "discard", help="request (with --reason) or confirm (by a second reviewer) a discard"
+    )
+    cmd.add_argument("dead_letter_id")
+    cmd.add_argument("--by", required=True, help="the reviewer")
+    cmd.add_argument("--reason", help="why (required to request)")
+    cmd.set_defaults(handler=cmd_dlq_discard)
+
+    approvals = commands.add_parser("approvals", help="approval gates").add_subparsers(
+        dest="approvals_command", required=True, metavar="ACTION"
+    )
+    cmd = approvals.add_parser("list", help="list approvals (pending ones by default)")
+    cmd.add_argument("--status", default="pending", type=str.lower, choices=APPROVAL_STATUSES)
+    cmd.add_argument("--limit", type=_whole(1, MAX_LIMIT), default=50)
+    cmd.set_defaults(handler=cmd_approvals_list)
+    for action in ("approve", "reject"):
+        cmd = approvals.add_parser(action, help=f"{action} a waiting step")
+        cmd.add_argument("approval_id")
+        cmd.add_argument("--by", required=True, help="who decides")
+        cmd.add_argument("--reason", default="", required=action == "reject", help="why")
+        cmd.set_defaults(handler=cmd_approvals_decide, action=action)
+
+    cmd = commands.add_parser("demo", help="run the demo scenario, in a database of its own")
+    cmd.add_argument(
+        "--real-llm",
+        action="store_true",
+        help="run the agent against Anthropic's API (needs ANTHROPIC_API_KEY) instead of the"
+        " bundled local server",
+    )
+    cmd.add_argument("--model", default="claude-sonnet-4-5", help="the agent's model")
+    cmd.set_defaults(handler=cmd_demo)
+
+    db = commands.add_parser(
+        "db", help="the embedded PostgreSQL (used when DATABASE_URL is unset)"
+    ).add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    cmd = db.add_parser("status", help="whether it runs, where, and which processes use it")
+    cmd.set_defaults(handler=cmd_db_status)
+    cmd = db.add_parser("stop", help="stop it (refused while processes use it, unless --force)")
+    cmd.add_argument(
+        "--force", action="store_true", help="stop it even while processes use it (their"
+        " connections close; a worker waits for the database to come back)",
+    )  # fmt: skip
+    cmd.set_defaults(handler=cmd_db_stop)
+    return parser
+
+
+def _whole(low: int, high: int) -> Callable[[str], int]:
+    def whole(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = low - 1
+        if not low <= number <= high:
+            raise argparse.ArgumentTypeError(
+                f"must be a whole number from {low} to {high}, got {_clip_arg(value)}"
+            )
+        return number
+
+    return whole
+
+
+def _clip_arg(value: str) -> str:
+    return repr(value) if len(value) <= 40 else repr(value[:40]) + "..."
+
+
+def _csv(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def _datetime(value: str) -> datetime:
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {value!r}") from None
+    if parsed.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{value!r} has no timezone (add Z or +00:00)")
+    return parsed
+
+
+def load_app(path: str) -> Orchestrator:
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise UsageError(f"--app must look like module:attribute, got {path!r}")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise UsageError(f"cannot import {module_name!r} for --app: {exc}") from None
+    app = getattr(module, attribute, None)
+    if not isinstance(app, Orchestrator):
+        raise UsageError(f"{path} is not an Orchestrator")
+    return app
+
+
+def _run(args: argparse.Namespace, body: Any) -> int:
+    orc = load_app(args.app)
+
+    async def go() -> int:
+        async with orc:
+            result: int = await body(orc)
+            return result
+
+    return asyncio.run(go())
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    orc = load_app(args.app)
+    print(asyncio.run(orc.migrate()))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Until the worker drains on a signal, a signal ends the process quietly (interfaces.start,
+    the entry point, arranged it before anything was imported)."""
+    orc = load_app(args.app)
+
+    async def go() -> None:
+        if args.migrate:
+            print(await orc.migrate())
+        async with orc:
+            await orc.run_worker(
+                concurrency=args.concurrency, queues=args.queues, job_types=args.job_types,
+                name=args.name,
+            )  # fmt: skip
+
+    asyncio.run(go())
+    return 0
+
+
+def cmd_exporter(args: argparse.Namespace) -> int:
+    """Until SIGTERM/SIGINT, which end it with 0."""
+    orc = load_app(args.app)
+
+    async def go() -> None:
+        async with orc:
+            await orc.run_exporter(port=args.port)
+
+    asyncio.run(go())
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    try:
+        payload = json.loads(args.payload)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--payload is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise UsageError("--payload is nested too deeply to read") from None
+
+    async def body(orc: Orchestrator) -> int:
+        job_id = await orc.submit(
+            args.job_type, payload, run_at=args.run_at, priority=args.priority,
+            queue=args.queue, max_retries=args.max_retries, job_key=args.job_key,
+            job_key_mode=args.job_key_mode, timeout_seconds=args.timeout_seconds,
+            agent_id=args.agent_id, tenant_id=args.tenant,
+        )  # fmt: skip
+        print(job_id)
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    async def body(orc: Orchestrator) -> int:
+        job = await orc.get_job(args.job_id)
+        print(render.describe(job, await orc.job_events(job.id), await orc.job_steps(job.id)))
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    async def body(orc: Orchestrator) -> int:
+        jobs = await orc.list_jobs(
+            status=args.status, job_type=args.job_type, tenant_id=args.tenant, limit=args.limit
+        )
+        for job in jobs:
+            print(render.job_line(job))
+        if not jobs:
+            kind = f" of type {args.job_type}" if args.job_type else ""
+            _nothing(f"no {args.status + ' ' if args.status else ''}jobs{kind}{_of(args.tenant)}")
+        return 0
+
+    return _run(args, body)
+
+
+def _of(tenant: str | None) -> str:
+    return f" for tenant {tenant}" if tenant is not None else ""
+
+
+def _nothing(line: str) -> None:
+    """An empty list says so, on stderr: a script reading stdout sees no rows."""
+    print(line, file=sys.stderr)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    async def body(orc: Orchestrator) -> int:
+        await orc.cancel(args.job_id, reason=args.reason, by=args.by)
+        print(f"cancelled {args.job_id}")
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_config_validate(args: argparse.Namespace) -> int:
+    """The file (default: the configured one), checked against the application's job types."""
+    known = load_app(args.app).known_job_types()
+    config = retry_config.load(args.path or _configured_config_path())
+    config.check_names(known)
+    print(f"{config.path}: ok ({len(config.job_types)} job types)")
+    return 0
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    known = load_app(args.app).known_job_types()
+    config = retry_config.load(_configured_config_path())
+    if args.job_type:
+        if args.job_type not in known:
+            raise UsageError(retry_config.unknown_type(args.job_type, known))
+        shown: dict[str, Any] = config.for_type(args.job_type).model_dump(mode="json")
+    else:
+        shown = {
+            "file": str(config.path),
+            "defaults": config.defaults.model_dump(mode="json"),
+            "job_types": {n: c.model_dump(mode="json") for n, c in config.job_types.items()},
+        }
+    print(json.dumps(shown, indent=2))
+    return 0
+
+
+def _configured_config_path() -> Path | None:
+    from orchestrator.settings import Settings
+
+    return Settings().retry_config
+
+
+def cmd_dlq_list(args: argparse.Namespace) -> int:
+    async def body(orc: Orchestrator) -> int:
+        letters = await orc.dead_letters(state=args.state, tenant_id=args.tenant, limit=args.limit)
+        for letter in letters:
+            print(render.dead_letter_line(letter))
+        if not letters:
+            state = args.state + " " if args.state else ""
+            _nothing(f"no {state}dead letters{_of(args.tenant)}")
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_dlq_show(args: argparse.Namespace) -> int:
+    async def body(orc: Orchestrator) -> int:
+        print(render.describe_dead_letter(await orc.dead_letter(args.dead_letter_id)))
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_dlq_requeue(args: argparse.Namespace) -> int:
+    async def body(orc: Orchestrator) -> int:
+        print(await orc.requeue_dead_letter(args.dead_letter_id))
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_dlq_discard(args: argparse.Namespace) -> int:
+    """With --reason, the first review (the request); without, the second (the confirmation),
+    which only a requested discard can have."""
+
+    async def body(orc: Orchestrator) -> int:
+        if args.reason is not None:
+            await orc.request_discard(args.dead_letter_id, by=args.by, reason=args.reason)
+            print(f"discard requested by {args.by}; a second reviewer must confirm it")
+            return 0
+        letter = await orc.dead_letter(args.dead_letter_id)
+        if letter.state == "recorded":
+            raise UsageError(
+                f"--reason is required: it requests the discard of dead letter {letter.id}, "
+                "which a second reviewer then confirms (without --reason)"
+            )
+        await orc.confirm_discard(letter.id, by=args.by)
+        print(f"discarded (confirmed by {args.by})")
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_approvals_list(args: argparse.Namespace) -> int:
+    async def body(orc: Orchestrator) -> int:
+        status = None if args.status == "all" else args.status
+        approvals = await orc.approvals(status=status, limit=args.limit)
+        for approval in approvals:
+            print(render.approval_line(approval))
+        if not approvals:
+            _nothing(f"no {status + ' ' if status else ''}approvals")
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_approvals_decide(args: argparse.Namespace) -> int:
+    async def body(orc: Orchestrator) -> int:
+        if args.action == "approve":
+            await orc.approve(args.approval_id, by=args.by, reason=args.reason)
+        else:
+            await orc.reject(args.approval_id, by=args.by, reason=args.reason)
+        print(f"{args.action}d {args.approval_id} (by {args.by})")
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The demo is an application of its own (the top-level ``demo`` package): it runs in a
+    process of its own, as ``./dev demo`` runs it."""
+    if args.real_llm and not os.environ.get("ANTHROPIC_API_KEY"):
+        raise UsageError("--real-llm needs ANTHROPIC_API_KEY in the environment")
+    command = [sys.executable, "-m", "demo", "--model", args.model]
+    if args.real_llm:
+        command.append("--real-llm")
+    return subprocess.run(command, check=False).returncode
+
+
+def cmd_db_status(args: argparse.Namespace) -> int:
+    """Exits 0 when the server runs, 3 when it does not (as ``pg_ctl status``)."""
+    settings = Settings()
+    embedded = Embedded(settings.data_dir)
+    if settings.database_url:
+        where = describe_database(settings.database_url)
+        print(f"DATABASE_URL is set: commands use {where}, not the embedded server")
+    server = embedded.running()
+    if server is None:
+        print(f"embedded PostgreSQL: not running (data {embedded.pgdata})")
+        return 3
+    print(f"embedded PostgreSQL: running (pid {server.pid})")
+    print(f"  data:     {embedded.pgdata}")
+    print(f"  socket:   {server.socket_dir}, port {server.port}")
+    users = embedded.users()
+    print(f"  used by:  {len(users)} process(es)" + ("" if users else ": stops within seconds"))
+    for user in users:
+        print(f"    {user.pid}  {render.clip(user.command, 100)}")
+    watchdog = embedded.watchdog()
+    if watchdog is None:
+        print("  watchdog: not running: the server stops only with `orchestrator db stop`")
+    else:
+        print(f"  watchdog: pid {watchdog.pid}: stops the server once no process uses it")
+    return 0
+
+
+def cmd_db_stop(args: argparse.Namespace) -> int:
+    embedded = Embedded(Settings().data_dir)
+    postmaster = embedded.postmaster()
+    if postmaster is not None:
+        with embedded.locked():
+            postmaster = embedded.postmaster()
+            users = embedded.users()
+            if postmaster is not None and users and not args.force:
+                pids = ", ".join(str(user.pid) for user in users)
+                raise UsageError(
+                    f"the embedded PostgreSQL is in use by process(es) {pids} "
+                    "(orchestrator db status); stop them first, or use --force"
+                )
+            if postmaster is not None:
+                embedded.stop(postmaster)
+    print(
+        "embedded PostgreSQL: "
+        + ("not running" if postmaster is None else f"stopped (pid {postmaster})")
+    )
+    return 0

@@ -1,0 +1,159 @@
+"""How the command line (and the demo) shows jobs, their histories and dead letters: as an
+operator wants to read them, one fact per line."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+from orchestrator.domain.models import DeadLetter, Job, JobEvent
+from orchestrator.domain.states import Status
+from orchestrator.storage.rows import ApprovalRecord, StepRecord
+
+
+def describe(job: Job, events: list[JobEvent], steps: list[StepRecord] | None = None) -> str:
+    """One job: its state, counters, schedule, last error, result, history and steps."""
+    now = datetime.now(UTC)
+    lines = [
+        f"job {job.id}  {job.job_type}  {job.status.value}",
+        f"  attempt {job.attempt} (run {job.dispatch_attempt}/{job.max_attempts} of this "
+        f"dispatch), retries {job.retry_count}/{job.max_retries}",
+    ]
+    if job.tenant_id is not None:
+        lines.append(f"  tenant {job.tenant_id}")
+    if job.status is Status.PENDING and job.run_at > now:
+        lines.append(f"  scheduled for {job.run_at.isoformat()} ({_in(job.run_at, now)})")
+    if job.next_retry_at is not None:
+        lines.append(
+            f"  next retry at {job.next_retry_at.isoformat()} ({_in(job.next_retry_at, now)})"
+        )
+    if job.last_error is not None:
+        e = job.last_error
+        lines.append(f"  last error: [{e.classification.value} {e.code}] {first_line(e.message)}")
+    if job.result is not None:
+        lines.append(f"  result: {clip(json.dumps(job.result), 160)}")
+    lines.append("  history:")
+    start = events[0].at if events else None
+    for event in events:
+        offset = (event.at - start).total_seconds() if start else 0.0
+        lines.append(f"    +{offset:8.3f}s  {event.kind:<24} {event_detail(event)}".rstrip())
+    if steps:
+        lines.append("  steps:")
+        lines.extend(f"    {_step_line(row)}" for row in steps)
+    return "\n".join(lines)
+
+
+def job_line(job: Job) -> str:
+    tenant = f"  tenant {job.tenant_id}" if job.tenant_id is not None else ""
+    return (
+        f"{job.id}  {job.job_type:<20} {job.status.value:<10} attempt {job.attempt:<3} "
+        f"retries {job.retry_count}/{job.max_retries}  {job.created_at:%Y-%m-%d %H:%M:%S}{tenant}"
+    )
+
+
+def dead_letter_line(letter: DeadLetter) -> str:
+    tenant = f"tenant {letter.tenant_id}  " if letter.tenant_id is not None else ""
+    return (
+        f"{letter.id}  job {letter.job_id}  {letter.job_type:<20} {letter.state:<18} {tenant}"
+        f"[{letter.error.classification.value} {letter.error.code}] "
+        f"{clip(first_line(letter.error.message), 60)}"
+    )
+
+
+def describe_dead_letter(letter: DeadLetter) -> str:
+    e = letter.error
+    lines = [
+        f"dead letter {letter.id}  {letter.state}",
+        f"  job {letter.job_id}  {letter.job_type}  (orchestrator status {letter.job_id})",
+        f"  error: [{e.classification.value} {e.code}] {first_line(e.message)}",
+        f"  recorded at {letter.created_at.isoformat()}",
+    ]
+    if letter.tenant_id is not None:
+        lines.append(f"  tenant {letter.tenant_id}")
+    if letter.discard_requested_by is not None:
+        lines.append(
+            f"  discard requested by {letter.discard_requested_by}: {letter.discard_reason}"
+        )
+    if letter.discarded_by is not None:
+        lines.append(f"  discarded by {letter.discarded_by}")
+    if letter.requeued_job_id is not None:
+        lines.append(f"  requeued as job {letter.requeued_job_id}")
+    lines.append(f"  payload: {clip(json.dumps(letter.payload), 160)}")
+    return "\n".join(lines)
+
+
+def approval_line(a: ApprovalRecord) -> str:
+    decided = f"  {a['status']} by {a['decided_by']}: {a['reason']}" if a["decided_by"] else ""
+    return (
+        f"{a['id']}  job {a['job_id']}  step {a['step']}  {a['status']:<9} "
+        f"expires {a['expires_at']:%Y-%m-%d %H:%M:%S}  {a['question']}{decided}"
+    )
+
+
+def event_detail(event: JobEvent) -> str:
+    p = event.payload
+    match event.kind:
+        case "job.running":
+            return f"attempt {p['attempt']} on {p['worker']}"
+        case "job.failed":
+            error = p["error"]
+            tail = "terminal" if p["terminal"] else f"{p.get('layer')} retry"
+            message = clip(first_line(error["message"]), 70)
+            return f"{error['classification']} {error['code']}: {message} ({tail})"
+        case "job.retry_scheduled":
+            return f"{p['layer']} backoff {p['backoff_ms'] / 1000:.2f}s, retry {p['retry_count']}"
+        case "job.dead_lettered":
+            return f"dead letter {p['dead_letter_id']}"
+        case "job.degraded":
+            return _degradation(p)
+        case "job.cancelled":
+            return f"by {p['by']}: {p['reason']}" if p["reason"] else f"by {p['by']} (no reason)"
+        case "job.interrupted":
+            return f"attempt {p['attempt']} on {p['worker']}: {p['reason']}"
+        case "job.checkpointed":
+            return f"step {p['step']}" + (" (final)" if p.get("final") else "")
+        case "job.zombie_detected":
+            return f"attempt {p['attempt']} on {p['worker']}: {p['reason']}"
+        case "job.waiting_approval":
+            return f"step {p['step']}: {p['question']}"
+        case "job.approved" | "job.rejected" | "job.approval_expired":
+            return f"by {p['decided_by']}: {p['reason']}"
+    return ""
+
+
+def _degradation(p: dict[str, object]) -> str:
+    """What followed the failure (orchestrator.domain.degradation)."""
+    message = clip(str(p["message"]), 70)
+    match p["action"]:
+        case "notify_human" if p.get("escalation_job_id"):
+            return f"a person is notified (job {p['escalation_job_id']}): {message}"
+        case "notify_human":
+            return f"nobody notified (ORCHESTRATOR_ESCALATION_TARGET is unset): {message}"
+        case "fallback":
+            kept = clip(json.dumps(p.get("content")), 50)
+            return f"fallback {p.get('fallback')}: content kept in this event: {kept}"
+    return message
+
+
+def _step_line(row: StepRecord) -> str:
+    if row["kind"] == "checkpoint":
+        state = clip(json.dumps(row["detail"]), 90)
+        return f"step {row['step']}  checkpoint (attempt {row['attempt']})  {state}"
+    detail = row["detail"]
+    how = "reconciled" if detail.get("reconciled") else f"attempt {row['attempt']}"
+    return (
+        f"step {row['step']}  side effect {row['name']} {row['status']} ({how})  "
+        f"{row['invocation_id']}"
+    )
+
+
+def _in(when: datetime, now: datetime) -> str:
+    return f"in {max(0.0, (when - now).total_seconds()):.1f}s"
+
+
+def first_line(text: str) -> str:
+    return text.splitlines()[0] if text else text
+
+
+def clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"

@@ -1,0 +1,368 @@
+"""One attempt of one job, run inside one dispatch: run the task, decide, return the outcome.
+
+    the claim (PENDING/RETRY -> RUNNING) was made by the fetch, and is this attempt's to run
+    run the task under the job timeout, each checkpointed step under the step timeout
+    success                     -> Completed
+    TRANSIENT_APP, budget left  -> Retried (app): RETRY, and a new dispatch at next_retry_at
+    TRANSIENT_INFRA, runs left  -> Retried (infra): RETRY (no app budget used), and Procrastinate
+                                   re-runs this dispatch after exp(min(10, run)) s
+    anything else, or exhausted -> Failed: dead letter, FAILED, degradation (an exhausted
+                                   infrastructure budget ends the dispatch failed too)
+    job timeout                 -> Failed ("Job timed out after N seconds")
+    step timeout                -> the step is cancelled; TRANSIENT_APP: Retried from the last
+                                   checkpoint (or Failed once the budget is spent)
+    interrupted (drain), or its -> HandedBack: PENDING, no budget used
+    own database unreachable
+    abandoned (lease lost, job cancelled) -> Abandoned: nothing is written
+    waiting for an approval     -> Waiting: the wait itself was written by the task's step
+
+Before any outcome, side-effect results the attempt still holds are committed (ledger flush);
+if that write is refused, the attempt was superseded and its outcome is not written
+(orchestrator.runtime.outcomes writes the outcome it returns, with its dispatch's end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from checkpoints import ApprovalGate, AwaitingApproval, CheckpointStore, Ledger
+from orchestrator.domain import events
+from orchestrator.domain.classification import Classified, Classifier, ErrorClass, classify
+from orchestrator.domain.errors import (
+    DatabaseUnavailable,
+    InvalidOutput,
+    StaleLease,
+    StepTimedOut,
+    TransactionConflict,
+)
+from orchestrator.domain.events import Fault
+from orchestrator.domain.failures import DispatchEnd, Failures
+from orchestrator.domain.job_types import JobType
+from orchestrator.domain.models import Claim
+from orchestrator.domain.policy import Budget, Fail, decide
+from orchestrator.domain.secrets import Secrets
+from orchestrator.runtime import current_attempt
+from orchestrator.runtime.clients import Clients
+from orchestrator.runtime.context import JobContext
+from orchestrator.runtime.loops import until_written
+from orchestrator.runtime.metrics import Metrics
+from orchestrator.runtime.outcomes import (
+    Abandoned,
+    Completed,
+    Failed,
+    HandedBack,
+    Outcome,
+    Retried,
+    Superseded,
+    Waiting,
+)
+from retry_config import JobRetryConfig, RetryConfig
+
+if TYPE_CHECKING:
+    from orchestrator.runtime.tracing import StepSpans, Tracing
+
+logger = logging.getLogger("orchestrator.attempt")
+
+
+@dataclass(frozen=True)
+class Toolkit:
+    """What every attempt of an application needs, shared by its workers and never changed by
+    them: the job types and their retry config, the classifiers, the shaper of terminal
+    failures, the secrets, the checkpoint and approval stores, and the tracing (None: off).
+    What belongs to one worker (its clients, its running attempts) is the worker's."""
+
+    job_types: Mapping[str, JobType]
+    config: RetryConfig
+    classifiers: Sequence[Classifier]
+    failures: Failures
+    secrets: Secrets
+    checkpoints: CheckpointStore
+    gate: ApprovalGate
+    rng: random.Random
+    metrics: Metrics
+    tracing: Tracing | None = None
+
+
+class Attempt:
+    def __init__(self, claim: Claim, dispatch_id: int, *, kit: Toolkit, clients: Clients):
+        self.claim = claim
+        self.dispatch_id = dispatch_id
+        self.kit = kit
+        self.clients = clients
+        self.lost: str | None = None  # why the attempt was abandoned, if it was
+        self.interrupted: str | None = None  # why it was asked to stop (drain), if it was
+        self._task: asyncio.Task[Any] | None = None
+        self._task_running = False  # the task function is running: a stop cancels it
+        self.job_type = kit.job_types[claim.job_type]
+        self.config: JobRetryConfig = kit.config.for_type(claim.job_type)
+        self.timeout_seconds = claim.timeout_seconds or self.config.job_timeout_seconds
+        self.step_clock = StepDeadline(
+            self.config.step_timeout(self.timeout_seconds), self._step_overran
+        )
+        #: With tracing, the step clock the task's steps use: a span per step, then the deadline.
+        self.step_spans: StepSpans | None = (
+            None if kit.tracing is None else kit.tracing.steps(self.step_clock)
+        )
+        self.ledger = Ledger(kit.checkpoints, claim.fence, list(kit.classifiers))
+
+    def abandon(self, reason: str) -> None:
+        """It no longer holds its job: cancel it, and let it write nothing."""
+        self.lost = reason
+        self._cancel()  # repeated at each heartbeat while it runs (see heartbeat.py)
+
+    def interrupt(self, reason: str) -> None:
+        """Stop it and hand its job back (drain): ``ctx.should_abort()`` and a cancellation."""
+        self.interrupted = reason
+        self._cancel()  # repeated by the drain while it runs (see drain.py)
+
+    def _cancel(self) -> None:
+        if self._task is not None and self._task_running:
+            self._task.cancel()
+
+    def _step_overran(self) -> None:
+        if self.lost is None and self.interrupted is None:
+            self._cancel()
+
+    async def run(self) -> Outcome:
+        """Run the task and return its outcome (not yet written). A cancellation that is not
+        this attempt's own (the event loop closing) is re-raised."""
+        self._task = asyncio.current_task()
+        try:
+            return await self._run()
+        finally:
+            self.step_clock.close()
+
+    def hand_back(self, reason: str) -> HandedBack:
+        return HandedBack(events.interrupted(self.claim, reason))
+
+    def _context(self) -> JobContext:
+        """The task's view of this attempt. Made when the task starts and not kept here, so
+        the attempt and its context form no reference cycle: both are freed as soon as the
+        attempt is over, without waiting for the garbage collector."""
+        claim, kit, clients = self.claim, self.kit, self.clients
+        return JobContext(
+            job_id=claim.id,
+            job_type=claim.job_type,
+            attempt=claim.attempt,
+            run=claim.dispatch_attempt,
+            retry_count=claim.retry_count,
+            max_retries=claim.max_retries,
+            lease_token=claim.lease_token,
+            worker=claim.locked_by,
+            trace_id=claim.trace_id,
+            agent_id=claim.agent_id,
+            tenant_id=claim.tenant_id,
+            config=self.config,
+            http=clients.http(claim.job_type, self.config),
+            secrets=kit.secrets,
+            log=logging.LoggerAdapter(
+                logging.getLogger(f"orchestrator.job.{claim.job_type}"),
+                current_attempt.fields_of(claim),
+            ),
+            _should_abort=lambda: (
+                self.interrupted is not None
+                or self.lost is not None
+                or self.step_clock.overran is not None
+            ),
+            _shared=clients.shared,
+            _ledger=self.ledger,
+            _gate=kit.gate,
+            _metrics=kit.metrics,
+            _step_clock=self.step_spans or self.step_clock,
+            _tracing=kit.tracing,
+        )
+
+    async def _run(self) -> Outcome:
+        claim = self.claim
+        started = time.perf_counter()
+        output: Any = None
+        deadline: asyncio.Timeout | None = None
+        try:
+            try:
+                payload = self.job_type.parse_payload(claim.payload)
+            except ValidationError as exc:
+                raise _StoredPayloadInvalid(str(exc)) from exc
+            self._task_running = True
+            try:
+                async with asyncio.timeout(self.timeout_seconds) as deadline:
+                    try:
+                        output = await self.job_type.fn(self._context(), payload)
+                    except BaseException as exc:
+                        self._steps_over(exc)
+                        raise
+                    finally:
+                        self.step_clock.cancel()
+                    self._steps_over(None)
+            finally:
+                self._task_running = False
+            result = self.job_type.result_json(output)
+        except AwaitingApproval as waiting:
+            return Waiting(waiting.approval_id)  # asking was this attempt's outcome
+        except StaleLease as exc:  # a checkpoint or ledger write of the task was refused
+            return Superseded("step", exc)
+        except (DatabaseUnavailable, TransactionConflict) as exc:
+            # The orchestrator's own database (away, or a write of a step kept rolling back in
+            # conflicts), not the task's fault: no budget is spent; the job is handed back once
+            # the database takes it.
+            return await self._ending(self.hand_back(str(exc)))
+        except asyncio.CancelledError:
+            overran = self.step_clock.overran
+            if self.lost is None and self.interrupted is None and overran is None:
+                raise  # not this attempt's own: the event loop is closing
+            self._uncancel()
+            if self.lost is not None:
+                return Abandoned(self.lost)
+            if self.interrupted is not None:
+                return await self._ending(self.hand_back(self.interrupted))
+            assert overran is not None
+            return await self._failed(overran, output=None)
+        except TimeoutError as exc:
+            if deadline is None or not deadline.expired():
+                if exc is self.step_clock.overran:
+                    self._uncancel()  # the task swallowed our cancellation
+                return await self._failed(exc, output=None)
+            timed_out = _JobTimedOut(self.timeout_seconds)
+            return await self._terminal(timed_out, Classified(ErrorClass.PERMANENT, "JOB_TIMEOUT"))
+        except _StoredPayloadInvalid as exc:
+            return await self._terminal(exc, Classified(ErrorClass.PERMANENT, "PAYLOAD_INVALID"))
+        except Exception as exc:
+            return await self._failed(exc, output=output)
+        duration_ms = (time.perf_counter() - started) * 1_000
+        return await self._ending(Completed(result, events.completed(claim, duration_ms)))
+
+    def _steps_over(self, error: BaseException | None) -> None:
+        """The task has returned or raised: a step still open ends (its span, with tracing)."""
+        if self.step_spans is not None:
+            self.step_spans.end(self.step_clock.overran or error)
+
+    def _uncancel(self) -> None:
+        """Withdraw this attempt's own cancellations (the drain and the heartbeat repeat theirs,
+        as one can be swallowed on Python 3.11: asyncio.wait_for, gh-86296)."""
+        task = self._task
+        while task is not None and task.cancelling():
+            task.uncancel()
+
+    async def _failed(self, exc: Exception, *, output: Any) -> Outcome:
+        claim = self.claim
+        classified = classify(exc, self.kit.classifiers)
+        budget = Budget(
+            retry_count=claim.retry_count,
+            max_retries=claim.max_retries,
+            run=claim.dispatch_attempt,
+            max_attempts=claim.max_attempts,
+        )
+        verdict = decide(classified, budget, self.config.backoff, self.kit.rng)
+        if isinstance(verdict, Fail):
+            rejected = (
+                _rejected_output(exc, output)
+                if classified.error_class is ErrorClass.INVALID_OUTPUT
+                else None
+            )
+            return await self._terminal(exc, classified, output=rejected)
+        fault = Fault.of(exc, classified)
+        retry_at = datetime.now(UTC) + timedelta(milliseconds=verdict.delay_ms)
+        return await self._ending(
+            Retried(
+                layer=verdict.layer,
+                next_retry_at=retry_at,
+                last_error=events.last_error(
+                    claim, fault, terminal=False, backoff_ms=verdict.delay_ms,
+                    next_available_at=retry_at,
+                ),
+                failed_event=events.failed(
+                    claim, fault, terminal=False, layer=verdict.layer,
+                    backoff_ms=verdict.delay_ms,
+                ),
+                retry_event=events.retry_scheduled(claim, verdict.layer, verdict.delay_ms),
+            )
+        )  # fmt: skip
+
+    async def _terminal(
+        self, exc: BaseException, classified: Classified, *, output: Any = None
+    ) -> Outcome:
+        # The last run of a dispatch whose infrastructure budget is spent ends failed in
+        # Procrastinate too; any other terminal failure was the task's own answer.
+        infra = classified.error_class is ErrorClass.TRANSIENT_INFRA
+        end = DispatchEnd(self.dispatch_id, "failed" if infra else "succeeded")
+        failure = self.kit.failures.terminal(
+            self.claim, Fault.of(exc, classified, output=output), dispatch=end
+        )
+        return await self._ending(Failed(failure))
+
+    async def _ending(self, outcome: Outcome) -> Outcome:
+        """Commit the side-effect results still held, before the outcome is written; a refusal
+        means this attempt was superseded, and its outcome is not written."""
+        try:
+            await until_written(f"job {self.claim.id}'s side effects", self.ledger.flush)
+        except StaleLease as exc:
+            return Superseded(type(outcome).__name__.lower(), exc)
+        return outcome
+
+
+class StepDeadline:
+    """The step timeout (an AbortController per step in the design this follows). A step
+    overrunning it has the attempt cancelled, which then fails with :class:`StepTimedOut`
+    (TRANSIENT_APP): the job retries from its last checkpoint."""
+
+    def __init__(self, seconds: float, on_overrun: Callable[[], None]) -> None:
+        self.seconds = seconds
+        self.on_overrun = on_overrun
+        self.overran: StepTimedOut | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self, step: int) -> None:
+        self.cancel()
+        self._timer = asyncio.get_running_loop().call_later(self.seconds, self._fire, step)
+
+    def stop(self) -> None:
+        self.cancel()
+        if self.overran is not None:  # the task swallowed the cancellation: fail the step now
+            raise self.overran
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def close(self) -> None:
+        """The attempt is over: no timer, and no reference back to it (so the attempt is freed
+        at once, not by the garbage collector)."""
+        self.cancel()
+        self.on_overrun = _nothing
+
+    def _fire(self, step: int) -> None:
+        self._timer = None
+        self.overran = StepTimedOut(step, self.seconds)
+        self.on_overrun()
+
+
+def _nothing() -> None:
+    pass
+
+
+class _StoredPayloadInvalid(Exception):
+    """The stored payload no longer fits the job type's payload type (the code changed)."""
+
+
+class _JobTimedOut(Exception):
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"Job timed out after {seconds:g} seconds")
+
+
+def _rejected_output(exc: Exception, output: Any) -> Any:
+    if isinstance(exc, InvalidOutput):
+        return exc.output
+    if output is not None:
+        return output
+    if isinstance(exc, ValidationError):
+        return exc.errors(include_url=False)
+    return None

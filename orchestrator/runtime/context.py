@@ -1,0 +1,139 @@
+"""What a task sees of its own attempt: ``async def fn(ctx: JobContext, payload)``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable, Mapping
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+from uuid import UUID
+
+import httpx
+
+from checkpoints import ApprovalGate, Ledger, StepClock, Steps
+from checkpoints.ledger import Call, Reconcile
+from orchestrator.domain.secrets import Secrets
+from orchestrator.runtime.calls import call_limit
+from orchestrator.runtime.metrics import Metrics
+from retry_config import JobRetryConfig
+
+if TYPE_CHECKING:
+    from orchestrator.runtime.tracing import Tracing
+
+C = TypeVar("C")
+S = TypeVar("S")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class JobContext:
+    job_id: UUID
+    job_type: str
+    attempt: int  # every claim of this job so far, this one included (never reset)
+    run: int  # run of the current dispatch (infrastructure retries)
+    retry_count: int  # application retries used before this attempt
+    max_retries: int
+    lease_token: UUID  # this attempt's run id; every write it makes is fenced by it
+    worker: str
+    trace_id: str
+    agent_id: str | None
+    tenant_id: str | None  # whose job this is (docs/contracts.md, "Tenants")
+    config: JobRetryConfig
+    log: logging.LoggerAdapter[logging.Logger]
+    #: HTTP client with the type's connect and total call timeouts (see orchestrator.runtime.calls).
+    http: httpx.AsyncClient = field(repr=False)
+    #: Secrets by name, from the environment or the mounted secrets directory; their values
+    #: are redacted from stored errors and logs (orchestrator.domain.secrets).
+    secrets: Secrets = field(repr=False)
+    _should_abort: Callable[[], bool] = field(repr=False)
+    _shared: Callable[[Hashable, Callable[[], Any]], Any] = field(repr=False)
+    _ledger: Ledger = field(repr=False)
+    _gate: ApprovalGate = field(repr=False)
+    _step_clock: StepClock = field(repr=False)
+    _metrics: Metrics = field(repr=False)
+    _tracing: Tracing | None = field(repr=False)
+
+    def should_abort(self) -> bool:
+        """True once this attempt should stop: a drain, a cancel, its step overran, or its job
+        was handed to another attempt.
+
+        Long tasks check it between steps; an ``await`` is cancelled anyway when it happens.
+        """
+        return self._should_abort()
+
+    def shared(self, key: Hashable, make: Callable[[], C]) -> C:
+        """A client shared by this worker's attempts (made once per ``key`` by ``make()``,
+        closed with ``aclose()`` when the worker stops; see orchestrator.runtime.clients)."""
+        client: C = self._shared(key, make)
+        return client
+
+    def record_llm_call(
+        self, model: str, *, ok: bool, input_tokens: int = 0, output_tokens: int = 0,
+        cache_read_tokens: int = 0, cache_creation_tokens: int = 0,
+    ) -> None:  # fmt: skip
+        """Count one LLM call made by the task and its tokens, as the provider reported them
+        (``orchestrator_llm_calls_total``, ``orchestrator_llm_tokens_total``): the built-in
+        ``llm_generate`` does; a task calling a model through its own client can too."""
+        self._metrics.llm_call(
+            model, ok=ok,
+            tokens={"input": input_tokens, "output": output_tokens,
+                    "cache_read": cache_read_tokens, "cache_creation": cache_creation_tokens},
+        )  # fmt: skip
+
+    def call_limit(self, tool: str | None = None) -> AbstractAsyncContextManager[None]:
+        """Bound one call (a tool run, a subprocess...) by the type's limit for ``tool``
+        (``tool_timeouts_ms``, else ``call_timeout_ms``); overrunning raises CallTimedOut.
+
+            async with ctx.call_limit("kubectl"):
+                await run_kubectl(args)
+        """
+        what = f"tool {tool!r}" if tool else "call"
+        return call_limit(self.config.call_timeout(tool), what)
+
+    def span(
+        self,
+        name: str,
+        *,
+        client: bool = False,
+        attributes: Mapping[str, str | bool | int | float] | None = None,
+    ) -> AbstractContextManager[None]:
+        """A span of this attempt's trace around the block, a child of the current step's (or
+        the attempt's): ``client=True`` for a call to another service. Nothing when tracing is
+        off. Never put a secret in ``attributes``.
+
+            with ctx.span("render", attributes={"pages": 3}):
+                render(doc)
+        """
+        if self._tracing is None:
+            return nullcontext()
+        return self._tracing.span(name, client=client, attributes=attributes)
+
+    def steps(
+        self, state_type: Any = Any, *, initial: Any = None, max_steps: int | None = None
+    ) -> Steps[Any]:
+        """Checkpointed steps, from the one after the last checkpoint (see checkpoints.steps),
+        each under the step timeout.
+
+        ``state_type`` (a pydantic model, or any type pydantic knows) validates the state
+        written by ``step.checkpoint`` and read back on resume; ``initial`` is step 1's state.
+        """
+        return Steps(self._ledger, self._gate, state_type, initial, max_steps, self._step_clock)
+
+    async def effect(
+        self,
+        name: str,
+        call: Call[T],
+        *,
+        key: str,
+        args: Any = None,
+        idempotent: bool = False,
+        reconcile: Reconcile | None = None,
+        result_type: Any = Any,
+    ) -> T:
+        """A side effect in a plain task (its single implicit step): recorded pending before the
+        call, committed as soon as it returns, never made twice (see checkpoints.ledger)."""
+        return await self._ledger.effect(
+            step=1, key=key, name=name, call=call, args=args, idempotent=idempotent,
+            reconcile=reconcile, result_type=result_type, commit_now=True,
+        )  # fmt: skip

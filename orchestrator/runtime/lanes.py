@@ -1,0 +1,73 @@
+"""A worker's lanes: each a share of its capacity, with a fetch loop and wake-ups of its own.
+
+    jobs         ``concurrency`` slots; the worker's queues (every queue when none is named)
+    maintenance  one slot; the maintenance queue only: the services' ticks (zombie sweep, retry
+                 safety net, ...) start on time whatever the backlog, never waiting for a job's
+                 slot to free (a backlog of jobs is what a sweep must not wait behind)
+
+A lane fetches at most its free slots; a dispatch it started frees its slot when it ends. What
+Procrastinate announces on a lane's channels (a dispatch inserted) wakes that lane; a job's due
+time wakes the jobs lane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from procrastinate import manager
+
+
+@dataclass(eq=False)
+class Lane:
+    name: str
+    queues: list[str] | None  # None: every queue
+    capacity: int
+    free: int = field(init=False)
+    woken: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    slot_freed: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False)
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1:
+            raise ValueError(f"{self.name} lane: capacity must be >= 1, got {self.capacity}")
+        self.free = self.capacity
+
+    @property
+    def channels(self) -> list[str]:
+        """Procrastinate's notification channels for the lane's queues."""
+        return list(manager.get_channel_for_queues(self.queues))
+
+    @property
+    def idle(self) -> bool:
+        return self.free == self.capacity
+
+    def wake(self) -> None:
+        self.woken.set()
+
+    def stop(self) -> None:
+        """Wake every wait of the lane's loop, so that it sees the stop."""
+        self.woken.set()
+        self.slot_freed.set()
+
+    def take(self, task: asyncio.Task[None]) -> None:
+        """A slot for ``task``, freed when it ends."""
+        self.free -= 1
+        self.tasks.add(task)
+        task.add_done_callback(self._release)
+
+    def _release(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        self.free += 1
+        self.slot_freed.set()
+
+
+def lanes_for(
+    *, queues: Sequence[str] | None, concurrency: int, maintenance_queue: str | None
+) -> tuple[Lane, ...]:
+    """The jobs lane, and a maintenance lane unless ``maintenance_queue`` is None."""
+    jobs = Lane("jobs", list(queues) if queues is not None else None, concurrency)
+    if maintenance_queue is None:
+        return (jobs,)
+    return jobs, Lane("maintenance", [maintenance_queue], 1)

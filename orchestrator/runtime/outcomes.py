@@ -1,0 +1,165 @@
+"""What an attempt ends with, as a value, and the one code path that writes it.
+
+An :class:`~orchestrator.runtime.attempt.Attempt` returns one of these; its worker hands it to
+:class:`OutcomeWriter`, which writes it together with the end of the dispatch that ran it, in one
+transaction (orchestrator.storage.dispatches):
+
+    Completed    COMPLETED + job.completed; the dispatch succeeded (several at once: group commit)
+    Retried      RETRY + job.failed + job.retry_scheduled; app layer: a new dispatch (this one
+                 succeeded); infra layer: Procrastinate re-runs this dispatch at next_retry_at
+    Failed       dead letter, FAILED, degradation (orchestrator.domain.failures)
+    HandedBack   PENDING + job.interrupted, a new dispatch, no budget used (drain)
+    Waiting      nothing more (the step wrote WAITING_APPROVAL); the dispatch succeeded
+    Abandoned    nothing: the attempt lost its job (swept, cancelled); the dispatch is aborted
+    Superseded   nothing: a write of the task itself was refused by the lease
+
+A write refused by the lease (the job was swept, cancelled or replaced meanwhile) changes
+nothing and is logged as a stale write; the dispatch is ended all the same.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from orchestrator.domain.errors import InvalidTransition
+from orchestrator.domain.failures import TerminalFailure
+from orchestrator.domain.models import Claim
+from orchestrator.domain.policy import Layer
+from orchestrator.domain.states import Status
+from orchestrator.runtime.group_commit import GroupCommit
+from orchestrator.runtime.metrics import Metrics
+from orchestrator.storage.database import OwnConnection
+from orchestrator.storage.dispatches import Completion, Dispatch, DispatchStore
+from orchestrator.storage.jobs import JobStore
+
+logger = logging.getLogger("orchestrator.outcomes")
+
+
+@dataclass(frozen=True)
+class Completed:
+    result: Any
+    event: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Retried:
+    layer: Layer
+    next_retry_at: datetime
+    last_error: dict[str, Any]
+    failed_event: dict[str, Any]
+    retry_event: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Failed:
+    failure: TerminalFailure
+
+
+@dataclass(frozen=True)
+class HandedBack:
+    event: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Waiting:
+    approval_id: UUID
+
+
+@dataclass(frozen=True)
+class Abandoned:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Superseded:
+    what: str
+    error: Exception
+
+
+Outcome = Completed | Retried | Failed | HandedBack | Waiting | Abandoned | Superseded
+NONE = "none"
+
+
+def named(outcome: Outcome) -> tuple[str, str, str]:
+    """How metrics name an outcome: (outcome, error class, layer), "none" where it has none."""
+    match outcome:
+        case Retried(layer=layer, last_error=error):
+            return "retried", str(error.get("classification", NONE)), layer.value
+        case Failed(failure=failure):
+            return "failed", str(failure.last_error.get("classification", NONE)), NONE
+        case HandedBack():
+            return "handed_back", NONE, NONE
+        case _:
+            return type(outcome).__name__.lower(), NONE, NONE
+
+
+class OutcomeWriter:
+    """Writes one worker's outcomes. Completions that arrive while one is being written go
+    together in the next statement (orchestrator.runtime.group_commit), on a connection of the
+    worker's own."""
+
+    def __init__(
+        self, dispatches: DispatchStore, jobs: JobStore, connection: OwnConnection,
+        metrics: Metrics,
+    ) -> None:  # fmt: skip
+        self.dispatches = dispatches
+        self.jobs = jobs
+        self.connection = connection
+        self.metrics = metrics
+        self._completions: GroupCommit[Completion, bool] = GroupCommit(self._complete)
+
+    async def write(self, dispatch: Dispatch, claim: Claim, outcome: Outcome) -> None:
+        match outcome:
+            case Completed(result=result, event=event):
+                written = await self.complete(Completion(claim, result, event, dispatch.id))
+                await self._refused_unless(written, claim, Status.COMPLETED, "completed")
+            case Retried() as retried:
+                written = await self.dispatches.retry(
+                    claim, dispatch.id, layer=retried.layer, next_retry_at=retried.next_retry_at,
+                    error=retried.last_error, failed_event=retried.failed_event,
+                    retry_event=retried.retry_event,
+                )  # fmt: skip
+                await self._refused_unless(written, claim, Status.RETRY, f"retry ({retried.layer})")
+            case Failed(failure=failure):
+                [letter] = await self.jobs.fail([failure])
+                await self._refused_unless(letter is not None, claim, Status.FAILED, "failed")
+            case HandedBack(event=event):
+                written = await self.dispatches.hand_back(claim, dispatch.id, event)
+                await self._refused_unless(written, claim, Status.PENDING, "interrupted")
+            case Waiting():
+                await self.dispatches.end(dispatch.id, "succeeded")
+            case Abandoned(reason=reason):
+                logger.info("attempt %s of job %s abandoned: %s", claim.attempt, claim.id, reason)
+                await self.dispatches.end(dispatch.id, "aborted")
+            case Superseded(what=what, error=error):
+                self._stale(claim, what, error)
+                await self.dispatches.end(dispatch.id, "aborted")
+
+    async def complete(self, completion: Completion) -> bool:
+        """Write a completion, with whatever others are waiting; whether its job was
+        COMPLETED."""
+        return await self._completions.submit(completion)
+
+    async def _complete(self, completions: Sequence[Completion]) -> list[bool]:
+        async with self.connection.connection() as conn:
+            return await self.dispatches.complete(completions, conn)
+
+    async def _refused_unless(self, written: bool, claim: Claim, target: Status, what: str) -> None:
+        if not written:
+            self._stale(claim, what, await self.jobs.refusal(claim.id, target, claim.lease_token))
+
+    def _stale(self, claim: Claim, what: str, error: Exception) -> None:
+        """A superseded attempt's write was refused: the job is left as it was."""
+        logger.warning(
+            "stale write refused: attempt %s of job %s (%s): %s",
+            claim.attempt, claim.id, what, error,
+            extra={"job_id": str(claim.id), "attempt": claim.attempt, "outcome": what},
+        )  # fmt: skip
+        self.metrics.stale_write(claim.job_type, what.split(" ")[0])
+        if isinstance(error, InvalidTransition):
+            self.metrics.transition_refused(error.source, error.target)

@@ -1,0 +1,168 @@
+"""The fleet's state, read from the database for Prometheus, once for the whole fleet.
+
+Served by ``orchestrator exporter`` (one process: a worker's own /metrics counts what that worker
+did; the fleet is one set of rows, and every worker exporting it would multiply the queries and
+the series). One scrape is one read-only transaction of four grouped queries, each on indexes
+(orc_jobs_unfinished_counts, orc_jobs_pending_run_at, orc_jobs_retry_due,
+orc_jobs_running_heartbeat, orc_dead_letters_state_tenant, orc_approvals_pending_expiry):
+``bench/fleet_scrape.py`` times it at 1,000,000 jobs. A scrape within ``min_interval`` of the
+last one is answered from it, so several Prometheus replicas cost the database no more than one.
+
+Tenants are user data: past the ``max_tenants`` largest, the rest are summed under the tenant
+``_other``, so the series stay bounded.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+from orchestrator.domain.errors import DatabaseUnavailable, TransactionConflict
+from orchestrator.domain.metric_spec import Spec
+from orchestrator.storage.fleet import FleetRows, FleetStore
+
+OTHER_TENANTS = "_other"
+
+JOBS = Spec(
+    "orchestrator_jobs", "gauge", ("status", "job_type", "tenant"),
+    "Unfinished jobs (PENDING, RUNNING, RETRY, WAITING_APPROVAL), by status, type and tenant.",
+)  # fmt: skip
+RETRYING_RATIO = Spec(
+    "orchestrator_jobs_retrying_ratio", "gauge", (),
+    "Jobs in RETRY among the unfinished ones (0 when there are none).",
+)  # fmt: skip
+QUEUE_DEPTH = Spec(
+    "orchestrator_queue_depth", "gauge", ("queue",),
+    "Jobs due and waiting to start (PENDING past run_at, RETRY past next_retry_at), by queue.",
+)  # fmt: skip
+QUEUE_OLDEST_AGE = Spec(
+    "orchestrator_queue_oldest_age_seconds", "gauge", ("queue",),
+    "How long the queue's oldest due-and-waiting job has been due.",
+)  # fmt: skip
+DEAD_LETTERS = Spec(
+    "orchestrator_dead_letters", "gauge", ("state", "tenant"),
+    "Dead letters kept, by state and tenant.",
+)  # fmt: skip
+APPROVALS_WAITING = Spec(
+    "orchestrator_approvals_waiting", "gauge", (), "Approvals waiting for a decision."
+)
+ZOMBIES = Spec(
+    "orchestrator_zombies", "gauge", (),
+    "RUNNING jobs whose heartbeat is older than the zombie threshold (not swept yet).",
+)  # fmt: skip
+FLEET_UP = Spec("orchestrator_fleet_up", "gauge", (), "1 when the last scrape read the database.")
+SCRAPE_DURATION = Spec(
+    "orchestrator_fleet_scrape_duration_seconds", "gauge", (),
+    "Time the last scrape of the fleet took (its queries).",
+)  # fmt: skip
+FLEET_METRICS = (
+    JOBS, RETRYING_RATIO, QUEUE_DEPTH, QUEUE_OLDEST_AGE, DEAD_LETTERS, APPROVALS_WAITING, ZOMBIES,
+    FLEET_UP, SCRAPE_DURATION,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Scrape:
+    families: list[Metric]
+    at: float
+
+
+class FleetMetrics:
+    def __init__(
+        self,
+        store: FleetStore,
+        *,
+        zombie_threshold: float,
+        max_tenants: int,
+        min_interval: float,
+    ) -> None:
+        self.store = store
+        self.zombie_threshold = zombie_threshold
+        self.max_tenants = max_tenants
+        self.min_interval = min_interval
+        self._last: Scrape | None = None
+
+    async def exposition(self, accept: str) -> tuple[bytes, str]:
+        """The fleet's metrics, in the format the scraper's Accept header asks for."""
+        registry = CollectorRegistry()
+        registry.register(_Families(await self.families()))
+        encode, content_type = choose_encoder(accept)
+        return encode(registry), content_type
+
+    async def families(self) -> list[Metric]:
+        now = time.monotonic()
+        if self._last is not None and now - self._last.at < self.min_interval:
+            return self._last.families
+        started = time.perf_counter()
+        families: list[Metric] = []
+        try:
+            rows = await self.store.read(zombie_threshold=self.zombie_threshold)
+        except (DatabaseUnavailable, TransactionConflict):
+            up = 0
+        else:
+            families.extend(self._read(rows))
+            up = 1
+        families.append(_value(FLEET_UP, up))
+        families.append(_value(SCRAPE_DURATION, time.perf_counter() - started))
+        self._last = Scrape(families, now)
+        return families
+
+    def _read(self, rows: FleetRows) -> Iterator[Metric]:
+        jobs = _family(JOBS)
+        counted = self._bounded(
+            {(r["status"], r["job_type"], r["tenant"]): r["n"] for r in rows.jobs}
+        )
+        for labels, n in sorted(counted.items()):
+            jobs.add_metric(list(labels), n)
+        yield jobs
+        unfinished = sum(counted.values())
+        retrying = sum(n for (status, _, _), n in counted.items() if status == "RETRY")
+        yield _value(RETRYING_RATIO, retrying / unfinished if unfinished else 0.0)
+        depth, oldest = _family(QUEUE_DEPTH), _family(QUEUE_OLDEST_AGE)
+        for row in rows.queues:
+            depth.add_metric([row["queue"]], row["depth"])
+            oldest.add_metric([row["queue"]], float(row["oldest_age"]))
+        yield from (depth, oldest)
+        letters = _family(DEAD_LETTERS)
+        kept = self._bounded({(r["state"], r["tenant"]): r["n"] for r in rows.dead_letters})
+        for labels, n in sorted(kept.items()):
+            letters.add_metric(list(labels), n)
+        yield letters
+        yield _value(APPROVALS_WAITING, rows.approvals)
+        yield _value(ZOMBIES, rows.zombies)
+
+    def _bounded(self, counts: dict[tuple[str, ...], int]) -> dict[tuple[str, ...], int]:
+        """The counts with every tenant (the last label) past the ``max_tenants`` largest
+        summed under OTHER_TENANTS."""
+        by_tenant: Counter[str] = Counter()
+        for labels, n in counts.items():
+            by_tenant[labels[-1]] += n
+        kept = {tenant for tenant, _ in by_tenant.most_common(self.max_tenants)}
+        bounded: Counter[tuple[str, ...]] = Counter()
+        for labels, n in counts.items():
+            tenant = labels[-1] if labels[-1] in kept else OTHER_TENANTS
+            bounded[(*labels[:-1], tenant)] += n
+        return dict(bounded)
+
+
+def _family(spec: Spec) -> GaugeMetricFamily:
+    return GaugeMetricFamily(spec.name, spec.help, labels=list(spec.labels))
+
+
+def _value(spec: Spec, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(spec.name, spec.help, value=value)
+
+
+class _Families(Collector):
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self.families = list(families)
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)

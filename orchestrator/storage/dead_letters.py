@@ -1,0 +1,68 @@
+"""Dead letters: one per terminal failure (written by ``JobStore.fail``), then reviewed.
+
+recorded ──► requeued                 a new job with the dead one's payload and tenant
+    │
+    └──► discard_requested ──► discarded    two different reviewers, a reason required
+"""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from orchestrator.domain.errors import DeadLetterError
+from orchestrator.domain.models import DeadLetter
+from orchestrator.storage.database import Conn
+from orchestrator.storage.runner import Queries
+
+
+class DeadLetterStore:
+    def __init__(self, queries: Queries) -> None:
+        self.queries = queries
+
+    async def list_letters(
+        self, *, state: str | None = None, tenant_id: str | None = None, limit: int = 50
+    ) -> list[DeadLetter]:
+        params = {"state": state, "tenant_id": tenant_id, "limit": limit}
+        rows = await self.queries.rows("list_dead_letters", params)
+        return [DeadLetter.model_validate(row) for row in rows]
+
+    async def get(self, dead_letter_id: UUID) -> DeadLetter:
+        row = await self.queries.row("find_dead_letter", {"dead_letter_id": dead_letter_id})
+        if row is None:
+            raise DeadLetterError(f"no dead letter with id {dead_letter_id}")
+        return DeadLetter.model_validate(row)
+
+    async def lock(self, dead_letter_id: UUID, conn: Conn) -> DeadLetter:
+        """The dead letter, locked in ``conn``'s transaction until it commits."""
+        row = await self.queries.row("get_dead_letter", {"dead_letter_id": dead_letter_id}, conn)
+        if row is None:
+            raise DeadLetterError(f"no dead letter with id {dead_letter_id}")
+        return DeadLetter.model_validate(row)
+
+    async def mark_requeued(self, dead_letter_id: UUID, job_id: UUID, conn: Conn) -> None:
+        await self.queries.execute(
+            "mark_dead_letter_requeued", {"dead_letter_id": dead_letter_id, "job_id": job_id}, conn
+        )
+
+    async def request_discard(self, dead_letter_id: UUID, reviewer: str, reason: str) -> None:
+        params = {"dead_letter_id": dead_letter_id, "reviewer": reviewer, "reason": reason}
+        if await self.queries.row("request_dead_letter_discard", params) is None:
+            raise await self._refusal(dead_letter_id, "request a discard of")
+
+    async def confirm_discard(self, dead_letter_id: UUID, reviewer: str) -> None:
+        params = {"dead_letter_id": dead_letter_id, "reviewer": reviewer}
+        if await self.queries.row("confirm_dead_letter_discard", params) is None:
+            raise await self._refusal(dead_letter_id, "confirm the discard of", reviewer)
+
+    async def _refusal(
+        self, dead_letter_id: UUID, action: str, reviewer: str | None = None
+    ) -> DeadLetterError:
+        async with self.queries.transaction() as conn:
+            letter = await self.lock(dead_letter_id, conn)
+        if reviewer is not None and letter.discard_requested_by == reviewer:
+            return DeadLetterError(
+                f"{reviewer} requested this discard; a second reviewer must confirm it"
+            )
+        return DeadLetterError(
+            f"cannot {action} dead letter {dead_letter_id}: it is {letter.state}"
+        )

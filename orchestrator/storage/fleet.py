@@ -1,0 +1,47 @@
+"""The fleet as the database holds it, for its metrics (orchestrator.services.fleet): a few
+grouped counts, read in one snapshot so that they agree with each other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.domain.states import Status
+from orchestrator.storage.runner import Queries, Row
+
+
+@dataclass(frozen=True)
+class FleetRows:
+    jobs: list[Row]  # status, job_type, tenant ("" for none), n: the unfinished jobs
+    queues: list[Row]  # queue, depth, oldest_age (seconds): jobs due and waiting
+    dead_letters: list[Row]  # state, tenant, n
+    approvals: int  # waiting for a decision
+    zombies: int  # RUNNING with a heartbeat older than the threshold
+
+
+class FleetStore:
+    def __init__(self, queries: Queries) -> None:
+        self.queries = queries
+
+    async def read(self, *, zombie_threshold: float) -> FleetRows:
+        async with self.queries.transaction() as conn:
+            await self.queries.execute("fleet_snapshot", None, conn)
+            jobs = await self.queries.rows("fleet_jobs", None, conn)
+            queues = await self.queries.rows(
+                "fleet_queues",
+                {"pending": Status.PENDING.value, "retry": Status.RETRY.value},
+                conn,
+            )
+            dead_letters = await self.queries.rows("fleet_dead_letters", None, conn)
+            counts = await self.queries.row(
+                "fleet_counts",
+                {"running": Status.RUNNING.value, "threshold": zombie_threshold},
+                conn,
+            )
+        assert counts is not None
+        return FleetRows(
+            jobs=jobs,
+            queues=queues,
+            dead_letters=dead_letters,
+            approvals=counts["approvals"],
+            zombies=counts["zombies"],
+        )

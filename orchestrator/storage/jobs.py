@@ -1,0 +1,191 @@
+"""Application jobs: submit, read, cancel, and the one writer of terminal failures.
+
+Every write is one state transition, conditional on the legal sources of its target
+(orchestrator.domain.states); when it matches no row, :meth:`JobStore.refusal` says why (no
+such job, an illegal transition, a superseded lease).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+from uuid import UUID
+
+from psycopg.types.json import Jsonb
+
+from orchestrator.domain import events, states
+from orchestrator.domain.errors import InvalidTransition, JobNotFound, StaleLease
+from orchestrator.domain.failures import TerminalFailure
+from orchestrator.domain.models import Job, JobEvent, SubmitResult
+from orchestrator.domain.states import Status
+from orchestrator.storage.database import Conn
+from orchestrator.storage.rows import StepRecord
+from orchestrator.storage.runner import Queries
+
+TASK_PREFIX = "orc."  # Procrastinate task name of a job type: TASK_PREFIX + job_type
+
+
+class JobStore:
+    def __init__(self, queries: Queries) -> None:
+        self.queries = queries
+
+    # -- submit ----------------------------------------------------------------------------
+
+    async def submit(
+        self, specs: Sequence[dict[str, Any]], conn: Conn | None = None
+    ) -> list[SubmitResult]:
+        """Jobs and their first dispatches, in one statement (inside ``conn``'s transaction
+        when given: they vanish if it rolls back)."""
+        params = {
+            "specs": Jsonb([{**spec, "ord": i} for i, spec in enumerate(specs)]),
+            "initial_status": Status.PENDING.value,
+            "waiting": sorted(s.value for s in states.CLAIMABLE),
+            "task_prefix": TASK_PREFIX,
+        }
+        rows = await self.queries.rows("submit_jobs", params, conn)
+        rows.sort(key=lambda r: r["ord"])
+        return [SubmitResult(job_id=r["job_id"], outcome=r["outcome"]) for r in rows]
+
+    async def dispatch(self, job_ids: Sequence[UUID], conn: Conn) -> None:
+        """A new dispatch for each job, at its next_retry_at or run_at."""
+        await self.queries.row(
+            "dispatch_jobs", {"job_ids": list(job_ids), "task_prefix": TASK_PREFIX}, conn
+        )
+
+    # -- terminal failures -----------------------------------------------------------------
+
+    async def fail(
+        self, failures: Sequence[TerminalFailure], conn: Conn | None = None
+    ) -> list[UUID | None]:
+        """Write terminal failures (orchestrator.domain.failures) with their dead letters,
+        events, degradations and dispatch ends; returns each one's dead-letter id, or None where
+        the job was not failed (its lease was superseded, or it was no longer waiting)."""
+        if conn is None:
+            async with self.queries.transaction() as tx:
+                return await self.fail(failures, tx)
+        items = [
+            {
+                "ord": i,
+                "job_id": str(f.job_id),
+                "lease_token": str(f.lease_token) if f.lease_token else None,
+                "dead_letter_id": str(f.dead_letter_id),
+                "error": f.last_error,
+                "failed": f.failed,
+                "before": [{"kind": kind, "payload": payload} for kind, payload in f.before],
+                "degraded": f.degraded.event if f.degraded else None,
+                "dispatch_id": f.dispatch.id if f.dispatch else None,
+                "dispatch_status": f.dispatch.status if f.dispatch else None,
+            }
+            for i, f in enumerate(failures)
+        ]
+        rows = await self.queries.rows(
+            "fail_jobs",
+            {
+                "items": Jsonb(items),
+                "target": Status.FAILED.value,
+                "sources": states.sources_of(Status.FAILED),
+            },
+            conn,
+        )
+        rows.sort(key=lambda r: r["ord"])
+        letters: list[UUID | None] = [r["dead_letter_id"] for r in rows]
+        escalations = [
+            row
+            for failure, letter in zip(failures, letters, strict=True)
+            if letter is not None and failure.degraded is not None
+            for row in failure.degraded.submit
+        ]
+        if escalations:
+            await self.submit(escalations, conn)
+        return letters
+
+    # -- operator actions ------------------------------------------------------------------
+
+    async def cancel(self, job_id: UUID, *, reason: str, by: str) -> None:
+        """CANCELLED; a waiting dispatch is cancelled, a running one aborted, and an open
+        approval closed."""
+
+        async def cancel(conn: Conn) -> bool:
+            row = await self.queries.row(
+                "cancel_job",
+                {
+                    "job_id": job_id,
+                    "target": Status.CANCELLED.value,
+                    "sources": states.sources_of(Status.CANCELLED),
+                    "event": Jsonb(events.cancelled(reason, by)),
+                },
+                conn,
+            )
+            if row is not None:
+                await self.queries.execute(
+                    "cancel_job_approvals", {"job_id": job_id, "by": by, "reason": reason}, conn
+                )
+            return row is not None
+
+        if not await self.queries.in_transaction(cancel):
+            raise await self.refusal(job_id, Status.CANCELLED, None)
+
+    async def record_events(
+        self, entries: Sequence[tuple[UUID, str, dict[str, Any]]], conn: Conn | None = None
+    ) -> None:
+        """Append events, in order: (job id, kind, payload) each."""
+        rows = [{"job_id": str(job_id), "kind": kind, "payload": p} for job_id, kind, p in entries]
+        await self.queries.execute("record_events", {"events": Jsonb(rows)}, conn)
+
+    async def record_maintenance_failures(
+        self, failures: Sequence[tuple[UUID, dict[str, Any]]], conn: Conn
+    ) -> list[UUID]:
+        """``job.maintenance_failed`` (job id, payload) for each, unless the job's latest event
+        already says the same; returns the jobs it was recorded on."""
+        rows = await self.queries.rows(
+            "record_maintenance_failures",
+            {"failures": Jsonb([{"job_id": str(j), "payload": p} for j, p in failures])},
+            conn,
+        )
+        return [row["job_id"] for row in rows]
+
+    async def refusal(
+        self, job_id: UUID, target: Status, lease_token: UUID | None
+    ) -> JobNotFound | InvalidTransition | StaleLease:
+        """Why a fenced write matched nothing: no such job, an illegal transition, or a lease
+        that is no longer this attempt's."""
+        row = await self.queries.row("job_state", {"job_id": job_id})
+        if row is None:
+            return JobNotFound(job_id)
+        if not states.is_legal(Status(row["status"]), target):
+            return InvalidTransition(job_id, row["status"], target.value)
+        return StaleLease(job_id, lease_token)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    async def get(self, job_id: UUID) -> Job:
+        row = await self.queries.row("get_job", {"job_id": job_id})
+        if row is None:
+            raise JobNotFound(job_id)
+        return Job.model_validate(row)
+
+    async def history(self, job_id: UUID) -> list[JobEvent]:
+        rows = await self.queries.rows("job_events", {"job_id": job_id})
+        return [JobEvent.model_validate(row) for row in rows]
+
+    async def list_jobs(
+        self,
+        *,
+        status: Status | None = None,
+        job_type: str | None = None,
+        tenant_id: str | None = None,
+        limit: int = 50,
+    ) -> list[Job]:
+        params = {
+            "status": status.value if status else None,
+            "job_type": job_type,
+            "tenant_id": tenant_id,
+            "limit": limit,
+        }
+        rows = await self.queries.rows("list_jobs", params)
+        return [Job.model_validate(row) for row in rows]
+
+    async def steps(self, job_id: UUID) -> list[StepRecord]:
+        """A job's checkpoints and side effects, in step order."""
+        rows = await self.queries.rows("job_steps", {"job_id": job_id})
+        return [cast(StepRecord, row) for row in rows]

@@ -1,0 +1,183 @@
+"""``orchestrator migrate``: bring a database to the schema this code expects.
+
+One transaction, under an advisory lock (so two pods migrating at once take turns):
+
+1. Procrastinate's schema: the full ``schema.sql`` on a fresh database, otherwise those of its
+   migration files not yet recorded (so an older Procrastinate schema is upgraded in order).
+2. This project's ``sql/migrations/NNNN_name.sql`` files not yet recorded. An applied file that
+   has since changed is refused: migrations are append-only.
+3. The state machine of :mod:`orchestrator.domain.states`, copied into ``orc_states`` and
+   ``orc_state_transitions`` for the guard trigger.
+
+Everything applied is recorded in ``orc_schema_migrations``; running it again applies nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from procrastinate.schema import SchemaManager
+
+from orchestrator.domain.errors import MigrationError, SchemaOutdated
+from orchestrator.domain.states import TERMINAL, Status, transition_rows
+from orchestrator.storage.queries import QUERIES
+
+logger = logging.getLogger(__name__)
+
+ORCHESTRATOR = "orchestrator"
+PROCRASTINATE = "procrastinate"
+_OWN_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: str
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+
+@dataclass
+class MigrationReport:
+    applied: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        if not self.applied:
+            return "database is up to date"
+        return "applied: " + ", ".join(self.applied)
+
+
+def own_migrations(folder: Traversable | None = None) -> list[Migration]:
+    folder = folder or resources.files("orchestrator.storage") / "sql" / "migrations"
+    found = []
+    for entry in folder.iterdir():
+        match = _OWN_FILE.match(entry.name)
+        if match:
+            found.append(Migration(match[1], match[2], entry.read_text("utf-8")))
+        elif entry.name.endswith(".sql"):
+            raise MigrationError(f"migration file {entry.name!r} is not named NNNN_name.sql")
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise MigrationError(f"two migration files share a version: {versions}")
+    return found
+
+
+def procrastinate_migrations() -> list[Migration]:
+    folder = Path(SchemaManager.get_migrations_path())
+    return [
+        Migration(path.stem, path.stem, path.read_text("utf-8"))
+        for path in sorted(folder.glob("*.sql"))
+    ]
+
+
+async def check_schema(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Refuse a database this version's schema is missing from (SchemaOutdated, saying what to
+    run), rather than fail later on a missing table or function."""
+    cur = await conn.execute(QUERIES["migrations_table_exists"])
+    row = await cur.fetchone()
+    if not row or not row[0]:
+        raise SchemaOutdated(
+            "the database has no orchestrator schema: run `orchestrator migrate` first"
+        )
+    cur = await conn.execute(QUERIES["migrations_applied"])
+    applied = [r[1] for r in await cur.fetchall() if r[0] == ORCHESTRATOR]
+    needed = [m.version for m in own_migrations()]
+    missing = sorted(set(needed) - set(applied))
+    if missing:
+        at = max(applied) if applied else "none"
+        raise SchemaOutdated(
+            f"the database schema is at {at}; this version needs {needed[-1]}: run "
+            "`orchestrator migrate`"
+        )
+
+
+async def migrate(
+    conn: psycopg.AsyncConnection[Any], *, folder: Traversable | None = None
+) -> MigrationReport:
+    """Apply what is missing; ``folder`` replaces the packaged migrations (tests)."""
+    report = MigrationReport()
+    async with conn.transaction():
+        await conn.execute(QUERIES["migrations_lock"])
+        await conn.execute(QUERIES["migrations_table"])
+        cur = await conn.execute(QUERIES["migrations_applied"])
+        applied: dict[tuple[str, str], str] = {
+            (row[0], row[1]): row[2] for row in await cur.fetchall()
+        }
+        await _procrastinate(conn, applied, report)
+        for migration in own_migrations(folder):
+            key = (ORCHESTRATOR, migration.version)
+            if key in applied:
+                if applied[key] != migration.checksum:
+                    raise MigrationError(
+                        f"migration {migration.version}_{migration.name} was changed after it "
+                        "was applied; add a new migration instead"
+                    )
+                continue
+            await conn.execute(migration.sql.encode())
+            await _record(conn, ORCHESTRATOR, migration)
+            report.applied.append(f"{migration.version}_{migration.name}")
+        await _sync_state_machine(conn)
+    for name in report.applied:
+        logger.info("applied migration %s", name)
+    return report
+
+
+async def _procrastinate(
+    conn: psycopg.AsyncConnection[Any],
+    applied: dict[tuple[str, str], str],
+    report: MigrationReport,
+) -> None:
+    files = procrastinate_migrations()
+    done = {version for component, version in applied if component == PROCRASTINATE}
+    if not done:
+        cur = await conn.execute(QUERIES["procrastinate_installed"])
+        row = await cur.fetchone()
+        if row is None or row[0] is None:
+            await conn.execute(SchemaManager.get_schema().encode())
+            report.applied.append("procrastinate schema")
+        else:
+            logger.warning(
+                "Procrastinate tables exist but were not installed by orchestrator migrate; "
+                "assuming they match the installed Procrastinate version"
+            )
+        for migration in files:  # schema.sql already contains every migration file
+            await _record(conn, PROCRASTINATE, migration)
+        return
+    latest = max(done)
+    for migration in files:
+        if migration.version not in done and migration.version > latest:
+            await conn.execute(migration.sql.encode())
+            await _record(conn, PROCRASTINATE, migration)
+            report.applied.append(f"procrastinate {migration.name}")
+
+
+async def _record(conn: psycopg.AsyncConnection[Any], component: str, m: Migration) -> None:
+    await conn.execute(
+        QUERIES["migrations_record"],
+        {"component": component, "version": m.version, "name": m.name, "checksum": m.checksum},
+    )
+
+
+async def _sync_state_machine(conn: psycopg.AsyncConnection[Any]) -> None:
+    statuses = [s.value for s in Status]
+    pairs = transition_rows()
+    await conn.execute(
+        QUERIES["sync_states"],
+        {"statuses": statuses, "terminal": [Status(s) in TERMINAL for s in statuses]},
+    )
+    await conn.execute(
+        QUERIES["sync_transitions"],
+        {"sources": [p[0] for p in pairs], "targets": [p[1] for p in pairs]},
+    )

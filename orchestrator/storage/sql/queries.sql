@@ -1,0 +1,643 @@
+-- Every statement the orchestrator runs, by name (loaded by orchestrator/queries.py).
+--
+-- Conventions: status writes are conditional on `status = ANY(%(sources)s)`, whose value comes
+-- from orchestrator/states.py; writes made on behalf of an attempt are also fenced by its
+-- `lease_token`. A write that matches no row changed nothing, and the caller finds out why.
+
+-- database_exists --
+SELECT 1 FROM pg_database WHERE datname = %(dbname)s
+
+-- create_database --
+-- (the name is an identifier, formatted in with psycopg.sql)
+CREATE DATABASE {}
+
+-- drop_database --
+DROP DATABASE IF EXISTS {} WITH (FORCE)
+
+-- listen_channel --
+-- (the channel is an identifier, formatted in with psycopg.sql). Workers listen on orc_wakeup,
+-- where statements that schedule a dispatch send its due time (epoch seconds), and on
+-- Procrastinate's channels, where it announces inserted jobs and abort requests.
+LISTEN {}
+
+-- migrations_lock --
+-- Two processes migrating at once take turns (released at commit).
+SELECT pg_advisory_xact_lock(hashtextextended('orchestrator migrate', 0))
+
+-- migrations_table --
+CREATE TABLE IF NOT EXISTS orc_schema_migrations (
+    component text NOT NULL,
+    version text NOT NULL,
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (component, version)
+)
+
+-- migrations_applied --
+SELECT component, version, checksum FROM orc_schema_migrations
+
+-- migrations_table_exists --
+-- Was this database ever migrated?
+SELECT to_regclass('orc_schema_migrations') IS NOT NULL AS migrated
+
+-- migrations_record --
+INSERT INTO orc_schema_migrations (component, version, name, checksum)
+VALUES (%(component)s, %(version)s, %(name)s, %(checksum)s)
+
+-- procrastinate_installed --
+SELECT to_regclass('procrastinate_jobs')
+
+-- sync_states --
+INSERT INTO orc_states (status, terminal)
+SELECT * FROM unnest(%(statuses)s::text[], %(terminal)s::boolean[])
+ON CONFLICT (status) DO UPDATE SET terminal = EXCLUDED.terminal
+
+-- sync_transitions --
+-- Make orc_state_transitions exactly the pairs declared in states.py.
+WITH declared AS (
+    SELECT * FROM unnest(%(sources)s::text[], %(targets)s::text[]) AS d(from_status, to_status)
+), removed AS (
+    DELETE FROM orc_state_transitions AS t
+     WHERE NOT EXISTS (SELECT 1 FROM declared AS d
+                        WHERE d.from_status = t.from_status AND d.to_status = t.to_status)
+)
+INSERT INTO orc_state_transitions (from_status, to_status)
+SELECT from_status, to_status FROM declared
+ON CONFLICT DO NOTHING
+
+-- submit_jobs --
+-- Insert jobs and their first dispatches in one round trip (see orc_submit_jobs_v2).
+SELECT ord, job_id, outcome
+  FROM orc_submit_jobs_v2(%(specs)s, %(initial_status)s, %(waiting)s, %(task_prefix)s)
+
+-- dispatch_jobs --
+-- Give jobs a new Procrastinate job each, at their next_retry_at or run_at.
+SELECT orc_dispatch_v1(%(job_ids)s::uuid[], %(task_prefix)s) AS dispatched
+
+-- fetch_dispatches --
+-- The worker's fetch: Procrastinate's, plus the claim of our job, for up to `limit` dispatches
+-- (see orc_fetch_dispatches_v1); no row: nothing is due. It waits for no lock: a job another
+-- transaction holds at that instant is left to claim_dispatch (args: claim_later).
+SELECT id, status, task_name, priority, lock, queueing_lock, args, scheduled_at, queue_name,
+       attempts, worker_id
+  FROM orc_fetch_dispatches_v1(%(limit)s, %(queues)s::varchar[], %(worker_id)s,
+                               %(task_prefix)s, %(worker)s, %(claimable)s, %(running)s)
+
+-- claim_dispatch --
+-- The claim a fetch left for later (its job was locked at that instant), made now: it waits for
+-- the job row, the only lock it takes. No row: the dispatch has gone stale meanwhile (its job
+-- was replaced, cancelled or claimed), and its worker ends it.
+SELECT * FROM orc_claim_v1(%(job_id)s, %(dispatch_id)s, %(run)s,
+                           %(worker)s::text || '/w' || %(worker_id)s::text, %(claimable)s,
+                           %(running)s)
+
+-- complete_jobs --
+-- Success, for several attempts at once ([{ord, job_id, lease_token, result, event,
+-- procrastinate_job_id, delete_dispatch}]; see orc_complete_jobs_v1): each job COMPLETED with
+-- its result, lease released, job.completed recorded, and its dispatch finished (succeeded) in
+-- the same transaction. One row per item: whether its job was COMPLETED.
+SELECT ord, completed FROM orc_complete_jobs_v1(%(items)s, %(target)s, %(sources)s)
+
+-- fail_jobs --
+-- Terminal failures, every path's ([{ord, job_id, lease_token, dead_letter_id, error, failed,
+-- before, degraded, dispatch_id, dispatch_status}], shaped by orchestrator/domain/failures.py):
+-- each job FAILED with its dead letter and events, and the dispatch that ran it ended, in the
+-- dead-letter flow's order (see orc_fail_jobs_v1). One row per item: the dead letter's id, or
+-- null where the job was not failed.
+SELECT ord, dead_letter_id FROM orc_fail_jobs_v1(%(items)s, %(target)s, %(sources)s)
+
+-- end_dispatch --
+-- End a dispatch its worker ran (succeeded, failed or aborted), if it is still doing: a sweep may
+-- have settled it already.
+SELECT orc_end_dispatch_v1(%(dispatch_id)s, %(status)s) AS ended
+
+-- retry_dispatch --
+-- The infrastructure layer: Procrastinate runs the same dispatch again at retry_at (its attempts
+-- + 1), unless an abort was requested meanwhile (then it ends failed).
+SELECT procrastinate_retry_job_v2(%(dispatch_id)s, coalesce(%(retry_at)s, now()), NULL, NULL,
+                                  NULL)
+
+-- schedule_retry --
+-- A transient failure with budget left: RETRY until next_retry_at, lease released. The app
+-- layer counts a retry and gives the job a new dispatch (dispatch_jobs, same transaction); the
+-- infra layer leaves both to Procrastinate, which re-runs the same dispatch.
+WITH retrying AS (
+    UPDATE orc_jobs
+       SET status = %(target)s,
+           retry_count = retry_count + %(retry_increment)s,
+           next_retry_at = %(next_retry_at)s,
+           last_error = %(error)s,
+           lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
+     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = ANY (%(sources)s)
+    RETURNING id, retry_count, next_retry_at
+), events AS (
+    -- job.failed reports the counters at the failure; job.retry_scheduled those after it.
+    INSERT INTO orc_job_events (job_id, kind, payload)
+    SELECT r.id, e.kind, e.payload
+      FROM retrying AS r,
+           (VALUES (1, 'job.failed', %(failed_event)s::jsonb),
+                   (2, 'job.retry_scheduled',
+                    %(retry_event)s::jsonb
+                    || jsonb_build_object('retry_count', (SELECT retry_count FROM retrying),
+                                          'available_at', (SELECT next_retry_at FROM retrying))))
+               AS e (n, kind, payload)
+     ORDER BY e.n
+)
+SELECT id, pg_notify('orc_wakeup', extract(epoch FROM next_retry_at)::text) FROM retrying
+
+-- hand_back_job --
+-- An interrupted attempt (drain, abort) gives its job back: PENDING again, no retry budget used,
+-- and a new dispatch from dispatch_jobs in the same transaction.
+WITH released AS (
+    UPDATE orc_jobs
+       SET status = %(target)s, next_retry_at = NULL,
+           lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
+     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = ANY (%(sources)s)
+    RETURNING id
+), event AS (
+    INSERT INTO orc_job_events (job_id, kind, payload)
+    SELECT id, 'job.interrupted', %(event)s FROM released
+)
+SELECT id FROM released
+
+-- cancel_job --
+-- Cancel a job that has not finished. A waiting dispatch is cancelled; a running one is asked
+-- to abort (Procrastinate cancels its task); its attempt's writes are fenced out either way.
+WITH cancelled AS (
+    UPDATE orc_jobs
+       SET status = %(target)s, next_retry_at = NULL,
+           lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
+     WHERE id = %(job_id)s AND status = ANY (%(sources)s)
+    RETURNING id, procrastinate_job_id
+), event AS (
+    INSERT INTO orc_job_events (job_id, kind, payload)
+    SELECT id, 'job.cancelled', %(event)s FROM cancelled
+)
+SELECT id, procrastinate_cancel_job_v1(procrastinate_job_id, true, false) AS procrastinate_job
+  FROM cancelled
+
+-- job_state --
+-- Why did a write match nothing? The job's current status and lease, if it exists.
+SELECT status, lease_token FROM orc_jobs WHERE id = %(job_id)s
+
+-- get_job --
+SELECT * FROM orc_jobs WHERE id = %(job_id)s
+
+-- job_events --
+SELECT id, job_id, kind, at, payload FROM orc_job_events WHERE job_id = %(job_id)s ORDER BY id
+
+-- list_jobs --
+-- Newest first (ids are UUIDv7, so id order is creation order); a tenant's through
+-- orc_jobs_tenant_id.
+SELECT * FROM orc_jobs
+ WHERE (%(status)s::text IS NULL OR status = %(status)s)
+   AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s)
+   AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
+ ORDER BY id DESC
+ LIMIT %(limit)s
+
+-- soonest_due --
+-- For the worker's wake-up timer: seconds until the next waiting job is due (null: none), and
+-- whether one came due in the last %(lookback)s seconds (the worker may not have seen it).
+WITH due AS (
+    SELECT next_retry_at AS at FROM orc_jobs
+     WHERE status = %(retry)s AND next_retry_at > now() - make_interval(secs => %(lookback)s)
+    UNION ALL
+    SELECT run_at FROM orc_jobs
+     WHERE status = %(pending)s AND run_at > now() - make_interval(secs => %(lookback)s)
+)
+SELECT extract(epoch FROM min(at) FILTER (WHERE at > now()) - now()) AS seconds,
+       coalesce(bool_or(at <= now()), false) AS overdue
+  FROM due
+
+-- lost_dispatches --
+-- The retry safety net: waiting jobs past due whose Procrastinate job is gone, finished, or
+-- held by a worker that stopped heartbeating, but those this run could not handle. Bounded,
+-- and SKIP LOCKED so sweepers never share a row.
+SELECT j.id, j.procrastinate_job_id, p.status AS procrastinate_status
+  FROM orc_jobs AS j
+  LEFT JOIN procrastinate_jobs AS p ON p.id = j.procrastinate_job_id
+  LEFT JOIN procrastinate_workers AS w ON w.id = p.worker_id
+ WHERE j.status = ANY (%(waiting)s)
+   AND coalesce(j.next_retry_at, j.run_at) < now() - make_interval(secs => %(grace_seconds)s)
+   AND (p.id IS NULL
+        OR p.status NOT IN ('todo', 'doing')
+        OR (p.status = 'doing'
+            AND (w.id IS NULL
+                 OR w.last_heartbeat < now() - make_interval(secs => %(stalled_seconds)s))))
+   AND j.id <> ALL (%(passed_over)s::uuid[])
+ ORDER BY coalesce(j.next_retry_at, j.run_at)
+ LIMIT %(limit)s
+   FOR UPDATE OF j SKIP LOCKED
+
+-- register_worker --
+-- A worker's entry in Procrastinate's registry (its fetches name it; its heartbeats keep it).
+SELECT worker_id FROM procrastinate_register_worker_v1()
+
+-- prune_stalled_workers --
+-- Forget workers silent for longer than %(seconds)s (Procrastinate's rule).
+SELECT worker_id FROM procrastinate_prune_stalled_workers_v1(%(seconds)s)
+
+-- worker_heartbeat --
+-- As procrastinate_update_heartbeat_v1, saying whether the worker was still registered (a worker
+-- silent longer than the stalled-worker timeout, through a database outage, is pruned).
+UPDATE procrastinate_workers SET last_heartbeat = now() WHERE id = %(worker_id)s
+
+-- unregister_worker --
+SELECT procrastinate_unregister_worker_v1(%(worker_id)s)
+
+-- dispatches_to_abort --
+-- Of these running dispatches, those asked to abort (their job was cancelled): the poll behind
+-- the abort notifications, which a lost listener would miss.
+SELECT id FROM procrastinate_jobs
+ WHERE id = ANY (%(ids)s::bigint[]) AND status = 'doing' AND abort_requested
+
+-- ping --
+-- The liveness probe's question, and the listener's on a quiet connection: is the database there?
+SELECT 1 AS ok
+
+-- record_events --
+-- Append events (a JSON array of {job_id, kind, payload}) in order.
+INSERT INTO orc_job_events (job_id, kind, payload)
+SELECT (e.event ->> 'job_id')::uuid, e.event ->> 'kind', e.event -> 'payload'
+  FROM jsonb_array_elements(%(events)s) WITH ORDINALITY AS e (event, n)
+ ORDER BY e.n
+
+-- record_maintenance_failures --
+-- job.maintenance_failed for each job a maintenance service could not handle ([{job_id,
+-- payload}]), unless the job's latest event already says the same: a row refused at every run
+-- is recorded once, not once a run.
+INSERT INTO orc_job_events (job_id, kind, payload)
+SELECT f.job_id, 'job.maintenance_failed', f.payload
+  FROM jsonb_to_recordset(%(failures)s) AS f (job_id uuid, payload jsonb)
+ WHERE NOT EXISTS (
+       SELECT FROM (SELECT e.kind, e.payload FROM orc_job_events AS e
+                     WHERE e.job_id = f.job_id ORDER BY e.id DESC LIMIT 1) AS latest
+        WHERE latest.kind = 'job.maintenance_failed' AND latest.payload = f.payload)
+RETURNING job_id
+
+-- list_dead_letters --
+-- Newest first; a tenant's through orc_dead_letters_tenant.
+SELECT * FROM orc_dead_letters
+ WHERE (%(state)s::text IS NULL OR state = %(state)s)
+   AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
+ ORDER BY created_at DESC
+ LIMIT %(limit)s
+
+-- find_dead_letter --
+SELECT * FROM orc_dead_letters WHERE id = %(dead_letter_id)s
+
+-- get_dead_letter --
+SELECT * FROM orc_dead_letters WHERE id = %(dead_letter_id)s FOR UPDATE
+
+-- mark_dead_letter_requeued --
+UPDATE orc_dead_letters
+   SET state = 'requeued', requeued_job_id = %(job_id)s, resolved_at = now()
+ WHERE id = %(dead_letter_id)s AND state IN ('recorded', 'discard_requested')
+RETURNING id
+
+-- request_dead_letter_discard --
+UPDATE orc_dead_letters
+   SET state = 'discard_requested', discard_requested_by = %(reviewer)s,
+       discard_reason = %(reason)s
+ WHERE id = %(dead_letter_id)s AND state = 'recorded'
+RETURNING id
+
+-- confirm_dead_letter_discard --
+UPDATE orc_dead_letters
+   SET state = 'discarded', discarded_by = %(reviewer)s, resolved_at = now()
+ WHERE id = %(dead_letter_id)s AND state = 'discard_requested'
+   AND discard_requested_by <> %(reviewer)s
+RETURNING id
+
+-- == Checkpoints and the side-effect ledger (checkpoints/) ======================================
+-- Writes made by an attempt lock its job row FOR SHARE while checking the lease: a concurrent
+-- change of lease (a sweep) either waits for them or makes them match nothing.
+
+-- last_checkpoint --
+-- Where a stepped job resumes: its last committed step, that step's state, and whether it was
+-- the final step.
+SELECT step, state, final FROM orc_checkpoints
+ WHERE job_id = %(job_id)s
+ ORDER BY step DESC
+ LIMIT 1
+
+-- begin_effect --
+-- Before a side-effecting call: what the ledger knows of it, and (if nothing) record it pending.
+WITH leased AS (
+    SELECT id FROM orc_jobs
+     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = %(running)s
+       FOR SHARE
+), existing AS (
+    SELECT status, result FROM orc_side_effects
+     WHERE job_id = %(job_id)s AND invocation_id = %(invocation_id)s
+), recorded AS (
+    INSERT INTO orc_side_effects (job_id, invocation_id, step, name, args, status, attempt)
+    SELECT id, %(invocation_id)s, %(step)s, %(name)s, %(args)s, 'pending', %(attempt)s
+      FROM leased
+     WHERE NOT EXISTS (SELECT 1 FROM existing)
+)
+SELECT EXISTS (SELECT 1 FROM leased) AS leased,
+       (SELECT status FROM existing) AS status,
+       (SELECT result FROM existing) AS result
+
+-- retry_effect --
+-- An earlier attempt's call failed, or is pending and will be made again: pending, for this one.
+UPDATE orc_side_effects
+   SET status = 'pending', error = NULL, attempt = %(attempt)s
+ WHERE job_id = %(job_id)s AND invocation_id = %(invocation_id)s
+   AND status IN ('pending', 'failed')
+   AND EXISTS (SELECT 1 FROM orc_jobs
+                WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = %(running)s
+                  FOR SHARE)
+RETURNING invocation_id
+
+-- fail_effect --
+-- The call raised: the ledger keeps its classified error (the attempt's outcome follows).
+UPDATE orc_side_effects
+   SET status = 'failed', error = %(error)s
+ WHERE job_id = %(job_id)s AND invocation_id = %(invocation_id)s AND status = 'pending'
+   AND EXISTS (SELECT 1 FROM orc_jobs
+                WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = %(running)s
+                  FOR SHARE)
+RETURNING invocation_id
+
+-- commit_effects --
+-- Results of side effects ([{invocation_id, result, reconciled}]) become committed, outside a
+-- checkpoint: a plain task's effects, reconciled ones, and those an ending attempt still holds.
+-- Written again with the same results, it changes nothing and still matches every row, so a write
+-- whose acknowledgement was lost can be made again.
+UPDATE orc_side_effects AS e
+   SET status = 'committed', result = coalesce(c.result, 'null'), reconciled = c.reconciled,
+       error = NULL, attempt = %(attempt)s
+  FROM jsonb_to_recordset(%(effects)s) AS c (invocation_id text, result jsonb, reconciled boolean)
+ WHERE e.job_id = %(job_id)s AND e.invocation_id = c.invocation_id
+   AND EXISTS (SELECT 1 FROM orc_jobs
+                WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = %(running)s
+                  FOR SHARE)
+RETURNING e.invocation_id
+
+-- write_checkpoint --
+-- A step's commit point, in one round trip: its checkpoint, its side effects' results, and a
+-- job.checkpointed event. A stale attempt (superseded lease) writes none of them.
+WITH leased AS (
+    SELECT id, attempt FROM orc_jobs
+     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = %(running)s
+       FOR SHARE
+), saved AS (
+    INSERT INTO orc_checkpoints (job_id, step, state, final, attempt)
+    SELECT id, %(step)s, %(state)s, %(final)s, attempt FROM leased
+    RETURNING job_id, step
+), committed AS (
+    UPDATE orc_side_effects AS e
+       SET status = 'committed', result = coalesce(c.result, 'null'),
+           reconciled = c.reconciled, error = NULL, attempt = %(attempt)s
+      FROM saved,
+           jsonb_to_recordset(%(effects)s) AS c (invocation_id text, result jsonb,
+                                                 reconciled boolean)
+     WHERE e.job_id = saved.job_id AND e.invocation_id = c.invocation_id
+       AND e.status <> 'committed'
+    RETURNING e.invocation_id
+), event AS (
+    INSERT INTO orc_job_events (job_id, kind, payload)
+    SELECT job_id, 'job.checkpointed',
+           jsonb_build_object('step', step, 'final', %(final)s, 'effects_committed',
+                              (SELECT count(*) FROM committed))
+      FROM saved
+)
+SELECT (SELECT count(*) FROM saved) AS saved, (SELECT count(*) FROM committed) AS committed
+
+-- job_steps --
+-- A job's checkpoints and side effects, for `orchestrator status` and the demo.
+SELECT 'checkpoint' AS kind, step, NULL AS invocation_id, NULL AS name, NULL AS status,
+       state AS detail, attempt, created_at AS at
+  FROM orc_checkpoints WHERE job_id = %(job_id)s
+UNION ALL
+SELECT 'side_effect', step, invocation_id, name, status,
+       jsonb_build_object('args', args, 'result', result, 'error', error,
+                          'reconciled', reconciled),
+       attempt, updated_at
+  FROM orc_side_effects WHERE job_id = %(job_id)s
+ ORDER BY step, at
+
+-- == Approval gates ==============================================================================
+
+-- step_approval --
+-- The approval a step asked for (under its key), if it asked before.
+SELECT * FROM orc_approvals
+ WHERE job_id = %(job_id)s AND step = %(step)s AND key = %(key)s
+
+-- request_approval --
+-- The attempt stops and waits: WAITING_APPROVAL (lease released) with its approval record and a
+-- job.waiting_approval event, in one statement (its notice, if any, is submitted in the same
+-- transaction).
+WITH waiting AS (
+    UPDATE orc_jobs
+       SET status = %(target)s, lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
+     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = ANY (%(sources)s)
+    RETURNING id
+), approval AS (
+    INSERT INTO orc_approvals (id, job_id, step, key, question, details, on_reject, expires_at)
+    SELECT %(approval_id)s, id, %(step)s, %(key)s, %(question)s, %(details)s, %(on_reject)s,
+           now() + make_interval(secs => %(expires_in)s)
+      FROM waiting
+    RETURNING id, job_id, expires_at
+), event AS (
+    INSERT INTO orc_job_events (job_id, kind, payload)
+    SELECT job_id, 'job.waiting_approval',
+           jsonb_build_object('approval_id', id, 'step', %(step)s, 'question', %(question)s,
+                              'expires_at', expires_at, 'notice_job_id', %(notice_job_id)s::uuid)
+      FROM approval
+)
+SELECT id FROM approval
+
+-- lock_approval --
+-- An approval with its job (both locked, for the decision): the approval's own columns, and the
+-- job's status and counters, which a failure reports.
+SELECT a.id, a.step, a.status, a.on_reject, a.expires_at, a.job_id, j.status AS job_status,
+       j.job_type, j.tenant_id, j.payload, j.attempt, j.max_attempts, j.dispatch_attempt, j.retry_count,
+       j.max_retries, j.lease_token, j.locked_by
+  FROM orc_approvals AS a JOIN orc_jobs AS j ON j.id = a.job_id
+ WHERE a.id = %(approval_id)s
+   FOR UPDATE OF a, j
+
+-- decide_approval --
+UPDATE orc_approvals
+   SET status = %(decision)s, decided_at = now(), decided_by = %(decided_by)s,
+       reason = %(reason)s
+ WHERE id = %(approval_id)s AND status = 'pending'
+RETURNING id
+
+-- resume_after_approval --
+-- Approved (or rejected down the task's rejection path): PENDING, no budget used, with an event;
+-- dispatch_jobs gives it a new dispatch in the same transaction.
+WITH resumed AS (
+    UPDATE orc_jobs SET status = %(target)s
+     WHERE id = %(job_id)s AND status = ANY (%(sources)s)
+    RETURNING id
+)
+INSERT INTO orc_job_events (job_id, kind, payload)
+SELECT id, %(kind)s, %(event)s FROM resumed
+RETURNING job_id
+
+-- expired_approvals --
+-- Approvals past their expiry whose job still waits, but those this run could not handle;
+-- bounded, SKIP LOCKED for several sweepers.
+SELECT a.id, a.job_id
+  FROM orc_approvals AS a JOIN orc_jobs AS j ON j.id = a.job_id
+ WHERE a.status = 'pending' AND a.expires_at < now() AND j.status = %(waiting)s
+   AND a.id <> ALL (%(passed_over)s::uuid[])
+ ORDER BY a.expires_at
+ LIMIT %(limit)s
+   FOR UPDATE OF a SKIP LOCKED
+
+-- list_approvals --
+SELECT a.*, j.job_type, j.status AS job_status
+  FROM orc_approvals AS a JOIN orc_jobs AS j ON j.id = a.job_id
+ WHERE (%(status)s::text IS NULL OR a.status = %(status)s)
+ ORDER BY a.requested_at DESC
+ LIMIT %(limit)s
+
+-- cancel_job_approvals --
+-- A cancelled job's open approval is closed with it.
+UPDATE orc_approvals
+   SET status = 'cancelled', decided_at = now(), decided_by = %(by)s, reason = %(reason)s
+ WHERE job_id = %(job_id)s AND status = 'pending'
+
+-- == Retention ===================================================================================
+
+-- prune_checkpoints --
+-- Checkpoints of jobs finished before the cutoff; bounded per run.
+WITH doomed AS (
+    SELECT c.job_id, c.step FROM orc_checkpoints AS c
+      JOIN orc_jobs AS j ON j.id = c.job_id
+     WHERE j.finished_at < now() - make_interval(secs => %(older_than)s)
+     LIMIT %(limit)s
+)
+DELETE FROM orc_checkpoints AS c USING doomed AS d
+ WHERE c.job_id = d.job_id AND c.step = d.step
+
+-- prune_side_effects --
+-- Ledger rows of jobs finished before the cutoff; bounded per run.
+WITH doomed AS (
+    SELECT e.job_id, e.invocation_id FROM orc_side_effects AS e
+      JOIN orc_jobs AS j ON j.id = e.job_id
+     WHERE j.finished_at < now() - make_interval(secs => %(older_than)s)
+     LIMIT %(limit)s
+)
+DELETE FROM orc_side_effects AS e USING doomed AS d
+ WHERE e.job_id = d.job_id AND e.invocation_id = d.invocation_id
+
+-- == Liveness: heartbeats and the zombie sweep ===================================================
+
+-- heartbeat --
+-- One statement per worker per tick: refresh every job it runs, each fenced by its lease, and
+-- return those still held (a missing one was swept and handed on: the worker cancels it).
+-- heartbeat_at never passes the backstop (deadline_at + the expiry grace, Graphile Worker's job_expiry)
+-- minus the zombie threshold: an attempt still running at its backstop goes stale even while it
+-- heartbeats, and the sweep takes it.
+UPDATE orc_jobs AS j
+   SET heartbeat_at = least(
+           now(), j.deadline_at + make_interval(secs => %(expiry_grace)s - %(threshold)s))
+  FROM unnest(%(job_ids)s::uuid[], %(lease_tokens)s::uuid[]) AS h (id, lease_token)
+ WHERE j.id = h.id AND j.lease_token = h.lease_token AND j.status = %(running)s
+RETURNING j.lease_token
+
+-- zombies --
+-- RUNNING jobs whose heartbeat is older than the threshold (orc_jobs_running_heartbeat), oldest
+-- first, but those this run could not handle; bounded, and SKIP LOCKED so sweepers running at
+-- once never share a job.
+SELECT id, job_type, tenant_id, payload, lease_token, heartbeat_at, deadline_at, attempt,
+       max_attempts, dispatch_attempt, retry_count, max_retries, procrastinate_job_id, locked_by
+  FROM orc_jobs
+ WHERE status = %(running)s
+   AND heartbeat_at < now() - make_interval(secs => %(threshold)s)
+   AND id <> ALL (%(passed_over)s::uuid[])
+ ORDER BY heartbeat_at
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED
+
+-- sweep_to_retry --
+-- Zombies with budget left ([{id, lease_token, next_retry_at, error, zombie, retry}]): RETRY,
+-- retry_count + 1, with job.zombie_detected and job.retry_scheduled (attempt bumped at the next
+-- claim); dispatch_jobs gives them new dispatches in the same transaction.
+WITH d AS (
+    SELECT * FROM jsonb_to_recordset(%(decisions)s)
+        AS d (id uuid, lease_token uuid, next_retry_at timestamptz, error jsonb, zombie jsonb,
+              retry jsonb)
+), moved AS (
+    UPDATE orc_jobs AS j
+       SET status = %(target)s, retry_count = j.retry_count + 1,
+           next_retry_at = d.next_retry_at, last_error = d.error,
+           lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
+      FROM d
+     WHERE j.id = d.id AND j.lease_token = d.lease_token AND j.status = ANY (%(sources)s)
+    RETURNING j.id, j.retry_count, j.next_retry_at
+), events AS (
+    INSERT INTO orc_job_events (job_id, kind, payload)
+    SELECT m.id, e.kind, e.payload
+      FROM moved AS m JOIN d ON d.id = m.id,
+           LATERAL (VALUES (1, 'job.zombie_detected', d.zombie),
+                           (2, 'job.retry_scheduled',
+                            d.retry || jsonb_build_object('retry_count', m.retry_count,
+                                                          'available_at', m.next_retry_at)))
+               AS e (n, kind, payload)
+     ORDER BY m.id, e.n
+)
+SELECT id FROM moved
+
+-- settle_procrastinate_jobs --
+-- Close the Procrastinate jobs a dead worker left in `doing` (Procrastinate never does: its
+-- stalled jobs stay there), so they free their locks and nothing lingers.
+SELECT procrastinate_finish_job_v1(p.id, 'failed', false)
+  FROM unnest(%(procrastinate_job_ids)s::bigint[]) AS x (id)
+  JOIN procrastinate_jobs AS p ON p.id = x.id AND p.status = 'doing'
+
+-- scaling_load --
+-- The fleet's load, for autoscaling: jobs due and waiting (PENDING past run_at, RETRY past
+-- next_retry_at) plus jobs running, so that workers = ceil(load / concurrency) never drops
+-- below what the running jobs occupy. KEDA's PostgreSQL scaler polls this exact text
+-- (k8s/autoscaling/scaledobject.yaml; tests/test_autoscaling.py checks that the two are the
+-- same): literals, no parameters. Each count reads a partial index (orc_jobs_pending_run_at,
+-- orc_jobs_retry_due, orc_jobs_running_heartbeat), never the finished jobs.
+SELECT (SELECT count(*) FROM orc_jobs WHERE status = 'PENDING' AND run_at <= now())
+     + (SELECT count(*) FROM orc_jobs WHERE status = 'RETRY' AND next_retry_at <= now())
+     + (SELECT count(*) FROM orc_jobs WHERE status = 'RUNNING') AS load
+
+-- fleet_snapshot --
+-- The fleet's metrics are read in one snapshot: the counts below agree with each other.
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY
+
+-- fleet_jobs --
+-- Unfinished jobs by status, type and tenant (orc_jobs_unfinished_counts: an index-only scan).
+SELECT status, job_type, coalesce(tenant_id, '') AS tenant, count(*) AS n
+  FROM orc_jobs
+ WHERE finished_at IS NULL
+ GROUP BY 1, 2, 3
+
+-- fleet_queues --
+-- Jobs due and waiting to start, by queue, and how long the oldest has been due
+-- (orc_jobs_pending_run_at, orc_jobs_retry_due).
+SELECT queue, count(*) AS depth, extract(epoch FROM now() - min(due)) AS oldest_age
+  FROM (SELECT queue, run_at AS due FROM orc_jobs
+         WHERE status = %(pending)s AND run_at <= now()
+        UNION ALL
+        SELECT queue, next_retry_at FROM orc_jobs
+         WHERE status = %(retry)s AND next_retry_at <= now()) AS waiting
+ GROUP BY queue
+
+-- fleet_dead_letters --
+-- Dead letters by state and tenant (orc_dead_letters_state_tenant: an index-only scan).
+SELECT state, coalesce(tenant_id, '') AS tenant, count(*) AS n
+  FROM orc_dead_letters
+ GROUP BY 1, 2
+
+-- fleet_counts --
+-- Approvals waiting (orc_approvals_pending_expiry) and zombies not swept yet
+-- (orc_jobs_running_heartbeat).
+SELECT (SELECT count(*) FROM orc_approvals WHERE status = 'pending') AS approvals,
+       (SELECT count(*) FROM orc_jobs
+         WHERE status = %(running)s
+           AND heartbeat_at < now() - make_interval(secs => %(threshold)s)) AS zombies
+

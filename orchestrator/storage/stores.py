@@ -1,0 +1,39 @@
+"""One store per aggregate, each taking the query runner, built together on one pool."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.storage.approvals import ApprovalStore
+from orchestrator.storage.database import Pool
+from orchestrator.storage.dead_letters import DeadLetterStore
+from orchestrator.storage.dispatches import DispatchStore
+from orchestrator.storage.fleet import FleetStore
+from orchestrator.storage.jobs import JobStore
+from orchestrator.storage.liveness import LivenessStore
+from orchestrator.storage.runner import Queries
+
+
+@dataclass(frozen=True)
+class Stores:
+    queries: Queries
+    jobs: JobStore
+    dispatches: DispatchStore
+    dead_letters: DeadLetterStore
+    approvals: ApprovalStore
+    liveness: LivenessStore
+    fleet: FleetStore
+
+    @classmethod
+    def on(cls, pool: Pool) -> Stores:
+        queries = Queries(pool)
+        jobs = JobStore(queries)
+        return cls(
+            queries=queries,
+            jobs=jobs,
+            dispatches=DispatchStore(queries, jobs),
+            dead_letters=DeadLetterStore(queries),
+            approvals=ApprovalStore(queries, jobs),
+            liveness=LivenessStore(queries, jobs),
+            fleet=FleetStore(queries),
+        )

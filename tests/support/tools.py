@@ -1,0 +1,33 @@
+"""The operators' own tools, run for real: found on PATH, or the test skips with a one-line
+reason; under CI=true a missing tool fails the test instead (CI must run it)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+#: Where each tool comes from, for the reason a test gives when it is missing.
+SOURCES = {"promtool": "Debian's prometheus package (./dev installs it where it can)"}
+
+
+def find(name: str) -> str:
+    """The tool: on PATH, or beside this interpreter (./dev puts promtool in .venv/bin)."""
+    path = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if path is not None:
+        return path
+    why = f"{name} not found: it comes from {SOURCES.get(name, name)}"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{why}; CI=true requires it")
+    pytest.skip(why)
+
+
+def promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [find("promtool"), *args], input=stdin, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip

@@ -1,0 +1,124 @@
+"""Logs: ``ORCHESTRATOR_LOG_FORMAT=json`` makes a worker write one JSON object per line, and
+every record logged inside an attempt (the task's own loggers, a task it starts, a thread it
+starts) carries the attempt's fields; a known secret is redacted from the message, the
+exception and the extra fields. Real worker processes, real peers, the job of
+tests/support/observed_app.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from orchestrator import Orchestrator, Status
+from tests.support import http_peers, observed_app
+from tests.support.harness import BASE_CONFIG, ROOT, finished
+from tests.support.workers import WorkerProcess
+
+VALUE = "observed-secret-0123456789"
+REDACTED = f"[REDACTED:{observed_app.SECRET}]"
+
+
+@pytest.fixture
+def peers() -> Iterator[http_peers.Peers]:
+    with http_peers.serve() as p:
+        yield p
+
+
+def json_lines(output: str) -> list[dict[str, Any]]:
+    """Each line of ``output`` as a JSON object (a line that is not one fails the test)."""
+    return [json.loads(line) for line in output.splitlines() if line.strip()]
+
+
+async def attempt_fields(orc: Orchestrator, job_id: Any) -> dict[str, Any]:
+    """What every record of the job's first attempt must carry, read from the job itself."""
+    job = await orc.get_job(job_id)
+    [running] = [e for e in await orc.job_events(job_id) if e.kind == "job.running"]
+    return {
+        "job_id": str(job_id),
+        "job_type": "observed",
+        "attempt": 1,
+        "tenant": "acme",
+        "trace_id": job.trace_id,
+        "worker": running.payload["worker"],
+    }
+
+
+async def test_a_worker_writes_json_lines_with_the_attempt_fields_and_no_secret(
+    dsn: str, make_orc: Callable[..., Orchestrator], peers: http_peers.Peers
+) -> None:
+    orc = make_orc()
+    observed_app.register(orc)
+    await orc.open()
+    job_id = await orc.submit("observed", {"url": peers.url}, tenant_id="acme")
+    with WorkerProcess(
+        dsn, app="tests.support.observed_app:orc", ORCHESTRATOR_LOG_FORMAT="json",
+        ORCHESTRATOR_RETRY_CONFIG=BASE_CONFIG, **{observed_app.SECRET: VALUE},
+    ) as worker:  # fmt: skip
+        job = await finished(orc, job_id)
+        worker.signal(signal.SIGTERM)
+        assert await asyncio.to_thread(worker.wait) == 0
+        output = worker.output()
+    assert job.status is Status.COMPLETED, output
+    assert VALUE not in output
+    records = json_lines(output)
+    assert all({"time", "level", "logger", "message"} <= r.keys() for r in records)
+    fields = await attempt_fields(orc, job_id)
+
+    def logged(message: str) -> dict[str, Any]:
+        [record] = [r for r in records if r["message"] == message]
+        return record
+
+    started = next(r for r in records if r["message"].startswith("worker orchestrator"))
+    assert "job_id" not in started  # outside any attempt
+    calling = logged(f"calling with key {REDACTED}")
+    assert calling["logger"] == "myapp" and calling["level"] == "INFO"
+    assert (calling["token"], calling["step_count"]) == (REDACTED, 2)  # the code's own extra
+    handled = logged("a handled error")
+    assert handled["level"] == "ERROR"
+    assert f"RuntimeError: the key {REDACTED} was refused" in handled["exception"]
+    attempt_records = [
+        calling,
+        handled,
+        logged("from a task the job started"),
+        logged("from a thread"),
+        logged("step 1"),  # ctx.log
+        logged("step 2"),
+        logged(f"job {job_id} (observed) attempt 1: completed"),
+    ]
+    for record in attempt_records:
+        assert {name: record.get(name) for name in fields} == fields, record
+
+
+async def test_run_worker_without_logging_set_up_writes_json_to_stderr(
+    dsn: str, db: psycopg.AsyncConnection[Any], peers: http_peers.Peers
+) -> None:
+    """An application that configured no logging: the orchestrator's own records (ctx.log's
+    among them) go to stderr, in the format asked for."""
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "tests.support.solo_worker", peers.url],
+        cwd=ROOT, capture_output=True, text=True, check=False, timeout=120,
+        env={**os.environ, "DATABASE_URL": dsn, "ORCHESTRATOR_HEALTH_PORT": "0",
+             "ORCHESTRATOR_RETRY_CONFIG": str(BASE_CONFIG), "ORCHESTRATOR_LOG_FORMAT": "json",
+             observed_app.SECRET: VALUE},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    job_id = json.loads(done.stdout)["job_id"]
+    # The task's own logger ("myapp") has no handler here: Python's last resort prints its
+    # warnings and errors as they are. The orchestrator's records are JSON.
+    ours = [line for line in done.stderr.splitlines() if line.startswith("{")]
+    records = json_lines("\n".join(ours))
+    assert {r["logger"].split(".")[0] for r in records} == {"orchestrator"}
+    steps = [r for r in records if r["logger"] == "orchestrator.job.observed"]
+    assert [r["message"] for r in steps] == ["step 1", "step 2"]
+    assert all(r["job_id"] == job_id and r["attempt"] == 1 for r in steps)
+    assert any(r["message"].endswith("attempt 1: completed") for r in records)

@@ -1,0 +1,219 @@
+"""The worker's metrics, read from a live worker process's /metrics after real jobs took every
+path (success, app retry, infra retry, permanent failure, a zombie left by a SIGKILLed worker),
+and checked against what the database recorded; the exposition passes ``promtool check
+metrics``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import psycopg
+from prometheus_client.parser import text_string_to_metric_families
+
+from orchestrator import Orchestrator, Status
+from tests.support import scripted, scripted_app
+from tests.support.harness import WorkerRun, free_port, wait_for
+from tests.support.tools import promtool
+from tests.support.workers import WorkerProcess
+
+APP = "tests.support.scripted_app:orc"
+
+
+def samples(exposition: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """(sample name, sorted labels) -> value."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(exposition)
+        for s in family.samples
+    }
+
+
+def value(found: dict[Any, float], name: str, **labels: str) -> float:
+    return found.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+async def count_events(db: psycopg.AsyncConnection[Any], kind: str, where: str = "") -> int:
+    cur = await db.execute(f"SELECT count(*) FROM orc_job_events WHERE kind = %s {where}", (kind,))
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def test_a_workers_metrics_match_what_the_database_recorded(
+    make_orc: Callable[..., Orchestrator], dsn: str, db: psycopg.AsyncConnection[Any]
+) -> None:
+    orc = make_orc(retry_config=scripted_app.CONFIG)
+    scripted.register(orc)
+    await orc.open()
+    env = {"ORCHESTRATOR_RETRY_CONFIG": scripted_app.CONFIG, "ORCHESTRATOR_WORKER_CONCURRENCY": 4}
+
+    async def status_is(job_id: Any, status: Status) -> bool:
+        return (await orc.get_job(job_id)).status is status
+
+    # A zombie: its worker is killed while it runs the job.
+    with WorkerProcess(dsn, APP, **env) as doomed:
+        zombie = await orc.submit("scripted", {"script": ["block", "ok"]})
+        await wait_for(lambda: status_is(zombie, Status.RUNNING), timeout=30)
+        doomed.signal(signal.SIGKILL)
+        doomed.wait()
+
+    port = free_port()
+    with WorkerProcess(dsn, APP, ORCHESTRATOR_HEALTH_PORT=port, **env) as worker:
+        jobs = {
+            script: await orc.submit("scripted", {"script": list(script)}, tenant_id="acme")
+            for script in (("sleep:0.6",), ("app", "ok"), ("infra", "ok"), ("permanent",))
+        }
+
+        async def all_finished() -> bool:
+            states = [await orc.get_job(j) for j in [zombie, *jobs.values()]]
+            return all(job.finished_at is not None for job in states)
+
+        await wait_for(all_finished, timeout=60)
+        async with httpx.AsyncClient() as client:
+            response = await client.get(f"http://127.0.0.1:{port}/metrics")
+            openmetrics = await client.get(
+                f"http://127.0.0.1:{port}/metrics",
+                headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+            )
+        worker.signal(signal.SIGTERM)
+        assert await asyncio.to_thread(worker.wait) == 0
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    assert openmetrics.headers["content-type"].startswith("application/openmetrics-text")
+    assert openmetrics.text.endswith("# EOF\n")
+    found = samples(response.text)
+
+    def finished(outcome: str, error_class: str = "none", layer: str = "none") -> float:
+        return value(
+            found, "orchestrator_attempts_finished_total", job_type="scripted",
+            outcome=outcome, error_class=error_class, layer=layer,
+        )  # fmt: skip
+
+    # Every attempt but the killed worker's first one ran here.
+    started = await count_events(db, "job.running") - 1
+    assert value(found, "orchestrator_attempts_started_total", job_type="scripted") == started
+    assert finished("completed") == await count_events(db, "job.completed") == 4
+    assert finished("retried", "TRANSIENT_APP", "app") == 1
+    assert finished("retried", "TRANSIENT_INFRA", "infra") == 1
+    assert finished("failed", "PERMANENT") == await count_events(
+        db, "job.failed", "AND (payload ->> 'terminal')::boolean"
+    ) == 1  # fmt: skip
+    durations = sum(
+        v for (name, _), v in found.items() if name == "orchestrator_attempt_duration_seconds_count"
+    )
+    assert durations == started
+    # The zombie was swept by this worker's maintenance lane, then completed here.
+    swept = await count_events(db, "job.zombie_detected")
+    assert swept == 1
+    assert value(
+        found, "orchestrator_maintenance_rows_total", service="sweep_zombies", action="retried"
+    ) == swept  # fmt: skip
+    assert value(found, "orchestrator_maintenance_runs_total", service="sweep_zombies",
+                 result="ok") >= 1  # fmt: skip
+    # The two retries were scheduled for later: their lateness was measured.
+    assert value(found, "orchestrator_retry_lateness_seconds_count", job_type="scripted") >= 2
+    assert value(found, "orchestrator_heartbeats_total", result="ok") >= 1  # the 0.6 s job's
+    assert value(found, "orchestrator_running_jobs") == 0
+    assert value(found, "orchestrator_slots", lane="jobs") == 4
+    assert value(found, "orchestrator_free_slots", lane="maintenance") == 1
+    assert value(found, "orchestrator_worker_ready") == 1
+    assert "job_id" not in response.text  # no label names a job
+
+    # The fleet, as the exporter reads it, against the database: jobs left waiting now.
+    for tenant, queue in (("acme", "q1"), ("acme", "q1"), (None, "q2")):
+        await orc.submit("scripted", {"script": ["ok"]}, queue=queue, tenant_id=tenant)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    await orc.submit("scripted", {"script": ["ok"]}, queue="q1", run_at=later)
+    fleet = await exported_fleet(dsn)
+    cur = await db.execute(
+        "SELECT status, coalesce(tenant_id, ''), count(*) FROM orc_jobs "
+        "WHERE finished_at IS NULL GROUP BY 1, 2"
+    )
+    for status, tenant, n in await cur.fetchall():
+        assert value(fleet, "orchestrator_jobs", status=status, job_type="scripted",
+                     tenant=tenant) == n  # fmt: skip
+    assert value(fleet, "orchestrator_jobs", status="PENDING", job_type="scripted",
+                 tenant="acme") == 2  # fmt: skip
+    assert value(fleet, "orchestrator_queue_depth", queue="q1") == 2  # the later one is not due
+    assert value(fleet, "orchestrator_queue_depth", queue="q2") == 1
+    assert value(fleet, "orchestrator_queue_oldest_age_seconds", queue="q1") > 0
+    assert value(fleet, "orchestrator_dead_letters", state="recorded", tenant="acme") == 1
+    assert value(fleet, "orchestrator_jobs_retrying_ratio") == 0
+    assert (
+        value(fleet, "orchestrator_zombies") == value(fleet, "orchestrator_approvals_waiting") == 0
+    )
+    assert value(fleet, "orchestrator_fleet_up") == 1
+
+
+def start_exporter(dsn: str, port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "DATABASE_URL": dsn, "ORCHESTRATOR_EXPORTER_MIN_INTERVAL": "0"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "exporter", "--port", str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+async def exported_fleet(dsn: str) -> dict[Any, float]:
+    """One scrape of a real ``orchestrator exporter`` process on this database; it then ends
+    with 0 on SIGTERM."""
+    port = free_port()
+    process = start_exporter(dsn, port)
+    try:
+        async with httpx.AsyncClient() as client:
+
+            async def ready() -> bool:
+                try:
+                    response = await client.get(f"http://127.0.0.1:{port}/readyz")
+                except httpx.TransportError:
+                    return False
+                return response.status_code == 200
+
+            await wait_for(ready, timeout=30)
+            body = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(process.wait, 30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return samples(body)
+
+
+async def test_a_live_workers_exposition_passes_promtool(
+    make_orc: Callable[..., Orchestrator], dsn: str
+) -> None:
+    orc = make_orc(retry_config=scripted_app.CONFIG)
+    scripted.register(orc)
+    await orc.open()
+    port = free_port()
+    env = {"ORCHESTRATOR_RETRY_CONFIG": scripted_app.CONFIG, "ORCHESTRATOR_HEALTH_PORT": port}
+    with WorkerProcess(dsn, APP, **env):
+        jobs = [await orc.submit("scripted", {"script": [s]}) for s in ("ok", "permanent")]
+
+        async def finished() -> bool:
+            return all([(await orc.get_job(j)).finished_at is not None for j in jobs])
+
+        await wait_for(finished, timeout=30)
+        async with httpx.AsyncClient() as client:
+            exposition = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    check = promtool("check", "metrics", stdin=exposition)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+async def test_with_metrics_off_nothing_is_counted(make_orc: Callable[..., Orchestrator]) -> None:
+    orc = make_orc(retry_config=scripted_app.CONFIG, metrics=False)
+    scripted.register(orc)
+    async with WorkerRun(orc) as worker:
+        job_id = await orc.submit("scripted", {"script": ["ok"]})
+        await worker.until_finished(job_id)
+        body, _ = await orc.metrics.exposition("")
+    found = samples(body.decode())
+    assert not [name for name, _ in found if name.startswith("orchestrator_attempts")]
+    assert "orchestrator_running_jobs" not in body.decode()

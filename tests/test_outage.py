@@ -1,0 +1,190 @@
+"""A database outage under a working worker: the server (one of the test's own) is stopped and
+started again while a real worker process (the CLI) runs jobs. The worker stays alive (its
+liveness probe answers), says it is not ready while the database is away, takes up its work
+again when it is back, and every job completes; SIGTERM still ends it with 0."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import psycopg
+import pytest
+
+from orchestrator import JobContext, Orchestrator, Status
+from orchestrator.storage.migrate import migrate
+from orchestrator.storage.queries import QUERIES
+from tests.support import agent_app
+from tests.support.cluster import Cluster
+from tests.support.external import MessageService, message_service
+from tests.support.harness import WorkerRun, config_with, free_port, probe, settings_for_tests
+from tests.support.workers import WorkerProcess
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[Cluster, str]]:
+    server = Cluster(tmp_path)
+    dsn = server.start()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE outage")
+    dsn = dsn.replace("/postgres?", "/outage?")
+    try:
+        yield server, dsn
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def service() -> Iterator[MessageService]:
+    with message_service() as svc:
+        yield svc
+
+
+async def eventually(
+    condition: Callable[[], Awaitable[bool]], timeout: float = 30, what: str = ""
+) -> None:
+    """Poll ``condition``; a connection lost to the outage counts as "not yet"."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if await condition():
+                return
+        except psycopg.OperationalError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        await asyncio.sleep(0.1)
+
+
+async def statuses(orc: Orchestrator, job_ids: list[UUID]) -> list[Status]:
+    return [(await orc.get_job(job_id)).status for job_id in job_ids]
+
+
+async def ride_through(
+    cluster: tuple[Cluster, str], service: MessageService, outage_seconds: float
+) -> None:
+    server, dsn = cluster
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await migrate(conn)
+    orc = Orchestrator(
+        settings=settings_for_tests(retry_config=config_with(agent_app.TABLE)), dsn=dsn
+    )
+    agent_app.register(orc)
+    port = free_port()
+    plan: dict[str, Any] = {"service": service.url, "steps": 3, "send_at": [], "step_seconds": 0.3}
+    env = {"ORCHESTRATOR_HEALTH_PORT": port, "ORCHESTRATOR_DRAIN_SECONDS": 5}
+    with WorkerProcess(dsn, **env) as worker:
+        async with orc:
+            await eventually(lambda: _is(probe(port), 200), what="the worker is ready")
+            job_ids = [await orc.submit("agent", plan) for _ in range(8)]
+            await eventually(
+                lambda: _some(statuses(orc, job_ids), Status.RUNNING), what="jobs running"
+            )
+        server.stop()
+        down = time.monotonic()
+        await eventually(lambda: _is(probe(port), 503), timeout=10, what="not ready")
+        while time.monotonic() - down < outage_seconds:
+            assert await probe(port, "/healthz") == 200  # alive: no restart while it is away
+            assert worker.process.poll() is None, worker.output()[-3000:]
+            await asyncio.sleep(0.2)
+        server.start()
+        async with orc:
+            await eventually(lambda: _is(probe(port), 200), what="ready again")
+            try:
+                await eventually(
+                    lambda: _all(statuses(orc, job_ids), Status.COMPLETED),
+                    timeout=60,
+                    what="every job completed",
+                )
+            except AssertionError as exc:
+                raise AssertionError(
+                    f"{exc}: {await statuses(orc, job_ids)}\n{worker.output()[-6000:]}"
+                ) from None
+            later = await orc.submit("agent", plan)  # and it goes on taking work
+            await eventually(lambda: _all(statuses(orc, [later]), Status.COMPLETED))
+        assert worker.process.poll() is None
+        worker.signal(signal.SIGTERM)
+        code = await asyncio.to_thread(worker.wait)
+        log = worker.output()
+    assert code == 0, log[-3000:]
+    assert "database unreachable" in log and "Traceback" not in log, log[-3000:]
+
+
+async def _is(status: Awaitable[int | None], expected: int) -> bool:
+    return await status == expected
+
+
+async def _some(values: Awaitable[list[Status]], status: Status) -> bool:
+    return status in await values
+
+
+async def _all(values: Awaitable[list[Status]], status: Status) -> bool:
+    return set(await values) == {status}
+
+
+async def test_a_worker_rides_through_a_short_database_outage(
+    cluster: tuple[Cluster, str], service: MessageService
+) -> None:
+    await ride_through(cluster, service, outage_seconds=3)
+
+
+@pytest.mark.slow
+async def test_a_worker_rides_through_a_long_database_outage(
+    cluster: tuple[Cluster, str], service: MessageService
+) -> None:
+    await ride_through(cluster, service, outage_seconds=40)
+
+
+async def test_a_heartbeat_whose_connection_is_killed_beats_again_on_a_new_one(
+    make_orc: Callable[..., Orchestrator],
+    db: psycopg.AsyncConnection[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The heartbeat counts its silence itself (a worker cut off for most of the zombie
+    # threshold stops its jobs before the sweep hands them on): a lost connection is one of
+    # its failures, never an error that ends its loop.
+    orc = make_orc(heartbeat_interval=0.1, zombie_threshold=30, drain_seconds=0.2)
+    release = asyncio.Event()
+
+    @orc.job_type("hang")
+    async def hang(ctx: JobContext, payload: None) -> None:
+        await release.wait()
+
+    async def heartbeat_at() -> Any:
+        cur = await db.execute("SELECT heartbeat_at FROM orc_jobs WHERE id = %s", (job_id,))
+        row = await cur.fetchone()
+        return row[0] if row else None
+
+    async with WorkerRun(orc):
+        job_id = await orc.submit("hang")
+        await eventually(lambda: _all(statuses(orc, [job_id]), Status.RUNNING))
+        pids: list[tuple[int]] = []
+
+        async def heartbeating() -> bool:
+            cur = await db.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND query LIKE %s AND pid <> pg_backend_pid()",
+                (QUERIES["heartbeat"][:40] + "%",),
+            )
+            pids[:] = await cur.fetchall()
+            return bool(pids)
+
+        await eventually(heartbeating, what="the heartbeat's connection")
+        [(pid,)] = pids
+        with caplog.at_level(logging.WARNING):
+            await db.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            killed_at = (await (await db.execute("SELECT now()")).fetchone())[0]
+
+            async def beating_again() -> bool:
+                return bool(await heartbeat_at() > killed_at)
+
+            await eventually(beating_again, timeout=5, what="a heartbeat after the kill")
+        release.set()
+    assert "heartbeat failed" in caplog.text, caplog.text
+    assert "heartbeats failed" not in caplog.text, caplog.text  # its loop was never restarted
