@@ -12,6 +12,7 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
+from orchestrator.domain import events
 from orchestrator.domain.errors import StaleLease
 from orchestrator.domain.models import Fence
 from orchestrator.domain.states import Status
@@ -92,6 +93,7 @@ class CheckpointStore:
                 "step": step,
                 "state": Jsonb(state),
                 "final": final,
+                "event": Jsonb(events.checkpointed(step, final=final)),
                 "effects": Jsonb(effects),
                 "attempt": fence.attempt,
             },

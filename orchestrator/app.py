@@ -163,6 +163,8 @@ class Orchestrator:
         self._dsn = dsn
         self._pool: Pool | None = None
         self._opened: _Opened | None = None
+        #: Undoes the connector swap of the current opening (App.replace_connector's context).
+        self._connector_swap = contextlib.ExitStack()
         self.workers: list[Worker] = []  # the workers running in this process
         # Served by each worker's health port (/metrics).
         self.metrics = Metrics() if self.settings.metrics else NoMetrics()
@@ -181,8 +183,8 @@ class Orchestrator:
 
         ``fallback(payload) -> content``: what a job of this type that FAILED for good keeps
         (logged and recorded) instead of a human being notified; ``exhausted_message``: what
-        the human notification says when its transient failures spent the retry budget
-        (orchestrator.domain.degradation).
+        ``job.degraded`` and the human notification say when its transient failures spent the
+        retry budget (orchestrator.domain.degradation).
         """
 
         def decorate(fn: F) -> F:
@@ -227,10 +229,10 @@ class Orchestrator:
         )
         await pool.open()  # connects in the background; check_database already did once
         # A connector given an external pool keeps it even after close_async, so each opening
-        # gets a fresh one (swapped the way App.replace_connector does). Procrastinate's own
-        # writes (the periodic deferrer's) go through it.
+        # gets a fresh one, swapped in by App.replace_connector until close(). Procrastinate's
+        # own writes (the periodic deferrer's) go through it.
         connector = procrastinate.PsycopgConnector()
-        self.procrastinate.connector = self.procrastinate.job_manager.connector = connector
+        self._connector_swap.enter_context(self.procrastinate.replace_connector(connector))
         await connector.open_async(pool)
         self._opened = _Opened.on(pool, self)
 
@@ -239,6 +241,7 @@ class Orchestrator:
             return
         await self.procrastinate.close_async()
         await self._opened.stores.queries.pool.close()
+        self._connector_swap.close()
         self._opened = None
 
     async def __aenter__(self) -> Orchestrator:

@@ -117,12 +117,20 @@ def log_notification_content(payload: Any) -> Any:
     return payload
 
 
+#: What a notification that spent its retries says it did instead (the retry spec's wording).
+UNDELIVERED = "Notification delivery failed after all retries. Content logged."
+
+
 def register(orc: Orchestrator) -> None:
-    @orc.job_type("send_notification", fallback=log_notification_content)
+    @orc.job_type(
+        "send_notification", fallback=log_notification_content, exhausted_message=UNDELIVERED
+    )
     async def send_notification(ctx: JobContext, notification: Notification) -> Delivered:
         return await deliver(ctx, notification, notification.text, notification.about_job_id)
 
-    @orc.job_type("approval_notify", fallback=log_notification_content)
+    @orc.job_type(
+        "approval_notify", fallback=log_notification_content, exhausted_message=UNDELIVERED
+    )
     async def approval_notify(ctx: JobContext, notice: ApprovalNotice) -> Delivered:
         about = str(notice.job_id) if notice.job_id else None
         return await deliver(ctx, notice.target, notice.text(), about)

@@ -10,7 +10,8 @@ Where each part of the code is tested:
 
     orchestrator/domain       states: test_states, test_transitions_db; policy and backoff:
                               test_policy, test_backoff; classification: test_classification;
-                              events and failures: test_failures, test_runtime
+                              events and failures: test_events, test_failures, test_runtime;
+                              degradation: test_degradation
     orchestrator/storage      submit and job keys: test_submit; tenants, end to end:
                               test_tenants; migrations: test_migrate;
                               connections: test_pool; every store operation: test_transitions_db;
@@ -20,7 +21,8 @@ Where each part of the code is tested:
     orchestrator/runtime      the worker loop: test_worker_loop, test_batched_writes,
                               test_worker_wakeup; attempts and outcomes: test_runtime,
                               test_timeouts; liveness and drain: test_liveness; group commit:
-                              test_group_commit
+                              test_group_commit; a database outage: test_outage; metrics:
+                              test_metrics
     orchestrator/services     sweep: test_liveness, test_timeouts; safety net, dead letters:
                               test_runtime; approvals and retention: test_approvals; a bad
                               row in a batch: test_passed_over; the maintenance lane:

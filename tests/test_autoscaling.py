@@ -15,9 +15,9 @@ import yaml
 
 from orchestrator.settings import Settings
 from orchestrator.storage.queries import QUERIES
-from tests import test_k8s
+from tests.support import manifests
 
-AUTOSCALING = test_k8s.ROOT / "k8s" / "autoscaling"
+AUTOSCALING = manifests.ROOT / "k8s" / "autoscaling"
 SCALED: dict[str, Any] = yaml.safe_load((AUTOSCALING / "scaledobject.yaml").read_text())
 #: KEDA 2.x: ScaledObjectSpec and ScaleTriggers (apis/keda/v1alpha1), and the PostgreSQL
 #: scaler's metadata (keda.sh/docs/latest/scalers/postgresql).
@@ -73,26 +73,26 @@ def test_the_scale_down_behaviour_is_a_valid_autoscaling_v2_behaviour() -> None:
             "behavior": spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"],
         },
     }
-    assert test_k8s.check.schema_problems(hpa) == []
+    assert manifests.check.schema_problems(hpa) == []
     (policy,) = hpa["spec"]["behavior"]["scaleDown"]["policies"]
     assert (policy["type"], policy["value"]) == ("Pods", 1)  # one drain at a time
 
 
 def test_it_scales_the_worker_deployment_and_reads_the_workers_database_url() -> None:
-    deployment = test_k8s.find(test_k8s.BASE_DOCS, "Deployment")
+    deployment = manifests.find(manifests.BASE_DOCS, "Deployment")
     target = SCALED["spec"]["scaleTargetRef"]
     assert target["name"] == deployment["metadata"]["name"]
     assert target.get("kind", "Deployment") == "Deployment"
     # KEDA resolves connectionFromEnv in the target's (first) container: the worker.
-    assert test_k8s.container(deployment)["name"] == "worker"
-    assert trigger()["metadata"]["connectionFromEnv"] in test_k8s.env(deployment)
-    assert test_k8s.env(deployment)["DATABASE_URL"]["valueFrom"]["secretKeyRef"]
+    assert manifests.container(deployment)["name"] == "worker"
+    assert trigger()["metadata"]["connectionFromEnv"] in manifests.env(deployment)
+    assert manifests.env(deployment)["DATABASE_URL"]["valueFrom"]["secretKeyRef"]
 
 
 def test_one_worker_per_concurrency_worth_of_load() -> None:
-    deployment = test_k8s.find(test_k8s.BASE_DOCS, "Deployment")
-    assert "ORCHESTRATOR_WORKER_CONCURRENCY" not in test_k8s.env(deployment)
-    assert "--concurrency" not in test_k8s.container(deployment)["args"]
+    deployment = manifests.find(manifests.BASE_DOCS, "Deployment")
+    assert "ORCHESTRATOR_WORKER_CONCURRENCY" not in manifests.env(deployment)
+    assert "--concurrency" not in manifests.container(deployment)["args"]
     per_worker = float(trigger()["metadata"]["targetQueryValue"])
     assert per_worker == Settings().worker_concurrency
     assert trigger().get("metricType", "AverageValue") == "AverageValue"  # load / workers
@@ -100,7 +100,7 @@ def test_one_worker_per_concurrency_worth_of_load() -> None:
 
 def test_the_replica_bounds_keep_the_maintenance_and_fit_the_database() -> None:
     spec, settings = SCALED["spec"], Settings()
-    pdb = test_k8s.find(test_k8s.BASE_DOCS, "PodDisruptionBudget")
+    pdb = manifests.find(manifests.BASE_DOCS, "PodDisruptionBudget")
     assert spec["minReplicaCount"] > pdb["spec"]["maxUnavailable"]  # a worker through a drain
     assert "idleReplicaCount" not in spec  # never 0: the sweep runs in the workers
     assert spec["minReplicaCount"] <= spec["maxReplicaCount"]
@@ -112,17 +112,17 @@ def test_the_query_is_the_named_query_word_for_word() -> None:
     assert trigger()["metadata"]["query"] == QUERIES["scaling_load"]
 
 
-@pytest.mark.skipif(test_k8s.KUBECTL is None, reason="kubectl is not installed")
+@pytest.mark.skipif(manifests.KUBECTL is None, reason="kubectl is not installed")
 def test_the_overlay_renders_the_base_without_replicas_and_passes_the_check() -> None:
-    docs = test_k8s.check.render(AUTOSCALING, test_k8s.KUBECTL)
-    problems, summary = test_k8s.check.check(docs, test_k8s.DEFAULTS)
+    docs = manifests.check.render(AUTOSCALING, manifests.KUBECTL)
+    problems, summary = manifests.check.check(docs, manifests.DEFAULTS)
     assert problems == []
     assert summary.endswith("; no schema, not validated: ScaledObject/orchestrator-worker")
-    deployment = test_k8s.find(docs, "Deployment")
+    deployment = manifests.find(docs, "Deployment")
     assert "replicas" not in deployment["spec"]  # applying never resets the autoscaler's choice
-    assert test_k8s.find(docs, "ScaledObject") == SCALED
+    assert manifests.find(docs, "ScaledObject") == SCALED
     assert sorted(d["kind"] for d in docs) == sorted(
-        [*(d["kind"] for d in test_k8s.BASE_DOCS), "ScaledObject"]
+        [*(d["kind"] for d in manifests.BASE_DOCS), "ScaledObject"]
     )
 
 

@@ -4,14 +4,11 @@ the code they deploy (retry config, CLI commands, settings)."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import io
 import json
-import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -20,41 +17,20 @@ import yaml
 import retry_config
 from orchestrator.interfaces.cli import build_parser
 from orchestrator.settings import Settings
+from tests.support.manifests import (
+    BASE,
+    BASE_DOCS,
+    DEFAULTS,
+    KUBECTL,
+    ROOT,
+    check,
+    container,
+    env,
+    find,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
-BASE = ROOT / "k8s" / "base"
-KUBECTL = shutil.which("kubectl")
 WORKER = "Deployment/orchestrator-worker"
 AT = "spec.template.spec.containers[worker]"
-
-
-def _load_check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("k8s_check", ROOT / "k8s" / "check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-check = _load_check()
-DEFAULTS = check.project_defaults()
-BASE_DOCS: list[dict[str, Any]] = check.load_resources(BASE)
-
-
-def find(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    (doc,) = [d for d in docs if d["kind"] == kind]
-    return doc
-
-
-def container(doc: dict[str, Any]) -> dict[str, Any]:
-    containers: list[dict[str, Any]] = doc["spec"]["template"]["spec"]["containers"]
-    assert len(containers) == 1
-    return containers[0]
-
-
-def env(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {e["name"]: e for e in container(doc).get("env", [])}
 
 
 def problems_of(docs: list[dict[str, Any]]) -> list[str]:

@@ -1,6 +1,6 @@
 """What happens once a job has FAILED for good (the degradation path of docs/contracts.md).
 
-    the job type has a fallback (send_notification, approval_notify: "log the content")
+    the job type has a fallback (a function that keeps what the job was to deliver)
         -> the fallback runs: its content is logged and recorded            job.degraded
     any other type
         -> a human notification (an escalation job, built by the Notifier) is submitted in the
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
+from orchestrator.domain import events
 from orchestrator.domain.classification import ErrorClass
 from orchestrator.domain.notices import Notifier
 from orchestrator.domain.secrets import redact_json
@@ -47,13 +48,17 @@ def determine(
     escalation_type: str,
     exhausted_message: str | None = None,
 ) -> Degradation:
+    exhausted = exhausted_message is not None and error_class is ErrorClass.TRANSIENT_APP
     if fallback is not None:
-        return Degradation(
-            fallback, False, "Notification delivery failed after all retries. Content logged."
+        message = (
+            exhausted_message
+            if exhausted and exhausted_message is not None
+            else f"Job failed ({error_class.value}); its fallback ({fallback}) kept the content."
         )
+        return Degradation(fallback, False, message)
     if job_type == escalation_type:
         return Degradation(None, False, "Human notification failed; it is not escalated again.")
-    if exhausted_message is not None and error_class is ErrorClass.TRANSIENT_APP:
+    if exhausted and exhausted_message is not None:
         message = exhausted_message
     elif error_class in (ErrorClass.TRANSIENT_APP, ErrorClass.TRANSIENT_INFRA):
         message = (
@@ -104,26 +109,27 @@ class Degrader:
             escalation_type=self.notifier.escalation_type,
             exhausted_message=own.exhausted_message,
         )
-        event: dict[str, Any] = {"message": degradation.message}
+        message = degradation.message
         if fallback is not None:
             content = redact_json(_content(fallback, payload))
             logger.warning(
                 "job %s (%s) failed for good; %s: %s",
                 job_id, job_type, degradation.fallback, content,
             )  # fmt: skip
-            return Degraded({**event, "action": "fallback", "fallback": degradation.fallback,
-                             "content": content})  # fmt: skip
+            return Degraded(
+                events.degraded(message, "fallback", fallback=degradation.fallback, content=content)
+            )
         if not degradation.notify_human:
-            return Degraded({**event, "action": "none"})
-        row = self.notifier.escalation(job_id, job_type, degradation.message, error)
+            return Degraded(events.degraded(message, "none"))
+        row = self.notifier.escalation(job_id, job_type, message, error)
         if row is None:
             logger.error(
                 "job %s (%s) failed; no escalation target, nobody notified: %s: %s",
                 job_id, job_type, error.get("code"), error.get("message"),
             )  # fmt: skip
-            return Degraded({**event, "action": "notify_human", "escalation_job_id": None})
+            return Degraded(events.degraded(message, "notify_human"))
         return Degraded(
-            {**event, "action": "notify_human", "escalation_job_id": row["id"]}, submit=[row]
+            events.degraded(message, "notify_human", escalation_job_id=row["id"]), submit=[row]
         )
 
 

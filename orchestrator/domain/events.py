@@ -26,7 +26,7 @@ that held it (each event row also has ``job_id``, ``kind`` and ``at``):
     job.cancelled        {reason, by}
     job.redispatched     {lost_procrastinate_job_id, lost_procrastinate_status}
     job.zombie_detected  {attempt, worker, last_heartbeat, threshold_seconds, reason}
-    job.checkpointed     {step, final, effects_committed}   (shaped by write_checkpoint)
+    job.checkpointed     {step, final, effects_committed}
     job.waiting_approval {approval_id, step, question, expires_at, notice_job_id}
     job.approved | job.rejected | job.approval_expired   {approval_id, step, decided_by, reason,
                                                           on_reject}
@@ -34,8 +34,10 @@ that held it (each event row also has ``job_id``, ``kind`` and ``at``):
 ``error`` is ``{message, code, classification}``. On a retry ``layer`` and ``backoff_ms`` say how
 and ``dead_letter_id`` is null; on a terminal failure it is the reverse. Known secrets are
 redacted from every message and stack (orchestrator.domain.secrets) before anything is stored.
-The SQL adds what only the database knows at the moment of the write: ``retry_count`` and
-``available_at`` of a retry, and ``dead_letter_id``.
+The statement that stores an event adds only what ties it to the rows that statement writes:
+``dead_letter_id`` (stamped by the one failure writer on a terminal failure's three events),
+``effects_committed`` and an approval's ``expires_at``. ``job.created`` and ``job.running`` are
+written inside one SQL statement each (the submit, the claim) and shaped there, once.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from __future__ import annotations
 import traceback
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 from pydantic_core import to_jsonable_python
@@ -156,14 +158,18 @@ def failed(
     }
 
 
-def retry_scheduled(job: JobState, layer: Layer, backoff_ms: float) -> dict[str, Any]:
-    """``job.retry_scheduled`` (the SQL adds ``retry_count`` after the retry and
-    ``available_at``)."""
+def retry_scheduled(
+    job: JobState, layer: Layer, backoff_ms: float, available_at: datetime
+) -> dict[str, Any]:
+    """``job.retry_scheduled``: the counters after the retry (an application retry uses one of
+    ``max_retries``) and when the job is due again."""
     return {
         **counters(job),
+        "retry_count": job.retry_count + layer.retries_used,
         **holder(job),
         "layer": layer.value,
         "backoff_ms": round(backoff_ms, 3),
+        "available_at": available_at.isoformat(),
     }
 
 
@@ -220,6 +226,43 @@ def approval_decided(
         "decided_by": by,
         "reason": reason,
         "on_reject": on_reject,
+    }
+
+
+def degraded(
+    message: str,
+    action: Literal["fallback", "notify_human", "none"],
+    *,
+    fallback: str | None = None,
+    content: Any = None,
+    escalation_job_id: str | None = None,
+) -> dict[str, Any]:
+    """``job.degraded``: what followed a terminal failure (the SQL that writes it adds the
+    ``dead_letter_id`` it follows). ``fallback`` and ``content`` only for a fallback,
+    ``escalation_job_id`` only for a human notification (null: nobody to notify)."""
+    event: dict[str, Any] = {"message": message, "action": action}
+    if action == "fallback":
+        event |= {"fallback": fallback, "content": content}
+    elif action == "notify_human":
+        event["escalation_job_id"] = escalation_job_id
+    return event
+
+
+def checkpointed(step: int, *, final: bool) -> dict[str, Any]:
+    """``job.checkpointed`` (the SQL that saves the checkpoint adds ``effects_committed``, the
+    ledger entries that statement committed)."""
+    return {"step": step, "final": final}
+
+
+def waiting_approval(
+    approval_id: UUID, *, step: int, question: str, notice_job_id: UUID | None
+) -> dict[str, Any]:
+    """``job.waiting_approval`` (the SQL adds ``expires_at``, from the database's clock)."""
+    return {
+        "approval_id": str(approval_id),
+        "step": step,
+        "question": question,
+        "notice_job_id": str(notice_job_id) if notice_job_id else None,
     }
 
 

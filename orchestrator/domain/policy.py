@@ -19,6 +19,12 @@ class Layer(StrEnum):
     APP = "app"
     INFRA = "infra"
 
+    @property
+    def retries_used(self) -> int:
+        """Application retries a retry at this layer uses: the infrastructure layer re-runs the
+        same dispatch, within its own budget of runs."""
+        return 1 if self is Layer.APP else 0
+
 
 @dataclass(frozen=True)
 class Budget:

@@ -282,7 +282,9 @@ class Attempt:
                     claim, fault, terminal=False, layer=verdict.layer,
                     backoff_ms=verdict.delay_ms,
                 ),
-                retry_event=events.retry_scheduled(claim, verdict.layer, verdict.delay_ms),
+                retry_event=events.retry_scheduled(
+                    claim, verdict.layer, verdict.delay_ms, retry_at
+                ),
             )
         )  # fmt: skip
 

@@ -170,7 +170,7 @@ class ZombieSweep:
                 zombie, fault, terminal=False, backoff_ms=verdict.delay_ms, next_available_at=at
             ),
             detected=detected,
-            retry=events.retry_scheduled(zombie, Layer.APP, verdict.delay_ms),
+            retry=events.retry_scheduled(zombie, Layer.APP, verdict.delay_ms, at),
         )
 
     def _message(self, zombie: Zombie, overran: bool) -> str:

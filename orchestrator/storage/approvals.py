@@ -10,7 +10,7 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict
 
-from orchestrator.domain import states
+from orchestrator.domain import events, states
 from orchestrator.domain.models import Fence, JobState
 from orchestrator.domain.states import Status
 from orchestrator.storage.database import Conn
@@ -85,7 +85,14 @@ class ApprovalStore:
                     "details": Jsonb(details),
                     "on_reject": on_reject,
                     "expires_in": expires_in,
-                    "notice_job_id": notice["id"] if notice else None,
+                    "event": Jsonb(
+                        events.waiting_approval(
+                            approval_id,
+                            step=step,
+                            question=question,
+                            notice_job_id=notice["id"] if notice else None,
+                        )
+                    ),
                 },
                 conn,
             )

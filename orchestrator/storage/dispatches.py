@@ -161,7 +161,7 @@ class DispatchStore:
         dispatch at that time. False: refused (the dispatch ends failed)."""
         params = {
             **_fence(claim, Status.RETRY),
-            "retry_increment": 1 if layer is Layer.APP else 0,
+            "retry_increment": layer.retries_used,
             "next_retry_at": next_retry_at,
             "error": Jsonb(error),
             "failed_event": Jsonb(failed_event),

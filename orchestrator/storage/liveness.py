@@ -36,7 +36,7 @@ class ZombieRetry:
     next_retry_at: datetime
     last_error: dict[str, Any]
     detected: dict[str, Any]  # job.zombie_detected
-    retry: dict[str, Any]  # job.retry_scheduled (the SQL adds retry_count and available_at)
+    retry: dict[str, Any]  # job.retry_scheduled
 
 
 class LostDispatch(BaseModel):

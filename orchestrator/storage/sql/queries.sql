@@ -137,11 +137,7 @@ WITH retrying AS (
     SELECT r.id, e.kind, e.payload
       FROM retrying AS r,
            (VALUES (1, 'job.failed', %(failed_event)s::jsonb),
-                   (2, 'job.retry_scheduled',
-                    %(retry_event)s::jsonb
-                    || jsonb_build_object('retry_count', (SELECT retry_count FROM retrying),
-                                          'available_at', (SELECT next_retry_at FROM retrying))))
-               AS e (n, kind, payload)
+                   (2, 'job.retry_scheduled', %(retry_event)s::jsonb)) AS e (n, kind, payload)
      ORDER BY e.n
 )
 SELECT id, pg_notify('orc_wakeup', extract(epoch FROM next_retry_at)::text) FROM retrying
@@ -402,8 +398,8 @@ WITH leased AS (
 ), event AS (
     INSERT INTO orc_job_events (job_id, kind, payload)
     SELECT job_id, 'job.checkpointed',
-           jsonb_build_object('step', step, 'final', %(final)s, 'effects_committed',
-                              (SELECT count(*) FROM committed))
+           %(event)s::jsonb || jsonb_build_object('effects_committed',
+                                                  (SELECT count(*) FROM committed))
       FROM saved
 )
 SELECT (SELECT count(*) FROM saved) AS saved, (SELECT count(*) FROM committed) AS committed
@@ -446,8 +442,7 @@ WITH waiting AS (
 ), event AS (
     INSERT INTO orc_job_events (job_id, kind, payload)
     SELECT job_id, 'job.waiting_approval',
-           jsonb_build_object('approval_id', id, 'step', %(step)s, 'question', %(question)s,
-                              'expires_at', expires_at, 'notice_job_id', %(notice_job_id)s::uuid)
+           %(event)s::jsonb || jsonb_build_object('expires_at', expires_at)
       FROM approval
 )
 SELECT id FROM approval
@@ -573,16 +568,13 @@ WITH d AS (
            lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
       FROM d
      WHERE j.id = d.id AND j.lease_token = d.lease_token AND j.status = ANY (%(sources)s)
-    RETURNING j.id, j.retry_count, j.next_retry_at
+    RETURNING j.id
 ), events AS (
     INSERT INTO orc_job_events (job_id, kind, payload)
     SELECT m.id, e.kind, e.payload
       FROM moved AS m JOIN d ON d.id = m.id,
            LATERAL (VALUES (1, 'job.zombie_detected', d.zombie),
-                           (2, 'job.retry_scheduled',
-                            d.retry || jsonb_build_object('retry_count', m.retry_count,
-                                                          'available_at', m.next_retry_at)))
-               AS e (n, kind, payload)
+                           (2, 'job.retry_scheduled', d.retry)) AS e (n, kind, payload)
      ORDER BY m.id, e.n
 )
 SELECT id FROM moved
