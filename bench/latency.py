@@ -59,6 +59,7 @@ from bench.common import (
     fresh_database,
     machine,
     percentile,
+    quiet_orchestrator,
     server_version,
 )
 from orchestrator import JobContext, Orchestrator, RetryLater, Settings
@@ -79,6 +80,7 @@ def note_start(sample: int) -> None:
 
 
 def orchestrator_app(dsn: str) -> Orchestrator:
+    quiet_orchestrator()
     orc = Orchestrator(settings=Settings(), dsn=dsn)
 
     @orc.job_type("probe")

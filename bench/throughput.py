@@ -49,7 +49,7 @@ import time
 import procrastinate
 import psycopg
 
-from bench.common import fresh_database, machine, run_graphile, server_version
+from bench.common import fresh_database, machine, quiet_orchestrator, run_graphile, server_version
 from orchestrator import JobContext, Orchestrator, Settings
 from orchestrator.storage.database import create_pool
 
@@ -133,6 +133,7 @@ async def drain_here(side: str, dsn: str, concurrency: int) -> float:
                 concurrency=concurrency, wait=False, install_signal_handlers=False
             )
             return time.perf_counter() - started
+    quiet_orchestrator()
     async with orc_app(dsn, metrics=side == "orc") as orc:
         started = time.perf_counter()
         await orc.run_worker(concurrency=concurrency, wait=False, install_signal_handlers=False)

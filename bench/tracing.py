@@ -55,10 +55,11 @@ class _Clock:
 
 def claim() -> Claim:
     return Claim(
-        id=uuid.uuid4(), job_type="noop", payload=None, attempt=1, max_attempts=3,
+        id=uuid.uuid4(), job_type="noop", tenant_id=None, payload=None, attempt=1, max_attempts=3,
         dispatch_attempt=1, retry_count=0, max_retries=3, lease_token=uuid.uuid4(),
         locked_by="bench/1/w1", queue="noop", priority=0, timeout_seconds=60,
         trace_id=uuid.uuid4().hex, agent_id=None, started_at=datetime.now(UTC),
+        run_at=datetime.now(UTC),
         traceparent=f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01",
     )  # fmt: skip
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import random
 import signal
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -55,7 +56,7 @@ from orchestrator.domain.errors import (
 from orchestrator.domain.failures import Failures
 from orchestrator.domain.ids import uuid7
 from orchestrator.domain.job_types import JobType
-from orchestrator.domain.models import DeadLetter, Job, JobEvent
+from orchestrator.domain.models import DeadLetter, Job, JobEvent, SubmitResult
 from orchestrator.domain.notices import Notifier
 from orchestrator.domain.secrets import Secrets
 from orchestrator.domain.states import Status
@@ -84,6 +85,7 @@ if TYPE_CHECKING:
     from orchestrator.runtime.tracing import Tracing
 
 F = TypeVar("F", bound=Callable[[JobContext, Any], Awaitable[Any]])
+logger = logging.getLogger("orchestrator")
 
 
 def _no_nul(text: str) -> str:
@@ -145,7 +147,9 @@ class Orchestrator:
         self.settings = settings or Settings()
         self.tracing = _tracing(self.settings, tracer_provider)
         self.retry_config = retry_config.load(retry_config_path or self.settings.retry_config)
-        self.job_types: dict[str, JobType] = {}
+        self.job_types: dict[str, JobType] = {
+            name: JobType.external(name) for name in self.retry_config.external
+        }
         self.classifiers: list[Classifier] = []
         self.secrets = Secrets(self.settings.secrets_dir)
         self.notifier = Notifier(
@@ -188,6 +192,11 @@ class Orchestrator:
         """
 
         def decorate(fn: F) -> F:
+            if name in self.retry_config.external:
+                raise ValueError(
+                    f"job type {name!r} is external in {self.retry_config.path}: external "
+                    "workers run it over the API"
+                )
             if name in self.job_types:
                 raise ValueError(f"job type {name!r} is already registered")
             self.job_types[name] = JobType.from_function(
@@ -201,6 +210,22 @@ class Orchestrator:
         """Consult ``classifier(exc) -> Classified | None`` before the built-in rules."""
         self.classifiers.append(classifier)
         return classifier
+
+    def check_definition(self) -> None:
+        """Before a worker or the API server starts: the retry config names only known job
+        types, the notification targets are usable, and no in-process job type shares a queue
+        with an external one (ConfigError naming what is wrong)."""
+        self.retry_config.check_names(self.known_job_types())
+        self.notifier.check()
+        external = {q: name for name, q in self.retry_config.external.items()}
+        clashes = [
+            f"job type {name!r} is on queue {self.retry_config.queue_of(name)!r}, the queue of "
+            f"the external job type {external[self.retry_config.queue_of(name)]!r}"
+            for name, job_type in sorted(self.job_types.items())
+            if not job_type.is_external and self.retry_config.queue_of(name) in external
+        ]
+        if clashes:
+            raise ConfigError("; ".join(clashes))
 
     def known_job_types(self) -> set[str]:
         """The names a retry config may configure: the registered job types, the built-in
@@ -319,23 +344,30 @@ class Orchestrator:
         """Submit many jobs in one round trip; every spec is checked before anything is sent.
         With tracing, each job gets a span of its own (orchestrator.runtime.tracing)."""
         specs = [job if isinstance(job, JobSpec) else _spec(**job) for job in jobs]
+        return [r.job_id for r in await self.submit_specs(specs, connection=connection)]
+
+    async def submit_specs(
+        self, specs: Sequence[JobSpec], *, connection: psycopg.AsyncConnection[Any] | None = None
+    ) -> list[SubmitResult]:
+        """As ``submit_many``, saying of each job whether it was created, or a keyed submit
+        replaced or deduplicated a job already there."""
         rows = [self._row(spec) for spec in specs]
         if not rows:
             return []
         if self.tracing is None:
+            return await self.stores.jobs.submit(rows, connection)
+        chosen = [spec.trace_id is not None or spec.traceparent is not None for spec in specs]
+        with self.tracing.submits(rows, chosen) as spans:
             results = await self.stores.jobs.submit(rows, connection)
-        else:
-            chosen = [spec.trace_id is not None or spec.traceparent is not None for spec in specs]
-            with self.tracing.submits(rows, chosen) as spans:
-                results = await self.stores.jobs.submit(rows, connection)
-                self.tracing.submitted(spans, results)
-        return [r.job_id for r in results]
+            self.tracing.submitted(spans, results)
+        return results
 
     def _row(self, spec: JobSpec) -> dict[str, Any]:
         job_type = self.job_types.get(spec.job_type)
         if job_type is None:
             raise UnknownJobType(spec.job_type, list(self.job_types))
         config = self.retry_config.for_type(spec.job_type)
+        queue = self._queue_of(spec, job_type)
         payload = job_type.payload_json(spec.payload)
         size = len(json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode())
         if size > self.settings.max_payload_bytes:
@@ -348,7 +380,7 @@ class Orchestrator:
             "id": str(uuid7()),
             "job_type": spec.job_type,
             "payload": payload,
-            "queue": spec.queue or config.queue or spec.job_type,
+            "queue": queue,
             "priority": spec.priority,
             "run_at": spec.run_at.isoformat() if spec.run_at else None,
             "max_attempts": config.worker_max_attempts,
@@ -364,6 +396,25 @@ class Orchestrator:
             # Stored effective, so the claim can stamp the attempt's deadline (the backstop).
             "timeout_seconds": spec.timeout_seconds or config.job_timeout_seconds,
         }
+
+    def _queue_of(self, spec: JobSpec, job_type: JobType) -> str:
+        """An external type's jobs stay on its queue, and no other job goes there: in-process
+        workers never take those queues, external workers take only them."""
+        own = self.retry_config.queue_of(spec.job_type)
+        if spec.queue is None or spec.queue == own:
+            return own
+        if job_type.is_external:
+            raise SubmitError(
+                f"queue: job type {spec.job_type!r} is external; its jobs go on its own queue "
+                f"{own!r}"
+            )
+        external = {q: name for name, q in self.retry_config.external.items()}
+        if spec.queue in external:
+            raise SubmitError(
+                f"queue: {spec.queue!r} is the queue of the external job type "
+                f"{external[spec.queue]!r}"
+            )
+        return spec.queue
 
     # -- reads and operator actions --------------------------------------------------------
 
@@ -394,11 +445,17 @@ class Orchestrator:
             await self.stores.jobs.cancel(_uuid(job_id), reason=reason, by=by)
 
     async def dead_letters(
-        self, *, state: str | None = None, tenant_id: str | None = None, limit: int = 50
+        self,
+        *,
+        state: str | None = None,
+        tenant_id: str | None = None,
+        limit: int = 50,
+        tenants: Collection[str] | None = None,
     ) -> list[DeadLetter]:
-        """Newest first, in the given state and of the given tenant (each: any when None)."""
+        """Newest first, in the given state and of the given tenant (each: any when None);
+        ``tenants``: only letters of these tenants."""
         return await self.stores.dead_letters.list_letters(
-            state=state, tenant_id=tenant_id, limit=limit
+            state=state, tenant_id=tenant_id, limit=limit, tenants=tenants
         )
 
     async def dead_letter(self, dead_letter_id: UUID | str) -> DeadLetter:
@@ -450,18 +507,33 @@ class Orchestrator:
             await self.opened.decisions.decide(approval, "rejected", by=by, reason=reason)
 
     async def approvals(
-        self, *, status: str | None = "pending", limit: int = 50
+        self,
+        *,
+        status: str | None = "pending",
+        limit: int = 50,
+        tenants: Collection[str] | None = None,
     ) -> list[ApprovalRecord]:
-        return await self.stores.approvals.list_approvals(status=status, limit=limit)
+        """Newest first; ``tenants``: only approvals of these tenants' jobs."""
+        return await self.stores.approvals.list_approvals(
+            status=status, limit=limit, tenants=tenants
+        )
 
     @contextlib.contextmanager
     def _counting_refusals(self) -> Iterator[None]:
-        """A transition the state machine refuses is counted (an alert watches it)."""
+        """An operator's action the state machine refuses is counted (the database's own
+        refusals are counted where they are raised: refused_by_database)."""
         try:
             yield
         except InvalidTransition as exc:
-            self.metrics.transition_refused(exc.source, exc.target)
+            if not exc.by_database:
+                self.metrics.transition_refused(exc.source, exc.target, "request")
             raise
+
+    def refused_by_database(self, exc: InvalidTransition) -> None:
+        """The database's guard refused a status change: a write the code never makes on
+        purpose (a bug, versions side by side, SQL by hand). Logged and counted: it pages."""
+        logger.error("%s", exc)
+        self.metrics.transition_refused(exc.source, exc.target, "database")
 
     async def job_steps(self, job_id: UUID | str) -> list[StepRecord]:
         """A job's checkpoints and side effects, in step order."""
@@ -482,8 +554,7 @@ class Orchestrator:
         """Run a worker until it is stopped: by SIGTERM/SIGINT (with
         ``install_signal_handlers``), by ``stop_worker()``, or by cancelling this coroutine;
         each of them drains (docs/operations.md)."""
-        self.retry_config.check_names(self.known_job_types())
-        self.notifier.check()
+        self.check_definition()
         logs.make_visible(self.settings.log_format)
         opened = self.opened
         worker = Worker(
@@ -507,6 +578,7 @@ class Orchestrator:
             settings=self.settings,
             concurrency=concurrency or self.settings.worker_concurrency,
             queues=self.queues_for(queues, job_types),
+            excluded_queues=sorted(set(self.retry_config.external.values())),
             maintenance_queue=maintenance.QUEUE,
             wait=wait,
             name=name or "orchestrator",
@@ -562,7 +634,9 @@ class Orchestrator:
         for name in job_types or []:
             if name not in self.job_types:
                 raise UnknownJobType(name, list(self.job_types))
-            chosen.append(self.retry_config.for_type(name).queue or name)
+            if self.job_types[name].is_external:
+                raise ConfigError(f"job type {name!r} is external: external workers run it")
+            chosen.append(self.retry_config.queue_of(name))
         return sorted(set(chosen))
 
 
@@ -585,7 +659,7 @@ class _Opened:
 
     @classmethod
     def on(cls, pool: Pool, orc: Orchestrator) -> _Opened:
-        stores = Stores.on(pool)
+        stores = Stores.on(pool, on_refused=orc.refused_by_database)
         checkpoints = CheckpointStore(stores.queries)
         decisions = ApprovalDecisions(stores=stores, failures=orc.failures)
         return cls(

@@ -124,6 +124,30 @@ class Settings(BaseSettings):
     health_port: int = Field(
         8080, ge=0, le=65535, description="Port of /healthz and /readyz; 0 turns them off."
     )
+    api_host: str = Field("127.0.0.1", description="Address `orchestrator serve` listens on.")
+    api_port: int = Field(
+        8000, ge=0, le=65535, description="Port of `orchestrator serve` (the HTTP API, /ui)."
+    )
+    api_max_body_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, le=1024**3,
+        description="Largest request body the API reads; a larger one gets 413.",
+    )  # fmt: skip
+    api_open_metrics: bool = Field(
+        True,
+        description="Serve the API server's /metrics, /healthz and /readyz without a token"
+        " (for probes and Prometheus on a private network); false: /metrics needs the read"
+        " scope.",
+    )
+    api_replay_endpoints: bool = Field(
+        False,
+        description="Serve the internal replay endpoints (POST /api/v1/internal/jobs/{id}/run,"
+        " admin scope; docs/api.md); off they answer 404.",
+    )
+    api_wait_max_seconds: float = Field(
+        60.0, gt=0, le=3600,
+        description="Longest a long-poll (an outcome's wait, an external worker's claim) may"
+        " wait; longer requests wait this long.",
+    )  # fmt: skip
     heartbeat_interval: float = Field(
         30.0, gt=0, description="Seconds between a worker's heartbeats."
     )

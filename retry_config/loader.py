@@ -52,14 +52,22 @@ class RetryConfig:
     def for_type(self, job_type: str) -> JobRetryConfig:
         return self.job_types.get(job_type, self.defaults)
 
+    def queue_of(self, job_type: str) -> str:
+        return self.for_type(job_type).queue or job_type
+
+    @property
+    def external(self) -> dict[str, str]:
+        """The external job types (declared here, run over the API), each with its queue."""
+        return {name: self.queue_of(name) for name, c in self.job_types.items() if c.external}
+
     def check_names(self, known: Iterable[str]) -> None:
-        """Refuse tables of job types that are not in ``known`` (a typo would otherwise leave
-        the type it meant on ``[defaults]``, silently)."""
+        """Refuse tables of job types that are not in ``known`` nor declared external here (a
+        typo would otherwise leave the type it meant on ``[defaults]``, silently)."""
         names = sorted(set(known))
         problems = [
             f"{self.path}: {unknown_type(name, names)}"
-            for name in self.job_types
-            if name not in names
+            for name, config in self.job_types.items()
+            if name not in names and not config.external
         ]
         if problems:
             raise ConfigError("\n".join(problems))
@@ -102,6 +110,10 @@ def parse(raw: Mapping[str, Any], path: Path) -> RetryConfig:
     types_raw = _table(raw.get("job_types", {}), path, "[job_types]")
 
     problems: list[str] = []
+    if "external" in defaults_raw:
+        problems.append(
+            f"{path}: defaults: field 'external': set it per job type ([job_types.<name>])"
+        )
     defaults = _validate(defaults_raw, path, "defaults", problems)
     job_types: dict[str, JobRetryConfig] = {}
     for name, entry in types_raw.items():

@@ -127,6 +127,12 @@ class JobRetryConfig(_Frozen):
     queue: str | None = Field(
         None, min_length=1, max_length=128, description="Procrastinate queue; the type's name."
     )
+    external: bool = Field(
+        False,
+        description="Run by external workers over the HTTP API (task-claim, heartbeat, "
+        "task-complete; docs/api.md), in any language; in-process workers never take its "
+        "queue. Set per job type, not in [defaults].",
+    )
 
     @model_validator(mode="after")
     def _inner_timeouts_fit(self) -> JobRetryConfig:

@@ -168,8 +168,8 @@ async def generate(ctx: JobContext, **params: Any) -> LlmResponse:
         ctx.record_llm_call(model, ok=False)
         raise
     usage = reply.usage
-    ctx.record_llm_call(
-        reply.model, ok=True, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+    ctx.record_llm_call(  # under the model asked for, as a failed call is
+        model, ok=True, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
         cache_read_tokens=usage.cache_read_input_tokens or 0,
         cache_creation_tokens=usage.cache_creation_input_tokens or 0,
     )  # fmt: skip

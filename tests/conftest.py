@@ -16,7 +16,7 @@ Where each part of the code is tested:
                               test_tenants; migrations: test_migrate;
                               connections: test_pool; every store operation: test_transitions_db;
                               the embedded server's life: test_embedded; lock order and
-                              conflicts: test_lock_order
+                              conflicts: test_lock_order; the fetch's rules: test_fetch
     checkpoints               test_checkpoints, test_crash, test_chaos (slow)
     orchestrator/runtime      the worker loop: test_worker_loop, test_batched_writes,
                               test_worker_wakeup; attempts and outcomes: test_runtime,
@@ -27,7 +27,9 @@ Where each part of the code is tested:
                               test_runtime; approvals and retention: test_approvals; a bad
                               row in a batch: test_passed_over; the maintenance lane:
                               test_worker_loop
-    orchestrator/interfaces   test_cli, test_first_hour
+    orchestrator/interfaces   test_cli, test_first_hour; the HTTP API: test_api,
+                              test_api_schema (Schemathesis), test_external_workers (a
+                              Node.js worker)
     logs and traces           test_logs, test_tracing
     tasks, demo               test_job_types, test_llm_server, test_demo
     retry_config              test_retry_config
@@ -60,7 +62,8 @@ from tests.support.harness import settings_for_tests
 ROOT = Path(__file__).resolve().parent.parent
 TABLES = (
     "orc_job_events, orc_dead_letters, orc_jobs, procrastinate_events, "
-    "procrastinate_periodic_defers, procrastinate_jobs, procrastinate_workers"
+    "procrastinate_periodic_defers, procrastinate_jobs, procrastinate_workers, orc_api_tokens, "
+    "orc_event_listeners"
 )
 
 

@@ -138,7 +138,7 @@ async def test_a_stop_during_a_fetch_starts_what_the_fetch_claimed(
         async def fetch_waits_for_the_lock() -> bool:
             cur = await db.execute(
                 "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND query LIKE %s", ["%orc_fetch_dispatches_v1%"],
+                " AND query LIKE %s", ["%orc_fetch_dispatches_v%"],
             )  # fmt: skip
             return await cur.fetchone() is not None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
 import os
 import subprocess
@@ -25,6 +26,7 @@ from tests.support import scripted
 from tests.support.harness import WorkerRun, config_with
 
 ROOT = Path(__file__).resolve().parent.parent
+OS_USER = getpass.getuser()
 
 
 @pytest.fixture
@@ -68,7 +70,8 @@ def test_submit_status_jobs_cancel(cli: Any) -> None:
     assert code == 0
     code, out, _ = cli("status", str(job_id))
     assert "CANCELLED" in out
-    assert "job.cancelled            by alice: no longer needed" in out  # why, and who
+    # why, and who: the name given and the OS user who ran the command (the API records tokens)
+    assert f"job.cancelled            by alice (cli:{OS_USER}): no longer needed" in out
 
     code, out, _ = cli("jobs", "--status", "PENDING")
     assert str(job_id) not in out
@@ -210,7 +213,7 @@ def test_dlq_list_requeue_and_two_person_discard(cli: Any, dsn: str) -> None:
         f"  job {job_id}  http_request  (orchestrator status {job_id})",
         "  error: [PERMANENT HTTP_400] 400 Bad Request",
     ]
-    assert "  discard requested by alice: bad input" in out
+    assert f"  discard requested by alice (cli:{OS_USER}): bad input" in out
     code, out, err = cli("dlq", "discard", letter_id, "--by", "alice")
     assert code == 2 and "second reviewer" in err
     code, out, err = cli("dlq", "requeue", letter_id)
@@ -318,7 +321,7 @@ def test_approvals_list_approve_and_reject(cli: Any, dsn: str) -> None:
     code, out, err = cli("approvals", "approve", ids[0][1], "--by", "alice")
     assert code == 2 and "already approved" in err
     code, out, _ = cli("status", ids[1][0])
-    assert "FAILED" in out and "job.rejected" in out and "by bob: no" in out
+    assert "FAILED" in out and "job.rejected" in out and f"by bob (cli:{OS_USER}): no" in out
 
 
 def test_demo_with_the_real_llm_needs_a_key(cli: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -369,6 +372,21 @@ def test_status_shows_when_a_scheduled_job_is_due(cli: Any) -> None:
     code, out, _ = cli("status", out.strip())
     assert code == 0 and "PENDING" in out
     assert "  scheduled for 2099-01-01T00:00:00+00:00 (in " in out
+
+
+def test_status_and_jobs_show_the_job_key_and_its_revision(cli: Any) -> None:
+    submit = ["submit", "http_request", "--payload", '{"url": "http://127.0.0.1:9/"}',
+              "--job-key", "doc-42", "--run-at", "2099-01-01T00:00:00Z"]  # fmt: skip
+    code, out, _ = cli(*submit)
+    job_id = out.strip()
+    assert code == 0
+    code, out, _ = cli(*submit, "--job-key-mode", "replace")  # the same job, replaced
+    assert (code, out.strip()) == (0, job_id)
+    code, out, _ = cli("status", job_id)
+    assert "  job key doc-42 (revision 1)" in out
+    assert "job.replaced             job key doc-42 (replace): revision 1" in out
+    code, out, _ = cli("jobs")
+    assert code == 0 and f"{job_id}  http_request" in out and "key doc-42 rev 1" in out
 
 
 async def test_status_shows_how_a_failed_job_degraded(
@@ -450,3 +468,26 @@ def test_dev_orchestrator_finds_the_app_in_the_callers_directory(tmp_path: Path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["app_max_retries"] == 3  # [defaults], for the type it found
+
+
+def test_tokens_are_created_once_listed_without_secrets_and_revoked(cli: Any, dsn: str) -> None:
+    code, out, err = cli("tokens", "create", "ci", "--scope", "submit", "--scope", "read",
+                         "--tenant", "acme")  # fmt: skip
+    secret = out.strip()
+    assert code == 0 and secret.startswith("orc_") and "only time it is shown" in err
+    assert cli("tokens", "create", "ci", "--scope", "read")[0] == 2  # names are unique
+    code, out, _ = cli("tokens", "list")
+    assert code == 0 and "ci" in out and "read,submit" in out and "acme" in out
+    assert secret.split("_")[2] not in out  # never the secret
+    assert cli("tokens", "create", "x", "--scope", "root")[0] == 2
+    assert cli("tokens", "revoke", "ci")[:2] == (0, "token 'ci' revoked\n")
+    code, _, err = cli("tokens", "revoke", "ci")
+    assert code == 2 and "no live token named 'ci'" in err
+    assert "revoked" in cli("tokens", "list")[1]
+
+
+def test_serve_ends_with_0_on_sigterm(dsn: str) -> None:
+    from tests.support.api_server import ApiServer
+
+    with ApiServer(dsn) as server:
+        assert server.stop() == 0

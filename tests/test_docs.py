@@ -7,12 +7,14 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from orchestrator import Settings
 from retry_config import BackoffConfig, JobRetryConfig
+from tests.support.api_server import ApiServer
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = (ROOT / "docs" / "configuration.md").read_text()
@@ -44,13 +46,28 @@ def python_examples() -> list[tuple[str, str]]:
     return found
 
 
+@pytest.fixture(scope="module")
+def api(dsn: str) -> Iterator[dict[str, str]]:
+    """A live API server and a token, for the examples that use the API's client."""
+    with ApiServer(dsn, app="tasks.app:orc") as server:  # the built-in job types
+        created = subprocess.run(
+            [sys.executable, "-m", "orchestrator", "tokens", "create", "docs", "--scope", "admin"],
+            cwd=ROOT, env={**os.environ, "DATABASE_URL": dsn}, capture_output=True, text=True,
+            check=True,
+        )  # fmt: skip
+        yield {"ORCHESTRATOR_URL": server.url, "ORCHESTRATOR_TOKEN": created.stdout.strip()}
+
+
 @pytest.mark.parametrize(("where", "code"), python_examples(), ids=lambda v: str(v)[:30])
-def test_every_python_example_runs_as_written(where: str, code: str, dsn: str) -> None:
+def test_every_python_example_runs_as_written(
+    where: str, code: str, dsn: str, api: dict[str, str]
+) -> None:
     """Each example is a whole module: it runs in a fresh interpreter as it is printed (on the
-    test database, where one runs a worker)."""
+    test database, where one runs a worker; with an API server, where one calls the API)."""
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False,
-        env={**os.environ, "DATABASE_URL": dsn, "ORCHESTRATOR_HEALTH_PORT": "0"}, timeout=120,
+        env={**os.environ, "DATABASE_URL": dsn, "ORCHESTRATOR_HEALTH_PORT": "0", **api},
+        timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, f"{where}:\n{done.stderr}"
 

@@ -22,7 +22,7 @@ import pytest
 from demo import llm_server as llm
 from orchestrator import InvalidPayload, Orchestrator, Status
 from orchestrator.domain.models import JobEvent
-from tests.support import http_peers, job_types_app
+from tests.support import exposition, http_peers, job_types_app
 from tests.support.external import MessageService, message_service
 from tests.support.harness import ROOT, WorkerRun, finished
 from tests.support.workers import WorkerProcess
@@ -293,6 +293,27 @@ async def test_llm_streams_and_keeps_usage(orc: Orchestrator, model_server: llm.
     assert job.result["usage"]["output_tokens"] > 0 and job.result["stop_reason"] == "end_turn"
     assert model_server.requests["plain"] == 1
     assert model_server.last_body("plain")["stream"] is True
+
+
+async def test_llm_calls_and_their_tokens_are_counted_by_the_model_asked_for(
+    orc: Orchestrator, model_server: llm.LocalLLM
+) -> None:
+    model_server.script("m", [llm.Status(429, "rate_limit_error"), llm.Text("fine now")])
+    job_id = await run(orc, "llm_generate", ask("m"))
+    usage = (await orc.get_job(job_id)).result["usage"]
+    body, _ = await orc.metrics.exposition("")
+    found = exposition.samples(body.decode())
+
+    def calls(outcome: str) -> float:
+        return exposition.value(found, "orchestrator_llm_calls_total", model="m", outcome=outcome)
+
+    def tokens(kind: str) -> float:
+        return exposition.value(found, "orchestrator_llm_tokens_total", model="m", kind=kind)
+
+    assert (calls("error"), calls("ok")) == (1, 1)
+    assert (tokens("input"), tokens("output")) == (usage["input_tokens"], usage["output_tokens"])
+    assert usage["output_tokens"] > 0
+    assert KEY not in body.decode()  # no secret in the metrics
 
 
 @pytest.mark.parametrize(

@@ -407,3 +407,42 @@ def test_the_pod_monitors_scrape_the_ports_the_pods_name() -> None:
         [endpoint] = spec["podMetricsEndpoints"]
         assert endpoint["path"] == "/metrics"
         assert endpoint["port"] in [p["name"] for p in container(pods)["ports"]]
+
+
+# -- the API server (k8s/api) ------------------------------------------------------------------
+
+API_DOCS = check.load_resources(ROOT / "k8s" / "api")
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "Service", "PodDisruptionBudget"])
+def test_the_api_manifests_are_valid(kind: str) -> None:
+    assert check.schema_problems(find(API_DOCS, kind)) == []
+
+
+def test_the_api_deployment_serves_on_its_port_with_probes_the_server_answers() -> None:
+    deployment = find(API_DOCS, "Deployment")
+    api = container(deployment)
+    assert api["args"] == ["serve"]
+    assert "serve" in build_parser().parse_args(["serve"]).command
+    port = api["ports"][0]
+    settings = {name: entry["value"] for name, entry in env(deployment).items() if "value" in entry}
+    assert settings["ORCHESTRATOR_API_HOST"] == "0.0.0.0"  # reachable from the Service
+    assert int(settings["ORCHESTRATOR_API_PORT"]) == port["containerPort"]
+    assert Settings(**{k.removeprefix("ORCHESTRATOR_").lower(): v for k, v in settings.items()
+                       if k.startswith("ORCHESTRATOR_")})  # fmt: skip
+    assert api["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port["name"]}
+    assert api["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port["name"]}
+    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    wait_max = float(settings["ORCHESTRATOR_API_WAIT_MAX_SECONDS"])
+    assert grace > 5 + wait_max  # preStop, then the longest long-poll, then SIGKILL
+    assert env(deployment)["DATABASE_URL"] == env(find(BASE_DOCS, "Deployment"))["DATABASE_URL"]
+
+
+def test_the_api_service_and_budget_select_the_api_pods() -> None:
+    labels = find(API_DOCS, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    service, budget = find(API_DOCS, "Service"), find(API_DOCS, "PodDisruptionBudget")
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    worker = find(BASE_DOCS, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert not service["spec"]["selector"].items() <= worker.items()  # never the workers

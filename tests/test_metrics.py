@@ -6,6 +6,7 @@ metrics``."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -16,28 +17,17 @@ from typing import Any
 
 import httpx
 import psycopg
-from prometheus_client.parser import text_string_to_metric_families
+import pytest
 
-from orchestrator import Orchestrator, Status
+from orchestrator import InvalidTransition, Orchestrator, Status
 from tests.support import scripted, scripted_app
+from tests.support.exposition import counted, samples, value
 from tests.support.harness import WorkerRun, free_port, wait_for
 from tests.support.tools import promtool
 from tests.support.workers import WorkerProcess
 
 APP = "tests.support.scripted_app:orc"
-
-
-def samples(exposition: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """(sample name, sorted labels) -> value."""
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(exposition)
-        for s in family.samples
-    }
-
-
-def value(found: dict[Any, float], name: str, **labels: str) -> float:
-    return found.get((name, tuple(sorted(labels.items()))), 0.0)
+HOUR = timedelta(hours=1)
 
 
 async def count_events(db: psycopg.AsyncConnection[Any], kind: str, where: str = "") -> int:
@@ -131,6 +121,19 @@ async def test_a_workers_metrics_match_what_the_database_recorded(
         await orc.submit("scripted", {"script": ["ok"]}, queue=queue, tenant_id=tenant)
     later = datetime.now(UTC) + timedelta(hours=1)
     await orc.submit("scripted", {"script": ["ok"]}, queue="q1", run_at=later)
+    # One job waiting for its retry, and one whose worker died unswept (as the rows say:
+    # the exporter reads only the database).
+    retrying, unswept = [await orc.submit("scripted", {"script": ["ok"]}, queue="q3")
+                         for _ in range(2)]  # fmt: skip
+    claimed = "status = 'RUNNING', attempt = 1, lease_token = gen_random_uuid(), locked_by = 'w'"
+    await db.execute(f"UPDATE orc_jobs SET {claimed} WHERE id = ANY(%s)", ([retrying, unswept],))
+    await db.execute(
+        "UPDATE orc_jobs SET status = 'RETRY', next_retry_at = now() + interval '1 hour', "
+        "lease_token = NULL, locked_by = NULL WHERE id = %s", (retrying,),
+    )  # fmt: skip
+    await db.execute(
+        "UPDATE orc_jobs SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (unswept,)
+    )
     fleet = await exported_fleet(dsn)
     cur = await db.execute(
         "SELECT status, coalesce(tenant_id, ''), count(*) FROM orc_jobs "
@@ -145,10 +148,14 @@ async def test_a_workers_metrics_match_what_the_database_recorded(
     assert value(fleet, "orchestrator_queue_depth", queue="q2") == 1
     assert value(fleet, "orchestrator_queue_oldest_age_seconds", queue="q1") > 0
     assert value(fleet, "orchestrator_dead_letters", state="recorded", tenant="acme") == 1
-    assert value(fleet, "orchestrator_jobs_retrying_ratio") == 0
-    assert (
-        value(fleet, "orchestrator_zombies") == value(fleet, "orchestrator_approvals_waiting") == 0
-    )
+    unfinished = sum(n for _, _, n in await (await db.execute(
+        "SELECT status, 1, count(*) FROM orc_jobs WHERE finished_at IS NULL GROUP BY 1"
+    )).fetchall())  # fmt: skip
+    assert value(fleet, "orchestrator_jobs", status="RETRY", job_type="scripted", tenant="") == 1
+    assert value(fleet, "orchestrator_jobs_retrying_ratio") == 1 / unfinished
+    assert value(fleet, "orchestrator_queue_depth", queue="q3") == 0  # neither is due
+    assert value(fleet, "orchestrator_zombies") == 1
+    assert value(fleet, "orchestrator_approvals_waiting") == 0
     assert value(fleet, "orchestrator_fleet_up") == 1
 
 
@@ -213,7 +220,101 @@ async def test_with_metrics_off_nothing_is_counted(make_orc: Callable[..., Orche
     async with WorkerRun(orc) as worker:
         job_id = await orc.submit("scripted", {"script": ["ok"]})
         await worker.until_finished(job_id)
-        body, _ = await orc.metrics.exposition("")
-    found = samples(body.decode())
+        found = await counted(orc)
     assert not [name for name, _ in found if name.startswith("orchestrator_attempts")]
-    assert "orchestrator_running_jobs" not in body.decode()
+    assert not [name for name, _ in found if name == "orchestrator_running_jobs"]
+
+
+async def test_queue_wait_and_heartbeats_are_measured_for_a_job_due_at_submit(
+    make_orc: Callable[..., Orchestrator],
+) -> None:
+    orc = make_orc(retry_config=scripted_app.CONFIG, heartbeat_interval=0.2)
+    scripted.register(orc)
+    async with WorkerRun(orc) as worker:
+        job_id = await orc.submit("scripted", {"script": ["sleep:0.8"]})  # due now: no run_at
+        await worker.until_finished(job_id)
+    found = await counted(orc)
+    assert value(found, "orchestrator_queue_wait_seconds_count", job_type="scripted") == 1
+    assert value(found, "orchestrator_retry_lateness_seconds_count", job_type="scripted") == 0
+    beats = value(found, "orchestrator_heartbeats_total", result="ok")
+    assert beats >= 2  # every 0.2 s of the 0.8 s it ran
+    assert value(found, "orchestrator_heartbeat_duration_seconds_count") == beats
+
+
+async def test_a_superseded_attempts_write_is_counted_as_stale(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    orc = make_orc(retry_config=scripted_app.CONFIG)
+    scripted.register(orc)
+    async with WorkerRun(orc):
+        job_id = await orc.submit("scripted", {"script": ["block"]})
+        await wait_for(lambda: _status_is(orc, job_id, Status.RUNNING))
+        # superseded, as by a sweep that moved faster than this attempt's next heartbeat
+        await db.execute(
+            "UPDATE orc_jobs SET lease_token = gen_random_uuid() WHERE id = %s", (job_id,)
+        )
+        scripted.RELEASE.setdefault(job_id, asyncio.Event()).set()
+
+        async def stale_write_counted() -> bool:
+            found = await counted(orc)
+            return value(
+                found, "orchestrator_stale_writes_total", job_type="scripted", write="completed"
+            ) == 1  # fmt: skip
+
+        await wait_for(stale_write_counted)
+    assert (await orc.get_job(job_id)).status is Status.RUNNING  # the write changed nothing
+    refused = [v for (name, _), v in (await counted(orc)).items()
+               if name == "orchestrator_transitions_refused_total"]  # fmt: skip
+    assert sum(refused) == 0  # a lease refused it, not the state machine
+
+
+async def test_refused_transitions_are_counted_by_the_guard_that_refused_them(
+    make_orc: Callable[..., Orchestrator],
+    db: psycopg.AsyncConnection[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    orc = make_orc(retry_config=scripted_app.CONFIG)
+    scripted.register(orc)
+    async with WorkerRun(orc) as worker:
+        done = await orc.submit("scripted", {"script": ["ok"]})
+        await worker.until_finished(done)
+    # An operator's request the state machine refuses: counted, and no page.
+    with pytest.raises(InvalidTransition, match="cannot go from COMPLETED to CANCELLED"):
+        await orc.cancel(done)
+    found = await counted(orc)
+    assert value(found, "orchestrator_transitions_refused_total", from_status="COMPLETED",
+                 to_status="CANCELLED", refused_by="request") == 1  # fmt: skip
+
+    # The database's guard refusing a change this code thinks legal (as after a state machine
+    # changed without `orchestrator migrate`): raised as the same error, logged and counted.
+    waiting = await orc.submit("scripted", {"script": ["ok"]}, run_at=datetime.now(UTC) + HOUR)
+    cur = await db.execute(
+        "DELETE FROM orc_state_transitions WHERE from_status = 'PENDING' "
+        "AND to_status = 'CANCELLED' RETURNING from_status, to_status"
+    )
+    removed = await cur.fetchone()
+    assert removed is not None
+    caplog.clear()
+    try:
+        with (
+            caplog.at_level(logging.ERROR, logger="orchestrator"),
+            pytest.raises(InvalidTransition) as refused,
+        ):
+            await orc.cancel(waiting)
+    finally:
+        await db.execute("INSERT INTO orc_state_transitions VALUES (%s, %s)", removed)
+    assert refused.value.by_database
+    assert (refused.value.source, refused.value.target) == ("PENDING", "CANCELLED")
+    message = f"WF_STATE_TRANSITION_INVALID: job {waiting} cannot go from PENDING to CANCELLED"
+    assert str(refused.value) == message
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [message]
+    found = await counted(orc)
+    assert value(found, "orchestrator_transitions_refused_total", from_status="PENDING",
+                 to_status="CANCELLED", refused_by="database") == 1  # fmt: skip
+    assert value(found, "orchestrator_transitions_refused_total", from_status="PENDING",
+                 to_status="CANCELLED", refused_by="request") == 0  # fmt: skip
+    assert (await orc.get_job(waiting)).status is Status.PENDING
+
+
+async def _status_is(orc: Orchestrator, job_id: Any, status: Status) -> bool:
+    return (await orc.get_job(job_id)).status is status

@@ -136,7 +136,7 @@ def test_the_specs_three_alerts_are_there() -> None:
     growing = every["OrchestratorDeadLettersGrowing"]["expr"]
     assert "growth_1h[1d] offset 1h" in growing  # against the tenant's own recent rate
     refused = every["OrchestratorTransitionsRefused"]
-    assert "orchestrator_transitions_refused_total" in refused["expr"]
+    assert 'orchestrator_transitions_refused_total{refused_by="database"}' in refused["expr"]
     assert refused["labels"]["severity"] == "P1"
 
 

@@ -70,11 +70,26 @@ class JobNotFound(OrchestratorError):
 
 
 class InvalidTransition(OrchestratorError):
+    """A status change the state machine refuses: found by the orchestrator before it wrote
+    (the job was not where the write needs it), or refused by the database's own guard
+    (``by_database``: SQLSTATE WF001, a write the code never makes on purpose)."""
+
     code = "WF_STATE_TRANSITION_INVALID"
 
-    def __init__(self, job_id: object, source: str, target: str) -> None:
+    def __init__(
+        self,
+        job_id: object,
+        source: str,
+        target: str,
+        *,
+        by_database: bool = False,
+        message: str | None = None,
+    ) -> None:
         self.job_id, self.source, self.target = job_id, source, target
-        super().__init__(f"{self.code}: job {job_id} cannot go from {source} to {target}")
+        self.by_database = by_database
+        super().__init__(
+            message or f"{self.code}: job {job_id} cannot go from {source} to {target}"
+        )
 
 
 class StaleLease(OrchestratorError):
@@ -92,8 +107,22 @@ class DeadLetterError(OrchestratorError):
     code = "DLQ_ACTION_INVALID"
 
 
+class DeadLetterNotFound(DeadLetterError):
+    code = "DEAD_LETTER_NOT_FOUND"
+
+    def __init__(self, dead_letter_id: object) -> None:
+        super().__init__(f"no dead letter with id {dead_letter_id}")
+
+
 class ApprovalError(OrchestratorError):
     code = "APPROVAL_INVALID"
+
+
+class ApprovalNotFound(ApprovalError):
+    code = "APPROVAL_NOT_FOUND"
+
+    def __init__(self, approval_id: object) -> None:
+        super().__init__(f"no approval with id {approval_id}")
 
 
 class MigrationError(OrchestratorError):

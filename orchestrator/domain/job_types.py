@@ -71,6 +71,17 @@ class JobType:
             exhausted_message=exhausted_message,
         )
 
+    @classmethod
+    def external(cls, name: str) -> JobType:
+        """A type run by external workers over the API (``external = true`` in the retry
+        config): any JSON payload and result, and no function in this process."""
+        anything = TypeAdapter(Any)
+        return cls(name=name, fn=_runs_elsewhere, payload=anything, result=anything)
+
+    @property
+    def is_external(self) -> bool:
+        return self.fn is _runs_elsewhere
+
     @property
     def degradation(self) -> TypeDegradation:
         return TypeDegradation(self.fallback, self.exhausted_message)
@@ -97,6 +108,11 @@ class JobType:
             return _json_form(self.result, self.result.validate_python(value), "result")
         except json_values.NotJson as exc:
             raise InvalidOutput(str(exc), output=repr(value)[:2_000]) from None
+
+
+async def _runs_elsewhere(ctx: Any, payload: Any) -> Any:
+    """An external type's stand-in: in-process workers never fetch its queue."""
+    raise RuntimeError("this job type runs on external workers (docs/api.md)")
 
 
 def _json_form(adapter: TypeAdapter[Any], value: Any, where: str) -> Any:

@@ -102,6 +102,19 @@ class DeadLetter(_Row):
     resolved_at: datetime | None
 
 
+class QueueStats(_Row):
+    """One queue's unfinished jobs: by status, how many are due and waiting to start, and how
+    long the oldest of those has been due (seconds; null when none is)."""
+
+    queue: str
+    pending: int
+    running: int
+    retry: int
+    waiting_approval: int
+    due: int
+    oldest_due_age: float | None
+
+
 class JobState(_Row):
     """A job as it stands when something happens to it: its counters and who holds it. Every
     failure payload reports these (``orchestrator.domain.events``), whichever path wrote it."""
@@ -130,6 +143,8 @@ class Claim(JobState):
     trace_id: str
     agent_id: str | None
     started_at: datetime
+    #: When the job was first due: its submit, or the time it was submitted for.
+    run_at: datetime
     traceparent: str | None = None  # where its attempt's span hangs (orchestrator.runtime.tracing)
 
     @property

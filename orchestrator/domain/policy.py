@@ -12,6 +12,7 @@ from enum import StrEnum
 
 from orchestrator.domain.backoff import app_delay_ms, graphile_delay_seconds, graphile_retries_left
 from orchestrator.domain.classification import Classified, ErrorClass
+from orchestrator.domain.models import JobState
 from retry_config import BackoffConfig
 
 
@@ -34,6 +35,16 @@ class Budget:
     max_retries: int
     run: int  # 1-based run of the current dispatch (Procrastinate's attempts + 1)
     max_attempts: int  # runs a dispatch may take (the type's worker_max_attempts)
+
+    @classmethod
+    def of(cls, job: JobState) -> Budget:
+        """Where the job stands: its retries and its current dispatch's runs."""
+        return cls(
+            retry_count=job.retry_count,
+            max_retries=job.max_retries,
+            run=job.dispatch_attempt,
+            max_attempts=job.max_attempts,
+        )
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import importlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -28,6 +30,7 @@ from pydantic import ValidationError
 import retry_config
 from orchestrator.app import Orchestrator
 from orchestrator.domain.errors import DatabaseUnavailable, OrchestratorError
+from orchestrator.domain.principals import Scope
 from orchestrator.domain.states import Status
 from orchestrator.interfaces import render
 from orchestrator.runtime import logs
@@ -161,6 +164,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cmd.add_argument("--port", type=_whole(1, 65535), help="default: ORCHESTRATOR_EXPORTER_PORT")
     cmd.set_defaults(handler=cmd_exporter)
+
+    cmd = commands.add_parser(
+        "serve", help="serve the HTTP API (/api/v1) until SIGTERM/SIGINT (docs/api.md)"
+    )
+    cmd.add_argument("--host", help="default: ORCHESTRATOR_API_HOST")
+    cmd.add_argument("--port", type=_whole(0, 65535), help="default: ORCHESTRATOR_API_PORT")
+    cmd.set_defaults(handler=cmd_serve)
+
+    cmd = commands.add_parser(
+        "openapi", help="print the API's OpenAPI document (docs/openapi.json holds it)"
+    )
+    cmd.set_defaults(handler=cmd_openapi)
+
+    tokens = commands.add_parser("tokens", help="API tokens").add_subparsers(
+        dest="tokens_command", required=True, metavar="ACTION"
+    )
+    cmd = tokens.add_parser("create", help="create a token and print it (shown only once)")
+    cmd.add_argument("name", help="who or what uses it: the API records it as who acted")
+    cmd.add_argument(
+        "--scope", dest="scopes", action="append", required=True, type=str.lower,
+        choices=[s.value for s in Scope], help="what it may do (repeat for several)",
+    )  # fmt: skip
+    cmd.add_argument(
+        "--tenant", dest="tenants", action="append",
+        help="limit it to this tenant's jobs (repeat for several; default: every tenant)",
+    )  # fmt: skip
+    cmd.set_defaults(handler=cmd_tokens_create)
+    cmd = tokens.add_parser("list", help="list tokens (never their secrets)")
+    cmd.set_defaults(handler=cmd_tokens_list)
+    cmd = tokens.add_parser("revoke", help="revoke a token by name")
+    cmd.add_argument("name")
+    cmd.set_defaults(handler=cmd_tokens_revoke)
 
     cmd = commands.add_parser("submit", help="submit a job and print its id")
     cmd.add_argument("job_type")
@@ -360,6 +395,77 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Until SIGTERM/SIGINT: uvicorn finishes the requests under way, then it ends with 0."""
+    import uvicorn
+
+    from orchestrator.interfaces.api.app import create_app
+
+    orc = load_app(args.app)
+    settings = orc.settings
+    config = uvicorn.Config(
+        create_app(orc), host=args.host or settings.api_host,
+        port=settings.api_port if args.port is None else args.port, log_config=None,
+        lifespan="on", server_header=False, proxy_headers=True,
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again for the
+    # handler that was there before it: after a graceful shutdown, that ends nothing.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: None)
+    asyncio.run(server.serve())
+    return 0 if server.started else 1
+
+
+def cmd_openapi(args: argparse.Namespace) -> int:
+    from orchestrator.interfaces.api.app import create_app
+
+    print(json.dumps(create_app(load_app(args.app)).openapi(), indent=2))
+    return 0
+
+
+def cmd_tokens_create(args: argparse.Namespace) -> int:
+    async def body(orc: Orchestrator) -> int:
+        token = await orc.stores.tokens.create(
+            args.name, [Scope(s) for s in args.scopes], args.tenants, by=cli_actor("tokens")
+        )
+        print(token.token)
+        print(f"token {args.name!r} created; this is the only time it is shown", file=sys.stderr)
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_tokens_list(args: argparse.Namespace) -> int:
+    async def body(orc: Orchestrator) -> int:
+        tokens = await orc.stores.tokens.list_tokens()
+        for t in tokens:
+            tenants = ",".join(t.tenants) if t.tenants is not None else "every tenant"
+            state = f"revoked {t.revoked_at:%Y-%m-%d %H:%M}" if t.revoked_at else "live"
+            print(f"{t.name:<24} {','.join(t.scopes):<28} {tenants:<24} {state}")
+        if not tokens:
+            _nothing("no tokens")
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_tokens_revoke(args: argparse.Namespace) -> int:
+    async def body(orc: Orchestrator) -> int:
+        await orc.stores.tokens.revoke(args.name)
+        print(f"token {args.name!r} revoked")
+        return 0
+
+    return _run(args, body)
+
+
+def cli_actor(by: str) -> str:
+    """Who acted from the command line, as records name it: the name given with ``--by`` and
+    the operating-system user who ran the command. The command line acts with the database's
+    own rights: it is trusted (the API is where principals are enforced)."""
+    return f"{by} (cli:{getpass.getuser()})"
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     try:
         payload = json.loads(args.payload)
@@ -416,7 +522,7 @@ def _nothing(line: str) -> None:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     async def body(orc: Orchestrator) -> int:
-        await orc.cancel(args.job_id, reason=args.reason, by=args.by)
+        await orc.cancel(args.job_id, reason=args.reason, by=cli_actor(args.by))
         print(f"cancelled {args.job_id}")
         return 0
 
@@ -490,7 +596,9 @@ def cmd_dlq_discard(args: argparse.Namespace) -> int:
 
     async def body(orc: Orchestrator) -> int:
         if args.reason is not None:
-            await orc.request_discard(args.dead_letter_id, by=args.by, reason=args.reason)
+            await orc.request_discard(
+                args.dead_letter_id, by=cli_actor(args.by), reason=args.reason
+            )
             print(f"discard requested by {args.by}; a second reviewer must confirm it")
             return 0
         letter = await orc.dead_letter(args.dead_letter_id)
@@ -499,7 +607,7 @@ def cmd_dlq_discard(args: argparse.Namespace) -> int:
                 f"--reason is required: it requests the discard of dead letter {letter.id}, "
                 "which a second reviewer then confirms (without --reason)"
             )
-        await orc.confirm_discard(letter.id, by=args.by)
+        await orc.confirm_discard(letter.id, by=cli_actor(args.by))
         print(f"discarded (confirmed by {args.by})")
         return 0
 
@@ -522,9 +630,9 @@ def cmd_approvals_list(args: argparse.Namespace) -> int:
 def cmd_approvals_decide(args: argparse.Namespace) -> int:
     async def body(orc: Orchestrator) -> int:
         if args.action == "approve":
-            await orc.approve(args.approval_id, by=args.by, reason=args.reason)
+            await orc.approve(args.approval_id, by=cli_actor(args.by), reason=args.reason)
         else:
-            await orc.reject(args.approval_id, by=args.by, reason=args.reason)
+            await orc.reject(args.approval_id, by=cli_actor(args.by), reason=args.reason)
         print(f"{args.action}d {args.approval_id} (by {args.by})")
         return 0
 

@@ -21,6 +21,8 @@ def describe(job: Job, events: list[JobEvent], steps: list[StepRecord] | None = 
     ]
     if job.tenant_id is not None:
         lines.append(f"  tenant {job.tenant_id}")
+    if job.job_key is not None:
+        lines.append(f"  job key {job.job_key} (revision {job.revision})")
     if job.status is Status.PENDING and job.run_at > now:
         lines.append(f"  scheduled for {job.run_at.isoformat()} ({_in(job.run_at, now)})")
     if job.next_retry_at is not None:
@@ -45,9 +47,11 @@ def describe(job: Job, events: list[JobEvent], steps: list[StepRecord] | None = 
 
 def job_line(job: Job) -> str:
     tenant = f"  tenant {job.tenant_id}" if job.tenant_id is not None else ""
+    key = f"  key {job.job_key} rev {job.revision}" if job.job_key is not None else ""
     return (
         f"{job.id}  {job.job_type:<20} {job.status.value:<10} attempt {job.attempt:<3} "
-        f"retries {job.retry_count}/{job.max_retries}  {job.created_at:%Y-%m-%d %H:%M:%S}{tenant}"
+        f"retries {job.retry_count}/{job.max_retries}  {job.created_at:%Y-%m-%d %H:%M:%S}"
+        f"{tenant}{key}"
     )
 
 
@@ -95,6 +99,16 @@ def event_detail(event: JobEvent) -> str:
     match event.kind:
         case "job.running":
             return f"attempt {p['attempt']} on {p['worker']}"
+        case "job.completed":
+            return f"attempt {p['attempt']} in {p['duration_ms'] / 1000:.3f}s"
+        case "job.replaced":
+            return f"job key {p['job_key']} ({p['mode']}): revision {p['revision']}"
+        case "job.key_revoked":
+            return f"job key {p['job_key']} went to job {p['replaced_by']}"
+        case "job.redispatched":
+            return f"its dispatch {p['lost_procrastinate_job_id']} was lost; a new one queued"
+        case "job.maintenance_failed":
+            return f"{p['service']} passed it over: {p['code']}: {clip(str(p['error']), 60)}"
         case "job.failed":
             error = p["error"]
             tail = "terminal" if p["terminal"] else f"{p.get('layer')} retry"

@@ -1,9 +1,9 @@
 """The command line's entry point, which loads nothing heavy before it handles signals.
 
 A worker must exit 0 on SIGTERM at any moment, also while Python is still importing the
-application (a second or more): so ``orchestrator worker`` (and ``exporter``) first makes SIGTERM
-and SIGINT end the process quietly; the worker replaces that with its drain as soon as it starts
-(nothing can have been claimed before).
+application (a second or more): so ``orchestrator worker`` (and ``exporter``, ``serve``) first
+makes SIGTERM and SIGINT end the process quietly; the worker replaces that with its drain as soon
+as it starts (nothing can have been claimed before).
 
 Importing the command line builds a large heap of modules that lives as long as the process. The
 cyclic garbage collector is off while it is built and never looks at it again (``gc.freeze``),
@@ -28,7 +28,7 @@ def _stop_before_start(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if {"worker", "exporter"} & set(sys.argv[1:] if argv is None else argv):
+    if {"worker", "exporter", "serve"} & set(sys.argv[1:] if argv is None else argv):
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, _stop_before_start)
     gc.disable()

@@ -29,7 +29,6 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -45,10 +44,9 @@ from orchestrator.domain.errors import (
     TransactionConflict,
 )
 from orchestrator.domain.events import Fault
-from orchestrator.domain.failures import DispatchEnd, Failures
+from orchestrator.domain.failures import Failures
 from orchestrator.domain.job_types import JobType
 from orchestrator.domain.models import Claim
-from orchestrator.domain.policy import Budget, Fail, decide
 from orchestrator.domain.secrets import Secrets
 from orchestrator.runtime import current_attempt
 from orchestrator.runtime.clients import Clients
@@ -58,12 +56,12 @@ from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.outcomes import (
     Abandoned,
     Completed,
-    Failed,
     HandedBack,
     Outcome,
-    Retried,
     Superseded,
     Waiting,
+    of_failure,
+    terminal,
 )
 from retry_config import JobRetryConfig, RetryConfig
 
@@ -252,53 +250,26 @@ class Attempt:
             task.uncancel()
 
     async def _failed(self, exc: Exception, *, output: Any) -> Outcome:
-        claim = self.claim
         classified = classify(exc, self.kit.classifiers)
-        budget = Budget(
-            retry_count=claim.retry_count,
-            max_retries=claim.max_retries,
-            run=claim.dispatch_attempt,
-            max_attempts=claim.max_attempts,
+        rejected = (
+            _rejected_output(exc, output)
+            if classified.error_class is ErrorClass.INVALID_OUTPUT
+            else None
         )
-        verdict = decide(classified, budget, self.config.backoff, self.kit.rng)
-        if isinstance(verdict, Fail):
-            rejected = (
-                _rejected_output(exc, output)
-                if classified.error_class is ErrorClass.INVALID_OUTPUT
-                else None
-            )
-            return await self._terminal(exc, classified, output=rejected)
-        fault = Fault.of(exc, classified)
-        retry_at = datetime.now(UTC) + timedelta(milliseconds=verdict.delay_ms)
-        return await self._ending(
-            Retried(
-                layer=verdict.layer,
-                next_retry_at=retry_at,
-                last_error=events.last_error(
-                    claim, fault, terminal=False, backoff_ms=verdict.delay_ms,
-                    next_available_at=retry_at,
-                ),
-                failed_event=events.failed(
-                    claim, fault, terminal=False, layer=verdict.layer,
-                    backoff_ms=verdict.delay_ms,
-                ),
-                retry_event=events.retry_scheduled(
-                    claim, verdict.layer, verdict.delay_ms, retry_at
-                ),
-            )
+        outcome = of_failure(
+            self.claim, Fault.of(exc, classified, output=rejected), classified,
+            dispatch_id=self.dispatch_id, backoff=self.config.backoff, rng=self.kit.rng,
+            failures=self.kit.failures,
         )  # fmt: skip
+        return await self._ending(outcome)
 
-    async def _terminal(
-        self, exc: BaseException, classified: Classified, *, output: Any = None
-    ) -> Outcome:
-        # The last run of a dispatch whose infrastructure budget is spent ends failed in
-        # Procrastinate too; any other terminal failure was the task's own answer.
-        infra = classified.error_class is ErrorClass.TRANSIENT_INFRA
-        end = DispatchEnd(self.dispatch_id, "failed" if infra else "succeeded")
-        failure = self.kit.failures.terminal(
-            self.claim, Fault.of(exc, classified, output=output), dispatch=end
-        )
-        return await self._ending(Failed(failure))
+    async def _terminal(self, exc: BaseException, classified: Classified) -> Outcome:
+        fault = Fault.of(exc, classified)
+        outcome = terminal(
+            self.claim, fault, classified, dispatch_id=self.dispatch_id,
+            failures=self.kit.failures,
+        )  # fmt: skip
+        return await self._ending(outcome)
 
     async def _ending(self, outcome: Outcome) -> Outcome:
         """Commit the side-effect results still held, before the outcome is written; a refusal

@@ -24,6 +24,8 @@ class Lane:
     name: str
     queues: list[str] | None  # None: every queue
     capacity: int
+    #: Queues it never takes, even as "every queue": those of external job types.
+    excluded: tuple[str, ...] = ()
     free: int = field(init=False)
     woken: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     slot_freed: asyncio.Event = field(default_factory=asyncio.Event, init=False)
@@ -64,10 +66,15 @@ class Lane:
 
 
 def lanes_for(
-    *, queues: Sequence[str] | None, concurrency: int, maintenance_queue: str | None
+    *,
+    queues: Sequence[str] | None,
+    concurrency: int,
+    maintenance_queue: str | None,
+    excluded: Sequence[str] = (),
 ) -> tuple[Lane, ...]:
-    """The jobs lane, and a maintenance lane unless ``maintenance_queue`` is None."""
-    jobs = Lane("jobs", list(queues) if queues is not None else None, concurrency)
+    """The jobs lane (never taking the ``excluded`` queues), and a maintenance lane unless
+    ``maintenance_queue`` is None."""
+    jobs = Lane("jobs", list(queues) if queues is not None else None, concurrency, tuple(excluded))
     if maintenance_queue is None:
         return (jobs,)
     return jobs, Lane("maintenance", [maintenance_queue], 1)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol
+from typing import Literal, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -33,6 +33,12 @@ WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 15, 
 #: Seconds a heartbeat statement takes.
 HEARTBEAT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
 NONE = "none"  # the label value for "not applicable" (no error class, no layer)
+#: Models an LLM call's series are labelled with, in the order first called; later ones are
+#: counted under OTHER_MODEL (a model is a job's payload, user data: its labels stay bounded).
+MAX_MODELS = 20
+OTHER_MODEL = "_other"
+#: Which guard refused a transition (see TRANSITIONS_REFUSED).
+RefusedBy = Literal["database", "worker", "request"]
 #: Maintenance services, for the series that exist at 0 from the start.
 SERVICES = ("sweep_zombies", "retry_safety_net", "expire_approvals", "prune_checkpoints")
 
@@ -71,8 +77,11 @@ STALE_WRITES = Spec(
     " replaced meanwhile).",
 )  # fmt: skip
 TRANSITIONS_REFUSED = Spec(
-    "orchestrator_transitions_refused_total", "counter", ("from_status", "to_status"),
-    "Transitions the state machine refused (WF_STATE_TRANSITION_INVALID).",
+    "orchestrator_transitions_refused_total", "counter",
+    ("from_status", "to_status", "refused_by"),
+    "Transitions the state machine refused (WF_STATE_TRANSITION_INVALID), by which guard:"
+    " database (a write the code never makes on purpose), worker (a write that found its job"
+    " moved on), request (an operator's action on a job in another state).",
 )  # fmt: skip
 MAINTENANCE_RUNS = Spec(
     "orchestrator_maintenance_runs_total", "counter", ("service", "result"),
@@ -133,10 +142,13 @@ class Metrics:
         self.maintenance_rows = self._counter(MAINTENANCE_ROWS)
         self.llm_calls = self._counter(LLM_CALLS)
         self.llm_tokens = self._counter(LLM_TOKENS)
+        self._models: set[str] = set()
         # Series an alert takes the increase() of exist from the start, at 0: the first
         # increment of a series that did not exist is invisible to increase().
         for source, target in states.illegal_pairs():
-            self.transitions_refused.labels(source, target)
+            self.transitions_refused.labels(source, target, "database")
+        for terminal in sorted(states.TERMINAL):  # a finished job's outcome rewritten
+            self.transitions_refused.labels(terminal.value, terminal.value, "database")
         for service in SERVICES:
             for result in ("ok", "failed"):
                 self.maintenance_runs.labels(service, result)
@@ -178,8 +190,8 @@ class Metrics:
     def stale_write(self, job_type: str, write: str) -> None:
         self.stale_writes.labels(job_type, write).inc()
 
-    def transition_refused(self, from_status: str, to_status: str) -> None:
-        self.transitions_refused.labels(from_status, to_status).inc()
+    def transition_refused(self, from_status: str, to_status: str, refused_by: RefusedBy) -> None:
+        self.transitions_refused.labels(from_status, to_status, refused_by).inc()
 
     def maintenance_run(self, service: str, rows: dict[str, int] | None) -> None:
         """A run of ``service``: what it did (action -> rows), or None when it failed."""
@@ -189,7 +201,13 @@ class Metrics:
                 self.maintenance_rows.labels(service, action).inc(count)
 
     def llm_call(self, model: str, *, ok: bool, tokens: dict[str, int] | None = None) -> None:
-        """One LLM call; ``tokens``: kind (input, output, cache_read, cache_creation) -> count."""
+        """One LLM call to the model a job asked for; ``tokens``: kind (input, output,
+        cache_read, cache_creation) -> count."""
+        if model not in self._models:
+            if len(self._models) < MAX_MODELS:
+                self._models.add(model)
+            else:
+                model = OTHER_MODEL
         self.llm_calls.labels(model, "ok" if ok else "error").inc()
         for kind, count in (tokens or {}).items():
             if count:
@@ -270,7 +288,7 @@ class NoMetrics(Metrics):
     def stale_write(self, job_type: str, write: str) -> None:
         pass
 
-    def transition_refused(self, from_status: str, to_status: str) -> None:
+    def transition_refused(self, from_status: str, to_status: str, refused_by: RefusedBy) -> None:
         pass
 
     def maintenance_run(self, service: str, rows: dict[str, int] | None) -> None:

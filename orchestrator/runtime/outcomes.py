@@ -20,22 +20,27 @@ nothing and is logged as a stale write; the dispatch is ended all the same.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from orchestrator.domain import events
+from orchestrator.domain.classification import Classified, ErrorClass
 from orchestrator.domain.errors import InvalidTransition
-from orchestrator.domain.failures import TerminalFailure
+from orchestrator.domain.events import Fault
+from orchestrator.domain.failures import DispatchEnd, Failures, TerminalFailure
 from orchestrator.domain.models import Claim
-from orchestrator.domain.policy import Layer
+from orchestrator.domain.policy import Budget, Fail, Layer, decide
 from orchestrator.domain.states import Status
 from orchestrator.runtime.group_commit import GroupCommit
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.storage.database import OwnConnection
-from orchestrator.storage.dispatches import Completion, Dispatch, DispatchStore
+from orchestrator.storage.dispatches import Completion, DispatchStore
 from orchestrator.storage.jobs import JobStore
+from retry_config import BackoffConfig
 
 logger = logging.getLogger("orchestrator.outcomes")
 
@@ -85,6 +90,47 @@ Outcome = Completed | Retried | Failed | HandedBack | Waiting | Abandoned | Supe
 NONE = "none"
 
 
+def of_failure(
+    claim: Claim,
+    fault: Fault,
+    classified: Classified,
+    *,
+    dispatch_id: int,
+    backoff: BackoffConfig,
+    rng: random.Random,
+    failures: Failures,
+) -> Retried | Failed:
+    """The outcome of a failed attempt, whoever ran it (a worker of this process, or an
+    external worker over the API): a retry at the layer the policy picks while the budget
+    lasts, else the terminal failure."""
+    verdict = decide(classified, Budget.of(claim), backoff, rng)
+    if isinstance(verdict, Fail):
+        return terminal(claim, fault, classified, dispatch_id=dispatch_id, failures=failures)
+    retry_at = datetime.now(UTC) + timedelta(milliseconds=verdict.delay_ms)
+    return Retried(
+        layer=verdict.layer,
+        next_retry_at=retry_at,
+        last_error=events.last_error(
+            claim, fault, terminal=False, backoff_ms=verdict.delay_ms, next_available_at=retry_at
+        ),
+        failed_event=events.failed(
+            claim, fault, terminal=False, layer=verdict.layer, backoff_ms=verdict.delay_ms
+        ),
+        retry_event=events.retry_scheduled(claim, verdict.layer, verdict.delay_ms, retry_at),
+    )
+
+
+def terminal(
+    claim: Claim, fault: Fault, classified: Classified, *, dispatch_id: int, failures: Failures
+) -> Failed:
+    """The attempt fails its job for good. The last run of a dispatch whose infrastructure
+    budget is spent ends failed in Procrastinate too; any other terminal failure was the
+    task's own answer, and its dispatch succeeded."""
+    infra = classified.error_class is ErrorClass.TRANSIENT_INFRA
+    end = DispatchEnd(dispatch_id, "failed" if infra else "succeeded")
+    return Failed(failures.terminal(claim, fault, dispatch=end))
+
+
 def named(outcome: Outcome) -> tuple[str, str, str]:
     """How metrics name an outcome: (outcome, error class, layer), "none" where it has none."""
     match outcome:
@@ -113,32 +159,40 @@ class OutcomeWriter:
         self.metrics = metrics
         self._completions: GroupCommit[Completion, bool] = GroupCommit(self._complete)
 
-    async def write(self, dispatch: Dispatch, claim: Claim, outcome: Outcome) -> None:
+    async def write(self, dispatch_id: int, claim: Claim, outcome: Outcome) -> bool:
+        """Write ``outcome`` with the end of the dispatch that ran it; False when the lease or
+        the state machine refused it (a stale write: logged, counted, nothing changed)."""
         match outcome:
             case Completed(result=result, event=event):
-                written = await self.complete(Completion(claim, result, event, dispatch.id))
-                await self._refused_unless(written, claim, Status.COMPLETED, "completed")
+                written = await self.complete(Completion(claim, result, event, dispatch_id))
+                return await self._refused_unless(written, claim, Status.COMPLETED, "completed")
             case Retried() as retried:
                 written = await self.dispatches.retry(
-                    claim, dispatch.id, layer=retried.layer, next_retry_at=retried.next_retry_at,
+                    claim, dispatch_id, layer=retried.layer, next_retry_at=retried.next_retry_at,
                     error=retried.last_error, failed_event=retried.failed_event,
                     retry_event=retried.retry_event,
                 )  # fmt: skip
-                await self._refused_unless(written, claim, Status.RETRY, f"retry ({retried.layer})")
+                what = f"retry ({retried.layer})"
+                return await self._refused_unless(written, claim, Status.RETRY, what)
             case Failed(failure=failure):
                 [letter] = await self.jobs.fail([failure])
-                await self._refused_unless(letter is not None, claim, Status.FAILED, "failed")
+                return await self._refused_unless(
+                    letter is not None, claim, Status.FAILED, "failed"
+                )
             case HandedBack(event=event):
-                written = await self.dispatches.hand_back(claim, dispatch.id, event)
-                await self._refused_unless(written, claim, Status.PENDING, "interrupted")
+                written = await self.dispatches.hand_back(claim, dispatch_id, event)
+                return await self._refused_unless(written, claim, Status.PENDING, "interrupted")
             case Waiting():
-                await self.dispatches.end(dispatch.id, "succeeded")
+                await self.dispatches.end(dispatch_id, "succeeded")
+                return True
             case Abandoned(reason=reason):
                 logger.info("attempt %s of job %s abandoned: %s", claim.attempt, claim.id, reason)
-                await self.dispatches.end(dispatch.id, "aborted")
+                await self.dispatches.end(dispatch_id, "aborted")
+                return False
             case Superseded(what=what, error=error):
                 self._stale(claim, what, error)
-                await self.dispatches.end(dispatch.id, "aborted")
+                await self.dispatches.end(dispatch_id, "aborted")
+                return False
 
     async def complete(self, completion: Completion) -> bool:
         """Write a completion, with whatever others are waiting; whether its job was
@@ -149,9 +203,10 @@ class OutcomeWriter:
         async with self.connection.connection() as conn:
             return await self.dispatches.complete(completions, conn)
 
-    async def _refused_unless(self, written: bool, claim: Claim, target: Status, what: str) -> None:
+    async def _refused_unless(self, written: bool, claim: Claim, target: Status, what: str) -> bool:
         if not written:
             self._stale(claim, what, await self.jobs.refusal(claim.id, target, claim.lease_token))
+        return written
 
     def _stale(self, claim: Claim, what: str, error: Exception) -> None:
         """A superseded attempt's write was refused: the job is left as it was."""
@@ -162,4 +217,4 @@ class OutcomeWriter:
         )  # fmt: skip
         self.metrics.stale_write(claim.job_type, what.split(" ")[0])
         if isinstance(error, InvalidTransition):
-            self.metrics.transition_refused(error.source, error.target)
+            self.metrics.transition_refused(error.source, error.target, "worker")

@@ -38,6 +38,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from functools import partial
 from typing import Any
 
 import procrastinate
@@ -86,13 +87,15 @@ class Worker:
         concurrency: int,
         queues: Sequence[str] | None,
         metrics: Metrics,
+        excluded_queues: Sequence[str] = (),
         maintenance_queue: str | None = None,
         wait: bool = True,
         name: str = "orchestrator",
     ) -> None:
         """``services``: what the Procrastinate tasks this worker runs find in their context's
         ``additional_context["services"]`` (the maintenance services), whose ticks come on
-        ``maintenance_queue`` (None: no maintenance lane)."""
+        ``maintenance_queue`` (None: no maintenance lane). ``excluded_queues``: queues it never
+        takes (external job types')."""
         self.dsn = dsn
         self.stores = stores
         self.kit = kit
@@ -100,8 +103,9 @@ class Worker:
         self.services = services
         self.settings = settings
         self.lanes = lanes_for(
-            queues=queues, concurrency=concurrency, maintenance_queue=maintenance_queue
-        )
+            queues=queues, concurrency=concurrency, maintenance_queue=maintenance_queue,
+            excluded=excluded_queues,
+        )  # fmt: skip
         self.jobs_lane = self.lanes[0]
         self.wait = wait
         self.name = name
@@ -331,7 +335,7 @@ class Worker:
             async with self._fetch_connection.connection() as conn:
                 return await self.stores.dispatches.fetch(
                     limit=lane.free, queues=lane.queues, worker_id=self.worker_id,
-                    worker=HOST, conn=conn,
+                    worker=HOST, conn=conn, excluded=lane.excluded,
                 )  # fmt: skip
         except psycopg.errors.ForeignKeyViolation:
             # The registry forgot this worker (silent too long: the database was away).
@@ -399,7 +403,7 @@ class Worker:
                     outcome = await attempt.run()
                 except asyncio.CancelledError:  # not the attempt's own: the event loop closes
                     handed_back = attempt.hand_back("cancelled")
-                    await asyncio.shield(self.writer.write(dispatch, claim, handed_back))
+                    await asyncio.shield(self.writer.write(dispatch.id, claim, handed_back))
                     raise
                 except BaseException as exc:  # not an error of the task's: the attempt crashed
                     logger.error(
@@ -409,7 +413,10 @@ class Worker:
                     self.metrics.attempt_finished(
                         claim.job_type, "crashed", time.monotonic() - started
                     )
-                    await self.stores.dispatches.end(dispatch.id, "failed")
+                    await until_written(
+                        f"dispatch {dispatch.id}'s end",
+                        lambda: self.stores.dispatches.end(dispatch.id, "failed"),
+                    )
                     return
                 if attempt.lost is not None:  # lost its job after the task ended: write nothing
                     outcome = Abandoned(attempt.lost)
@@ -425,7 +432,8 @@ class Worker:
                 if tracing is not None and span is not None:
                     tracing.ended(span, outcome)
                 await until_written(
-                    f"job {claim.id}'s outcome", lambda: self.writer.write(dispatch, claim, outcome)
+                    f"job {claim.id}'s outcome",
+                    lambda: self.writer.write(dispatch.id, claim, outcome),
                 )
         finally:
             self.running.remove(attempt)
@@ -441,11 +449,13 @@ class Worker:
         """A plain Procrastinate task, as Procrastinate's own worker runs one: with its context
         when it asks for it; a failure is retried as its retry strategy decides."""
         store = self.stores.dispatches
+        ending: Callable[[], Awaitable[object]]
         task = self.app.tasks.get(dispatch.task_name)
         if task is None:
             logger.error("dispatch %s: no task named %r; ended failed", dispatch.id,
                          dispatch.task_name)  # fmt: skip
-            await store.end(dispatch.id, "failed")
+            ending = partial(store.end, dispatch.id, "failed")
+            await until_written(f"dispatch {dispatch.id}'s end", ending)
             return
         job = dispatch.procrastinate_job()
         context = procrastinate.JobContext(
@@ -467,12 +477,15 @@ class Worker:
                 retry_at = retry.retry_decision.retry_at
                 logger.warning("task %s (dispatch %s) failed; retried at %s: %s",
                                task.name, dispatch.id, retry_at, exc)  # fmt: skip
-                await store.retry_task(dispatch.id, retry_at)
+                ending = partial(store.retry_task, dispatch.id, retry_at)
             else:
                 logger.exception("task %s (dispatch %s) failed", task.name, dispatch.id)
-                await store.end(dispatch.id, "failed")
-            return
-        await store.end(dispatch.id, "succeeded")
+                ending = partial(store.end, dispatch.id, "failed")
+        else:
+            ending = partial(store.end, dispatch.id, "succeeded")
+        # Through an outage: a tick's dispatch left doing would hold its lock until the safety
+        # net found it.
+        await until_written(f"dispatch {dispatch.id}'s end", ending)
 
     # -- side loops ------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from uuid import UUID
 
 from orchestrator.domain import events
 from orchestrator.domain.classification import ErrorClass
-from orchestrator.domain.errors import ApprovalError, InvalidTransition
+from orchestrator.domain.errors import ApprovalError, ApprovalNotFound, InvalidTransition
 from orchestrator.domain.events import Fault
 from orchestrator.domain.failures import Failures
 from orchestrator.domain.states import Status
@@ -58,7 +58,7 @@ class ApprovalDecisions:
         approvals = self.stores.approvals
         approval = await approvals.lock(approval_id, conn)
         if approval is None:
-            raise ApprovalError(f"no approval with id {approval_id}")
+            raise ApprovalNotFound(approval_id)
         if approval.status != "pending":
             raise ApprovalError(f"approval {approval_id} is already {approval.status}")
         resumes = decision == "approved" or approval.on_reject == "resume"

@@ -144,14 +144,8 @@ class ZombieSweep:
         )
         code = "ZOMBIE_DEADLINE" if overran else "ZOMBIE"
         classified = Classified(ErrorClass.TRANSIENT_APP, code)
-        budget = Budget(
-            retry_count=zombie.retry_count,
-            max_retries=zombie.max_retries,
-            run=zombie.dispatch_attempt,
-            max_attempts=zombie.max_attempts,
-        )
         backoff = self.config.for_type(zombie.job_type).backoff
-        verdict = decide(classified, budget, backoff, self.rng)
+        verdict = decide(classified, Budget.of(zombie), backoff, self.rng)
         fault = Fault(self._message(zombie, overran), code, ErrorClass.TRANSIENT_APP)
         detected = events.zombie_detected(
             zombie,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any, Literal, cast
 from uuid import UUID
@@ -11,6 +11,7 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict
 
 from orchestrator.domain import events, states
+from orchestrator.domain.errors import ApprovalNotFound
 from orchestrator.domain.models import Fence, JobState
 from orchestrator.domain.states import Status
 from orchestrator.storage.database import Conn
@@ -148,6 +149,17 @@ class ApprovalStore:
         )
         return [(row["id"], row["job_id"]) for row in rows]
 
-    async def list_approvals(self, *, status: str | None, limit: int) -> list[ApprovalRecord]:
-        rows = await self.queries.rows("list_approvals", {"status": status, "limit": limit})
+    async def get(self, approval_id: UUID) -> ApprovalRecord:
+        row = await self.queries.row("get_approval", {"approval_id": approval_id})
+        if row is None:
+            raise ApprovalNotFound(approval_id)
+        return cast(ApprovalRecord, row)
+
+    async def list_approvals(
+        self, *, status: str | None, limit: int, tenants: Collection[str] | None = None
+    ) -> list[ApprovalRecord]:
+        """Newest first; ``tenants``: only approvals of these tenants' jobs."""
+        params = {"status": status, "limit": limit,
+                  "tenants": sorted(tenants) if tenants is not None else None}  # fmt: skip
+        rows = await self.queries.rows("list_approvals", params)
         return [cast(ApprovalRecord, row) for row in rows]

@@ -7,9 +7,10 @@ recorded ──► requeued                 a new job with the dead one's payloa
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from uuid import UUID
 
-from orchestrator.domain.errors import DeadLetterError
+from orchestrator.domain.errors import DeadLetterError, DeadLetterNotFound
 from orchestrator.domain.models import DeadLetter
 from orchestrator.storage.database import Conn
 from orchestrator.storage.runner import Queries
@@ -20,23 +21,30 @@ class DeadLetterStore:
         self.queries = queries
 
     async def list_letters(
-        self, *, state: str | None = None, tenant_id: str | None = None, limit: int = 50
+        self,
+        *,
+        state: str | None = None,
+        tenant_id: str | None = None,
+        limit: int = 50,
+        tenants: Collection[str] | None = None,
     ) -> list[DeadLetter]:
-        params = {"state": state, "tenant_id": tenant_id, "limit": limit}
+        """Newest first; ``tenants``: only letters of these tenants (None: any)."""
+        params = {"state": state, "tenant_id": tenant_id, "limit": limit,
+                  "tenants": sorted(tenants) if tenants is not None else None}  # fmt: skip
         rows = await self.queries.rows("list_dead_letters", params)
         return [DeadLetter.model_validate(row) for row in rows]
 
     async def get(self, dead_letter_id: UUID) -> DeadLetter:
         row = await self.queries.row("find_dead_letter", {"dead_letter_id": dead_letter_id})
         if row is None:
-            raise DeadLetterError(f"no dead letter with id {dead_letter_id}")
+            raise DeadLetterNotFound(dead_letter_id)
         return DeadLetter.model_validate(row)
 
     async def lock(self, dead_letter_id: UUID, conn: Conn) -> DeadLetter:
         """The dead letter, locked in ``conn``'s transaction until it commits."""
         row = await self.queries.row("get_dead_letter", {"dead_letter_id": dead_letter_id}, conn)
         if row is None:
-            raise DeadLetterError(f"no dead letter with id {dead_letter_id}")
+            raise DeadLetterNotFound(dead_letter_id)
         return DeadLetter.model_validate(row)
 
     async def mark_requeued(self, dead_letter_id: UUID, job_id: UUID, conn: Conn) -> None:

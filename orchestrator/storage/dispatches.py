@@ -30,7 +30,7 @@ from orchestrator.domain.models import Claim
 from orchestrator.domain.policy import Layer
 from orchestrator.domain.states import Status
 from orchestrator.storage.database import Conn
-from orchestrator.storage.jobs import TASK_PREFIX, JobStore
+from orchestrator.storage.jobs import TASK_PREFIX, Held, JobStore
 from orchestrator.storage.runner import Queries, Row
 
 
@@ -57,9 +57,12 @@ class Dispatch:
 
     def due_at(self, claim: Claim) -> float | None:
         """When this dispatch became due (epoch seconds), if known: the time it was scheduled
-        for (a retry, a job submitted for later)."""
+        for (a retry, a job submitted for later), else, for a job's first attempt, its run_at
+        (its submit). None for a later attempt's unscheduled dispatch (a hand-back)."""
         scheduled: datetime | None = self.row.get("scheduled_at")
-        return scheduled.timestamp() if scheduled is not None else None
+        if scheduled is not None:
+            return scheduled.timestamp()
+        return claim.run_at.timestamp() if claim.attempt == 1 else None
 
 
 @dataclass(frozen=True)
@@ -78,15 +81,24 @@ class DispatchStore:
         self.jobs = jobs
 
     async def fetch(
-        self, *, limit: int, queues: Sequence[str] | None, worker_id: int, worker: str, conn: Conn
+        self,
+        *,
+        limit: int,
+        queues: Sequence[str] | None,
+        worker_id: int,
+        worker: str,
+        conn: Conn,
+        excluded: Sequence[str] = (),
     ) -> list[Dispatch]:
-        """Up to ``limit`` due dispatches, each job claimed (RUNNING, attempt + 1, a new lease,
+        """Up to ``limit`` due dispatches of ``queues`` (None: every queue) but the
+        ``excluded`` ones, each job claimed (RUNNING, attempt + 1, a new lease,
         ``job.running``) by the same statement; [] when nothing is due."""
         rows = await self.queries.rows(
             "fetch_dispatches",
             {
                 "limit": limit,
                 "queues": list(queues) if queues is not None else None,
+                "excluded": list(excluded),
                 "worker_id": worker_id,
                 "task_prefix": TASK_PREFIX,
                 "worker": worker,
@@ -114,6 +126,39 @@ class DispatchStore:
             },
         )
         return Claim.model_validate(row) if row else None
+
+    async def claim_now(self, job_id: UUID, *, worker_id: int, worker: str) -> Held | None:
+        """Claim this waiting job at once, due or not, through the dispatch it waits in (the
+        internal replay endpoint); None when it is not waiting (running, finished, unknown)."""
+
+        async def claim(conn: Conn) -> Held | None:
+            params = {"job_id": job_id, "claimable": states.sources_of(Status.RUNNING)}
+            job = await self.queries.row("lock_replayed_job", params, conn)
+            if job is None or job["procrastinate_job_id"] is None:
+                return None
+            taken = await self.queries.row(
+                "take_dispatch",
+                {"dispatch_id": job["procrastinate_job_id"], "worker_id": worker_id},
+                conn,
+            )
+            if taken is None:
+                return None
+            row = await self.queries.row(
+                "claim_dispatch",
+                {
+                    "job_id": job_id,
+                    "dispatch_id": taken["id"],
+                    "run": taken["attempts"] + 1,
+                    "worker_id": worker_id,
+                    "worker": worker,
+                    "claimable": states.sources_of(Status.RUNNING),
+                    "running": Status.RUNNING.value,
+                },
+                conn,
+            )
+            return Held(Claim.model_validate(row), taken["id"], 0.0) if row else None
+
+        return await self.queries.in_transaction(claim)
 
     async def complete(self, completions: Sequence[Completion], conn: Conn) -> list[bool]:
         """COMPLETED with its result and ``job.completed``, and the dispatch succeeded, for each;

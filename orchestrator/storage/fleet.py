@@ -3,8 +3,10 @@ grouped counts, read in one snapshot so that they agree with each other."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
+from orchestrator.domain.models import QueueStats
 from orchestrator.domain.states import Status
 from orchestrator.storage.runner import Queries, Row
 
@@ -45,3 +47,10 @@ class FleetStore:
             approvals=counts["approvals"],
             zombies=counts["zombies"],
         )
+
+    async def queue_stats(self, *, tenants: Collection[str] | None = None) -> list[QueueStats]:
+        """Each queue's unfinished jobs; ``tenants``: only jobs of these tenants."""
+        params = {"tenants": sorted(tenants) if tenants is not None else None}
+        return [
+            QueueStats.model_validate(row) for row in await self.queries.rows("queue_stats", params)
+        ]

@@ -12,18 +12,24 @@ from typing import Generic, TypeVar
 
 import psycopg
 
-from orchestrator.domain.errors import DatabaseUnavailable
+from orchestrator.domain.errors import DatabaseUnavailable, InvalidTransition
 from orchestrator.domain.events import message_of
 from orchestrator.storage.database import Conn
+from orchestrator.storage.runner import REFUSED
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
+#: What the database's refusal of a row raises: the driver's error, or the state machine's guard
+#: (SQLSTATE WF001) as the query runner raises it.
+ROW_REFUSED = (psycopg.Error, InvalidTransition)
+
+
 @dataclass(frozen=True)
 class Refused(Generic[T]):
     item: T
-    error: psycopg.Error
+    error: Exception
 
 
 async def each_alone(
@@ -36,7 +42,7 @@ async def each_alone(
     try:
         async with conn.transaction():
             return list(await write(items)), []
-    except psycopg.Error as exc:
+    except ROW_REFUSED as exc:
         _raise_if_lost(conn, exc)
         if len(items) == 1:
             return [], [Refused(items[0], exc)]
@@ -46,13 +52,13 @@ async def each_alone(
         try:
             async with conn.transaction():
                 written.extend(await write([item]))
-        except psycopg.Error as exc:
+        except ROW_REFUSED as exc:
             _raise_if_lost(conn, exc)
             refused.append(Refused(item, exc))
     return written, refused
 
 
-def _raise_if_lost(conn: Conn, exc: psycopg.Error) -> None:
+def _raise_if_lost(conn: Conn, exc: Exception) -> None:
     if conn.broken or conn.closed:
         raise DatabaseUnavailable(exc) from exc
 
@@ -62,4 +68,6 @@ def reason_of(error: Exception) -> tuple[str, str]:
     SQLSTATE, or the exception's message and class."""
     if isinstance(error, psycopg.Error):
         return error.diag.message_primary or message_of(error), error.sqlstate or "?"
+    if isinstance(error, InvalidTransition) and error.by_database:
+        return message_of(error), REFUSED
     return message_of(error), type(error).__name__

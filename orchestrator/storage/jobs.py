@@ -8,6 +8,8 @@ such job, an illegal transition, a superseded lease).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, cast
 from uuid import UUID
 
@@ -16,13 +18,49 @@ from psycopg.types.json import Jsonb
 from orchestrator.domain import events, states
 from orchestrator.domain.errors import InvalidTransition, JobNotFound, StaleLease
 from orchestrator.domain.failures import TerminalFailure
-from orchestrator.domain.models import Job, JobEvent, SubmitResult
+from orchestrator.domain.models import Claim, Job, JobEvent, SubmitResult
 from orchestrator.domain.states import Status
 from orchestrator.storage.database import Conn
 from orchestrator.storage.rows import StepRecord
 from orchestrator.storage.runner import Queries
 
 TASK_PREFIX = "orc."  # Procrastinate task name of a job type: TASK_PREFIX + job_type
+
+
+@dataclass(frozen=True)
+class Held:
+    """A claim an attempt still holds: its dispatch, and how long ago it was made."""
+
+    claim: Claim
+    dispatch_id: int
+    running_ms: float
+
+
+@dataclass(frozen=True)
+class JobFilters:
+    """What a listing of jobs may be narrowed by; ``tenants``: only jobs of these tenants (an
+    API principal's), None for any."""
+
+    status: Status | None = None
+    job_type: str | None = None
+    tenant_id: str | None = None
+    agent_id: str | None = None
+    job_key: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    tenants: frozenset[str] | None = None
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "status": self.status.value if self.status else None,
+            "job_type": self.job_type,
+            "tenant_id": self.tenant_id,
+            "agent_id": self.agent_id,
+            "job_key": self.job_key,
+            "created_after": self.created_after,
+            "created_before": self.created_before,
+            "tenants": sorted(self.tenants) if self.tenants is not None else None,
+        }
 
 
 class JobStore:
@@ -144,6 +182,18 @@ class JobStore:
         )
         return [row["job_id"] for row in rows]
 
+    async def held(self, job_id: UUID, *, attempt: int, lease_token: UUID) -> Held | None:
+        """The claim an attempt holds (its job RUNNING under this attempt and lease), or None
+        when it no longer holds it."""
+        params = {"job_id": job_id, "attempt": attempt, "lease_token": lease_token,
+                  "running": Status.RUNNING.value}  # fmt: skip
+        row = await self.queries.row("held_lease", params)
+        if row is None:
+            return None
+        return Held(
+            Claim.model_validate(row), row["procrastinate_job_id"], float(row["running_ms"])
+        )
+
     async def refusal(
         self, job_id: UUID, target: Status, lease_token: UUID | None
     ) -> JobNotFound | InvalidTransition | StaleLease:
@@ -184,6 +234,17 @@ class JobStore:
         }
         rows = await self.queries.rows("list_jobs", params)
         return [Job.model_validate(row) for row in rows]
+
+    async def page(self, filters: JobFilters, *, before: UUID | None, limit: int) -> list[Job]:
+        """A page of jobs, newest first, older than ``before`` (the previous page's last id)."""
+        params = {**filters.params(), "before": before, "limit": limit}
+        return [Job.model_validate(row) for row in await self.queries.rows("page_jobs", params)]
+
+    async def events_after(self, job_id: UUID, *, after: int, limit: int) -> list[JobEvent]:
+        """A job's events after the event id ``after``, oldest first."""
+        params = {"job_id": job_id, "after": after, "limit": limit}
+        rows = await self.queries.rows("job_events_after", params)
+        return [JobEvent.model_validate(row) for row in rows]
 
     async def steps(self, job_id: UUID) -> list[StepRecord]:
         """A job's checkpoints and side effects, in step order."""

@@ -38,3 +38,4 @@ class ApprovalRecord(TypedDict):
     reason: str | None
     job_type: str
     job_status: str
+    tenant_id: str | None  # the job's

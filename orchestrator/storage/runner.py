@@ -6,6 +6,10 @@ submits, a decision and the dispatch it makes). A connection lost or refused, wh
 statement, raises :class:`~orchestrator.domain.errors.DatabaseUnavailable` with the reason: the
 one error the rest of the code has to know for "the database is away".
 
+A status change the database's guard refuses (SQLSTATE WF001) raises
+:class:`~orchestrator.domain.errors.InvalidTransition` (``by_database``), and is reported to the
+runner's ``on_refused`` (the worker counts it: an alert pages on it).
+
 A deadlock or serialization failure (SQLSTATE 40P01, 40001) rolls the whole transaction back,
 so a transaction this runner owns is run again, a few times, after a short random pause: a
 statement run on a pooled connection (a transaction of its own), and the work given to
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, LiteralString, TypeVar
@@ -25,7 +30,7 @@ from typing import Any, LiteralString, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 
-from orchestrator.domain.errors import DatabaseUnavailable, TransactionConflict
+from orchestrator.domain.errors import DatabaseUnavailable, InvalidTransition, TransactionConflict
 from orchestrator.storage.database import Conn, Pool
 from orchestrator.storage.queries import QUERIES
 
@@ -36,28 +41,56 @@ T = TypeVar("T")
 LOST = (psycopg.OperationalError, psycopg.InterfaceError)
 #: What a transaction the server rolled back to let others go on raises (OperationalErrors too).
 CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+#: The SQLSTATE of the state machine's guard (orc_jobs' trigger): WF_STATE_TRANSITION_INVALID.
+REFUSED = "WF001"
+#: Its messages: "job ID cannot go from A to B", "job ID is finished (S): ...", "job ID is S: ...".
+_MOVE = re.compile(r"job (\S+) cannot go from (\w+) to (\w+)")
+_STAY = re.compile(r"job (\S+) is (?:finished \()?(\w+)")
+OnRefused = Callable[[InvalidTransition], None]
 CONFLICT_TRIES = 5
 CONFLICT_PAUSE = 0.01  # seconds before the second try; doubled for each further one, jittered
 
 
 @contextmanager
-def as_orchestrator_errors() -> Iterator[None]:
+def as_orchestrator_errors(on_refused: OnRefused | None = None) -> Iterator[None]:
     try:
         yield
     except CONFLICTS as exc:
         raise TransactionConflict(exc) from exc
     except LOST as exc:
         raise DatabaseUnavailable(exc) from exc
+    except psycopg.Error as exc:
+        if exc.sqlstate != REFUSED:
+            raise
+        refused = refused_by_database(exc)
+        if on_refused is not None:
+            on_refused(refused)
+        raise refused from exc
+
+
+def refused_by_database(exc: psycopg.Error) -> InvalidTransition:
+    """The guard's refusal, as the error the rest of the code knows: which job, and which
+    change (a finished job's outcome rewritten is a change from its status to itself)."""
+    message = exc.diag.message_primary or str(exc)
+    if moved := _MOVE.search(message):
+        job_id, source, target = moved.groups()
+    elif stayed := _STAY.search(message):
+        job_id, source = stayed.groups()
+        target = source
+    else:
+        job_id, source, target = "?", "?", "?"
+    return InvalidTransition(job_id, source, target, by_database=True, message=message)
 
 
 class Queries:
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool, *, on_refused: OnRefused | None = None) -> None:
         self.pool = pool
+        self.on_refused = on_refused
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Conn]:
         """A pooled connection inside a transaction, committed when the block ends."""
-        with as_orchestrator_errors():
+        with as_orchestrator_errors(self.on_refused):
             async with self.pool.connection() as conn, conn.transaction():
                 yield conn
 
@@ -75,10 +108,10 @@ class Queries:
     async def connection(self, conn: Conn | None = None) -> AsyncIterator[Conn]:
         """``conn`` itself, or a pooled connection for the block."""
         if conn is not None:
-            with as_orchestrator_errors():
+            with as_orchestrator_errors(self.on_refused):
                 yield conn
             return
-        with as_orchestrator_errors():
+        with as_orchestrator_errors(self.on_refused):
             async with self.pool.connection() as pooled:
                 yield pooled
 

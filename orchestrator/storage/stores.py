@@ -10,8 +10,10 @@ from orchestrator.storage.dead_letters import DeadLetterStore
 from orchestrator.storage.dispatches import DispatchStore
 from orchestrator.storage.fleet import FleetStore
 from orchestrator.storage.jobs import JobStore
+from orchestrator.storage.listeners import ListenerStore
 from orchestrator.storage.liveness import LivenessStore
-from orchestrator.storage.runner import Queries
+from orchestrator.storage.runner import OnRefused, Queries
+from orchestrator.storage.tokens import TokenStore
 
 
 @dataclass(frozen=True)
@@ -23,10 +25,14 @@ class Stores:
     approvals: ApprovalStore
     liveness: LivenessStore
     fleet: FleetStore
+    tokens: TokenStore
+    listeners: ListenerStore
 
     @classmethod
-    def on(cls, pool: Pool) -> Stores:
-        queries = Queries(pool)
+    def on(cls, pool: Pool, *, on_refused: OnRefused | None = None) -> Stores:
+        """The stores on ``pool``; ``on_refused`` hears of every status change the database's
+        guard refuses."""
+        queries = Queries(pool, on_refused=on_refused)
         jobs = JobStore(queries)
         return cls(
             queries=queries,
@@ -36,4 +42,6 @@ class Stores:
             approvals=ApprovalStore(queries, jobs),
             liveness=LivenessStore(queries, jobs),
             fleet=FleetStore(queries),
+            tokens=TokenStore(queries),
+            listeners=ListenerStore(queries),
         )

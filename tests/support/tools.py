@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 #: Where each tool comes from, for the reason a test gives when it is missing.
-SOURCES = {"promtool": "Debian's prometheus package (./dev installs it where it can)"}
+SOURCES = {
+    "promtool": "Debian's prometheus package (./dev installs it where it can)",
+    "node": "Node.js (Debian's nodejs package)",
+}
 
 
 def find(name: str) -> str:

@@ -76,13 +76,15 @@ SELECT ord, job_id, outcome
 SELECT orc_dispatch_v1(%(job_ids)s::uuid[], %(task_prefix)s) AS dispatched
 
 -- fetch_dispatches --
--- The worker's fetch: Procrastinate's, plus the claim of our job, for up to `limit` dispatches
--- (see orc_fetch_dispatches_v1); no row: nothing is due. It waits for no lock: a job another
+-- The worker's fetch: Procrastinate's (leaving the `excluded` queues alone: external job
+-- types'), plus the claim of our job, for up to `limit` dispatches
+-- (see orc_fetch_dispatches_v2, migration 0019); no row: nothing is due. It waits for no lock: a job another
 -- transaction holds at that instant is left to claim_dispatch (args: claim_later).
 SELECT id, status, task_name, priority, lock, queueing_lock, args, scheduled_at, queue_name,
        attempts, worker_id
-  FROM orc_fetch_dispatches_v1(%(limit)s, %(queues)s::varchar[], %(worker_id)s,
-                               %(task_prefix)s, %(worker)s, %(claimable)s, %(running)s)
+  FROM orc_fetch_dispatches_v2(%(limit)s, %(queues)s::varchar[], %(excluded)s::varchar[],
+                               %(worker_id)s, %(task_prefix)s, %(worker)s, %(claimable)s,
+                               %(running)s)
 
 -- claim_dispatch --
 -- The claim a fetch left for later (its job was locked at that instant), made now: it waits for
@@ -274,10 +276,12 @@ SELECT f.job_id, 'job.maintenance_failed', f.payload
 RETURNING job_id
 
 -- list_dead_letters --
--- Newest first; a tenant's through orc_dead_letters_tenant.
+-- Newest first; a tenant's through orc_dead_letters_tenant; `tenants`: only theirs (an API
+-- principal's), null for any.
 SELECT * FROM orc_dead_letters
  WHERE (%(state)s::text IS NULL OR state = %(state)s)
    AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
+   AND (%(tenants)s::text[] IS NULL OR tenant_id = ANY (%(tenants)s))
  ORDER BY created_at DESC
  LIMIT %(limit)s
 
@@ -488,11 +492,17 @@ SELECT a.id, a.job_id
    FOR UPDATE OF a SKIP LOCKED
 
 -- list_approvals --
-SELECT a.*, j.job_type, j.status AS job_status
+SELECT a.*, j.job_type, j.status AS job_status, j.tenant_id
   FROM orc_approvals AS a JOIN orc_jobs AS j ON j.id = a.job_id
  WHERE (%(status)s::text IS NULL OR a.status = %(status)s)
+   AND (%(tenants)s::text[] IS NULL OR j.tenant_id = ANY (%(tenants)s))
  ORDER BY a.requested_at DESC
  LIMIT %(limit)s
+
+-- get_approval --
+SELECT a.*, j.job_type, j.status AS job_status, j.tenant_id
+  FROM orc_approvals AS a JOIN orc_jobs AS j ON j.id = a.job_id
+ WHERE a.id = %(approval_id)s
 
 -- cancel_job_approvals --
 -- A cancelled job's open approval is closed with it.
@@ -633,3 +643,111 @@ SELECT (SELECT count(*) FROM orc_approvals WHERE status = 'pending') AS approval
          WHERE status = %(running)s
            AND heartbeat_at < now() - make_interval(secs => %(threshold)s)) AS zombies
 
+
+-- == The HTTP API (orchestrator serve) ===========================================================
+
+-- create_token --
+INSERT INTO orc_api_tokens (id, name, secret_sha256, scopes, tenants, created_by)
+VALUES (%(id)s, %(name)s, %(secret_sha256)s, %(scopes)s, %(tenants)s, %(created_by)s)
+ON CONFLICT (name) DO NOTHING
+RETURNING id
+
+-- find_token --
+SELECT id, name, secret_sha256, scopes, tenants FROM orc_api_tokens
+ WHERE id = %(id)s AND revoked_at IS NULL
+
+-- list_tokens --
+SELECT id, name, scopes, tenants, created_by, created_at, revoked_at FROM orc_api_tokens
+ ORDER BY created_at, name
+
+-- revoke_token --
+UPDATE orc_api_tokens SET revoked_at = now()
+ WHERE name = %(name)s AND revoked_at IS NULL
+RETURNING id
+
+-- listen_for_events --
+-- This API server waits for events until %(seconds)s from now, unless it renews the claim
+-- (orc_job_events' statement trigger notifies `orc_job_events` while any claim is live).
+INSERT INTO orc_event_listeners (listener, until)
+VALUES (%(listener)s, now() + make_interval(secs => %(seconds)s))
+ON CONFLICT (listener) DO UPDATE SET until = excluded.until
+
+-- stop_listening_for_events --
+DELETE FROM orc_event_listeners WHERE listener = %(listener)s OR until < now()
+
+-- latest_event_ids --
+-- The newest event id of each of these jobs (one primary-key probe each): which of the jobs
+-- waited for have new events since the waiter last looked. Not a global cursor: ids are handed
+-- out before commit, so a lower id can commit after a higher one.
+SELECT job_id, max(id) AS last_event_id FROM orc_job_events
+ WHERE job_id = ANY (%(job_ids)s::uuid[])
+ GROUP BY job_id
+
+-- job_events_after --
+-- A job's events after a cursor (an event id), oldest first, a page at a time.
+SELECT id, job_id, kind, at, payload FROM orc_job_events
+ WHERE job_id = %(job_id)s AND id > %(after)s
+ ORDER BY id
+ LIMIT %(limit)s
+
+-- page_jobs --
+-- Jobs newest first (ids are UUIDv7: id order is creation order), after a cursor (the last id
+-- of the previous page), with the API's filters; tenants: a principal's tenants (null: any).
+SELECT * FROM orc_jobs
+ WHERE (%(before)s::uuid IS NULL OR id < %(before)s)
+   AND (%(status)s::text IS NULL OR status = %(status)s)
+   AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s)
+   AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
+   AND (%(tenants)s::text[] IS NULL OR tenant_id = ANY (%(tenants)s))
+   AND (%(agent_id)s::text IS NULL OR agent_id = %(agent_id)s)
+   AND (%(job_key)s::text IS NULL OR job_key = %(job_key)s)
+   AND (%(created_after)s::timestamptz IS NULL OR created_at >= %(created_after)s)
+   AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s)
+ ORDER BY id DESC
+ LIMIT %(limit)s
+
+-- queue_stats --
+-- Per queue: jobs by status (unfinished), due and waiting, and the age of the oldest waiting.
+SELECT queue,
+       count(*) FILTER (WHERE status = 'PENDING') AS pending,
+       count(*) FILTER (WHERE status = 'RUNNING') AS running,
+       count(*) FILTER (WHERE status = 'RETRY') AS retry,
+       count(*) FILTER (WHERE status = 'WAITING_APPROVAL') AS waiting_approval,
+       count(*) FILTER (WHERE (status = 'PENDING' AND run_at <= now())
+                           OR (status = 'RETRY' AND next_retry_at <= now())) AS due,
+       extract(epoch FROM now() - min(CASE WHEN status = 'PENDING' AND run_at <= now()
+                                           THEN run_at
+                                           WHEN status = 'RETRY' AND next_retry_at <= now()
+                                           THEN next_retry_at END)) AS oldest_due_age
+  FROM orc_jobs
+ WHERE finished_at IS NULL
+   AND (%(tenants)s::text[] IS NULL OR tenant_id = ANY (%(tenants)s))
+ GROUP BY queue
+ ORDER BY queue
+
+-- held_lease --
+-- The job an external worker reports on, if its attempt still holds the lease: RUNNING, this
+-- attempt, this lease token. (The report's own write is fenced by the lease again: a sweep
+-- between this read and that write makes the write match nothing.)
+SELECT *,
+       -- since the claim (which set deadline_at to its time plus the job timeout)
+       1000 * extract(epoch FROM now() - deadline_at
+                                 + make_interval(secs => coalesce(timeout_seconds, 3600)))
+           AS running_ms
+  FROM orc_jobs
+ WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND attempt = %(attempt)s
+   AND status = %(running)s
+
+-- lock_replayed_job --
+-- The internal replay endpoint runs one job now: its row first (the lock order), if it is
+-- waiting (PENDING or RETRY), with the dispatch it waits in.
+SELECT procrastinate_job_id FROM orc_jobs
+ WHERE id = %(job_id)s AND status = ANY (%(claimable)s)
+   FOR NO KEY UPDATE
+
+-- take_dispatch --
+-- ... then that dispatch, made doing under the API server's registry entry as Procrastinate's
+-- fetch would (there is no upstream function to fetch one dispatch by id), due or not.
+UPDATE procrastinate_jobs SET status = 'doing', worker_id = %(worker_id)s
+ WHERE id = %(dispatch_id)s AND status = 'todo'
+RETURNING id, attempts

@@ -1,0 +1,170 @@
+"""``orchestrator serve``: the HTTP API (``/api/v1``, docs/api.md), its OpenAPI document, and
+its probes and metrics, as one ASGI application on FastAPI.
+
+FastAPI rather than bare Starlette: requests and responses are the pydantic models the Python
+API already has (``JobSpec``, ``Job``, ...), validated and documented once; the OpenAPI
+document that external workers and Schemathesis read is generated from them, so it cannot drift
+from the code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+
+from orchestrator.app import Orchestrator
+from orchestrator.domain.errors import OrchestratorError
+from orchestrator.domain.principals import Scope, Unauthorized
+from orchestrator.interfaces.api import jobs, operations, problems, workers
+from orchestrator.interfaces.api.auth import Authenticator
+from orchestrator.interfaces.api.watch import EventWatch
+from orchestrator.runtime.external import ExternalRuns
+
+logger = logging.getLogger("orchestrator.api")
+
+VERSION = "1"
+OPENAPI_URL = "/api/v1/openapi.json"
+
+
+def create_app(orc: Orchestrator) -> FastAPI:
+    """The API for ``orc``, which the application opens when it starts and closes when it
+    stops (with its background tasks: external workers' wake-ups, event watching)."""
+    settings = orc.settings
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        orc.check_definition()
+        await orc.open()
+        app.state.authenticator = Authenticator(orc.stores.tokens)
+        app.state.watch = EventWatch(dsn=orc.dsn, listeners=orc.stores.listeners)
+        app.state.external = ExternalRuns(
+            dsn=orc.dsn, stores=orc.stores, settings=settings, config=orc.retry_config,
+            job_types=orc.job_types, failures=orc.failures, metrics=orc.metrics,
+            host=f"{socket.gethostname()}/api",
+        )  # fmt: skip
+        background = [
+            asyncio.create_task(app.state.watch.run(), name="event watch"),
+            asyncio.create_task(app.state.external.run(), name="external workers"),
+        ]
+        try:
+            yield
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await orc.close()
+
+    app = FastAPI(
+        title="agent-orchestrator",
+        version=VERSION,
+        summary="Durable, two-layer retry orchestrator for LLM agent jobs",
+        openapi_url=OPENAPI_URL,
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    app.state.orc = orc
+    app.state.settings = settings
+    app.add_exception_handler(OrchestratorError, problems.orchestrator_error)
+    app.add_exception_handler(RequestValidationError, problems.request_invalid)
+    app.add_exception_handler(ValidationError, problems.request_invalid)
+    app.add_exception_handler(HTTPException, problems.http_error)
+    app.add_exception_handler(Exception, problems.unexpected)
+    for router in (jobs.router, operations.router, workers.router):
+        app.include_router(router, responses=problems.ERRORS)
+    app.add_api_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/readyz", readyz, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
+    app.add_middleware(BodyLimit, limit=settings.api_max_body_bytes)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document, with the errors' schema (Problem) that every route refers to, and
+    the bearer token required everywhere it is."""
+    if app.openapi_schema is None:
+        document = get_openapi(
+            title=app.title, version=app.version, summary=app.summary, routes=app.routes
+        )
+        schemas = document.setdefault("components", {}).setdefault("schemas", {})
+        schemas["Problem"] = problems.Problem.model_json_schema()
+        app.openapi_schema = document
+    return app.openapi_schema
+
+
+async def healthz() -> Response:
+    """Alive, whatever the database (so an outage does not restart the fleet)."""
+    return Response("ok", media_type="text/plain")
+
+
+async def readyz(request: Request) -> Response:
+    orc: Orchestrator = request.app.state.orc
+    if await orc.stores.liveness.ping():
+        return Response("ok", media_type="text/plain")
+    return Response("database unreachable", status_code=503, media_type="text/plain")
+
+
+async def metrics(request: Request) -> Response:
+    """The API server's metrics (its external workers' attempts among them)."""
+    orc: Orchestrator = request.app.state.orc
+    if not orc.settings.api_open_metrics:
+        header = request.headers.get("authorization", "")
+        if not header.lower().startswith("bearer "):
+            raise Unauthorized("an API token is required (Authorization: Bearer orc_...)")
+        caller = await request.app.state.authenticator.principal(header[7:])
+        caller.require(Scope.READ)
+    body, content_type = await orc.metrics.exposition(request.headers.get("accept", ""))
+    return Response(body, media_type=content_type)
+
+
+Scope_ = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class BodyLimit:
+    """Refuse a request body over ``limit`` bytes with 413, whether it says its length up
+    front or streams it: nothing past the limit is read."""
+
+    def __init__(self, app: Callable[[Scope_, Receive, Send], Awaitable[None]], limit: int):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope_, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            await self._too_large(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> MutableMapping[str, Any]:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise HTTPException(413, f"request body over {self.limit} bytes")
+            return message
+
+        await self.app(scope, limited, send)
+
+    async def _too_large(self, scope: Scope_, receive: Receive, send: Send) -> None:
+        response = problems.problem(
+            413, "REQUEST_TOO_LARGE",
+            f"request body over {self.limit} bytes (ORCHESTRATOR_API_MAX_BODY_BYTES)",
+        )  # fmt: skip
+        await response(scope, receive, send)

@@ -1,0 +1,61 @@
+"""Who is calling: a bearer token, checked against orc_api_tokens, gives the request its
+principal; each endpoint names the scope it needs (orchestrator.domain.principals).
+
+A token's check is cached for a few seconds, so a busy client costs one lookup per few
+seconds, not one per request; a revoked token stops working within that time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from orchestrator.domain.principals import Principal, Scope, Unauthorized
+from orchestrator.storage.tokens import TokenStore
+
+CACHE_SECONDS = 5.0
+CACHE_SIZE = 10_000
+
+bearer = HTTPBearer(auto_error=False, description="An API token: `orchestrator tokens create`")
+
+
+class Authenticator:
+    def __init__(self, tokens: TokenStore) -> None:
+        self.tokens = tokens
+        self._cache: dict[bytes, tuple[float, Principal]] = {}
+
+    async def principal(self, token: str) -> Principal:
+        key = hashlib.sha256(token.encode()).digest()
+        now = time.monotonic()
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        principal = await self.tokens.authenticate(token)
+        if len(self._cache) >= CACHE_SIZE:
+            self._cache.clear()
+        self._cache[key] = (now + CACHE_SECONDS, principal)
+        return principal
+
+
+async def principal(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+) -> Principal:
+    if credentials is None:
+        raise Unauthorized("an API token is required (Authorization: Bearer orc_...)")
+    authenticator: Authenticator = request.app.state.authenticator
+    return await authenticator.principal(credentials.credentials)
+
+
+def allowed(scope: Scope) -> Callable[..., Awaitable[Principal]]:
+    """The dependency of an endpoint that needs ``scope``: the caller, if it has it."""
+
+    async def check(caller: Annotated[Principal, Depends(principal)]) -> Principal:
+        caller.require(scope)
+        return caller
+
+    return check

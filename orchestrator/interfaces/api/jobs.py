@@ -1,0 +1,229 @@
+"""Jobs: submit (one, many, idempotent), read (one, a page, its events, its steps), cancel, wait
+for an outcome (a long-poll) and stream its events (Server-Sent Events).
+
+A principal limited to tenants sees only their jobs: any other job, guessed id or not, is "not
+found", exactly as a job that does not exist.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Annotated
+from uuid import UUID
+
+from fastapi import APIRouter, Depends, Header, Query, Request, status
+from fastapi.responses import StreamingResponse
+
+from orchestrator.app import JobSpec, Orchestrator
+from orchestrator.domain.errors import JobNotFound, SubmitError
+from orchestrator.domain.models import Job
+from orchestrator.domain.principals import Principal, Scope
+from orchestrator.domain.states import Status
+from orchestrator.interfaces.api.auth import allowed
+from orchestrator.interfaces.api.models import (
+    EventPage,
+    JobOutcome,
+    JobPage,
+    Reason,
+    Step,
+    Steps,
+    SubmitBatch,
+    Submitted,
+    SubmittedBatch,
+)
+from orchestrator.interfaces.api.watch import EventWatch
+from orchestrator.storage.jobs import JobFilters
+
+router = APIRouter(prefix="/api/v1", tags=["jobs"])
+
+Reader = Annotated[Principal, Depends(allowed(Scope.READ))]
+Submitter = Annotated[Principal, Depends(allowed(Scope.SUBMIT))]
+Operator = Annotated[Principal, Depends(allowed(Scope.OPERATE))]
+#: Keep-alive comments on an idle event stream (proxies close silent connections).
+STREAM_PING_SECONDS = 15.0
+
+
+def orchestrator(request: Request) -> Orchestrator:
+    orc: Orchestrator = request.app.state.orc
+    return orc
+
+
+def event_watch(request: Request) -> EventWatch:
+    watch: EventWatch = request.app.state.watch
+    return watch
+
+
+Orc = Annotated[Orchestrator, Depends(orchestrator)]
+Watch = Annotated[EventWatch, Depends(event_watch)]
+
+
+async def visible_job(orc: Orchestrator, caller: Principal, job_id: UUID) -> Job:
+    """The job, if the caller may see it; JobNotFound otherwise (as if it did not exist)."""
+    job = await orc.get_job(job_id)
+    if not caller.sees(job.tenant_id):
+        raise JobNotFound(job_id)
+    return job
+
+
+@router.post("/jobs", status_code=status.HTTP_201_CREATED)
+async def submit(
+    spec: JobSpec,
+    orc: Orc,
+    caller: Submitter,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> Submitted:
+    """Submit one job. With ``Idempotency-Key``, submitting again with the same key returns the
+    job the first submit made (its job key, deduplicated, in the caller's tenant)."""
+    spec = _owned(spec, caller)
+    if idempotency_key is not None:
+        if spec.job_key is not None:
+            raise SubmitError("give job_key or an Idempotency-Key header, not both")
+        key = f"idempotency/{spec.tenant_id or '-'}/{idempotency_key}"
+        spec = _owned(spec, caller, job_key=key, job_key_mode="unsafe_dedupe")
+    (result,) = await orc.submit_specs([spec])
+    if idempotency_key is not None:
+        await visible_job(orc, caller, result.job_id)  # a key another tenant's job holds
+    return Submitted.model_validate(result.model_dump())
+
+
+@router.post("/jobs/batch", status_code=status.HTTP_201_CREATED)
+async def submit_batch(batch: SubmitBatch, orc: Orc, caller: Submitter) -> SubmittedBatch:
+    """Submit many jobs in one transaction: all are stored, or (one invalid) none."""
+    specs = [_owned(spec, caller) for spec in batch.jobs]
+    results = await orc.submit_specs(specs)
+    return SubmittedBatch(jobs=[Submitted.model_validate(r.model_dump()) for r in results])
+
+
+def _owned(spec: JobSpec, caller: Principal, **update: object) -> JobSpec:
+    """The spec in the caller's tenant (Forbidden for another's), with ``update`` applied and
+    checked again."""
+    tenant = caller.tenant_for_submit(spec.tenant_id)
+    return JobSpec.model_validate({**spec.model_dump(), "tenant_id": tenant, **update})
+
+
+@router.get("/jobs")
+async def list_jobs(
+    orc: Orc,
+    caller: Reader,
+    status_: Annotated[Status | None, Query(alias="status")] = None,
+    job_type: Annotated[str | None, Query(max_length=200)] = None,
+    tenant_id: Annotated[str | None, Query(max_length=200)] = None,
+    agent_id: Annotated[str | None, Query(max_length=200)] = None,
+    job_key: Annotated[str | None, Query(max_length=512)] = None,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: UUID | None = None,
+) -> JobPage:
+    """Jobs newest first, a page at a time: pass ``next_cursor`` back as ``cursor``."""
+    filters = JobFilters(
+        status=status_, job_type=job_type, tenant_id=tenant_id, agent_id=agent_id,
+        job_key=job_key, created_after=created_after, created_before=created_before,
+        tenants=caller.tenants,
+    )  # fmt: skip
+    jobs = await orc.stores.jobs.page(filters, before=cursor, limit=limit + 1)
+    more = len(jobs) > limit  # one past the page says whether another follows
+    return JobPage(jobs=jobs[:limit], next_cursor=jobs[limit - 1].id if more else None)
+
+
+@router.get("/jobs/{job_id}")
+async def get_job(job_id: UUID, orc: Orc, caller: Reader) -> Job:
+    return await visible_job(orc, caller, job_id)
+
+
+@router.get("/jobs/{job_id}/events")
+async def job_events(
+    job_id: UUID,
+    orc: Orc,
+    caller: Reader,
+    after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> EventPage:
+    """The job's events after the event id ``after``, oldest first."""
+    await visible_job(orc, caller, job_id)
+    events = await orc.stores.jobs.events_after(job_id, after=after, limit=limit)
+    return EventPage(events=events, next_cursor=events[-1].id if events else after)
+
+
+@router.get("/jobs/{job_id}/steps")
+async def job_steps(job_id: UUID, orc: Orc, caller: Reader) -> Steps:
+    """Its checkpoints and its side-effect ledger, in step order."""
+    await visible_job(orc, caller, job_id)
+    return Steps(steps=[Step.model_validate(row) for row in await orc.job_steps(job_id)])
+
+
+@router.post("/jobs/{job_id}/cancel")
+async def cancel(job_id: UUID, body: Reason, orc: Orc, caller: Operator) -> Job:
+    """Cancel an unfinished job (409 WF_STATE_TRANSITION_INVALID for a finished one)."""
+    await visible_job(orc, caller, job_id)
+    await orc.cancel(job_id, reason=body.reason, by=caller.actor)
+    return await orc.get_job(job_id)
+
+
+@router.get("/jobs/{job_id}/wait")
+async def wait(
+    job_id: UUID,
+    orc: Orc,
+    watch: Watch,
+    caller: Reader,
+    request: Request,
+    seconds: Annotated[float, Query(alias="timeout", ge=0, le=3600)] = 30.0,
+) -> JobOutcome:
+    """Wait until the job has finished (COMPLETED, FAILED or CANCELLED), or ``timeout``
+    seconds (capped by ORCHESTRATOR_API_WAIT_MAX_SECONDS): woken by the database the moment
+    it finishes."""
+    seconds = min(seconds, request.app.state.settings.api_wait_max_seconds)
+    await visible_job(orc, caller, job_id)
+    async with watch.watching(job_id) as waiter:
+        deadline = time.monotonic() + seconds
+        while True:
+            job = await orc.get_job(job_id)
+            left = deadline - time.monotonic()
+            if job.finished_at is not None or left <= 0:
+                return JobOutcome(finished=job.finished_at is not None, job=job)
+            await waiter.wait(left)
+
+
+@router.get(
+    "/jobs/{job_id}/stream",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}}},
+)
+async def stream(
+    job_id: UUID,
+    orc: Orc,
+    watch: Watch,
+    caller: Reader,
+    after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+    last_event_id: Annotated[str | None, Header(max_length=30)] = None,
+) -> StreamingResponse:
+    """The job's events as Server-Sent Events (``id`` the event id, ``event`` its kind,
+    ``data`` the event as JSON), from ``after`` (or ``Last-Event-ID`` on a reconnection),
+    live, until the job has finished and its last event was sent."""
+    await visible_job(orc, caller, job_id)
+    cursor = int(last_event_id) if last_event_id and last_event_id.isdigit() else after
+    return StreamingResponse(
+        _events(orc, watch, job_id, cursor),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _events(
+    orc: Orchestrator, watch: EventWatch, job_id: UUID, cursor: int
+) -> AsyncIterator[str]:
+    async with watch.watching(job_id) as waiter:
+        while True:
+            job = await orc.get_job(job_id)
+            while events := await orc.stores.jobs.events_after(job_id, after=cursor, limit=500):
+                for event in events:
+                    data = json.dumps(event.model_dump(mode="json"), separators=(",", ":"))
+                    yield f"id: {event.id}\nevent: {event.kind}\ndata: {data}\n\n"
+                    cursor = event.id
+            if job.finished_at is not None:
+                return
+            if not await waiter.wait(STREAM_PING_SECONDS):
+                yield ": ping\n\n"

@@ -1,0 +1,210 @@
+"""The API's request and response bodies that the Python API does not already have: a submit
+is the Python API's ``JobSpec`` and a job is its ``Job``; these wrap pages, actions and the
+external workers' contract (docs/api.md)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.app import JobSpec, Text
+from orchestrator.domain.models import DeadLetter, Job, JobEvent, QueueStats
+from orchestrator.runtime.external import ExternalTask
+
+MAX_BATCH = 1_000
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SubmitBatch(_In):
+    jobs: list[JobSpec] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class Submitted(BaseModel):
+    job_id: UUID
+    outcome: Literal["created", "replaced", "deduplicated"]
+
+
+class SubmittedBatch(BaseModel):
+    jobs: list[Submitted]
+
+
+class JobPage(BaseModel):
+    jobs: list[Job]
+    #: Pass as ``cursor`` for the next (older) page; null: this was the last.
+    next_cursor: UUID | None
+
+
+class EventPage(BaseModel):
+    events: list[JobEvent]
+    #: Pass as ``after`` for what comes next (the last event's id, or the one given).
+    next_cursor: int
+
+
+class JobOutcome(BaseModel):
+    """A job after a wait: ``finished`` is false when the wait ran out first."""
+
+    finished: bool
+    job: Job
+
+
+class Step(BaseModel):
+    """A checkpoint, or a side effect of the ledger (pending, committed, failed)."""
+
+    kind: Literal["checkpoint", "side_effect"]
+    step: int
+    invocation_id: str | None
+    name: str | None
+    status: str | None
+    detail: Any
+    attempt: int
+    at: datetime
+
+
+class Steps(BaseModel):
+    steps: list[Step]
+
+
+class Reason(_In):
+    reason: Text = Field("", max_length=2_000)
+
+
+class RequiredReason(_In):
+    reason: Text = Field(min_length=1, max_length=2_000)
+
+
+class DeadLetters(BaseModel):
+    dead_letters: list[DeadLetter]
+
+
+class Requeued(BaseModel):
+    job_id: UUID
+
+
+class Approval(BaseModel):
+    id: UUID
+    job_id: UUID
+    step: int
+    key: str
+    question: str
+    details: Any
+    on_reject: Literal["fail", "resume"]
+    status: str
+    requested_at: datetime
+    expires_at: datetime
+    decided_at: datetime | None
+    decided_by: str | None
+    reason: str | None
+    job_type: str
+    job_status: str
+    tenant_id: str | None
+
+
+class Approvals(BaseModel):
+    approvals: list[Approval]
+
+
+class Queues(BaseModel):
+    queues: list[QueueStats]
+
+
+class RetryConfigView(BaseModel):
+    """The effective retry config: ``defaults`` for every type not named in ``job_types``."""
+
+    path: str
+    defaults: dict[str, Any]
+    job_types: dict[str, dict[str, Any]]
+
+
+# -- external workers -------------------------------------------------------------------------
+
+
+class ClaimRequest(_In):
+    job_types: list[Text] = Field(min_length=1, max_length=100)
+    #: Who runs the jobs: named in the jobs' lease (``locked_by``) and events.
+    worker: Text = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._:@/-]+$")
+    limit: int = Field(1, ge=1, le=100)
+    #: Wait this long for a job to come due when none is (a long-poll; capped by the server).
+    wait_seconds: float = Field(0, ge=0, le=3600)
+
+
+class Task(BaseModel):
+    """A claimed job: run it, heartbeat every ``heartbeat_interval`` seconds, then complete
+    it, naming ``job_id``, ``attempt`` and ``lease_token``."""
+
+    job_id: UUID
+    job_type: str
+    attempt: int
+    lease_token: UUID
+    payload: Any
+    tenant_id: str | None
+    trace_id: str
+    run: int
+    max_runs: int
+    retry_count: int
+    max_retries: int
+    heartbeat_interval: float
+    lease_expires_at: datetime
+    deadline_at: datetime
+
+    @classmethod
+    def of(cls, task: ExternalTask) -> Task:
+        c = task.claim
+        return cls(
+            job_id=c.id, job_type=c.job_type, attempt=c.attempt, lease_token=c.lease_token,
+            payload=c.payload, tenant_id=c.tenant_id, trace_id=c.trace_id,
+            run=c.dispatch_attempt, max_runs=c.max_attempts, retry_count=c.retry_count,
+            max_retries=c.max_retries, heartbeat_interval=task.heartbeat_interval,
+            lease_expires_at=task.lease_expires_at, deadline_at=task.deadline_at,
+        )  # fmt: skip
+
+
+class Tasks(BaseModel):
+    tasks: list[Task]
+
+
+class Lease(_In):
+    job_id: UUID
+    attempt: int = Field(ge=1, le=2**31 - 1)
+    lease_token: UUID
+
+
+class LeaseRenewed(BaseModel):
+    lease_expires_at: datetime
+
+
+#: The classes a failure may be reported as (runtime.external.REPORTABLE).
+Reportable = Literal["TRANSIENT_APP", "TRANSIENT_INFRA", "PERMANENT", "INVALID_OUTPUT"]
+
+
+class ErrorReport(_In):
+    message: Text = Field(min_length=1, max_length=10_000)
+    code: Text = Field("EXTERNAL_ERROR", min_length=1, max_length=100)
+    classification: Reportable = "TRANSIENT_INFRA"
+    stack: Text | None = Field(None, max_length=100_000)
+
+
+class Completion(Lease):
+    status: Literal["success", "failure", "retry_later"]
+    #: ``success``: the job's result (any JSON).
+    output: Any = None
+    #: ``failure``: what went wrong, and its class (which decides retry or dead letter).
+    error: ErrorReport | None = None
+    #: ``retry_later``: when to run again (seconds; capped by the type's backoff cap).
+    retry_after_seconds: float | None = Field(None, ge=0, le=2**31 - 1)
+    message: Text = Field("retry later", max_length=2_000)
+
+
+class Completed(BaseModel):
+    #: What the report became: completed, retried, failed (dead-lettered).
+    outcome: str
+
+
+class Replayed(BaseModel):
+    outcome: str
+    job: Job

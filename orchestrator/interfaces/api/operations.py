@@ -1,0 +1,148 @@
+"""What operators act on: dead letters (requeue, the two-person discard), approvals (approve,
+reject), and what they read: the effective retry config and the queues.
+
+Every action records the authenticated principal as who acted; the two-person rule compares
+principals, so one token cannot both request and confirm a discard.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+from uuid import UUID
+
+from fastapi import APIRouter, Depends, Query
+
+from orchestrator.domain.errors import ApprovalNotFound, DeadLetterNotFound
+from orchestrator.domain.models import DeadLetter
+from orchestrator.domain.principals import Principal, Scope
+from orchestrator.interfaces.api.auth import allowed
+from orchestrator.interfaces.api.jobs import Orc
+from orchestrator.interfaces.api.models import (
+    Approval,
+    Approvals,
+    DeadLetters,
+    Queues,
+    Reason,
+    Requeued,
+    RequiredReason,
+    RetryConfigView,
+)
+
+router = APIRouter(prefix="/api/v1")
+
+Reader = Annotated[Principal, Depends(allowed(Scope.READ))]
+Operator = Annotated[Principal, Depends(allowed(Scope.OPERATE))]
+LetterState = Literal["recorded", "requeued", "discard_requested", "discarded"]
+ApprovalStatus = Literal["pending", "approved", "rejected", "expired", "cancelled", "all"]
+
+
+async def _letter(orc: Orc, caller: Principal, dead_letter_id: UUID) -> DeadLetter:
+    letter = await orc.dead_letter(dead_letter_id)
+    if not caller.sees(letter.tenant_id):
+        raise DeadLetterNotFound(dead_letter_id)
+    return letter
+
+
+@router.get("/dead-letters", tags=["dead letters"])
+async def list_dead_letters(
+    orc: Orc,
+    caller: Reader,
+    state: LetterState | None = None,
+    tenant_id: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> DeadLetters:
+    letters = await orc.dead_letters(
+        state=state, tenant_id=tenant_id, limit=limit, tenants=caller.tenants
+    )
+    return DeadLetters(dead_letters=letters)
+
+
+@router.get("/dead-letters/{dead_letter_id}", tags=["dead letters"])
+async def get_dead_letter(dead_letter_id: UUID, orc: Orc, caller: Reader) -> DeadLetter:
+    return await _letter(orc, caller, dead_letter_id)
+
+
+@router.post("/dead-letters/{dead_letter_id}/requeue", tags=["dead letters"])
+async def requeue(dead_letter_id: UUID, orc: Orc, caller: Operator) -> Requeued:
+    """A new job with the dead one's payload and tenant; the letter is marked requeued."""
+    await _letter(orc, caller, dead_letter_id)
+    return Requeued(job_id=await orc.requeue_dead_letter(dead_letter_id))
+
+
+@router.post("/dead-letters/{dead_letter_id}/discard-request", tags=["dead letters"])
+async def request_discard(
+    dead_letter_id: UUID, body: RequiredReason, orc: Orc, caller: Operator
+) -> DeadLetter:
+    """The first of two reviewers asks to discard the letter, with a reason."""
+    await _letter(orc, caller, dead_letter_id)
+    await orc.request_discard(dead_letter_id, by=caller.actor, reason=body.reason)
+    return await orc.dead_letter(dead_letter_id)
+
+
+@router.post("/dead-letters/{dead_letter_id}/discard-confirm", tags=["dead letters"])
+async def confirm_discard(dead_letter_id: UUID, orc: Orc, caller: Operator) -> DeadLetter:
+    """A second reviewer, another principal than the first, confirms the discard."""
+    await _letter(orc, caller, dead_letter_id)
+    await orc.confirm_discard(dead_letter_id, by=caller.actor)
+    return await orc.dead_letter(dead_letter_id)
+
+
+async def _approval(orc: Orc, caller: Principal, approval_id: UUID) -> Approval:
+    approval = Approval.model_validate(await orc.stores.approvals.get(approval_id))
+    if not caller.sees(approval.tenant_id):
+        raise ApprovalNotFound(approval_id)
+    return approval
+
+
+@router.get("/approvals", tags=["approvals"])
+async def list_approvals(
+    orc: Orc,
+    caller: Reader,
+    status: ApprovalStatus = "pending",
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> Approvals:
+    records = await orc.approvals(
+        status=None if status == "all" else status, limit=limit, tenants=caller.tenants
+    )
+    return Approvals(approvals=[Approval.model_validate(r) for r in records])
+
+
+@router.get("/approvals/{approval_id}", tags=["approvals"])
+async def get_approval(approval_id: UUID, orc: Orc, caller: Reader) -> Approval:
+    return await _approval(orc, caller, approval_id)
+
+
+@router.post("/approvals/{approval_id}/approve", tags=["approvals"])
+async def approve(approval_id: UUID, body: Reason, orc: Orc, caller: Operator) -> Approval:
+    """The step's job resumes from its last checkpoint (no budget used)."""
+    await _approval(orc, caller, approval_id)
+    await orc.approve(approval_id, by=caller.actor, reason=body.reason)
+    return await _approval(orc, caller, approval_id)
+
+
+@router.post("/approvals/{approval_id}/reject", tags=["approvals"])
+async def reject(approval_id: UUID, body: RequiredReason, orc: Orc, caller: Operator) -> Approval:
+    """The job fails (dead-lettered), or resumes down the task's rejection path."""
+    await _approval(orc, caller, approval_id)
+    await orc.reject(approval_id, by=caller.actor, reason=body.reason)
+    return await _approval(orc, caller, approval_id)
+
+
+@router.get("/config", tags=["fleet"])
+async def retry_config(orc: Orc, caller: Reader) -> RetryConfigView:
+    """The effective retry config of every job type (read-only)."""
+    config = orc.retry_config
+    return RetryConfigView(
+        path=str(config.path),
+        defaults=config.defaults.model_dump(mode="json"),
+        job_types={
+            name: config.for_type(name).model_dump(mode="json")
+            for name in sorted({*orc.job_types, *config.job_types})
+        },
+    )
+
+
+@router.get("/queues", tags=["fleet"])
+async def queues(orc: Orc, caller: Reader) -> Queues:
+    """Per queue: unfinished jobs by status, how many are due and waiting, the oldest's age."""
+    return Queues(queues=await orc.stores.fleet.queue_stats(tenants=caller.tenants))

@@ -1,0 +1,132 @@
+"""Errors as ``application/problem+json`` (RFC 9457), with the project's stable codes.
+
+Every error the API returns is shaped here, once: the orchestrator's own errors keep their code
+(``WF_STATE_TRANSITION_INVALID``, ``JOB_NOT_FOUND``, ...) and message; a request the API cannot
+read is ``REQUEST_INVALID`` with what was wrong where; anything unexpected is a 500 that says
+nothing of the server's insides (no stack, no SQL; the log has them).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException
+
+from orchestrator.domain import errors
+from orchestrator.domain.principals import Forbidden, Unauthorized
+from orchestrator.runtime.external import NotExternal
+from orchestrator.storage.tokens import TokenError
+
+logger = logging.getLogger("orchestrator.api")
+
+MEDIA_TYPE = "application/problem+json"
+
+#: The HTTP status of each of the orchestrator's errors (the first class that matches wins).
+STATUS: tuple[tuple[type[Exception], int], ...] = (
+    (Unauthorized, 401),
+    (Forbidden, 403),
+    (errors.JobNotFound, 404),
+    (errors.DeadLetterNotFound, 404),
+    (errors.ApprovalNotFound, 404),
+    (errors.InvalidTransition, 409),
+    (errors.StaleLease, 409),
+    (errors.DeadLetterError, 409),
+    (errors.ApprovalError, 409),
+    (errors.TransactionConflict, 409),
+    (TokenError, 409),
+    (errors.SubmitError, 422),  # unknown job type, invalid payload, bad options
+    (NotExternal, 422),
+    (errors.DatabaseUnavailable, 503),
+    (errors.SchemaOutdated, 503),
+)
+
+
+class Problem(BaseModel):
+    """An error: ``code`` is stable, for programs; ``detail`` is for people."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    code: str
+    detail: str
+
+
+#: Every answer an endpoint may give besides its own, documented once for all routes.
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {
+        "description": title,
+        "content": {MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+    }
+    for status, title in (
+        (400, "A body that cannot be read"),
+        (401, "No live API token"), (403, "Beyond the token's scopes or tenants"),
+        (404, "No such resource (or not the token's tenants')"),
+        (409, "A conflict with the state of what it acts on"),
+        (413, "Request body too large"), (422, "A request the API cannot take"),
+        (500, "An unexpected error"), (503, "The database is unreachable"),
+    )
+}  # fmt: skip
+
+
+def problem(status: int, code: str, detail: str) -> JSONResponse:
+    title = _TITLES.get(status, "Error")
+    body = Problem(title=title, status=status, code=code, detail=detail)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(
+        body.model_dump(), status_code=status, media_type=MEDIA_TYPE, headers=headers
+    )
+
+
+def status_of(exc: Exception) -> int:
+    return next((status for kind, status in STATUS if isinstance(exc, kind)), 500)
+
+
+async def orchestrator_error(request: Request, exc: Exception) -> JSONResponse:
+    status = status_of(exc)
+    if status >= 500 and not isinstance(exc, errors.DatabaseUnavailable | errors.SchemaOutdated):
+        return await unexpected(request, exc)
+    code = getattr(exc, "code", "ORC_ERROR")
+    return problem(status, code, str(exc))
+
+
+async def request_invalid(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return problem(422, "REQUEST_INVALID", "; ".join(_where(e) for e in exc.errors()))
+
+
+async def http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    code = {
+        400: "REQUEST_INVALID", 404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED",
+        413: "REQUEST_TOO_LARGE",
+    }.get(exc.status_code, "HTTP_ERROR")  # fmt: skip
+    return problem(exc.status_code, code, str(exc.detail))
+
+
+async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+    logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return problem(500, "INTERNAL", "the server could not answer this request; see its log")
+
+
+def _where(error: Any) -> str:
+    loc = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+    return f"{loc or 'request'}: {error.get('msg', 'invalid')}"
+
+
+_TITLES = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    413: "Content Too Large",
+    422: "Unprocessable Content",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}

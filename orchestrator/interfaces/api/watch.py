@@ -1,0 +1,153 @@
+"""Requests that wait for a job's events (a long-poll for its outcome, a stream of its events)
+are woken by the database, not by polling.
+
+The API server lists itself in ``orc_event_listeners`` while such requests exist; every
+statement that appends events then sends one NOTIFY on ``orc_job_events`` (migration 0019). On
+each, one query reads the newest event id of every job waited for, and the requests whose job
+has newer events than they last saw are woken; they read what is new themselves. With nobody
+waiting, the server is unlisted and workers send nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from uuid import UUID
+
+import psycopg
+from psycopg import sql
+
+from orchestrator.domain.errors import DatabaseUnavailable
+from orchestrator.storage.listeners import ListenerStore
+from orchestrator.storage.queries import QUERIES
+
+logger = logging.getLogger("orchestrator.api.watch")
+
+CHANNEL = "orc_job_events"
+#: The listing lapses this long after its last renewal (a server that died is forgotten).
+LISTED_SECONDS = 60.0
+RENEW_SECONDS = 20.0
+#: A quiet connection is checked this often; each (re)connection wakes every waiter once.
+LISTEN_CHECK_SECONDS = 30.0
+RECONNECT_SECONDS = 1.0
+READY_SECONDS = 5.0
+
+
+class Waiter:
+    """One waiting request: its job, and the newest event id of it that it has seen."""
+
+    def __init__(self, job_id: UUID, seen: int) -> None:
+        self.job_id = job_id
+        self.seen = seen
+        self._woken = asyncio.Event()
+
+    async def wait(self, seconds: float) -> bool:
+        """Until the job has events newer than ``seen``, or ``seconds``: whether it has."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._woken.wait(), seconds)
+        woken = self._woken.is_set()
+        self._woken.clear()
+        return woken
+
+    def wake(self, newest: int) -> None:
+        if newest > self.seen:
+            self.seen = newest
+            self._woken.set()
+
+
+class EventWatch:
+    def __init__(self, *, dsn: str, listeners: ListenerStore) -> None:
+        self.dsn = dsn
+        self.listeners = listeners
+        self.name = f"api-{uuid.uuid4().hex[:12]}"
+        self._waiters: set[Waiter] = set()
+        self._listening = asyncio.Event()  # the LISTEN connection is up
+        self._listed = False  # orc_event_listeners holds this server
+        self._changed = asyncio.Event()  # a notification came: look at the waited jobs
+        self._someone = asyncio.Event()  # somebody waits
+        self._listing_lock = asyncio.Lock()  # listing and unlisting take turns
+
+    @contextlib.asynccontextmanager
+    async def watching(self, job_id: UUID) -> AsyncIterator[Waiter]:
+        """A waiter for ``job_id``, live (listed and listening) before the block starts: read
+        the job in the block, then wait; nothing written after the read is missed."""
+        try:
+            await asyncio.wait_for(self._listening.wait(), READY_SECONDS)
+        except TimeoutError:
+            raise DatabaseUnavailable("the API server cannot listen for job events") from None
+        async with self._listing_lock:
+            if not self._listed:
+                await self.listeners.listen(self.name, seconds=LISTED_SECONDS)
+                self._listed = True
+            seen = (await self.listeners.latest([job_id])).get(job_id, 0)
+            waiter = Waiter(job_id, seen)
+            self._waiters.add(waiter)
+            self._someone.set()
+        try:
+            yield waiter
+        finally:
+            self._waiters.discard(waiter)
+
+    async def run(self) -> None:
+        """Listen, wake, and keep the listing, until cancelled."""
+        try:
+            await asyncio.gather(self._listen(), self._wake_loop(), self._listing())
+        finally:
+            if self._listed:
+                with contextlib.suppress(Exception):
+                    await self.listeners.stop(self.name)
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+                    await conn.execute(
+                        sql.SQL(QUERIES["listen_channel"]).format(sql.Identifier(CHANNEL))
+                    )
+                    self._listening.set()
+                    self._changed.set()  # anything written while not listening
+                    while True:
+                        async for _ in conn.notifies(timeout=LISTEN_CHECK_SECONDS):
+                            self._changed.set()
+                        await conn.execute(QUERIES["ping"])
+            except (psycopg.OperationalError, OSError) as exc:
+                self._listening.clear()
+                logger.warning("event listener lost its connection (%s); reconnecting", exc)
+                await asyncio.sleep(RECONNECT_SECONDS)
+
+    async def _wake_loop(self) -> None:
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            waiters = list(self._waiters)
+            if not waiters:
+                continue
+            try:
+                newest = await self.listeners.latest({w.job_id for w in waiters})
+            except (DatabaseUnavailable, psycopg.Error) as exc:
+                logger.warning("reading the waited jobs' events failed (%s)", exc)
+                await asyncio.sleep(RECONNECT_SECONDS)
+                self._changed.set()
+                continue
+            for waiter in waiters:
+                waiter.wake(newest.get(waiter.job_id, 0))
+
+    async def _listing(self) -> None:
+        """Renew the listing while somebody waits; drop it once nobody has for a while."""
+        while True:
+            await self._someone.wait()
+            await asyncio.sleep(RENEW_SECONDS)
+            try:
+                async with self._listing_lock:
+                    if self._waiters:
+                        await self.listeners.listen(self.name, seconds=LISTED_SECONDS)
+                        self._listed = True
+                    else:
+                        self._someone.clear()
+                        await self.listeners.stop(self.name)
+                        self._listed = False
+            except (DatabaseUnavailable, psycopg.Error) as exc:
+                logger.warning("renewing the event listing failed (%s)", exc)

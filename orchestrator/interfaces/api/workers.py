@@ -1,0 +1,134 @@
+"""External workers' endpoints (task-claim, heartbeat, task-complete: the lease contract of
+docs/contracts.md, over HTTP), and the internal replay endpoints of the dead-letter spec.
+
+A report (heartbeat, completion) is taken only from the attempt that holds the job's lease:
+its ``attempt`` and ``lease_token`` must be the job's. Any other gets 409 and changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+from uuid import UUID
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+
+from orchestrator.domain.classification import ErrorClass
+from orchestrator.domain.errors import InvalidTransition, SubmitError
+from orchestrator.domain.principals import Forbidden, Principal, Scope
+from orchestrator.interfaces.api.auth import allowed
+from orchestrator.interfaces.api.jobs import Orc, visible_job
+from orchestrator.interfaces.api.models import (
+    ClaimRequest,
+    Completed,
+    Completion,
+    Lease,
+    LeaseRenewed,
+    Replayed,
+    Task,
+    Tasks,
+)
+from orchestrator.runtime.external import (
+    ExternalRuns,
+    FailedReport,
+    ReplayMode,
+    Report,
+    RetryLaterReport,
+    Succeeded,
+)
+
+router = APIRouter(prefix="/api/v1/internal", tags=["external workers"])
+
+
+async def fleet_worker(caller: Annotated[Principal, Depends(allowed(Scope.WORKER))]) -> Principal:
+    """An external worker runs whichever job comes due, of any tenant: its token may not be
+    limited to tenants."""
+    if caller.tenants is not None:
+        raise Forbidden(f"token {caller.name!r} is limited to tenants: a worker token may not be")
+    return caller
+
+
+Worker = Annotated[Principal, Depends(fleet_worker)]
+Admin = Annotated[Principal, Depends(allowed(Scope.ADMIN))]
+
+
+def external_runs(request: Request) -> ExternalRuns:
+    runs: ExternalRuns = request.app.state.external
+    return runs
+
+
+Runs = Annotated[ExternalRuns, Depends(external_runs)]
+
+
+@router.post("/task-claim")
+async def claim(body: ClaimRequest, runs: Runs, caller: Worker, request: Request) -> Tasks:
+    """Claim up to ``limit`` due jobs of these external types; with ``wait_seconds``, wait for
+    one to come due (a long-poll). No job: ``{"tasks": []}``."""
+    wait = min(body.wait_seconds, request.app.state.settings.api_wait_max_seconds)
+    tasks = await runs.claim(body.job_types, worker=body.worker, limit=body.limit, wait=wait)
+    return Tasks(tasks=[Task.of(task) for task in tasks])
+
+
+@router.post("/heartbeat")
+async def heartbeat(body: Lease, runs: Runs, caller: Worker) -> LeaseRenewed:
+    """Extend the lease of the attempt that holds it (409 WF_LEASE_STALE otherwise)."""
+    expires = await runs.heartbeat(body.job_id, attempt=body.attempt, lease_token=body.lease_token)
+    return LeaseRenewed(lease_expires_at=expires)
+
+
+@router.post("/task-complete")
+async def complete(body: Completion, runs: Runs, caller: Worker) -> Completed:
+    """What the attempt came to: ``success`` with its output, ``failure`` with a classified
+    error (retried while the budget lasts, else dead-lettered), or ``retry_later``."""
+    outcome = await runs.complete(
+        body.job_id, attempt=body.attempt, lease_token=body.lease_token, report=_report(body)
+    )
+    return Completed(outcome=outcome)
+
+
+def _report(body: Completion) -> Report:
+    match body.status:
+        case "success":
+            return Succeeded(body.output)
+        case "failure":
+            if body.error is None:
+                raise SubmitError("error: a failure needs {message, code, classification}")
+            return FailedReport(
+                body.error.message, body.error.code, ErrorClass(body.error.classification),
+                body.error.stack,
+            )  # fmt: skip
+        case "retry_later":
+            if body.retry_after_seconds is None:
+                raise SubmitError("retry_after_seconds: retry_later needs a delay")
+            return RetryLaterReport(body.retry_after_seconds, body.message)
+
+
+@router.post("/jobs/{job_id}/run", tags=["replay"])
+async def run(
+    job_id: UUID,
+    orc: Orc,
+    runs: Runs,
+    caller: Admin,
+    request: Request,
+    force_fail: bool = False,
+    transient_fail: bool = False,
+) -> Replayed:
+    """The dead-letter spec's replay trigger (off unless ORCHESTRATOR_API_REPLAY_ENDPOINTS):
+    run this waiting job now and succeed; ``force_fail``: fail it permanently (the
+    dead-letter path at once); ``transient_fail``: fail it transiently (a retry while the
+    budget lasts, then the dead-letter path)."""
+    if not request.app.state.settings.api_replay_endpoints:
+        raise HTTPException(404, "Not Found")
+    if force_fail and transient_fail:
+        raise SubmitError("force_fail and transient_fail: choose one")
+    mode: ReplayMode = (
+        "force_fail" if force_fail else "transient_fail" if transient_fail else "succeed"
+    )
+    job = await visible_job(orc, caller, job_id)
+    outcome = await runs.replay(job_id, mode)
+    if outcome is None:
+        raise InvalidTransition(
+            job_id, job.status.value, "RUNNING",
+            message=f"WF_STATE_TRANSITION_INVALID: job {job_id} is {job.status.value}: only a "
+            "waiting job (PENDING, RETRY) can be run now",
+        )  # fmt: skip
+    return Replayed(outcome=outcome, job=await orc.get_job(job_id))

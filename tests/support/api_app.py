@@ -1,0 +1,23 @@
+"""The application ``orchestrator serve`` runs in the API tests: the scripted job types
+(tests/support/scripted.py), the agent job (approvals, steps), and ``external_echo``, an
+external job type that the Node.js worker (tests/support/external_worker.js) runs over the API.
+Settings come from the environment; its retry config is CONFIG."""
+
+from __future__ import annotations
+
+from orchestrator import Orchestrator
+from tests.support import agent_app, scripted
+from tests.support.harness import config_with
+
+#: external_echo: four application retries in all would dead-letter at the fourth failure.
+TABLE = """
+[job_types.external_echo]
+external = true
+app_max_retries = 3
+worker_max_attempts = 1
+job_timeout_seconds = 60
+"""
+CONFIG = config_with(scripted.TABLE, agent_app.TABLE, TABLE)
+orc = Orchestrator(retry_config_path=CONFIG)
+scripted.register(orc)
+agent_app.register(orc)

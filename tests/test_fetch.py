@@ -1,0 +1,87 @@
+"""The fetch that leaves external job types' queues alone (orc_fetch_dispatch_v2, migration
+0019) picks dispatches exactly as Procrastinate's own fetch does (procrastinate_fetch_job_v2:
+its lock, priority, schedule and queue rules), but the excluded queues: both are run over the
+same dispatches, on a real database, and must take the same ones in the same order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+#: (queue, priority, lock, scheduled in seconds from now or None): locks shared and free,
+#: priorities apart and equal, due and not due, over three queues.
+DISPATCHES = [
+    ("q1", 0, "a", None),
+    ("q2", 5, "a", None),
+    ("q1", 5, None, None),
+    ("q3", 0, "b", -10),
+    ("q2", 0, None, 3600),
+    ("q3", 9, "c", None),
+    ("q1", 9, "c", None),
+    ("q2", 1, None, -1),
+    ("q1", 1, "d", None),
+    ("q3", 1, "d", None),
+    ("q2", 9, None, None),
+]
+
+
+async def defer(db: psycopg.AsyncConnection[Any]) -> None:
+    for queue, priority, lock, scheduled in DISPATCHES:
+        await db.execute(
+            "SELECT procrastinate_defer_jobs_v1(ARRAY[ROW(%s, 'plain', %s, %s, NULL, '{}',"
+            " CASE WHEN %s::float IS NULL THEN NULL"
+            " ELSE now() + make_interval(secs => %s::float) END"
+            ")::procrastinate_job_to_defer_v1])",
+            (queue, priority, lock, scheduled, scheduled),
+        )
+    # one lock already held by a running dispatch
+    await db.execute(
+        "SELECT procrastinate_defer_jobs_v1(ARRAY[ROW('q9', 'plain', 0, 'held', NULL, '{}', NULL)"
+        "::procrastinate_job_to_defer_v1])"
+    )
+    await db.execute("UPDATE procrastinate_jobs SET status = 'doing' WHERE lock = 'held'")
+    await db.execute(
+        "SELECT procrastinate_defer_jobs_v1(ARRAY[ROW('q1', 'plain', 99, 'held', NULL, '{}',"
+        " NULL)::procrastinate_job_to_defer_v1])"
+    )
+
+
+async def fetch_all(db: psycopg.AsyncConnection[Any], call: str, *params: Any) -> list[int]:
+    """Fetch until nothing is due, in a transaction rolled back afterwards."""
+    taken: list[int] = []
+    async with db.transaction(force_rollback=True):
+        cur = await db.execute("SELECT worker_id FROM procrastinate_register_worker_v1()")
+        row = await cur.fetchone()
+        assert row is not None
+        while True:
+            cur = await db.execute(call, (*params, row[0]))
+            fetched = await cur.fetchone()
+            if fetched is None or fetched[0] is None:
+                return taken
+            taken.append(fetched[0])
+
+
+UPSTREAM = "SELECT id FROM procrastinate_fetch_job_v2(%s, %s)"
+OURS = (
+    "SELECT id FROM orc_fetch_dispatch_v2(%s, %s, %s, 'orc.', 'test', ARRAY['PENDING'], 'RUNNING')"
+)
+
+
+@pytest.mark.parametrize("queues", [None, ["q1", "q3"]], ids=["every-queue", "some-queues"])
+async def test_with_a_queue_excluded_the_fetch_is_procrastinate_s_but_that_queue(
+    db: psycopg.AsyncConnection[Any], queues: list[str] | None
+) -> None:
+    await defer(db)
+    upstream = await fetch_all(db, UPSTREAM, queues)
+    assert 3 < len(upstream) < len(DISPATCHES)  # the rules leave some out (locks, not due)
+    nothing_excluded = await fetch_all(db, OURS, queues, [])
+    excluded_nowhere = await fetch_all(db, OURS, queues, ["nowhere"])
+    assert nothing_excluded == excluded_nowhere == upstream
+    cur = await db.execute("SELECT id, queue_name FROM procrastinate_jobs")
+    queue_of = dict(await cur.fetchall())
+    without_q2 = await fetch_all(db, OURS, queues, ["q2"])
+    assert "q2" not in {queue_of[i] for i in without_q2}
+    if queues is None:  # q2 was taken before: its dispatches' locks no longer block others
+        assert set(without_q2) >= {i for i in upstream if queue_of[i] != "q2"}
