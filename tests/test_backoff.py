@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from orchestrator.domain.backoff import (
     app_base_delay_ms,
+    app_delay_bounds_ms,
     app_delay_ms,
     graphile_delay_seconds,
     graphile_retries_left,
@@ -99,6 +100,30 @@ def test_app_delay_stays_within_the_jitter_bounds(
             assert raw * (1 - r) - 1e-6 <= delay <= raw * (1 + r) + 1e-6
         case AdditiveJitter(max_ms=m):
             assert raw <= delay <= raw + m
+
+
+@given(backoffs, st.integers(1, 10_000), st.integers(0, 2**32))
+def test_the_bounds_the_dashboard_draws_hold_every_delay_and_are_reached(
+    backoff: BackoffConfig, n: int, seed: int
+) -> None:
+    low, high = app_delay_bounds_ms(n, backoff)
+    raw = app_base_delay_ms(n, backoff)
+    assert 0 <= low <= high and low <= raw <= high
+    assert low <= app_delay_ms(n, backoff, rng=random.Random(seed)) <= high
+    # the ends are the drawing's own: a draw at the very bottom or top of the range gives them
+    assert app_delay_ms(n, backoff, rng=_Edge(0.0)) == pytest.approx(low)
+    assert app_delay_ms(n, backoff, rng=_Edge(1.0)) == pytest.approx(high)
+
+
+class _Edge(random.Random):
+    """Draws always at one end of the range (0: its low end, 1: its high end)."""
+
+    def __init__(self, at: float) -> None:
+        super().__init__()
+        self.at = at
+
+    def uniform(self, a: float, b: float) -> float:
+        return a + (b - a) * self.at
 
 
 @given(backoffs, st.integers(1, 60))

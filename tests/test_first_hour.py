@@ -149,8 +149,23 @@ def test_a_worker_stopped_in_its_first_moments_exits_0(dsn: str, after: float) -
         [sys.executable, "-m", "orchestrator", "worker"],
         env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    _until_it_handles_sigterm(worker.pid)  # its entry point's first line has run
     time.sleep(after)
     worker.send_signal(signal.SIGTERM)
     _, err = worker.communicate(timeout=60)
     assert worker.returncode == 0, err
     assert "Traceback" not in err
+
+
+def _until_it_handles_sigterm(pid: int, timeout: float = 30) -> None:
+    """Until the process catches SIGTERM (its SigCgt mask in /proc): the interpreter has
+    started and run the entry point's first lines; under load that can take a while."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = Path(f"/proc/{pid}/status").read_text()
+        caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+                     .split()[1], 16)  # fmt: skip
+        if caught & (1 << (signal.SIGTERM - 1)):
+            return
+        time.sleep(0.002)
+    raise AssertionError(f"process {pid} never caught SIGTERM")

@@ -53,18 +53,24 @@ def app_delay_ms(
     """The delay before the ``n``-th application retry, in milliseconds."""
     if server_hint_seconds is not None:
         return min(float(backoff.cap_ms), max(0.0, server_hint_seconds * 1_000))
+    low, high = app_delay_bounds_ms(n, backoff)
+    return low if low == high else (rng or random).uniform(low, high)
+
+
+def app_delay_bounds_ms(n: int, backoff: BackoffConfig) -> tuple[float, float]:
+    """The least and the most the ``n``-th application retry waits: its jitter's range (the
+    dashboard draws the schedule from it)."""
     raw = app_base_delay_ms(n, backoff)
-    draw = (rng or random).uniform
     jitter = backoff.jitter
     match jitter:
         case NoJitter():
-            return raw
+            return raw, raw
         case FullJitter():
-            return draw(0.0, raw)
+            return 0.0, raw
         case ProportionalJitter(ratio=ratio):
-            return draw(raw * (1 - ratio), raw * (1 + ratio))
+            return raw * (1 - ratio), raw * (1 + ratio)
         case AdditiveJitter(max_ms=max_ms):
-            return raw + draw(0.0, float(max_ms))
+            return raw, raw + float(max_ms)
     raise AssertionError(f"unhandled jitter {jitter!r}")  # pragma: no cover
 
 

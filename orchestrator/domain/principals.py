@@ -45,6 +45,7 @@ class Principal:
     name: str
     scopes: frozenset[Scope]
     tenants: frozenset[str] | None = None
+    token_id: UUID | None = None  # the token it signed in with
 
     @property
     def actor(self) -> str:

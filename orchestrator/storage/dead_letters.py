@@ -40,6 +40,11 @@ class DeadLetterStore:
             raise DeadLetterNotFound(dead_letter_id)
         return DeadLetter.model_validate(row)
 
+    async def of_job(self, job_id: UUID) -> DeadLetter | None:
+        """The job's latest dead letter, if it has one."""
+        row = await self.queries.row("dead_letter_of_job", {"job_id": job_id})
+        return DeadLetter.model_validate(row) if row is not None else None
+
     async def lock(self, dead_letter_id: UUID, conn: Conn) -> DeadLetter:
         """The dead letter, locked in ``conn``'s transaction until it commits."""
         row = await self.queries.row("get_dead_letter", {"dead_letter_id": dead_letter_id}, conn)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.storage.approvals import ApprovalStore
+from orchestrator.storage.dashboard import DashboardStore
 from orchestrator.storage.database import Pool
 from orchestrator.storage.dead_letters import DeadLetterStore
 from orchestrator.storage.dispatches import DispatchStore
@@ -13,6 +14,7 @@ from orchestrator.storage.jobs import JobStore
 from orchestrator.storage.listeners import ListenerStore
 from orchestrator.storage.liveness import LivenessStore
 from orchestrator.storage.runner import OnRefused, Queries
+from orchestrator.storage.sessions import SessionStore
 from orchestrator.storage.tokens import TokenStore
 
 
@@ -27,6 +29,8 @@ class Stores:
     fleet: FleetStore
     tokens: TokenStore
     listeners: ListenerStore
+    sessions: SessionStore
+    dashboard: DashboardStore
 
     @classmethod
     def on(cls, pool: Pool, *, on_refused: OnRefused | None = None) -> Stores:
@@ -44,4 +48,6 @@ class Stores:
             fleet=FleetStore(queries),
             tokens=TokenStore(queries),
             listeners=ListenerStore(queries),
+            sessions=SessionStore(queries),
+            dashboard=DashboardStore(queries),
         )

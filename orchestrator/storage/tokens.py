@@ -82,4 +82,5 @@ class TokenStore:
             name=row["name"],
             scopes=frozenset(Scope(s) for s in row["scopes"]),
             tenants=frozenset(tenants) if tenants is not None else None,
+            token_id=row["id"],
         )

@@ -15,6 +15,7 @@ import pytest
 SOURCES = {
     "promtool": "Debian's prometheus package (./dev installs it where it can)",
     "node": "Node.js (Debian's nodejs package)",
+    "chromium": "Debian's chromium package (./dev installs it where it can)",
 }
 
 

@@ -13,7 +13,9 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -21,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
+from starlette.staticfiles import StaticFiles
 
 from orchestrator.app import Orchestrator
 from orchestrator.domain.errors import OrchestratorError
@@ -28,11 +31,13 @@ from orchestrator.domain.principals import Scope, Unauthorized
 from orchestrator.interfaces.api import jobs, operations, problems, workers
 from orchestrator.interfaces.api.auth import Authenticator
 from orchestrator.interfaces.api.watch import EventWatch
+from orchestrator.interfaces.ui import pages
 from orchestrator.runtime.external import ExternalRuns
 
 logger = logging.getLogger("orchestrator.api")
 
 VERSION = "1"
+STATIC = Path(pages.__file__).with_name("static")
 OPENAPI_URL = "/api/v1/openapi.json"
 
 
@@ -82,10 +87,14 @@ def create_app(orc: Orchestrator) -> FastAPI:
     app.add_exception_handler(Exception, problems.unexpected)
     for router in (jobs.router, operations.router, workers.router):
         app.include_router(router, responses=problems.ERRORS)
+    app.include_router(pages.router)
+    app.add_exception_handler(pages.SignInFirst, pages.sign_in_first)
+    app.mount("/ui/static", StaticFiles(directory=STATIC), name="static")
     app.add_api_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
     app.add_api_route("/readyz", readyz, methods=["GET"], include_in_schema=False)
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
     app.add_middleware(BodyLimit, limit=settings.api_max_body_bytes)
+    app.add_middleware(ServerTiming)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
@@ -131,6 +140,29 @@ async def metrics(request: Request) -> Response:
 Scope_ = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class ServerTiming:
+    """``Server-Timing: app;dur=<ms>`` on every answer: the server's own time, which a browser's
+    developer tools show, and bench/ui.py reads."""
+
+    def __init__(self, app: Callable[[Scope_, Receive, Send], Awaitable[None]]):
+        self.app = app
+
+    async def __call__(self, scope: Scope_, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+
+        async def timed(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                ms = (time.perf_counter() - started) * 1000
+                message["headers"] = [*message.get("headers", []),
+                                      (b"server-timing", f"app;dur={ms:.1f}".encode())]  # fmt: skip
+            await send(message)
+
+        await self.app(scope, receive, timed)
 
 
 class BodyLimit:

@@ -751,3 +751,43 @@ SELECT procrastinate_job_id FROM orc_jobs
 UPDATE procrastinate_jobs SET status = 'doing', worker_id = %(worker_id)s
  WHERE id = %(dispatch_id)s AND status = 'todo'
 RETURNING id, attempts
+
+-- == The dashboard (/ui) =========================================================================
+
+-- create_session --
+INSERT INTO orc_ui_sessions (id_sha256, token_id, csrf, expires_at)
+VALUES (%(id_sha256)s, %(token_id)s, %(csrf)s, now() + make_interval(secs => %(seconds)s))
+
+-- find_session --
+-- A live session of a live token: the token's principal and the session's CSRF token.
+SELECT t.id, t.name, t.scopes, t.tenants, s.csrf
+  FROM orc_ui_sessions AS s JOIN orc_api_tokens AS t ON t.id = s.token_id
+ WHERE s.id_sha256 = %(id_sha256)s AND s.expires_at > now() AND t.revoked_at IS NULL
+
+-- end_session --
+DELETE FROM orc_ui_sessions WHERE id_sha256 = %(id_sha256)s OR expires_at < now()
+
+-- recent_outcomes --
+-- Jobs finished in the last %(seconds)s seconds, by status (orc_jobs_finished_at).
+SELECT status, count(*) AS n FROM orc_jobs
+ WHERE finished_at > now() - make_interval(secs => %(seconds)s)
+   AND (%(tenants)s::text[] IS NULL OR tenant_id = ANY (%(tenants)s))
+ GROUP BY status
+
+-- job_holders --
+-- Who runs jobs now (a worker, an external worker, by its lease's holder) and since when it was
+-- last heard of (orc_jobs_running_heartbeat).
+SELECT locked_by, count(*) AS running, max(heartbeat_at) AS last_heartbeat FROM orc_jobs
+ WHERE status = 'RUNNING'
+   AND (%(tenants)s::text[] IS NULL OR tenant_id = ANY (%(tenants)s))
+ GROUP BY locked_by
+ ORDER BY locked_by
+
+-- registered_workers --
+-- The Procrastinate registry: workers (and API servers) alive by their own heartbeat.
+SELECT id, last_heartbeat FROM procrastinate_workers
+ WHERE last_heartbeat > now() - make_interval(secs => %(seconds)s)
+ ORDER BY id
+
+-- dead_letter_of_job --
+SELECT * FROM orc_dead_letters WHERE job_id = %(job_id)s ORDER BY created_at DESC LIMIT 1

@@ -1,0 +1,115 @@
+"""What the dashboard's pages cost the server with a big table: the jobs list (its first page,
+a status filter, a tenant filter, an older page) and the overview, with 1,000,000 jobs.
+
+    ./dev bench ui [--jobs 1000000] [--loads 30]
+
+The table is bench/fleet_scrape.py's settled fleet (95 % finished, 200 tenants, dead letters),
+ANALYZEd and VACUUMed. A real ``orchestrator serve`` answers; the time printed is the server's
+own (its ``Server-Timing`` header), median and slowest of ``--loads`` loads of each page
+(target: the jobs list under 200 ms). The baseline named is the same page on an empty table, in
+the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.common import fresh_database, machine, server_version
+from bench.fleet_scrape import LETTERS, SETTLED, fill
+from orchestrator import Orchestrator
+from orchestrator.domain.principals import Scope
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = {
+    "jobs": "/ui/jobs",
+    "jobs?status=RETRY": "/ui/jobs?status=RETRY",
+    "jobs?tenant_id=tenant_7": "/ui/jobs?tenant_id=tenant_7",
+    "jobs (a later page)": None,  # the next-page link of the first page
+    "overview": "/ui/fragments/overview",
+}
+
+
+async def token(dsn: str) -> str:
+    orc = Orchestrator(dsn=dsn)
+    async with orc:
+        return (await orc.stores.tokens.create("bench", [Scope.READ], None, by="bench")).token
+
+
+def server_ms(response: httpx.Response) -> float:
+    timing = response.headers["server-timing"]
+    return float(timing.split("dur=")[1])
+
+
+def measure(url: str, secret: str, loads: int) -> dict[str, list[float]]:
+    with httpx.Client(base_url=url, follow_redirects=False) as browser:
+        signed = browser.post("/ui/login", data={"token": secret, "next": "/ui/jobs"})
+        assert signed.status_code == 303, signed.text
+        first = browser.get("/ui/jobs").text
+        cursor = re.search(r"cursor=([0-9a-f-]{36})", first)
+        older = cursor.group(1) if cursor else ""
+        times: dict[str, list[float]] = {}
+        for name, path in PAGES.items():
+            path = path or f"/ui/jobs?cursor={older}"
+            times[name] = []
+            for _ in range(loads):
+                response = browser.get(path)
+                response.raise_for_status()
+                times[name].append(server_ms(response))
+    return times
+
+
+def serve(dsn: str, secret: str, loads: int) -> dict[str, list[float]]:
+    port = 8900 + os.getpid() % 90
+    env = {**os.environ, "DATABASE_URL": dsn, "ORCHESTRATOR_API_PORT": str(port)}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "serve"], cwd=ROOT, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        return measure(url, secret, loads)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=1_000_000)
+    parser.add_argument("--loads", type=int, default=30)
+    args = parser.parse_args()
+    with fresh_database("orc_bench_ui") as dsn:
+        print(f"machine: {machine()}, PostgreSQL {asyncio.run(server_version(dsn))}")
+        secret = asyncio.run(token(dsn))
+        empty = serve(dsn, secret, args.loads)
+        asyncio.run(fill(dsn, [SETTLED, LETTERS], args.jobs))
+        full = serve(dsn, secret, args.loads)
+    print(f"server time per page (Server-Timing), {args.loads} loads each; "
+          f"{args.jobs:,} jobs against an empty table")  # fmt: skip
+    for name in PAGES:
+        big, small = full[name], empty[name]
+        print(f"  {name:<26} median {statistics.median(big):6.1f} ms, max {max(big):6.1f} ms"
+              f"   (empty table: median {statistics.median(small):5.1f} ms)")  # fmt: skip
+    worst = max(statistics.median(full[n]) for n in PAGES if n.startswith("jobs"))
+    print(f"jobs list, slowest median: {worst:.1f} ms (target < 200 ms)")
+
+
+if __name__ == "__main__":
+    main()

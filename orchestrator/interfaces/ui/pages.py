@@ -1,0 +1,442 @@
+"""The dashboard (``/ui``, docs/ui.md): server-rendered pages over the same Orchestrator as the
+API, signed in with an API token, and live.
+
+A page renders its live part from a fragment endpoint; the page's script re-reads that fragment
+when the server says something changed (Server-Sent Events): a job's page when the job has new
+events (woken by the database, as an API wait), the lists every two seconds. Actions are plain
+forms carrying the session's CSRF token; each records the signed-in principal as who acted, and
+the API's rules apply (scopes, tenants, the two-person discard).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlencode
+from uuid import UUID
+
+from fastapi import APIRouter, Depends, Form, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.templating import Jinja2Templates
+
+from orchestrator.app import Orchestrator
+from orchestrator.domain.errors import (
+    ApprovalNotFound,
+    DeadLetterNotFound,
+    JobNotFound,
+    OrchestratorError,
+)
+from orchestrator.domain.principals import Scope, Unauthorized
+from orchestrator.domain.states import Status
+from orchestrator.interfaces.api.watch import EventWatch
+from orchestrator.interfaces.ui import views
+from orchestrator.storage.jobs import JobFilters
+from orchestrator.storage.sessions import Session
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+templates = Jinja2Templates(directory=Path(__file__).with_name("templates"))
+templates.env.filters["seconds"] = views.seconds
+templates.env.filters["pretty"] = views.pretty
+templates.env.filters["readable"] = views.readable
+templates.env.globals["layer_of"] = views.layer_of
+
+COOKIE = "orc_session"
+SESSION_SECONDS = 12 * 3600
+LIST_REFRESH_SECONDS = 2.0
+JOB_PAGE = 50
+RECENT_SECONDS = 300.0
+
+
+class SignInFirst(Exception):
+    """No live session: the browser is sent to the sign-in page, and back afterwards."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+async def sign_in_first(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, SignInFirst)
+    return RedirectResponse(f"/ui/login?{urlencode({'next': exc.path})}", status_code=303)
+
+
+def _orc(request: Request) -> Orchestrator:
+    orc: Orchestrator = request.app.state.orc
+    return orc
+
+
+async def viewer(request: Request) -> Session:
+    """The signed-in session, which may read; SignInFirst otherwise."""
+    session_id = request.cookies.get(COOKIE)
+    session = await _orc(request).stores.sessions.find(session_id) if session_id else None
+    if session is None or not session.principal.allows(Scope.READ):
+        raise SignInFirst(request.url.path + (f"?{request.url.query}" if request.url.query else ""))
+    return session
+
+
+Viewer = Annotated[Session, Depends(viewer)]
+Orc = Annotated[Orchestrator, Depends(_orc)]
+
+
+def _acting(session: Session, csrf: str) -> None:
+    """An action of this session: its CSRF token, and the operate scope."""
+    if not hmac.compare_digest(csrf, session.csrf):
+        raise Unauthorized("this form is not from this session (CSRF token); reload the page")
+    session.principal.require(Scope.OPERATE)
+
+
+def _back(to: str, *, note: str | None = None, error: str | None = None) -> RedirectResponse:
+    query = urlencode({k: v for k, v in (("note", note), ("error", error)) if v})
+    return RedirectResponse(f"{to}?{query}" if query else to, status_code=303)
+
+
+def _page(request: Request, name: str, session: Session, **context: Any) -> HTMLResponse:
+    principal = session.principal
+    return templates.TemplateResponse(
+        request,
+        name,
+        {
+            "principal": principal,
+            "can_operate": principal.allows(Scope.OPERATE),
+            "csrf": session.csrf,
+            "note": request.query_params.get("note"),
+            "error": request.query_params.get("error"),
+            "now": datetime.now(UTC),
+            **context,
+        },
+    )
+
+
+# -- signing in -------------------------------------------------------------------------------
+
+
+@router.get("/login")
+async def login_form(request: Request, next: str = "/ui") -> HTMLResponse:
+    return templates.TemplateResponse(
+        request, "login.html", {"next": _local(next), "error": request.query_params.get("error")}
+    )
+
+
+@router.post("/login")
+async def login(
+    request: Request,
+    orc: Orc,
+    token: Annotated[str, Form(max_length=200)],
+    next: Annotated[str, Form(max_length=2000)] = "/ui",
+) -> Response:
+    try:
+        principal = await orc.stores.tokens.authenticate(token)
+        principal.require(Scope.READ)
+    except OrchestratorError as exc:
+        query = urlencode({"next": _local(next), "error": str(exc)})
+        return RedirectResponse(f"/ui/login?{query}", status_code=303)
+    assert principal.token_id is not None
+    session_id = await orc.stores.sessions.create(principal.token_id, seconds=SESSION_SECONDS)
+    response = RedirectResponse(_local(next), status_code=303)
+    response.set_cookie(
+        COOKIE, session_id, max_age=int(SESSION_SECONDS), path="/ui", httponly=True,
+        samesite="strict", secure=request.url.scheme == "https",
+    )  # fmt: skip
+    return response
+
+
+@router.post("/logout")
+async def logout(
+    request: Request, orc: Orc, session: Viewer, csrf: Annotated[str, Form()]
+) -> Response:
+    if hmac.compare_digest(csrf, session.csrf):
+        await orc.stores.sessions.end(request.cookies[COOKIE])
+    response = RedirectResponse("/ui/login", status_code=303)
+    response.delete_cookie(COOKIE, path="/ui")
+    return response
+
+
+def _local(path: str) -> str:
+    """Only a path of this dashboard to go back to (never another site)."""
+    return path if path.startswith("/ui") and not path.startswith("//") else "/ui"
+
+
+# -- the overview -----------------------------------------------------------------------------
+
+
+async def _overview(orc: Orchestrator, session: Session) -> dict[str, Any]:
+    tenants = session.principal.tenants
+    fleet = await orc.stores.fleet.read(zombie_threshold=orc.settings.zombie_threshold)
+    outcomes = await orc.stores.dashboard.recent_outcomes(seconds=RECENT_SECONDS, tenants=tenants)
+    return {
+        "counts": views.counts(fleet.jobs, outcomes, RECENT_SECONDS, tenants),
+        "queues": await orc.stores.fleet.queue_stats(tenants=tenants),
+        "holders": await orc.stores.dashboard.holders(tenants=tenants),
+        "workers": await orc.stores.dashboard.registered_workers(
+            seconds=orc.settings.stalled_worker_seconds
+        ),
+        "letters": await orc.dead_letters(limit=5, tenants=tenants),
+        "approvals": await orc.approvals(limit=5, tenants=tenants),
+        "zombies": fleet.zombies,
+    }
+
+
+@router.get("")
+async def overview(request: Request, orc: Orc, session: Viewer) -> HTMLResponse:
+    return _page(request, "overview.html", session, **await _overview(orc, session))
+
+
+@router.get("/fragments/overview")
+async def overview_fragment(request: Request, orc: Orc, session: Viewer) -> HTMLResponse:
+    return _page(request, "_overview.html", session, **await _overview(orc, session))
+
+
+# -- jobs -------------------------------------------------------------------------------------
+
+
+def _filters(request: Request, session: Session) -> JobFilters:
+    q = request.query_params
+    status = q.get("status", "").upper()
+    return JobFilters(
+        status=Status(status) if status in Status.__members__ else None,
+        job_type=q.get("job_type") or None, tenant_id=q.get("tenant_id") or None,
+        agent_id=q.get("agent_id") or None, job_key=q.get("job_key") or None,
+        created_after=_when(q.get("created_after")), created_before=_when(q.get("created_before")),
+        tenants=session.principal.tenants,
+    )  # fmt: skip
+
+
+def _when(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+async def _jobs(request: Request, orc: Orchestrator, session: Session) -> dict[str, Any]:
+    cursor = request.query_params.get("cursor")
+    try:
+        before = UUID(cursor) if cursor else None
+    except ValueError:
+        before = None
+    jobs = await orc.stores.jobs.page(_filters(request, session), before=before, limit=JOB_PAGE + 1)
+    more = len(jobs) > JOB_PAGE
+    query = {k: v for k, v in request.query_params.items() if k not in ("cursor", "note", "error")}
+    return {
+        "jobs": jobs[:JOB_PAGE],
+        "next_page": (
+            "/ui/jobs?" + urlencode({**query, "cursor": str(jobs[JOB_PAGE - 1].id)})
+            if more
+            else None
+        ),
+        "query": query,
+        "query_string": urlencode(query),
+        "statuses": [s.value for s in Status],
+    }
+
+
+@router.get("/jobs")
+async def jobs_page(request: Request, orc: Orc, session: Viewer) -> Response:
+    found = request.query_params.get("q", "").strip()
+    if found:
+        try:
+            return RedirectResponse(f"/ui/jobs/{UUID(found)}", status_code=303)
+        except ValueError:
+            return _back("/ui/jobs", error=f"not a job id: {found[:80]!r}")
+    return _page(request, "jobs.html", session, **await _jobs(request, orc, session))
+
+
+@router.get("/fragments/jobs")
+async def jobs_fragment(request: Request, orc: Orc, session: Viewer) -> HTMLResponse:
+    return _page(request, "_jobs.html", session, **await _jobs(request, orc, session))
+
+
+async def _job(orc: Orchestrator, session: Session, job_id: UUID) -> dict[str, Any]:
+    job = await orc.get_job(job_id)
+    if not session.principal.sees(job.tenant_id):
+        raise JobNotFound(job_id)
+    return {
+        "job": job,
+        "events": await orc.job_events(job_id),
+        "steps": await orc.job_steps(job_id),
+        "letter": await orc.stores.dead_letters.of_job(job_id),
+        "config": orc.retry_config.for_type(job.job_type),
+    }
+
+
+@router.get("/jobs/{job_id}")
+async def job_page(request: Request, orc: Orc, session: Viewer, job_id: UUID) -> HTMLResponse:
+    try:
+        context = await _job(orc, session, job_id)
+    except JobNotFound:
+        return _page(request, "missing.html", session, what=f"job {job_id}", back="/ui/jobs")
+    return _page(request, "job.html", session, **context)
+
+
+@router.get("/fragments/jobs/{job_id}")
+async def job_fragment(request: Request, orc: Orc, session: Viewer, job_id: UUID) -> HTMLResponse:
+    return _page(request, "_job.html", session, **await _job(orc, session, job_id))
+
+
+@router.post("/jobs/{job_id}/cancel")
+async def cancel(
+    orc: Orc, session: Viewer, job_id: UUID, csrf: Annotated[str, Form()],
+    reason: Annotated[str, Form(max_length=2000)] = "",
+) -> Response:  # fmt: skip
+    _acting(session, csrf)
+    await _job(orc, session, job_id)
+    return await _acted(
+        f"/ui/jobs/{job_id}", "cancelled",
+        orc.cancel(job_id, reason=reason, by=session.principal.actor),
+    )  # fmt: skip
+
+
+async def _acted(to: str, note: str, action: Any) -> RedirectResponse:
+    """Do it, then back to the page: a refusal (a finished job, the same reviewer twice) is
+    shown there, in the API's words."""
+    try:
+        await action
+    except OrchestratorError as exc:
+        return _back(to, error=str(exc))
+    return _back(to, note=note)
+
+
+# -- dead letters -----------------------------------------------------------------------------
+
+
+async def _letters(request: Request, orc: Orchestrator, session: Session) -> dict[str, Any]:
+    state = request.query_params.get("state") or None
+    states = ("recorded", "discard_requested", "requeued", "discarded")
+    return {
+        "letters": await orc.dead_letters(
+            state=state if state in states else None, limit=100, tenants=session.principal.tenants
+        ),
+        "state": state,
+        "states": states,
+    }
+
+
+@router.get("/dead-letters")
+async def dead_letters_page(request: Request, orc: Orc, session: Viewer) -> HTMLResponse:
+    return _page(request, "dead_letters.html", session, **await _letters(request, orc, session))
+
+
+@router.get("/fragments/dead-letters")
+async def dead_letters_fragment(request: Request, orc: Orc, session: Viewer) -> HTMLResponse:
+    return _page(request, "_dead_letters.html", session, **await _letters(request, orc, session))
+
+
+async def _own_letter(orc: Orchestrator, session: Session, letter_id: UUID) -> None:
+    letter = await orc.dead_letter(letter_id)
+    if not session.principal.sees(letter.tenant_id):
+        raise DeadLetterNotFound(letter_id)
+
+
+@router.post("/dead-letters/{letter_id}/{action}")
+async def dead_letter_action(
+    orc: Orc, session: Viewer, letter_id: UUID, action: str, csrf: Annotated[str, Form()],
+    reason: Annotated[str, Form(max_length=2000)] = "",
+) -> Response:  # fmt: skip
+    _acting(session, csrf)
+    await _own_letter(orc, session, letter_id)
+    actor = session.principal.actor
+    match action:
+        case "requeue":
+            return await _acted("/ui/dead-letters", "requeued", orc.requeue_dead_letter(letter_id))
+        case "discard-request":
+            return await _acted(
+                "/ui/dead-letters", "discard requested: a second reviewer must confirm it",
+                orc.request_discard(letter_id, by=actor, reason=reason),
+            )  # fmt: skip
+        case "discard-confirm":
+            return await _acted(
+                "/ui/dead-letters", "discarded", orc.confirm_discard(letter_id, by=actor)
+            )
+    return _back("/ui/dead-letters", error=f"no such action: {action[:40]!r}")
+
+
+# -- approvals --------------------------------------------------------------------------------
+
+
+async def _approvals(orc: Orchestrator, session: Session) -> dict[str, Any]:
+    return {"approvals": await orc.approvals(limit=100, tenants=session.principal.tenants)}
+
+
+@router.get("/approvals")
+async def approvals_page(request: Request, orc: Orc, session: Viewer) -> HTMLResponse:
+    return _page(request, "approvals.html", session, **await _approvals(orc, session))
+
+
+@router.get("/fragments/approvals")
+async def approvals_fragment(request: Request, orc: Orc, session: Viewer) -> HTMLResponse:
+    return _page(request, "_approvals.html", session, **await _approvals(orc, session))
+
+
+@router.post("/approvals/{approval_id}/{decision}")
+async def decide(
+    orc: Orc, session: Viewer, approval_id: UUID, decision: str, csrf: Annotated[str, Form()],
+    reason: Annotated[str, Form(max_length=2000)] = "",
+) -> Response:  # fmt: skip
+    _acting(session, csrf)
+    approval = await orc.stores.approvals.get(approval_id)
+    if not session.principal.sees(approval["tenant_id"]):
+        raise ApprovalNotFound(approval_id)
+    actor = session.principal.actor
+    if decision == "approve":
+        return await _acted(
+            "/ui/approvals", "approved", orc.approve(approval_id, by=actor, reason=reason)
+        )
+    if decision == "reject":
+        return await _acted(
+            "/ui/approvals", "rejected", orc.reject(approval_id, by=actor, reason=reason)
+        )
+    return _back("/ui/approvals", error=f"no such decision: {decision[:40]!r}")
+
+
+# -- the retry config -------------------------------------------------------------------------
+
+
+@router.get("/config")
+async def config_page(request: Request, orc: Orc, session: Viewer) -> HTMLResponse:
+    config = orc.retry_config
+    types = sorted({*orc.job_types, *config.job_types})
+    return _page(
+        request, "config.html", session, path=str(config.path),
+        types=[(name, config.for_type(name)) for name in types],
+        app_schedule=views.app_schedule, infra_schedule=views.infra_schedule,
+    )  # fmt: skip
+
+
+# -- live -------------------------------------------------------------------------------------
+
+
+@router.get("/live")
+async def live(session: Viewer) -> StreamingResponse:
+    """The lists' heartbeat: "changed" every two seconds (the page re-reads its fragment)."""
+
+    async def ticks() -> AsyncIterator[str]:
+        yield "retry: 2000\n\n"
+        while True:
+            await asyncio.sleep(LIST_REFRESH_SECONDS)
+            yield "data: changed\n\n"
+
+    return StreamingResponse(ticks(), media_type="text/event-stream")
+
+
+@router.get("/live/jobs/{job_id}")
+async def live_job(request: Request, orc: Orc, session: Viewer, job_id: UUID) -> StreamingResponse:
+    """ "changed" the moment the job has new events (woken by the database), and once a second
+    while it waits for a retry (its countdown is drawn by the page)."""
+    await _job(orc, session, job_id)
+    watch: EventWatch = request.app.state.watch
+
+    async def changes() -> AsyncIterator[str]:
+        async with watch.watching(job_id) as waiter:
+            while True:
+                if await waiter.wait(15.0):
+                    yield "data: changed\n\n"
+                else:
+                    yield ": ping\n\n"
+
+    return StreamingResponse(changes(), media_type="text/event-stream")

@@ -1,0 +1,275 @@
+"""The dashboard in a real headless Chromium (Debian's, driven by Playwright), against a live
+``orchestrator serve`` on a real database, with a worker running the jobs: sign in, a retry's
+countdown and the job's live progress, a job's timeline, steps and ledger, a requeue, the
+two-person discard, an approval, and a tenant's token that never sees another tenant's jobs.
+Each page is photographed into docs/ui/ (README.md links them)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+from uuid import UUID
+
+import httpx
+import pytest
+
+from orchestrator import Orchestrator, Status
+from orchestrator.domain.principals import Scope
+from tests.support import ui_app
+from tests.support.api_server import ApiServer, token
+from tests.support.external import MessageService, message_service
+from tests.support.harness import ROOT, WorkerRun, wait_for
+from tests.support.tools import find
+
+SHOTS = ROOT / "docs" / "ui"
+CHROMIUM_FLAGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+
+playwright_api = pytest.importorskip("playwright.async_api")
+
+
+@pytest.fixture(scope="module")
+def server(dsn: str) -> Iterator[ApiServer]:
+    with ApiServer(dsn, app="tests.support.ui_app:orc",
+                   ORCHESTRATOR_RETRY_CONFIG=ui_app.CONFIG) as running:  # fmt: skip
+        yield running
+
+
+@pytest.fixture
+async def orc(make_orc: Callable[..., Orchestrator]) -> Orchestrator:
+    made = make_orc(retry_config=ui_app.CONFIG)
+    ui_app.register(made)
+    await made.open()
+    return made
+
+
+@pytest.fixture(scope="module")
+async def browser() -> AsyncIterator[Any]:
+    executable = find("chromium")
+    async with playwright_api.async_playwright() as p:
+        launched = await p.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
+        yield launched
+        await launched.close()
+
+
+@pytest.fixture
+def service() -> Iterator[MessageService]:
+    with message_service() as svc:
+        yield svc
+
+
+async def signed_in(browser: Any, server: ApiServer, secret: str, **options: Any) -> Any:
+    """A page of a new browser context (its own cookies), signed in with ``secret``."""
+    context = await browser.new_context(viewport={"width": 1280, "height": 900}, **options)
+    page = await context.new_page()
+    await page.goto(f"{server.url}/ui")
+    assert "/ui/login" in page.url  # every page asks for a token first
+    await page.get_by_label("API token").fill(secret)
+    await page.get_by_role("button", name="Sign in").click()
+    await page.wait_for_url(f"{server.url}/ui")
+    return page
+
+
+async def accept(dialog: Any) -> None:
+    """Say yes to an action's confirmation."""
+    await dialog.accept()
+
+
+async def shot(page: Any, name: str) -> None:
+    SHOTS.mkdir(exist_ok=True)
+    await page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+async def test_sign_in_needs_a_live_token_and_sets_a_strict_http_only_cookie(
+    orc: Orchestrator, server: ApiServer, browser: Any
+) -> None:
+    context = await browser.new_context(viewport={"width": 1280, "height": 900})
+    page = await context.new_page()
+    await page.goto(f"{server.url}/ui/jobs")
+    await page.get_by_label("API token").fill("orc_not-a-token")
+    await shot(page, "login")
+    await page.get_by_role("button", name="Sign in").click()
+    await page.get_by_role("alert").wait_for()
+    assert "not an orchestrator API token" in await page.get_by_role("alert").inner_text()
+    secret = await token(orc.stores.tokens, "viewer", Scope.READ)
+    await page.get_by_label("API token").fill(secret)
+    await page.get_by_role("button", name="Sign in").click()
+    await page.wait_for_url(f"{server.url}/ui/jobs")  # back where it was going
+    [cookie] = await context.cookies()
+    assert (cookie["httpOnly"], cookie["sameSite"]) == (True, "Strict")
+    assert await page.get_by_role("button", name="Cancel job").count() == 0  # read only
+    # an action without the session's CSRF token is refused, cookie or not
+    forged = await page.request.post(
+        f"{server.url}/ui/jobs/{UUID(int=1)}/cancel", form={"csrf": "forged"}
+    )
+    assert forged.status == 401 and "CSRF" in (await forged.json())["detail"]
+    await context.close()
+
+
+async def test_a_retry_counts_down_then_runs_and_completes_without_a_reload(
+    orc: Orchestrator, server: ApiServer, browser: Any
+) -> None:
+    page = await signed_in(browser, server, await token(orc.stores.tokens, "ops"))
+    job_id = await orc.submit("paced", None)
+    async with WorkerRun(orc):
+        await wait_for(lambda: _status(orc, job_id, Status.RETRY))
+        await page.goto(f"{server.url}/ui/jobs?status=RETRY")
+        row = page.locator(f"tr[data-job='{job_id}']")
+        await row.wait_for()
+        assert "app" in await row.locator(".layer").inner_text()
+        assert "TRANSIENT_APP" in await row.locator(".class").inner_text()
+        first = _seconds(await row.locator(".countdown").inner_text())
+        await page.wait_for_timeout(1200)
+        later = _seconds(await row.locator(".countdown").inner_text())
+        assert 0 < later < first <= 4.5  # it ticks down in the browser
+        await shot(page, "jobs")
+
+        await page.goto(f"{server.url}/ui/jobs/{job_id}")
+        await page.evaluate("window.notReloaded = true")
+        status = page.locator("#job-status")
+        assert await status.inner_text() == "RETRY"
+        assert "in " in await page.locator("#job .countdown").inner_text()
+        await page.wait_for_function(
+            "document.querySelector('#job-status').textContent === 'RUNNING'", timeout=15_000
+        )
+        await page.wait_for_function(
+            "document.querySelector('#job-status').textContent === 'COMPLETED'", timeout=15_000
+        )
+        assert await page.evaluate("window.notReloaded") is True  # updated in place
+    kinds = await page.locator(".timeline .event strong").all_inner_texts()
+    assert kinds[-1] == "job.completed" and "job.retry_scheduled" in kinds
+    await page.context.close()
+
+
+async def test_a_job_page_shows_its_timeline_steps_and_ledger(
+    orc: Orchestrator, server: ApiServer, browser: Any, service: MessageService
+) -> None:
+    job_id = await orc.submit("agent", {"service": service.url, "steps": 3, "send_at": [2]})
+    async with WorkerRun(orc) as worker:
+        await worker.until_finished(job_id)
+    page = await signed_in(browser, server, await token(orc.stores.tokens, "reader", Scope.READ))
+    await page.goto(f"{server.url}/ui/jobs/{job_id}")
+    timeline = page.locator(".timeline .event")
+    kinds = await timeline.locator("strong").all_inner_texts()
+    assert kinds[0] == "job.created" and kinds.count("job.checkpointed") == 3
+    checkpointed = timeline.filter(has=page.locator("strong", has_text="job.checkpointed")).first
+    assert "step" in await checkpointed.locator("dl.payload").inner_text()  # readable, not JSON
+    steps = page.locator("table.steps")
+    assert await steps.locator("tr.checkpoint").count() == 3
+    effect = steps.locator("tr.side_effect")
+    assert await effect.count() == 1 and "committed" in await effect.inner_text()
+    await shot(page, "job")
+    await page.set_viewport_size({"width": 390, "height": 844})
+    await shot(page, "job-phone")
+    await page.context.close()
+
+
+async def test_dead_letters_are_requeued_and_discarded_by_two_people(
+    orc: Orchestrator, server: ApiServer, browser: Any
+) -> None:
+    doomed = [await orc.submit("scripted", {"script": ["permanent"]}) for _ in range(2)]
+    async with WorkerRun(orc) as worker:
+        await worker.until_finished(*doomed)
+    requeued_letter, discarded_letter = await orc.dead_letters()
+    alice_secret = await token(orc.stores.tokens, "alice", Scope.READ, Scope.OPERATE)
+    alice = await signed_in(browser, server, alice_secret)
+    alice.on("dialog", accept)
+    await alice.goto(f"{server.url}/ui/dead-letters")
+    await shot(alice, "dead-letters")
+    card = alice.locator(f"li[data-letter='{requeued_letter.id}']")
+    await card.get_by_role("button", name="Requeue").click()
+    await alice.get_by_role("status").wait_for()
+    assert "requeued" in await alice.get_by_role("status").inner_text()
+    assert (await orc.dead_letter(requeued_letter.id)).state == "requeued"
+
+    card = alice.locator(f"li[data-letter='{discarded_letter.id}']")
+    await card.get_by_label("Reason to discard").fill("a duplicate of an order already sent")
+    await card.get_by_role("button", name="Request discard").click()
+    card = alice.locator(f"li[data-letter='{discarded_letter.id}']")
+    assert await card.get_by_role("button", name="Confirm discard").count() == 0
+    assert "another reviewer must confirm" in await card.inner_text()
+    async with httpx.AsyncClient(base_url=server.url) as api:  # nor can the API be used
+        alone = await api.post(
+            f"/api/v1/dead-letters/{discarded_letter.id}/discard-confirm",
+            headers={"Authorization": f"Bearer {alice_secret}"},
+        )
+    assert alone.status_code == 409 and alone.json()["code"] == "DLQ_ACTION_INVALID"
+
+    bob = await signed_in(browser, server, await token(orc.stores.tokens, "bob", Scope.OPERATE,
+                                                       Scope.READ))  # fmt: skip
+    bob.on("dialog", accept)
+    await bob.goto(f"{server.url}/ui/dead-letters")
+    card = bob.locator(f"li[data-letter='{discarded_letter.id}']")
+    assert "a duplicate of an order already sent" in await card.locator(".request").inner_text()
+    assert "token:alice" in await card.locator(".request").inner_text()
+    await card.get_by_role("button", name="Confirm discard").click()
+    await bob.get_by_role("status").wait_for()
+    letter = await orc.dead_letter(discarded_letter.id)
+    assert (letter.state, letter.discarded_by) == ("discarded", "token:bob")
+    for tenant in ("acme", "acme", "globex", None):
+        await orc.submit("scripted", {"script": ["ok"]}, tenant_id=tenant)
+    await bob.goto(f"{server.url}/ui")
+    assert await bob.locator("[data-count='PENDING']").inner_text() == "5"  # with the requeued
+    await shot(bob, "overview")
+    await alice.context.close()
+    await bob.context.close()
+
+
+async def test_an_approved_step_resumes_its_job(
+    orc: Orchestrator, server: ApiServer, browser: Any, service: MessageService
+) -> None:
+    job_id = await orc.submit("agent", {"service": service.url, "approval_at": 2})
+    page = await signed_in(browser, server, await token(orc.stores.tokens, "approver"))
+    async with WorkerRun(orc) as worker:
+        await wait_for(lambda: _status(orc, job_id, Status.WAITING_APPROVAL))
+        await page.goto(f"{server.url}/ui/approvals")
+        approval = page.locator("li.approval").first
+        assert "in " in await approval.locator(".countdown").inner_text()  # its expiry
+        await shot(page, "approvals")
+        await approval.get_by_label("Reason").first.fill("looks right")
+        await approval.get_by_role("button", name="Approve").click()
+        await page.get_by_role("status").wait_for()
+        await worker.until_finished(job_id)
+    assert (await orc.get_job(job_id)).status is Status.COMPLETED
+    await page.goto(f"{server.url}/ui/config")
+    schedule = page.locator("#type-paced table.schedule").first
+    assert "4 s" in await schedule.inner_text()  # its backoff, as drawn for the operator
+    await shot(page, "config")
+    await page.context.close()
+
+
+async def test_a_tenant_s_token_never_sees_another_tenant_s_jobs(
+    orc: Orchestrator, server: ApiServer, browser: Any
+) -> None:
+    mine = await orc.submit("scripted", {"script": ["ok"]}, tenant_id="a")
+    theirs = await orc.submit("scripted", {"script": ["ok"]}, tenant_id="b")
+    nobody_s = await orc.submit("scripted", {"script": ["ok"]})
+    page = await signed_in(
+        browser, server, await token(orc.stores.tokens, "tenant-a", Scope.READ, tenants=["a"])
+    )
+    await page.goto(f"{server.url}/ui/jobs")
+    shown = {UUID(j) for j in await page.locator("tr[data-job]").evaluate_all(
+        "rows => rows.map(r => r.dataset.job)")}  # fmt: skip
+    assert shown == {mine}
+    for job_id in (theirs, nobody_s):
+        await page.goto(f"{server.url}/ui/jobs/{job_id}")
+        assert "Not found" in await page.locator("h1").inner_text()
+        assert "scripted" not in await page.locator("main").inner_text()
+    overview = await page.goto(f"{server.url}/ui")
+    assert overview is not None and overview.ok
+    assert await page.locator("[data-count='PENDING']").inner_text() == "1"
+    await page.context.close()
+
+
+async def _status(orc: Orchestrator, job_id: UUID, status: Status) -> bool:
+    return (await orc.get_job(job_id)).status is status
+
+
+def _seconds(text: str) -> float:
+    found = re.search(r"([\d.]+) (ms|s)", text)
+    assert found, text
+    value = float(found.group(1))
+    return value / 1000 if found.group(2) == "ms" else value

@@ -1,0 +1,78 @@
+"""What the dashboard's pages show, computed without a browser (orchestrator.interfaces.ui.views):
+the retrying layer, the backoff schedules, durations, readable payloads and the counts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.domain.classification import ErrorClass
+from orchestrator.interfaces.ui import views
+from retry_config import BackoffConfig, JobRetryConfig, ProportionalJitter
+
+
+@pytest.mark.parametrize("error_class", list(ErrorClass))
+def test_only_an_infrastructure_failure_is_retried_by_the_infrastructure_layer(
+    error_class: ErrorClass,
+) -> None:
+    expected = "infra" if error_class is ErrorClass.TRANSIENT_INFRA else "app"
+    assert views.layer_of(error_class) == views.layer_of(error_class.value) == expected
+    assert views.layer_of(None) is None
+
+
+def test_the_schedules_are_the_policy_s_delays() -> None:
+    config = JobRetryConfig(
+        app_max_retries=4, worker_max_attempts=3,
+        backoff=BackoffConfig(base_ms=1000, cap_ms=5000, multiplier=2,
+                              jitter=ProportionalJitter(ratio=0.5)),
+    )  # fmt: skip
+    app = views.app_schedule(config)
+    assert [(d.retry, d.low_s, d.high_s) for d in app] == [
+        (1, 0.5, 1.5), (2, 1.0, 3.0), (3, 2.0, 6.0), (4, 2.5, 7.5)
+    ]  # fmt: skip
+    assert app[0].text == "500 ms to 1.5 s"
+    infra = views.infra_schedule(config)
+    assert [(d.retry, d.low_s) for d in infra] == [(1, math.exp(1)), (2, math.exp(2))]
+    many = JobRetryConfig(app_max_retries=10_000, worker_max_attempts=10_000)
+    assert len(views.app_schedule(many)) == len(views.infra_schedule(many)) == views.SCHEDULE_ROWS
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(0.0004, "0 ms"), (0.25, "250 ms"), (1, "1 s"), (12.5, "12.5 s"), (59.9, "59.9 s"),
+     (200, "3 min 20 s"), (7500, "2 h 5 min")],
+)  # fmt: skip
+def test_durations_read_as_people_say_them(value: float, text: str) -> None:
+    assert views.seconds(value) == text
+
+
+@given(st.floats(0, 10**7, allow_nan=False))
+def test_every_duration_has_a_unit(value: float) -> None:
+    assert views.seconds(value).endswith(("ms", " s", "min"))
+
+
+def test_a_payload_reads_as_lines_without_empty_fields() -> None:
+    payload = {"attempt": 2, "error": {"message": "boom", "code": "X", "classification": "PERMANENT"},
+               "layer": None, "worker": "h/1/w2", "tags": ["a"], "run_id": ""}  # fmt: skip
+    assert views.readable(payload) == [
+        ("attempt", "2"), ("error", "[PERMANENT X] boom"), ("worker", "h/1/w2"),
+        ("tags", '["a"]'),
+    ]  # fmt: skip
+    assert views.readable("plain") == [("value", "plain")]
+
+
+def test_counts_keep_only_the_principal_s_tenants() -> None:
+    rows = [
+        {"status": "PENDING", "job_type": "a", "tenant": "t1", "n": 3},
+        {"status": "RETRY", "job_type": "b", "tenant": "t2", "n": 2},
+        {"status": "PENDING", "job_type": "b", "tenant": "", "n": 1},
+    ]
+    every = views.counts(rows, {"COMPLETED": 8, "FAILED": 2}, 10.0, None)
+    assert every.by_status["PENDING"] == 4 and every.by_status["RUNNING"] == 0
+    assert every.by_tenant == {"t1": 3, "t2": 2, "(none)": 1}
+    assert (every.per_second, every.failure_share) == (1.0, 0.2)
+    one = views.counts(rows, {}, 10.0, frozenset({"t1"}))
+    assert (one.by_type, one.by_tenant, one.failure_share) == ({"a": 3}, {"t1": 3}, 0.0)
