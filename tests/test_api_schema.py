@@ -34,19 +34,24 @@ def schemathesis(server: ApiServer, *args: str) -> subprocess.CompletedProcess[s
     cli = Path(sys.executable).parent / "schemathesis"
     return subprocess.run(
         [str(cli), "run", f"{server.url}/api/v1/openapi.json", "--checks", CHECKS,
-         "--phases", "examples,coverage,fuzzing", "--seed", "17",
+         "--seed", "17",
          "--generation-database", "none", "--request-timeout", "10", *args],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
 
 
-@pytest.mark.parametrize(("authenticated", "examples"), [(True, 25), (False, 5)],
-                         ids=["token", "no-token"])  # fmt: skip
+# With a token, also Schemathesis's coverage phase (each schema's edge values: it found the
+# undocumented 400 of an unreadable body); without one, every request stops at the 401.
+@pytest.mark.parametrize(
+    ("authenticated", "examples", "phases"),
+    [(True, 25, "examples,coverage,fuzzing"), (False, 5, "examples,fuzzing")],
+    ids=["token", "no-token"],
+)
 def test_every_answer_is_declared_and_none_is_a_server_error(
-    live: tuple[ApiServer, str], authenticated: bool, examples: int
+    live: tuple[ApiServer, str], authenticated: bool, examples: int, phases: str
 ) -> None:
     server, secret = live
     auth = ["-H", f"Authorization: Bearer {secret}"] if authenticated else []
-    done = schemathesis(server, "--max-examples", str(examples), *auth)
+    done = schemathesis(server, "--max-examples", str(examples), "--phases", phases, *auth)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     assert "passed" in done.stdout.lower()

@@ -158,16 +158,20 @@ async def test_a_crash_before_sending_sends_once(
     assert RECONCILES[invocation] == 1  # asked; the service had nothing; then sent
 
 
-@pytest.mark.parametrize("seed", [20261121])
+@pytest.mark.parametrize(
+    ("seed", "runs"),
+    [(20261121, 40), pytest.param(20261121, 200, marks=pytest.mark.slow)],
+    ids=["40-runs", "200-runs"],
+)
 async def test_randomized_crashes_never_repeat_a_committed_side_effect(
-    agent: Orchestrator, service: MessageService, seed: int
+    agent: Orchestrator, service: MessageService, seed: int, runs: int
 ) -> None:
-    """200 runs of a 4-step job, each with up to three crashes at random points and, now and
-    then, a transient failure: every run ends as its uninterrupted twin, and no message is ever
-    delivered twice."""
+    """Runs of a 4-step job (40 in the default suite, 200 in the slow one), each with up to
+    three crashes at random points and, now and then, a transient failure: every run ends as
+    its uninterrupted twin, and no message is ever delivered twice."""
     rng = random.Random(seed)
     crashed = 0
-    for run in range(200):
+    for run in range(runs):
         send_at = sorted(rng.sample([1, 2, 3, 4], rng.randint(1, 3)))
         crashes = [
             f"{rng.choice(CRASH_POINTS)}:{rng.randint(1, 4)}" for _ in range(rng.randint(0, 3))
@@ -183,7 +187,7 @@ async def test_randomized_crashes_never_repeat_a_committed_side_effect(
         assert final.result == expected, (run, crashes, transient)
         crashed += any(e.kind == "job.zombie_detected" for e in await agent.job_events(job))
     assert service.duplicates() == {}
-    assert crashed > 100  # most runs were interrupted at least once
+    assert crashed > runs // 2  # most runs were interrupted at least once
 
 
 async def test_a_plain_task_effect_commits_at_once_and_is_not_repeated(

@@ -79,9 +79,10 @@ class EventWatch:
         except TimeoutError:
             raise DatabaseUnavailable("the API server cannot listen for job events") from None
         async with self._listing_lock:
-            if not self._listed:
-                await self.listeners.listen(self.name, seconds=LISTED_SECONDS)
-                self._listed = True
+            # Listed anew by every watch (one upsert): a listing that vanished meanwhile (the
+            # table restored, emptied by hand) is back before this waiter reads the job.
+            await self.listeners.listen(self.name, seconds=LISTED_SECONDS)
+            self._listed = True
             seen = (await self.listeners.latest([job_id])).get(job_id, 0)
             waiter = Waiter(job_id, seen)
             self._waiters.add(waiter)
