@@ -212,7 +212,9 @@ async def test_dead_letters_are_requeued_and_discarded_by_two_people(
     for tenant in ("acme", "acme", "globex", None):
         await orc.submit("scripted", {"script": ["ok"]}, tenant_id=tenant)
     await bob.goto(f"{server.url}/ui")
-    assert await bob.locator("[data-count='PENDING']").inner_text() == "5"  # with the requeued
+    await bob.wait_for_function(  # the overview updates itself (a read serves 2 s)
+        "document.querySelector(\"[data-count='PENDING']\").textContent === '5'", timeout=10_000
+    )  # with the requeued job
     await shot(bob, "overview")
     await alice.context.close()
     await bob.context.close()

@@ -21,7 +21,6 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.staticfiles import StaticFiles
 
@@ -80,9 +79,9 @@ def create_app(orc: Orchestrator) -> FastAPI:
     )
     app.state.orc = orc
     app.state.settings = settings
+    app.state.overview = pages.OverviewCache(pages.OVERVIEW_SECONDS)
     app.add_exception_handler(OrchestratorError, problems.orchestrator_error)
     app.add_exception_handler(RequestValidationError, problems.request_invalid)
-    app.add_exception_handler(ValidationError, problems.request_invalid)
     app.add_exception_handler(HTTPException, problems.http_error)
     app.add_exception_handler(Exception, problems.unexpected)
     for router in (jobs.router, operations.router, workers.router):

@@ -15,7 +15,9 @@ from typing import Annotated
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, Header, Query, Request, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
 
 from orchestrator.app import JobSpec, Orchestrator
 from orchestrator.domain.errors import JobNotFound, SubmitError
@@ -101,7 +103,10 @@ def _owned(spec: JobSpec, caller: Principal, **update: object) -> JobSpec:
     """The spec in the caller's tenant (Forbidden for another's), with ``update`` applied and
     checked again."""
     tenant = caller.tenant_for_submit(spec.tenant_id)
-    return JobSpec.model_validate({**spec.model_dump(), "tenant_id": tenant, **update})
+    try:
+        return JobSpec.model_validate({**spec.model_dump(), "tenant_id": tenant, **update})
+    except ValidationError as exc:  # the request's own fields (an Idempotency-Key too long)
+        raise RequestValidationError(exc.errors(include_url=False)) from None
 
 
 @router.get("/jobs")

@@ -49,6 +49,7 @@ SESSION_SECONDS = 12 * 3600
 LIST_REFRESH_SECONDS = 2.0
 JOB_PAGE = 50
 RECENT_SECONDS = 300.0
+OVERVIEW_SECONDS = 2.0  # how long one read of the overview serves every viewer
 
 
 class SignInFirst(Exception):
@@ -162,6 +163,32 @@ def _local(path: str) -> str:
 # -- the overview -----------------------------------------------------------------------------
 
 
+class OverviewCache:
+    """The overview, read at most once per ``seconds`` for each set of tenants, whoever asks:
+    its counts read the whole fleet (hundreds of milliseconds at a million jobs), and every open
+    overview re-reads it every few seconds."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._read: dict[frozenset[str] | None, tuple[float, dict[str, Any]]] = {}
+        self._lock = asyncio.Lock()
+
+    async def get(self, orc: Orchestrator, session: Session) -> dict[str, Any]:
+        key = session.principal.tenants
+        async with self._lock:
+            cached = self._read.get(key)
+            now = asyncio.get_running_loop().time()
+            if cached is None or now - cached[0] > self.seconds:
+                cached = (now, await _overview(orc, session))
+                self._read[key] = cached
+            return cached[1]
+
+
+def _cached_overview(request: Request, orc: Orchestrator, session: Session) -> Any:
+    cache: OverviewCache = request.app.state.overview
+    return cache.get(orc, session)
+
+
 async def _overview(orc: Orchestrator, session: Session) -> dict[str, Any]:
     tenants = session.principal.tenants
     fleet = await orc.stores.fleet.read(zombie_threshold=orc.settings.zombie_threshold)
@@ -181,12 +208,14 @@ async def _overview(orc: Orchestrator, session: Session) -> dict[str, Any]:
 
 @router.get("")
 async def overview(request: Request, orc: Orc, session: Viewer) -> HTMLResponse:
-    return _page(request, "overview.html", session, **await _overview(orc, session))
+    context = await _cached_overview(request, orc, session)
+    return _page(request, "overview.html", session, **context)
 
 
 @router.get("/fragments/overview")
 async def overview_fragment(request: Request, orc: Orc, session: Viewer) -> HTMLResponse:
-    return _page(request, "_overview.html", session, **await _overview(orc, session))
+    context = await _cached_overview(request, orc, session)
+    return _page(request, "_overview.html", session, **context)
 
 
 # -- jobs -------------------------------------------------------------------------------------
