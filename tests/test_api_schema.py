@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +38,7 @@ def schemathesis(server: ApiServer, *args: str) -> subprocess.CompletedProcess[s
          "--seed", "17",
          "--generation-database", "none", "--request-timeout", "10", *args],
         capture_output=True, text=True, timeout=600, check=False,
+        cwd=tempfile.gettempdir(),  # where it keeps its cache (.schemathesis/)
     )  # fmt: skip
 
 
