@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
-from bench.common import fresh_database, machine, server_version
+from bench.common import api_token, fresh_database, machine, server_version, serving
 from orchestrator import Orchestrator, Settings
 from orchestrator.domain.principals import Scope
 
@@ -47,12 +44,6 @@ async def submits_in_process(dsn: str, jobs: int, batch: int) -> tuple[float, fl
             )
         batched = jobs / (time.perf_counter() - started)
     return single, batched
-
-
-async def token(dsn: str) -> str:
-    orc = Orchestrator(dsn=dsn)
-    async with orc:
-        return (await orc.stores.tokens.create("bench", [Scope.ADMIN], None, by="bench")).token
 
 
 async def through_api(
@@ -106,28 +97,11 @@ def main() -> None:
     with fresh_database("orc_bench_api") as dsn:
         print(f"machine: {machine()}, PostgreSQL {asyncio.run(server_version(dsn))}")
         single_in, batched_in = asyncio.run(submits_in_process(dsn, args.jobs, args.batch))
-        secret = asyncio.run(token(dsn))
-        port = 8700 + os.getpid() % 200
-        env = {**os.environ, "DATABASE_URL": dsn, "ORCHESTRATOR_API_PORT": str(port)}
-        server = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", "--app", APP, "serve"], cwd=ROOT, env=env,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(f"{url}/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.1)
+        secret = asyncio.run(api_token(dsn, Scope.ADMIN))
+        with serving(dsn, APP) as url:
             api = asyncio.run(
                 through_api(url, secret, args.jobs, args.batch, args.reads, args.clients)
             )
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
     print(f"{args.jobs} jobs each way; batches of {args.batch}; {args.clients} API clients")
     print(f"  submit, one per call:  API {api['single']:7.0f} jobs/s   in process "
           f"{single_in:7.0f} jobs/s   ratio {api['single'] / single_in:.2f}")  # fmt: skip

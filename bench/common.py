@@ -9,17 +9,22 @@ import logging
 import os
 import platform
 import shutil
+import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 import psycopg
 from procrastinate.schema import SchemaManager
 from psycopg import conninfo
 
+from orchestrator import Orchestrator
+from orchestrator.domain.principals import Scope
 from orchestrator.storage.database import (
     drop_database,
     ensure_database,
@@ -188,3 +193,42 @@ async def _backend_cpu(dsn: str) -> dict[int, int] | None:
         except (OSError, ValueError, IndexError):
             return None
     return used if used or not pids else None
+
+
+@contextlib.contextmanager
+def serving(dsn: str, app: str | None = None) -> Iterator[str]:
+    """``orchestrator serve`` (of ``app``: ``module:attribute``, default the built-in job types)
+    on ``dsn``'s database, in a process of its own; its URL once it answers /readyz."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "DATABASE_URL": dsn, "ORCHESTRATOR_API_PORT": str(port)}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", *(["--app", app] if app else []), "serve"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while not _answers(f"{url}/readyz"):
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError("orchestrator serve did not become ready")
+            time.sleep(0.1)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+async def api_token(dsn: str, *scopes: Scope) -> str:
+    """A token for the benches' API clients (as ``orchestrator tokens create bench``)."""
+    orc = Orchestrator(dsn=dsn)
+    async with orc:
+        return (await orc.stores.tokens.create("bench", scopes, None, by="bench")).token

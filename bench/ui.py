@@ -16,19 +16,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 
-from bench.common import fresh_database, machine, server_version
+from bench.common import api_token, fresh_database, machine, server_version, serving
 from bench.fleet_scrape import LETTERS, SETTLED, fill
-from orchestrator import Orchestrator
 from orchestrator.domain.principals import Scope
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,12 +40,6 @@ PAGES = {
     "jobs (a later page)": None,  # the next-page link of the first page
     "overview": "/ui/fragments/overview",
 }
-
-
-async def token(dsn: str) -> str:
-    orc = Orchestrator(dsn=dsn)
-    async with orc:
-        return (await orc.stores.tokens.create("bench", [Scope.READ], None, by="bench")).token
 
 
 def server_ms(response: httpx.Response) -> float:
@@ -77,25 +66,8 @@ def measure(url: str, secret: str, loads: int) -> dict[str, list[float]]:
 
 
 def serve(dsn: str, secret: str, loads: int) -> dict[str, list[float]]:
-    port = 8900 + os.getpid() % 90
-    env = {**os.environ, "DATABASE_URL": dsn, "ORCHESTRATOR_API_PORT": str(port)}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "serve"], cwd=ROOT, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+    with serving(dsn) as url:
         return measure(url, secret, loads)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def main() -> None:
@@ -105,7 +77,7 @@ def main() -> None:
     args = parser.parse_args()
     with fresh_database("orc_bench_ui") as dsn:
         print(f"machine: {machine()}, PostgreSQL {asyncio.run(server_version(dsn))}")
-        secret = asyncio.run(token(dsn))
+        secret = asyncio.run(api_token(dsn, Scope.READ))
         empty = serve(dsn, secret, args.loads)
         asyncio.run(fill(dsn, [SETTLED, LETTERS, LETTER_ERRORS], args.jobs))
         full = serve(dsn, secret, args.loads)

@@ -1,10 +1,14 @@
-"""Rows that reads hand out as plain dicts (the public API returns them as such), typed."""
+"""Rows that reads hand out as plain dicts (the public API returns them as such), typed; the
+HTTP API validates and documents them as they are (pydantic reads typing_extensions'
+TypedDict on Python 3.11)."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal
 from uuid import UUID
+
+from typing_extensions import TypedDict
 
 
 class StepRecord(TypedDict):

@@ -136,7 +136,7 @@ async def metrics(request: Request) -> Response:
     return Response(body, media_type=content_type)
 
 
-Scope_ = MutableMapping[str, Any]
+AsgiScope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
@@ -145,10 +145,10 @@ class ServerTiming:
     """``Server-Timing: app;dur=<ms>`` on every answer: the server's own time, which a browser's
     developer tools show, and bench/ui.py reads."""
 
-    def __init__(self, app: Callable[[Scope_, Receive, Send], Awaitable[None]]):
+    def __init__(self, app: Callable[[AsgiScope, Receive, Send], Awaitable[None]]):
         self.app = app
 
-    async def __call__(self, scope: Scope_, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -168,11 +168,11 @@ class BodyLimit:
     """Refuse a request body over ``limit`` bytes with 413, whether it says its length up
     front or streams it: nothing past the limit is read."""
 
-    def __init__(self, app: Callable[[Scope_, Receive, Send], Awaitable[None]], limit: int):
+    def __init__(self, app: Callable[[AsgiScope, Receive, Send], Awaitable[None]], limit: int):
         self.app = app
         self.limit = limit
 
-    async def __call__(self, scope: Scope_, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -193,7 +193,7 @@ class BodyLimit:
 
         await self.app(scope, limited, send)
 
-    async def _too_large(self, scope: Scope_, receive: Receive, send: Send) -> None:
+    async def _too_large(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         response = problems.problem(
             413, "REQUEST_TOO_LARGE",
             f"request body over {self.limit} bytes (ORCHESTRATOR_API_MAX_BODY_BYTES)",

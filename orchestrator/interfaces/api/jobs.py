@@ -30,7 +30,6 @@ from orchestrator.interfaces.api.models import (
     JobOutcome,
     JobPage,
     Reason,
-    Step,
     Steps,
     SubmitBatch,
     Submitted,
@@ -157,7 +156,7 @@ async def job_events(
 async def job_steps(job_id: UUID, orc: Orc, caller: Reader) -> Steps:
     """Its checkpoints and its side-effect ledger, in step order."""
     await visible_job(orc, caller, job_id)
-    return Steps(steps=[Step.model_validate(row) for row in await orc.job_steps(job_id)])
+    return Steps(steps=await orc.job_steps(job_id))
 
 
 @router.post("/jobs/{job_id}/cancel")

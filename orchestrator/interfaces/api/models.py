@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from orchestrator.app import JobSpec, Text
 from orchestrator.domain.models import DeadLetter, Job, JobEvent, QueueStats
 from orchestrator.runtime.external import ExternalTask
+from orchestrator.storage.rows import ApprovalRecord, StepRecord
 
 MAX_BATCH = 1_000
 
@@ -53,21 +54,10 @@ class JobOutcome(BaseModel):
     job: Job
 
 
-class Step(BaseModel):
-    """A checkpoint, or a side effect of the ledger (pending, committed, failed)."""
-
-    kind: Literal["checkpoint", "side_effect"]
-    step: int
-    invocation_id: str | None
-    name: str | None
-    status: str | None
-    detail: Any
-    attempt: int
-    at: datetime
-
-
 class Steps(BaseModel):
-    steps: list[Step]
+    """Checkpoints and side effects of the ledger (pending, committed, failed), in step order."""
+
+    steps: list[StepRecord]
 
 
 class Reason(_In):
@@ -86,27 +76,8 @@ class Requeued(BaseModel):
     job_id: UUID
 
 
-class Approval(BaseModel):
-    id: UUID
-    job_id: UUID
-    step: int
-    key: str
-    question: str
-    details: Any
-    on_reject: Literal["fail", "resume"]
-    status: str
-    requested_at: datetime
-    expires_at: datetime
-    decided_at: datetime | None
-    decided_by: str | None
-    reason: str | None
-    job_type: str
-    job_status: str
-    tenant_id: str | None
-
-
 class Approvals(BaseModel):
-    approvals: list[Approval]
+    approvals: list[ApprovalRecord]
 
 
 class Queues(BaseModel):

@@ -18,7 +18,6 @@ from orchestrator.domain.principals import Principal, Scope
 from orchestrator.interfaces.api.auth import allowed
 from orchestrator.interfaces.api.jobs import Orc
 from orchestrator.interfaces.api.models import (
-    Approval,
     Approvals,
     DeadLetters,
     Queues,
@@ -27,6 +26,7 @@ from orchestrator.interfaces.api.models import (
     RequiredReason,
     RetryConfigView,
 )
+from orchestrator.storage.rows import ApprovalRecord
 
 router = APIRouter(prefix="/api/v1")
 
@@ -87,9 +87,9 @@ async def confirm_discard(dead_letter_id: UUID, orc: Orc, caller: Operator) -> D
     return await orc.dead_letter(dead_letter_id)
 
 
-async def _approval(orc: Orc, caller: Principal, approval_id: UUID) -> Approval:
-    approval = Approval.model_validate(await orc.stores.approvals.get(approval_id))
-    if not caller.sees(approval.tenant_id):
+async def _approval(orc: Orc, caller: Principal, approval_id: UUID) -> ApprovalRecord:
+    approval = await orc.stores.approvals.get(approval_id)
+    if not caller.sees(approval["tenant_id"]):
         raise ApprovalNotFound(approval_id)
     return approval
 
@@ -104,16 +104,16 @@ async def list_approvals(
     records = await orc.approvals(
         status=None if status == "all" else status, limit=limit, tenants=caller.tenants
     )
-    return Approvals(approvals=[Approval.model_validate(r) for r in records])
+    return Approvals(approvals=records)
 
 
 @router.get("/approvals/{approval_id}", tags=["approvals"])
-async def get_approval(approval_id: UUID, orc: Orc, caller: Reader) -> Approval:
+async def get_approval(approval_id: UUID, orc: Orc, caller: Reader) -> ApprovalRecord:
     return await _approval(orc, caller, approval_id)
 
 
 @router.post("/approvals/{approval_id}/approve", tags=["approvals"])
-async def approve(approval_id: UUID, body: Reason, orc: Orc, caller: Operator) -> Approval:
+async def approve(approval_id: UUID, body: Reason, orc: Orc, caller: Operator) -> ApprovalRecord:
     """The step's job resumes from its last checkpoint (no budget used)."""
     await _approval(orc, caller, approval_id)
     await orc.approve(approval_id, by=caller.actor, reason=body.reason)
@@ -121,7 +121,9 @@ async def approve(approval_id: UUID, body: Reason, orc: Orc, caller: Operator) -
 
 
 @router.post("/approvals/{approval_id}/reject", tags=["approvals"])
-async def reject(approval_id: UUID, body: RequiredReason, orc: Orc, caller: Operator) -> Approval:
+async def reject(
+    approval_id: UUID, body: RequiredReason, orc: Orc, caller: Operator
+) -> ApprovalRecord:
     """The job fails (dead-lettered), or resumes down the task's rejection path."""
     await _approval(orc, caller, approval_id)
     await orc.reject(approval_id, by=caller.actor, reason=body.reason)

@@ -32,6 +32,7 @@ from orchestrator.domain.errors import (
 )
 from orchestrator.domain.principals import Scope, Unauthorized
 from orchestrator.domain.states import Status
+from orchestrator.interfaces.api.jobs import Orc, orchestrator
 from orchestrator.interfaces.api.watch import EventWatch
 from orchestrator.interfaces.ui import views
 from orchestrator.storage.jobs import JobFilters
@@ -64,22 +65,17 @@ async def sign_in_first(request: Request, exc: Exception) -> Response:
     return RedirectResponse(f"/ui/login?{urlencode({'next': exc.path})}", status_code=303)
 
 
-def _orc(request: Request) -> Orchestrator:
-    orc: Orchestrator = request.app.state.orc
-    return orc
-
-
 async def viewer(request: Request) -> Session:
     """The signed-in session, which may read; SignInFirst otherwise."""
     session_id = request.cookies.get(COOKIE)
-    session = await _orc(request).stores.sessions.find(session_id) if session_id else None
+    orc = orchestrator(request)
+    session = await orc.stores.sessions.find(session_id) if session_id else None
     if session is None or not session.principal.allows(Scope.READ):
         raise SignInFirst(request.url.path + (f"?{request.url.query}" if request.url.query else ""))
     return session
 
 
 Viewer = Annotated[Session, Depends(viewer)]
-Orc = Annotated[Orchestrator, Depends(_orc)]
 
 
 def _acting(session: Session, csrf: str) -> None:
