@@ -191,3 +191,61 @@ async def test_a_database_at_0015_keeps_its_jobs_and_takes_tenants_after_0016(
             "SELECT id, tenant_id FROM orc_jobs ORDER BY tenant_id NULLS FIRST"
         )
         assert await cur.fetchall() == [(before, None), (after, "acme")]
+
+
+async def test_a_database_at_0020_keeps_its_job_keys_and_scopes_them_by_tenant_after_0021(
+    fresh_dsn: str, tmp_path: Path
+) -> None:
+    """0021 moves the live keys to a uniqueness per tenant: every keyed job keeps its key, and
+    the connection that submitted them before the upgrade finds them in their own scope after
+    it, while another tenant (or no tenant) gets a job of its own."""
+    older = tmp_path / "0020"
+    older.mkdir()
+    for path in PACKAGED.glob("*.sql"):
+        if path.name < "0021":
+            shutil.copy(path, older)
+
+    async def submit(
+        conn: psycopg.AsyncConnection[Any], key: str, tenant: str | None, mode: str = "replace"
+    ) -> tuple[uuid.UUID, str]:
+        spec = {"ord": 0, "id": str(uuid.uuid4()), "job_type": "t", "queue": "t", "priority": 0,
+                "max_attempts": 1, "max_retries": 0, "trace_id": "x", "job_key": key,
+                "job_key_mode": mode, "tenant_id": tenant, "payload": {"by": tenant}}  # fmt: skip
+        cur = await conn.execute(
+            "SELECT job_id, outcome"
+            "  FROM orc_submit_jobs_v2(%s, 'PENDING', ARRAY['PENDING'], 'orc.')",
+            (Jsonb([spec]),),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return uuid.UUID(str(row[0])), row[1]
+
+    async def keys(conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+        cur = await conn.execute("SELECT id, tenant_id, job_key, payload FROM orc_jobs ORDER BY id")
+        return await cur.fetchall()
+
+    async with await connect(fresh_dsn) as conn:
+        await migrate(conn, folder=older)
+        finished, _ = await submit(conn, "report", "acme")
+        await conn.execute(  # a finished job keeps its key, as history
+            "UPDATE orc_jobs SET status = 'CANCELLED' WHERE id = %s", (finished,)
+        )
+        acme, _ = await submit(conn, "report", "acme")
+        nobody, _ = await submit(conn, "daily", None)
+        before = await keys(conn)
+        report = await migrate(conn)
+        assert report.applied == [name for name in OURS if name >= "0021"]
+        assert await keys(conn) == before  # every key where it was
+        assert await submit(conn, "report", "acme") == (acme, "replaced")
+        assert await submit(conn, "daily", None, "unsafe_dedupe") == (nobody, "deduplicated")
+        globex, outcome = await submit(conn, "report", "globex")
+        nobody_s, also = await submit(conn, "report", None, "unsafe_dedupe")
+        assert (outcome, also) == ("created", "created")
+        assert len({finished, acme, globex, nobody_s}) == 4
+        with pytest.raises(psycopg.errors.UniqueViolation, match="per_tenant"):
+            await conn.execute(
+                "UPDATE orc_jobs SET job_key = 'report', tenant_id = 'globex' WHERE id = %s",
+                (nobody,),
+            )
+        cur = await conn.execute("SELECT tenant_id, payload FROM orc_jobs WHERE id = %s", (acme,))
+        assert await cur.fetchone() == ("acme", {"by": "acme"})

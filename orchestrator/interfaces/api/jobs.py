@@ -85,8 +85,6 @@ async def submit(
         key = f"idempotency/{spec.tenant_id or '-'}/{idempotency_key}"
         spec = _owned(spec, caller, job_key=key, job_key_mode="unsafe_dedupe")
     (result,) = await orc.submit_specs([spec])
-    if idempotency_key is not None:
-        await visible_job(orc, caller, result.job_id)  # a key another tenant's job holds
     return Submitted.model_validate(result.model_dump())
 
 
