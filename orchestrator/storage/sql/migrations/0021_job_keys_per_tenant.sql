@@ -10,8 +10,9 @@
 --   most one live job. The scope is coalesce(tenant_id, ''): a tenant has 1 to 200 characters
 --   (0016), so '' is no tenant's. Every key stays on its job: the live keys were unique across
 --   tenants, so they are unique within each one, and the new index is built over them as they
---   are before the old one goes. Building it locks writes to orc_jobs for as long as it reads
---   the table (like 0016's indexes: about a second at 1,000,000 jobs).
+--   are before the old one goes. Building it reads the whole table while writes to orc_jobs
+--   wait, as building each of 0016's indexes did (0016 has the measurements); it holds an
+--   entry for live keyed jobs only.
 -- * orc_submit_jobs_v1 (from 0017) looks a key up, and takes its advisory lock, in the submit's
 --   scope. A replace no longer sets the job's tenant: it is the submit's by construction.
 --   job.replaced keeps its tenant_id.
