@@ -430,13 +430,16 @@ class Orchestrator:
         status: Status | str | None = None,
         job_type: str | None = None,
         tenant_id: str | None = None,
+        job_key: str | None = None,
         limit: int = 50,
     ) -> list[Job]:
-        """Newest first, of the given status, type and tenant (each: any when None)."""
+        """Newest first, of the given status, type, tenant and job key (each: any when None;
+        a key is per tenant, so without ``tenant_id`` every tenant's job with the key)."""
         return await self.stores.jobs.list_jobs(
             status=Status(status) if status else None,
             job_type=job_type,
             tenant_id=tenant_id,
+            job_key=job_key,
             limit=limit,
         )
 

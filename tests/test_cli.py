@@ -389,6 +389,24 @@ def test_status_and_jobs_show_the_job_key_and_its_revision(cli: Any) -> None:
     assert code == 0 and f"{job_id}  http_request" in out and "key doc-42 rev 1" in out
 
 
+def test_jobs_by_key_list_each_tenant_s_own_job(cli: Any) -> None:
+    submit = ["submit", "http_request", "--payload", '{"url": "http://127.0.0.1:9/"}',
+              "--job-key", "doc-42", "--run-at", "2099-01-01T00:00:00Z"]  # fmt: skip
+    ids = {
+        tenant: cli(*submit, *(["--tenant", tenant] if tenant else []))[1].strip()
+        for tenant in ("acme", "globex", None)
+    }
+    assert len(set(ids.values())) == 3  # a key per tenant, and one with no tenant
+    code, out, _ = cli("jobs", "--job-key", "doc-42", "--tenant", "acme")
+    assert (code, [line.split()[0] for line in out.splitlines()]) == (0, [ids["acme"]])
+    assert out.rstrip().endswith("tenant acme  key doc-42 rev 0")
+    code, out, _ = cli("jobs", "--job-key", "doc-42")
+    assert [line.split()[0] for line in out.splitlines()] == [ids[None], ids["globex"], ids["acme"]]
+    assert cli("jobs", "--job-key", "doc-42", "--tenant", "initech") == (
+        0, "", "no jobs with key doc-42 for tenant initech\n"
+    )  # fmt: skip
+
+
 async def test_status_shows_how_a_failed_job_degraded(
     cli: Any, make_orc: Callable[..., Orchestrator]
 ) -> None:

@@ -221,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--status", type=str.upper, choices=[s.value for s in Status])
     cmd.add_argument("--type", dest="job_type")
     cmd.add_argument("--tenant", help="only this tenant's jobs")
+    cmd.add_argument(
+        "--job-key", help="only jobs with this key (keys are per tenant: give --tenant for one)"
+    )
     cmd.add_argument("--limit", type=_whole(1, MAX_LIMIT), default=50)
     cmd.set_defaults(handler=cmd_jobs)
 
@@ -499,13 +502,16 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_jobs(args: argparse.Namespace) -> int:
     async def body(orc: Orchestrator) -> int:
         jobs = await orc.list_jobs(
-            status=args.status, job_type=args.job_type, tenant_id=args.tenant, limit=args.limit
-        )
+            status=args.status, job_type=args.job_type, tenant_id=args.tenant,
+            job_key=args.job_key, limit=args.limit,
+        )  # fmt: skip
         for job in jobs:
             print(render.job_line(job))
         if not jobs:
             kind = f" of type {args.job_type}" if args.job_type else ""
-            _nothing(f"no {args.status + ' ' if args.status else ''}jobs{kind}{_of(args.tenant)}")
+            key = f" with key {args.job_key}" if args.job_key else ""
+            status = args.status + " " if args.status else ""
+            _nothing(f"no {status}jobs{kind}{key}{_of(args.tenant)}")
         return 0
 
     return _run(args, body)

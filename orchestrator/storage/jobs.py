@@ -224,12 +224,14 @@ class JobStore:
         status: Status | None = None,
         job_type: str | None = None,
         tenant_id: str | None = None,
+        job_key: str | None = None,
         limit: int = 50,
     ) -> list[Job]:
         params = {
             "status": status.value if status else None,
             "job_type": job_type,
             "tenant_id": tenant_id,
+            "job_key": job_key,
             "limit": limit,
         }
         rows = await self.queries.rows("list_jobs", params)

@@ -187,11 +187,12 @@ SELECT id, job_id, kind, at, payload FROM orc_job_events WHERE job_id = %(job_id
 
 -- list_jobs --
 -- Newest first (ids are UUIDv7, so id order is creation order); a tenant's through
--- orc_jobs_tenant_id.
+-- orc_jobs_tenant_id. A key is per tenant: without a tenant, every tenant's job with it.
 SELECT * FROM orc_jobs
  WHERE (%(status)s::text IS NULL OR status = %(status)s)
    AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s)
    AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
+   AND (%(job_key)s::text IS NULL OR job_key = %(job_key)s)
  ORDER BY id DESC
  LIMIT %(limit)s
 
