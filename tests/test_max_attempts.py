@@ -13,7 +13,7 @@ from uuid import UUID
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from orchestrator import JobContext, Orchestrator
@@ -126,7 +126,7 @@ def check_last_error(error: dict[str, Any], told: dict[str, Any]) -> None:
 
 
 @settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
     runs=st.integers(1, 3),
@@ -147,6 +147,7 @@ async def test_random_failures_of_both_layers_keep_max_attempts_true(
     - with nothing but failures, ``max_attempts`` never grows; a retry tells the cap of the
       claim it leads to;
     - the job never makes more attempts than any ``max_attempts`` it was told."""
+    note(f"{runs} runs per dispatch, {retries} retries, failures {failures}")
     writer = OutcomeWriter(
         orc.stores.dispatches, orc.stores.jobs, OwnConnection(dsn, "outcomes"), orc.metrics
     )
@@ -168,6 +169,7 @@ async def test_random_failures_of_both_layers_keep_max_attempts_true(
     await writer.connection.close()
 
     history = [e for e in await orc.job_events(job_id) if e.kind in COUNTED]
+    assert all({"attempt", "max_attempts"} <= set(e.payload) for e in history), history
     caps = [e.payload["max_attempts"] for e in history]
     assert all(isinstance(cap, int) for cap in caps)
     assert caps == sorted(caps, reverse=True), history

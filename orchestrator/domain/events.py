@@ -16,7 +16,7 @@ attempt's lease token, ``worker`` the process that held it (each event row also 
     job.replaced         {job_key, mode, revision, tenant_id}  a keyed submit replaced a waiting job
     job.key_revoked      {job_key, replaced_by}              ... or took the key from a running one
     job.running          {attempt, max_attempts, run, max_runs, retry_count, max_retries, worker,
-                          run_id}  (shaped by the claim statement: orc_claim_v1)
+                          run_id}  (shaped by the claim statement: orc_running_event_v1)
     job.completed        {attempt, run, run_id, worker, duration_ms}
     job.failed           {terminal, attempt, max_attempts, run, max_runs, retry_count,
                           max_retries, run_id, worker, layer, backoff_ms, error, dead_letter_id}
