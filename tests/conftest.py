@@ -9,7 +9,9 @@ processes; external, http_peers, slow_peers: real peers on 127.0.0.1).
 Where each part of the code is tested:
 
     orchestrator/domain       states: test_states, test_transitions_db; policy and backoff:
-                              test_policy, test_backoff; classification: test_classification;
+                              test_policy, test_backoff; max_attempts in stored events and by
+                              a worker process: test_max_attempts; classification:
+                              test_classification;
                               events and failures: test_events, test_failures, test_runtime;
                               degradation: test_degradation
     orchestrator/storage      submit and job keys: test_submit; tenants, end to end:

@@ -138,6 +138,9 @@ async def test_a_stale_report_is_refused_and_changes_nothing(
         claim = {"job_types": ["external_echo"], "worker": "py", "wait_seconds": 5}
         [task] = (await api.post("/api/v1/internal/task-claim", json=claim)).json()["tasks"]
         assert (task["job_id"], task["attempt"]) == (str(job_id), 1)
+        # the worker contract's cap, as job.running tells it: 1 run, then 3 retries of 1 run
+        [running] = [e for e in await orc.job_events(job_id) if e.kind == "job.running"]
+        assert task["max_attempts"] == running.payload["max_attempts"] == 4
         assert task["payload"] == {"output": 1} and task["heartbeat_interval"] > 0
         lease = {"job_id": task["job_id"], "attempt": 1, "lease_token": task["lease_token"]}
         before = await orc.get_job(job_id)

@@ -3,22 +3,25 @@
 Every job's history (``orc_job_events``) is written from these functions, whichever path writes
 it, so the same kind always has the same keys (docs/contracts.md has the table, and a test holds
 real events to it). The counters an event reports are named apart, so that no rule misreads
-them: ``attempt`` counts every claim of the job (never reset); ``run`` and ``max_runs`` are the
-current dispatch's infrastructure runs and their budget; ``retry_count`` and ``max_retries`` the
-application retries and theirs. ``run_id`` is the attempt's lease token, ``worker`` the process
-that held it (each event row also has ``job_id``, ``kind`` and ``at``):
+them: ``attempt`` counts every claim of the job (never reset); ``max_attempts`` is the most
+attempts it can reach from here if every try fails (the worker contract's: a failure is
+terminal exactly when ``attempt >= max_attempts``; orchestrator.domain.policy.max_attempts);
+``run`` and ``max_runs`` are the current dispatch's infrastructure runs and their budget;
+``retry_count`` and ``max_retries`` the application retries and theirs. ``run_id`` is the
+attempt's lease token, ``worker`` the process that held it (each event row also has
+``job_id``, ``kind`` and ``at``):
 
     job.created          {job_type, queue, run_at, max_runs, max_retries, job_key, trace_id,
                           tenant_id}   (shaped by the submit statement: orc_created_event_v1)
     job.replaced         {job_key, mode, revision, tenant_id}  a keyed submit replaced a waiting job
     job.key_revoked      {job_key, replaced_by}              ... or took the key from a running one
-    job.running          {attempt, run, max_runs, retry_count, max_retries, worker, run_id}
-                         (shaped by the claim statement: orc_claim_v1)
+    job.running          {attempt, max_attempts, run, max_runs, retry_count, max_retries, worker,
+                          run_id}  (shaped by the claim statement: orc_running_event_v1)
     job.completed        {attempt, run, run_id, worker, duration_ms}
-    job.failed           {terminal, attempt, run, max_runs, retry_count, max_retries, run_id,
-                          worker, layer, backoff_ms, error, dead_letter_id}
-    job.retry_scheduled  {attempt, run, max_runs, retry_count, max_retries, run_id, worker,
-                          layer, backoff_ms, available_at}
+    job.failed           {terminal, attempt, max_attempts, run, max_runs, retry_count,
+                          max_retries, run_id, worker, layer, backoff_ms, error, dead_letter_id}
+    job.retry_scheduled  {attempt, max_attempts, run, max_runs, retry_count, max_retries, run_id,
+                          worker, layer, backoff_ms, available_at}
     job.dead_lettered    {dead_letter_id}                    always just before a terminal failed
     job.degraded         {action, message, dead_letter_id, fallback? content?
                           escalation_job_id?}                just after it
@@ -52,7 +55,7 @@ from pydantic_core import to_jsonable_python
 
 from orchestrator.domain.classification import Classified, ErrorClass
 from orchestrator.domain.models import Claim, JobState
-from orchestrator.domain.policy import Layer
+from orchestrator.domain.policy import Budget, Layer, Moment, max_attempts
 from orchestrator.domain.secrets import redact, redact_json
 
 MAX_MESSAGE = 2_000
@@ -93,15 +96,26 @@ def error_summary(exc: BaseException, classified: Classified) -> dict[str, Any]:
     return Fault.of(exc, classified).summary()
 
 
-def counters(job: JobState) -> dict[str, Any]:
-    """Where a job stands, as every attempt-related event and ``last_error`` report it."""
+def counters(job: JobState, moment: Moment) -> dict[str, Any]:
+    """Where a job stands after a failure (``moment``: the layer that retries it, or
+    ``terminal``), as every failure event and ``last_error`` report it."""
     return {
         "attempt": job.attempt,
+        "max_attempts": max_attempts(job.attempt, Budget.of(job), moment),
         "run": job.dispatch_attempt,
         "max_runs": job.max_attempts,
         "retry_count": job.retry_count,
         "max_retries": job.max_retries,
     }
+
+
+def after(terminal: bool, layer: Layer | None) -> Moment:
+    """Where a failure leaves its job: ended, or retried at ``layer`` (which a retry must name)."""
+    if terminal:
+        return "terminal"
+    if layer is None:
+        raise ValueError("a retried failure names the layer that retries it")
+    return layer
 
 
 def holder(job: JobState) -> dict[str, Any]:
@@ -117,15 +131,17 @@ def last_error(
     fault: Fault,
     *,
     terminal: bool,
+    layer: Layer | None = None,
     backoff_ms: float | None = None,
     next_available_at: datetime | None = None,
 ) -> dict[str, Any]:
-    """``last_error`` (the worker contract's failure payload, plus the classification)."""
+    """``last_error`` (the worker contract's failure payload, plus the classification); a
+    retried failure names the ``layer`` that retries it."""
     return {
         **fault.summary(),
         "ts": datetime.now(UTC).isoformat(),
         "stack": fault.stack,
-        **counters(job),
+        **counters(job, after(terminal, layer)),
         "terminal": terminal,
         "backoff_ms": backoff_ms,
         "next_available_at": next_available_at.isoformat() if next_available_at else None,
@@ -149,7 +165,7 @@ def failed(
     (the SQL that writes it adds its ``dead_letter_id``)."""
     return {
         "terminal": terminal,
-        **counters(job),
+        **counters(job, after(terminal, layer)),
         **holder(job),
         "layer": layer.value if layer is not None else None,
         "backoff_ms": round(backoff_ms, 3) if backoff_ms is not None else None,
@@ -164,7 +180,7 @@ def retry_scheduled(
     """``job.retry_scheduled``: the counters after the retry (an application retry uses one of
     ``max_retries``) and when the job is due again."""
     return {
-        **counters(job),
+        **counters(job, layer),
         "retry_count": job.retry_count + layer.retries_used,
         **holder(job),
         "layer": layer.value,

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from orchestrator.domain.classification import ErrorClass
 from orchestrator.domain.states import Status
@@ -20,8 +20,8 @@ class _Row(BaseModel):
 class LastError(_Row):
     """``last_error`` of a job: the failure payload of docs/contracts.md ("Failures"), the same
     keys whichever path wrote it (an attempt, the zombie sweep, an approval's rejection or
-    expiry). Rows written by older versions may lack ``run``, ``retry_count``,
-    ``max_retries``."""
+    expiry). Rows written by older versions may lack ``max_attempts``, ``run``,
+    ``retry_count``, ``max_retries``."""
 
     ts: datetime
     message: str
@@ -29,16 +29,28 @@ class LastError(_Row):
     classification: ErrorClass
     stack: str | None = None
     attempt: int
+    #: The most attempts the job could reach if every try failed: terminal iff ``attempt >=
+    #: max_attempts`` (orchestrator.domain.policy.max_attempts).
+    max_attempts: int | None = None
     run: int | None = None
-    #: The current dispatch's run budget (``max_attempts`` in rows written before it was named
-    #: apart from ``attempt``).
-    max_runs: int | None = Field(None, validation_alias=AliasChoices("max_runs", "max_attempts"))
+    #: The current dispatch's run budget.
+    max_runs: int | None = None
     retry_count: int | None = None
     max_retries: int | None = None
     terminal: bool
     backoff_ms: float | None = None
     next_available_at: datetime | None = None
     output: Any = None  # the rejected output of an INVALID_OUTPUT failure
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_shape(cls, data: Any) -> Any:
+        """Rows written before the counters were named apart (and by that release's workers)
+        called the run budget ``max_attempts`` and had no ``max_runs``: it is their
+        ``max_runs``, and their cap of attempts is unknown."""
+        if isinstance(data, dict) and "max_attempts" in data and "max_runs" not in data:
+            return {**data, "max_runs": data["max_attempts"], "max_attempts": None}
+        return data
 
 
 class Job(_Row):

@@ -111,7 +111,12 @@ def of_failure(
         layer=verdict.layer,
         next_retry_at=retry_at,
         last_error=events.last_error(
-            claim, fault, terminal=False, backoff_ms=verdict.delay_ms, next_available_at=retry_at
+            claim,
+            fault,
+            terminal=False,
+            layer=verdict.layer,
+            backoff_ms=verdict.delay_ms,
+            next_available_at=retry_at,
         ),
         failed_event=events.failed(
             claim, fault, terminal=False, layer=verdict.layer, backoff_ms=verdict.delay_ms

@@ -161,7 +161,12 @@ class ZombieSweep:
             zombie=zombie,
             next_retry_at=at,
             last_error=events.last_error(
-                zombie, fault, terminal=False, backoff_ms=verdict.delay_ms, next_available_at=at
+                zombie,
+                fault,
+                terminal=False,
+                layer=Layer.APP,
+                backoff_ms=verdict.delay_ms,
+                next_available_at=at,
             ),
             detected=detected,
             retry=events.retry_scheduled(zombie, Layer.APP, verdict.delay_ms, at),

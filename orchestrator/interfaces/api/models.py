@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.app import JobSpec, Text
 from orchestrator.domain.models import DeadLetter, Job, JobEvent, QueueStats
+from orchestrator.domain.policy import Budget, max_attempts
 from orchestrator.runtime.external import ExternalTask
 from orchestrator.storage.rows import ApprovalRecord, StepRecord
 
@@ -106,11 +107,13 @@ class ClaimRequest(_In):
 
 class Task(BaseModel):
     """A claimed job: run it, heartbeat every ``heartbeat_interval`` seconds, then complete
-    it, naming ``job_id``, ``attempt`` and ``lease_token``."""
+    it, naming ``job_id``, ``attempt`` and ``lease_token``. ``max_attempts``: the most attempts
+    the job can reach if every try fails, as in its ``job.running``."""
 
     job_id: UUID
     job_type: str
     attempt: int
+    max_attempts: int
     lease_token: UUID
     payload: Any
     tenant_id: str | None
@@ -127,7 +130,8 @@ class Task(BaseModel):
     def of(cls, task: ExternalTask) -> Task:
         c = task.claim
         return cls(
-            job_id=c.id, job_type=c.job_type, attempt=c.attempt, lease_token=c.lease_token,
+            job_id=c.id, job_type=c.job_type, attempt=c.attempt,
+            max_attempts=max_attempts(c.attempt, Budget.of(c), "claim"), lease_token=c.lease_token,
             payload=c.payload, tenant_id=c.tenant_id, trace_id=c.trace_id,
             run=c.dispatch_attempt, max_runs=c.max_attempts, retry_count=c.retry_count,
             max_retries=c.max_retries, heartbeat_interval=task.heartbeat_interval,
