@@ -168,7 +168,12 @@ async def test_migrate_refuses_a_newer_schema_and_records_each_marker(fresh_dsn:
         with pytest.raises(SchemaTooNew, match="9999_from_the_future"):
             await migrate(conn)
         await _record_unknown(fresh_dsn, compatible=True)
+        await conn.execute("DELETE FROM orc_state_transitions WHERE to_status = 'CANCELLED'")
         assert (await migrate(conn)).applied == []
+        cur = await conn.execute(
+            "SELECT count(*) FROM orc_state_transitions WHERE to_status = 'CANCELLED'"
+        )
+        assert await cur.fetchone() == (0,)  # the newer release's state machine, left alone
 
 
 @pytest.mark.parametrize(

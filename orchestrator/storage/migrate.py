@@ -7,7 +7,8 @@ One transaction, under an advisory lock (so two pods migrating at once take turn
 2. This project's ``sql/migrations/NNNN_name.sql`` files not yet recorded. An applied file that
    has since changed is refused: migrations are append-only.
 3. The state machine of :mod:`orchestrator.domain.states`, copied into ``orc_states`` and
-   ``orc_state_transitions`` for the guard trigger.
+   ``orc_state_transitions`` for the guard trigger; left alone when a newer release migrated
+   the database (compatibly: otherwise nothing is done at all).
 
 Everything applied is recorded in ``orc_schema_migrations``; running it again applies nothing.
 With each of ours goes its marker (``-- compatible-with-older-workers: yes``, a line of the file;
@@ -121,9 +122,12 @@ async def check_schema(conn: psycopg.AsyncConnection[Any]) -> None:
     await _refuse_unknown_migrations(conn, set(needed))
 
 
-async def _refuse_unknown_migrations(conn: psycopg.AsyncConnection[Any], known: set[str]) -> None:
+async def _refuse_unknown_migrations(
+    conn: psycopg.AsyncConnection[Any], known: set[str]
+) -> list[str]:
     """A newer release migrated this database: this code may run on it only if every migration
-    it does not know was recorded as compatible with older workers (SchemaTooNew otherwise)."""
+    it does not know was recorded as compatible with older workers (SchemaTooNew otherwise).
+    Returns those it does not know."""
     cur = await conn.execute(QUERIES["migrations_unknown"], {"known": sorted(known)})
     unknown = [(f"{row[0]}_{row[1]}", row[2]) for row in await cur.fetchall()]
     refused = [name for name, compatible in unknown if not compatible]
@@ -138,6 +142,7 @@ async def _refuse_unknown_migrations(conn: psycopg.AsyncConnection[Any], known: 
             "not marked compatible with older workers; run the release that applied them (or a "
             "newer one)"
         )
+    return [name for name, _ in unknown]
 
 
 async def migrate(
@@ -150,7 +155,7 @@ async def migrate(
         await conn.execute(QUERIES["migrations_table"])
         await conn.execute(QUERIES["migrations_table_compatibility"])
         migrations = own_migrations(folder)
-        await _refuse_unknown_migrations(conn, {m.version for m in migrations})
+        newer = await _refuse_unknown_migrations(conn, {m.version for m in migrations})
         cur = await conn.execute(QUERIES["migrations_applied"])
         applied: dict[tuple[str, str], str] = {
             (row[0], row[1]): row[2] for row in await cur.fetchall()
@@ -168,7 +173,8 @@ async def migrate(
             await conn.execute(migration.sql.encode())
             await _record(conn, ORCHESTRATOR, migration)
             report.applied.append(f"{migration.version}_{migration.name}")
-        await _sync_state_machine(conn)
+        if not newer:  # a newer release's state machine is its own, not this code's to undo
+            await _sync_state_machine(conn)
     for name in report.applied:
         logger.info("applied migration %s", name)
     return report
