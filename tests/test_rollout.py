@@ -100,13 +100,16 @@ async def test_the_previous_release_s_worker_dead_letters_a_job_with_its_tenant(
     # Its events carry the counters docs/contracts.md lists, taken from the job row.
     job = await orc.get_job(job_id)
     failed = [e.payload for e in await orc.job_events(job_id) if e.kind == "job.failed"]
+    [running] = [e.payload for e in await orc.job_events(job_id) if e.kind == "job.running"]
     keys = ("attempt", "run", "max_runs", "retry_count", "max_retries", "layer", "backoff_ms",
-            "dead_letter_id")  # fmt: skip
+            "dead_letter_id", "worker", "run_id")  # fmt: skip
     assert [{k: payload.get(k, "absent") for k in keys} for payload in failed] == [
         {"attempt": 1, "run": 1, "max_runs": job.max_attempts, "retry_count": 0,
          "max_retries": job.max_retries, "layer": None, "backoff_ms": None,
-         "dead_letter_id": str(letter.id)}
+         "dead_letter_id": str(letter.id), "worker": running["worker"],
+         "run_id": running["run_id"]}
     ]  # fmt: skip
+    assert running["worker"] and running["run_id"]
 
 
 async def _record_unknown(dsn: str, *, compatible: bool) -> None:

@@ -16,14 +16,15 @@
 --   dispatch's, set at the claim), max_runs, max_retries, and retry_count (which the previous
 --   release's retry statements add themselves, after their increment); job.failed's keys that
 --   do not apply (layer and backoff_ms on a terminal failure, dead_letter_id on a retry) are
---   null, as today's writer has them. The trigger's WHEN clause looks at the keys in C: today's
---   writers, which give every key, never call the function.
+--   null, as today's writer has them. A failure's `worker` and `run_id` are the attempt's, as
+--   its claim recorded them in job.running (the statement that writes the failure clears the
+--   job's lease, so the job row no longer has them). The trigger's WHEN clause looks at the
+--   keys in C: today's writers, which give every key, never call the function.
 --
 -- Not derivable, and left as the previous release writes them (docs/operations.md lists them):
--- `worker` and `run_id` where its payload lacks them (the statement that writes the event
--- clears the job's lease in the same breath), job.checkpointed's `final`, and `max_attempts`,
--- which that release writes with its old meaning (the dispatch's budget, today's `max_runs`).
--- A job it submits has no tenant and no traceparent: it never had them to give.
+-- job.checkpointed's `final`, and `max_attempts`, which that release writes on job.failed with
+-- its old meaning (the dispatch's budget, today's `max_runs`). A job it submits has no tenant
+-- and no traceparent: it never had them to give.
 --
 -- Compatible with older workers: it adds two triggers and changes no table, column or function
 -- that any release calls; every insert the previous release makes still succeeds.
@@ -61,6 +62,18 @@ BEGIN
         derived := derived || jsonb_build_object('layer', NULL, 'backoff_ms', NULL,
                                                  'dead_letter_id', NULL);
     END IF;
+    IF NEW.kind IN ('job.failed', 'job.retry_scheduled') THEN
+        -- The attempt's worker and lease token, as its claim recorded them.
+        derived := derived || coalesce(
+            (SELECT jsonb_build_object('worker', r.payload -> 'worker',
+                                       'run_id', r.payload -> 'run_id')
+               FROM orc_job_events AS r
+              WHERE r.job_id = NEW.job_id AND r.kind = 'job.running'
+                AND r.payload -> 'attempt' = coalesce(NEW.payload -> 'attempt', to_jsonb(j.attempt))
+              ORDER BY r.id DESC
+              LIMIT 1),
+            '{}');
+    END IF;
     NEW.payload := derived || NEW.payload;
     RETURN NEW;
 END;
@@ -73,9 +86,9 @@ CREATE TRIGGER orc_job_events_fill
            AND NOT NEW.payload ?& ARRAY['attempt', 'run'])
        OR (NEW.kind = 'job.retry_scheduled'
            AND NOT NEW.payload ?& ARRAY['attempt', 'run', 'max_runs', 'retry_count',
-                                        'max_retries'])
+                                        'max_retries', 'worker', 'run_id'])
        OR (NEW.kind = 'job.failed'
            AND NOT NEW.payload ?& ARRAY['attempt', 'run', 'max_runs', 'retry_count',
                                         'max_retries', 'layer', 'backoff_ms',
-                                        'dead_letter_id']))
+                                        'dead_letter_id', 'worker', 'run_id']))
     EXECUTE FUNCTION orc_job_events_fill_v1();
