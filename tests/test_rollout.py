@@ -97,6 +97,14 @@ async def test_the_previous_release_s_worker_dead_letters_a_job_with_its_tenant(
             one = await client.get(f"/api/v1/dead-letters/{letter.id}")
             assert one.status_code == 200 and one.json()["tenant_id"] == "acme"
 
+    # The previous release's requeue submits the replay without a tenant: it takes the letter's.
+    requeued = previous_release.run(previous, fresh_dsn, "dlq", "requeue", str(letter.id))
+    assert requeued.returncode == 0, requeued.stderr
+    replay = await orc.get_job(requeued.stdout.split()[0])
+    assert (replay.replay_of, replay.tenant_id) == (letter.id, "acme")
+    [created] = [e.payload for e in await orc.job_events(replay.id) if e.kind == "job.created"]
+    assert created["tenant_id"] == "acme"
+
     # Its events carry the counters docs/contracts.md lists, taken from the job row.
     job = await orc.get_job(job_id)
     failed = [e.payload for e in await orc.job_events(job_id) if e.kind == "job.failed"]

@@ -10,6 +10,9 @@
 --   foreign key guarantees the job exists. orc_fail_jobs_v1 still passes it (same value). Before,
 --   a dead letter written by the previous release had no tenant, so a tenant's token, list and
 --   metrics missed it.
+-- * A replay's tenant is its dead letter's: a job submitted with `replay_of` and no tenant (the
+--   previous release's `dlq requeue` gives none) takes the letter's (orc_jobs_replay_tenant_v1,
+--   before the insert, so job.created says it too). Today's requeue passes the same value.
 -- * An event of an attempt that lacks a counter of docs/contracts.md's event table gets it from
 --   its job (orc_job_events_fill_v1); the writer's own keys always win. Only values that the
 --   writing statement does not change are taken: attempt (counted at the claim), run (the
@@ -26,7 +29,7 @@
 -- its old meaning (the dispatch's budget, today's `max_runs`). A job it submits has no tenant
 -- and no traceparent: it never had them to give.
 --
--- Compatible with older workers: it adds two triggers and changes no table, column or function
+-- Compatible with older workers: it adds three triggers and changes no table, column or function
 -- that any release calls; every insert the previous release makes still succeeds.
 
 CREATE FUNCTION orc_dead_letters_tenant_v1() RETURNS trigger
@@ -40,6 +43,19 @@ $$;
 CREATE TRIGGER orc_dead_letters_tenant
     BEFORE INSERT OR UPDATE OF job_id, tenant_id ON orc_dead_letters
     FOR EACH ROW EXECUTE FUNCTION orc_dead_letters_tenant_v1();
+
+CREATE FUNCTION orc_jobs_replay_tenant_v1() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT l.tenant_id INTO NEW.tenant_id FROM orc_dead_letters AS l WHERE l.id = NEW.replay_of;
+    RETURN NEW;
+END;
+$$;
+
+CREATE TRIGGER orc_jobs_replay_tenant
+    BEFORE INSERT ON orc_jobs
+    FOR EACH ROW WHEN (NEW.replay_of IS NOT NULL AND NEW.tenant_id IS NULL)
+    EXECUTE FUNCTION orc_jobs_replay_tenant_v1();
 
 CREATE FUNCTION orc_job_events_fill_v1() RETURNS trigger
 LANGUAGE plpgsql AS $$
