@@ -15,7 +15,8 @@ Where each part of the code is tested:
                               events and failures: test_events, test_failures, test_runtime;
                               degradation: test_degradation
     orchestrator/storage      submit and job keys: test_submit; tenants, end to end:
-                              test_tenants; migrations: test_migrate;
+                              test_tenants; migrations: test_migrate; a rolling
+                              deploy beside the previous release: test_rollout;
                               connections: test_pool; every store operation: test_transitions_db;
                               the embedded server's life: test_embedded; lock order and
                               conflicts: test_lock_order; the fetch's rules: test_fetch

@@ -14,6 +14,7 @@ OrchestratorError                  base; every subclass carries a stable ``code`
 ├── DeadLetterError                a dead-letter action that does not apply
 ├── MigrationError
 ├── SchemaOutdated                 the database is not migrated to this version
+├── SchemaTooNew                   ... or migrated past it, incompatibly with this version
 ├── DatabaseUnavailable            the database cannot be reached (the server's reason)
 ├── TransactionConflict            the database rolled a transaction back (a deadlock or a
 │                                  serialization failure): nothing of it was kept; run it again
@@ -133,6 +134,13 @@ class SchemaOutdated(OrchestratorError):
     """The database lacks this version's schema (or any): ``orchestrator migrate`` brings it."""
 
     code = "SCHEMA_OUTDATED"
+
+
+class SchemaTooNew(OrchestratorError):
+    """A newer release migrated the database, with migrations this version does not know and
+    that are not marked compatible with older workers (docs/operations.md, "Rollout contract")."""
+
+    code = "SCHEMA_TOO_NEW"
 
 
 class DatabaseUnavailable(OrchestratorError):

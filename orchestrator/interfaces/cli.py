@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import getpass
 import importlib
 import json
@@ -35,7 +36,7 @@ from orchestrator.domain.states import Status
 from orchestrator.interfaces import render
 from orchestrator.runtime import logs
 from orchestrator.settings import Settings
-from orchestrator.storage.database import describe_database
+from orchestrator.storage.database import check_database, describe_database
 from orchestrator.storage.embedded import Embedded
 
 DEFAULT_APP = "tasks.app:orc"
@@ -405,6 +406,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from orchestrator.interfaces.api.app import create_app
 
     orc = load_app(args.app)
+    asyncio.run(_refuse_a_schema_it_cannot_serve(orc.dsn))
     settings = orc.settings
     config = uvicorn.Config(
         create_app(orc), host=args.host or settings.api_host,
@@ -418,6 +420,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda signum, frame: None)
     asyncio.run(server.serve())
     return 0 if server.started else 1
+
+
+async def _refuse_a_schema_it_cannot_serve(dsn: str) -> None:
+    """A database migrated for another version is refused here, in one line (SchemaOutdated,
+    SchemaTooNew), where uvicorn would print the start-up's traceback; a database that cannot
+    be reached is left to the server's own start."""
+    with contextlib.suppress(DatabaseUnavailable):
+        await check_database(dsn)
 
 
 def cmd_openapi(args: argparse.Namespace) -> int:

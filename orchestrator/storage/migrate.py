@@ -7,9 +7,14 @@ One transaction, under an advisory lock (so two pods migrating at once take turn
 2. This project's ``sql/migrations/NNNN_name.sql`` files not yet recorded. An applied file that
    has since changed is refused: migrations are append-only.
 3. The state machine of :mod:`orchestrator.domain.states`, copied into ``orc_states`` and
-   ``orc_state_transitions`` for the guard trigger.
+   ``orc_state_transitions`` for the guard trigger; left alone when a newer release migrated
+   the database (compatibly: otherwise nothing is done at all).
 
 Everything applied is recorded in ``orc_schema_migrations``; running it again applies nothing.
+With each of ours goes its marker (``-- compatible-with-older-workers: yes``, a line of the file;
+absent: no), so that an older release, which has no copy of the file, can read from the database
+whether it may run on a schema newer than it knows (:func:`check_schema`; docs/operations.md,
+"Rollout contract").
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 import psycopg
 from procrastinate.schema import SchemaManager
 
-from orchestrator.domain.errors import MigrationError, SchemaOutdated
+from orchestrator.domain.errors import MigrationError, SchemaOutdated, SchemaTooNew
 from orchestrator.domain.states import TERMINAL, Status, transition_rows
 from orchestrator.storage.queries import QUERIES
 
@@ -35,6 +40,7 @@ logger = logging.getLogger(__name__)
 ORCHESTRATOR = "orchestrator"
 PROCRASTINATE = "procrastinate"
 _OWN_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_COMPATIBLE = re.compile(r"^-- compatible-with-older-workers: (yes|no)[ \t]*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,18 @@ class Migration:
     @property
     def checksum(self) -> str:
         return hashlib.sha256(self.sql.encode()).hexdigest()
+
+    @property
+    def compatible_with_older_workers(self) -> bool:
+        """Whether the file says the release before it runs correctly on the schema it leaves;
+        a file that does not say is not."""
+        marks = _COMPATIBLE.findall(self.sql)
+        if len(marks) > 1:
+            raise MigrationError(
+                f"migration {self.version}_{self.name} says more than once whether it is "
+                "compatible with older workers"
+            )
+        return marks == ["yes"]
 
 
 @dataclass
@@ -101,6 +119,30 @@ async def check_schema(conn: psycopg.AsyncConnection[Any]) -> None:
             f"the database schema is at {at}; this version needs {needed[-1]}: run "
             "`orchestrator migrate`"
         )
+    await _refuse_unknown_migrations(conn, set(needed))
+
+
+async def _refuse_unknown_migrations(
+    conn: psycopg.AsyncConnection[Any], known: set[str]
+) -> list[str]:
+    """A newer release migrated this database: this code may run on it only if every migration
+    it does not know was recorded as compatible with older workers (SchemaTooNew otherwise).
+    Returns those it does not know."""
+    cur = await conn.execute(QUERIES["migrations_unknown"], {"known": sorted(known)})
+    unknown = [(f"{row[0]}_{row[1]}", row[2]) for row in await cur.fetchall()]
+    refused = [name for name, compatible in unknown if not compatible]
+    if unknown and not refused:
+        logger.info(
+            "the database schema is newer than this version (%s, marked compatible with older "
+            "workers)", ", ".join(name for name, _ in unknown),
+        )  # fmt: skip
+    if refused:
+        raise SchemaTooNew(
+            f"the database schema is newer than this version: migration(s) {', '.join(refused)} "
+            "not marked compatible with older workers; run the release that applied them (or a "
+            "newer one)"
+        )
+    return [name for name, _ in unknown]
 
 
 async def migrate(
@@ -111,12 +153,15 @@ async def migrate(
     async with conn.transaction():
         await conn.execute(QUERIES["migrations_lock"])
         await conn.execute(QUERIES["migrations_table"])
+        await conn.execute(QUERIES["migrations_table_compatibility"])
+        migrations = own_migrations(folder)
+        newer = await _refuse_unknown_migrations(conn, {m.version for m in migrations})
         cur = await conn.execute(QUERIES["migrations_applied"])
         applied: dict[tuple[str, str], str] = {
             (row[0], row[1]): row[2] for row in await cur.fetchall()
         }
         await _procrastinate(conn, applied, report)
-        for migration in own_migrations(folder):
+        for migration in migrations:
             key = (ORCHESTRATOR, migration.version)
             if key in applied:
                 if applied[key] != migration.checksum:
@@ -128,7 +173,8 @@ async def migrate(
             await conn.execute(migration.sql.encode())
             await _record(conn, ORCHESTRATOR, migration)
             report.applied.append(f"{migration.version}_{migration.name}")
-        await _sync_state_machine(conn)
+        if not newer:  # a newer release's state machine is its own, not this code's to undo
+            await _sync_state_machine(conn)
     for name in report.applied:
         logger.info("applied migration %s", name)
     return report
@@ -166,8 +212,11 @@ async def _procrastinate(
 async def _record(conn: psycopg.AsyncConnection[Any], component: str, m: Migration) -> None:
     await conn.execute(
         QUERIES["migrations_record"],
-        {"component": component, "version": m.version, "name": m.name, "checksum": m.checksum},
-    )
+        {
+            "component": component, "version": m.version, "name": m.name, "checksum": m.checksum,
+            "compatible": component == ORCHESTRATOR and m.compatible_with_older_workers,
+        },
+    )  # fmt: skip
 
 
 async def _sync_state_machine(conn: psycopg.AsyncConnection[Any]) -> None:

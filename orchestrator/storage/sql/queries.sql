@@ -34,16 +34,30 @@ CREATE TABLE IF NOT EXISTS orc_schema_migrations (
     PRIMARY KEY (component, version)
 )
 
+-- migrations_table_compatibility --
+-- Whether a migration of ours is compatible with the release before it (the file's marker, read
+-- when it was applied): older code has no copy of the file. Rows recorded before this column
+-- existed, and Procrastinate's, are not marked.
+ALTER TABLE orc_schema_migrations
+    ADD COLUMN IF NOT EXISTS compatible_with_older_workers boolean NOT NULL DEFAULT false
+
 -- migrations_applied --
 SELECT component, version, checksum FROM orc_schema_migrations
+
+-- migrations_unknown --
+-- Our migrations applied that this code does not have (a newer release applied them).
+SELECT version, name, compatible_with_older_workers FROM orc_schema_migrations
+ WHERE component = 'orchestrator' AND NOT version = ANY (%(known)s::text[])
+ ORDER BY version
 
 -- migrations_table_exists --
 -- Was this database ever migrated?
 SELECT to_regclass('orc_schema_migrations') IS NOT NULL AS migrated
 
 -- migrations_record --
-INSERT INTO orc_schema_migrations (component, version, name, checksum)
-VALUES (%(component)s, %(version)s, %(name)s, %(checksum)s)
+INSERT INTO orc_schema_migrations (component, version, name, checksum,
+                                   compatible_with_older_workers)
+VALUES (%(component)s, %(version)s, %(name)s, %(checksum)s, %(compatible)s)
 
 -- procrastinate_installed --
 SELECT to_regclass('procrastinate_jobs')

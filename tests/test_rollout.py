@@ -1,0 +1,207 @@
+"""A rolling deploy (docs/operations.md, "Rollout contract"): the previous release's worker (commit
+532b0c2, migrations 0001-0009), a real process of its own code, on today's schema writes what
+today's readers expect wherever the database can derive it; and today's worker, API server and
+migrate refuse a schema newer than they know unless every migration since is marked compatible
+with older workers, as recorded when it was applied."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from orchestrator import Orchestrator, Status
+from orchestrator.domain.errors import MigrationError, SchemaTooNew
+from orchestrator.domain.principals import Scope
+from orchestrator.storage.database import drop_database, ensure_database, with_database
+from orchestrator.storage.migrate import Migration, migrate, own_migrations
+from tasks import register_all
+from tests.support import previous_release
+from tests.support.api_server import ApiServer, token
+from tests.support.harness import free_port, settings_for_tests
+from tests.support.workers import WorkerProcess, wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+#: A job of a type both releases have that fails for good at its first attempt: the path passes
+#: the payload's model, the tool refuses it (PermanentError, TOOL_PATH_INVALID).
+LEAVES_THE_WORKSPACE = {"tool": "file_write", "args": {"path": "../outside", "content": "x"}}
+
+
+@pytest.fixture(scope="module")
+def previous(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return previous_release.checkout(tmp_path_factory.mktemp("previous-release"))
+
+
+@pytest.fixture
+def fresh_dsn(server_dsn: str) -> Iterator[str]:
+    """A database of its own, migrated by today's code: these tests write its migrations table."""
+    name = f"orc_rollout_{uuid.uuid4().hex[:10]}"
+    ensure_database(server_dsn, name)
+    dsn = with_database(server_dsn, name)
+
+    async def migrated() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await migrate(conn)
+
+    asyncio.run(migrated())
+    yield dsn
+    drop_database(server_dsn, name)
+
+
+@pytest.fixture
+async def orc(fresh_dsn: str) -> AsyncIterator[Orchestrator]:
+    made = Orchestrator(settings=settings_for_tests(), dsn=fresh_dsn)
+    register_all(made)
+    async with made:
+        yield made
+
+
+async def test_the_previous_release_s_worker_dead_letters_a_job_with_its_tenant(
+    previous: Path, fresh_dsn: str, orc: Orchestrator, tmp_path: Path
+) -> None:
+    job_id = await orc.submit("execute_tool", LEAVES_THE_WORKSPACE, tenant_id="acme")
+    old = previous_release.start(
+        previous, fresh_dsn, "worker", "--concurrency", "2",
+        env={"ORCHESTRATOR_FETCH_POLLING_INTERVAL": "0.5", "ORCHESTRATOR_HEALTH_PORT": "0",
+             "ORCHESTRATOR_TOOL_WORKSPACE": str(tmp_path / "workspace")},
+    )  # fmt: skip
+    try:
+        for _ in range(600):
+            if (await orc.get_job(job_id)).status is Status.FAILED or old.poll() is not None:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        old.terminate()
+        _, log = old.communicate(timeout=60)
+    assert (await orc.get_job(job_id)).status is Status.FAILED, log
+    assert "TOOL_PATH_INVALID" in log  # the old worker failed it, with its own SQL
+
+    [letter] = await orc.dead_letters(tenant_id="acme")
+    assert (letter.job_id, letter.tenant_id) == (job_id, "acme")
+    secret = await token(orc.stores.tokens, "acme-reader", Scope.READ, tenants=["acme"])
+    with ApiServer(fresh_dsn) as server:
+        async with httpx.AsyncClient(
+            base_url=server.url, headers={"Authorization": f"Bearer {secret}"}, timeout=30
+        ) as client:
+            listed = (await client.get("/api/v1/dead-letters")).json()["dead_letters"]
+            assert [d["id"] for d in listed] == [str(letter.id)]
+            one = await client.get(f"/api/v1/dead-letters/{letter.id}")
+            assert one.status_code == 200 and one.json()["tenant_id"] == "acme"
+
+    # The previous release's requeue submits the replay without a tenant: it takes the letter's.
+    requeued = previous_release.run(previous, fresh_dsn, "dlq", "requeue", str(letter.id))
+    assert requeued.returncode == 0, requeued.stderr
+    replay = await orc.get_job(requeued.stdout.split()[0])
+    assert (replay.replay_of, replay.tenant_id) == (letter.id, "acme")
+    [created] = [e.payload for e in await orc.job_events(replay.id) if e.kind == "job.created"]
+    assert created["tenant_id"] == "acme"
+
+    # Its events carry the counters docs/contracts.md lists, taken from the job row.
+    job = await orc.get_job(job_id)
+    failed = [e.payload for e in await orc.job_events(job_id) if e.kind == "job.failed"]
+    [running] = [e.payload for e in await orc.job_events(job_id) if e.kind == "job.running"]
+    keys = ("attempt", "run", "max_runs", "retry_count", "max_retries", "layer", "backoff_ms",
+            "dead_letter_id", "worker", "run_id")  # fmt: skip
+    assert [{k: payload.get(k, "absent") for k in keys} for payload in failed] == [
+        {"attempt": 1, "run": 1, "max_runs": job.max_attempts, "retry_count": 0,
+         "max_retries": job.max_retries, "layer": None, "backoff_ms": None,
+         "dead_letter_id": str(letter.id), "worker": running["worker"],
+         "run_id": running["run_id"]}
+    ]  # fmt: skip
+    assert running["worker"] and running["run_id"]
+
+
+async def _record_unknown(dsn: str, *, compatible: bool) -> None:
+    """A migration a newer release applied (this code has no file of it)."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            "INSERT INTO orc_schema_migrations"
+            " (component, version, name, checksum, compatible_with_older_workers)"
+            " VALUES ('orchestrator', '9999', 'from_the_future', 'x', %s)"
+            " ON CONFLICT (component, version)"
+            " DO UPDATE SET compatible_with_older_workers = excluded.compatible_with_older_workers",
+            (compatible,),
+        )
+
+
+def _one_line_naming_the_migration(output: str) -> None:
+    assert "Traceback" not in output, output
+    named = [line for line in output.splitlines() if "9999_from_the_future" in line]
+    assert len(named) == 1 and named[0].startswith("error: the database schema is newer"), output
+
+
+async def test_a_worker_refuses_a_newer_schema_unless_its_migrations_are_compatible(
+    fresh_dsn: str,
+) -> None:
+    await _record_unknown(fresh_dsn, compatible=False)
+    with WorkerProcess(fresh_dsn) as refused:
+        assert refused.wait(timeout=60) != 0
+        _one_line_naming_the_migration(refused.output())
+
+    await _record_unknown(fresh_dsn, compatible=True)
+    with WorkerProcess(fresh_dsn) as worker:
+        wait_until(lambda: " started: " in worker.output(), timeout=60, what="the worker's start")
+        assert "9999_from_the_future, marked compatible with older workers" in worker.output()
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=60) == 0, worker.output()
+
+
+def test_the_api_server_refuses_a_newer_schema_in_one_line(fresh_dsn: str) -> None:
+    asyncio.run(_record_unknown(fresh_dsn, compatible=False))
+    served = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "serve", "--port", str(free_port())],
+        cwd=ROOT, env={**os.environ, "DATABASE_URL": fresh_dsn},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert served.returncode != 0
+    _one_line_naming_the_migration(served.stdout + served.stderr)
+
+
+async def test_migrate_refuses_a_newer_schema_and_records_each_marker(fresh_dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(fresh_dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT version, compatible_with_older_workers FROM orc_schema_migrations"
+            " WHERE component = 'orchestrator'"
+        )
+        recorded = dict(await cur.fetchall())
+        assert recorded == {m.version: m.compatible_with_older_workers for m in own_migrations()}
+        assert recorded["0023"] is True
+        await _record_unknown(fresh_dsn, compatible=False)
+        with pytest.raises(SchemaTooNew, match="9999_from_the_future"):
+            await migrate(conn)
+        await _record_unknown(fresh_dsn, compatible=True)
+        await conn.execute("DELETE FROM orc_state_transitions WHERE to_status = 'CANCELLED'")
+        assert (await migrate(conn)).applied == []
+        cur = await conn.execute(
+            "SELECT count(*) FROM orc_state_transitions WHERE to_status = 'CANCELLED'"
+        )
+        assert await cur.fetchone() == (0,)  # the newer release's state machine, left alone
+
+
+@pytest.mark.parametrize(
+    ("text", "compatible"),
+    [
+        ("-- 0042_x: a note\n--\n-- compatible-with-older-workers: yes\n\nSELECT 1;\n", True),
+        ("-- compatible-with-older-workers: no\nSELECT 1;\n", False),
+        ("SELECT 1;\n", False),  # a file that does not say is not
+        ("-- compatible-with-older-workers: yes, mostly\nSELECT 1;\n", False),
+        ("SELECT 1; -- compatible-with-older-workers: yes\n", False),
+    ],
+)
+def test_the_marker_is_one_line_of_the_file(text: str, compatible: bool) -> None:
+    assert Migration("0042", "x", text).compatible_with_older_workers is compatible
+
+
+def test_a_file_that_says_it_twice_is_refused() -> None:
+    twice = "-- compatible-with-older-workers: yes\n-- compatible-with-older-workers: no\n"
+    with pytest.raises(MigrationError, match="more than once"):
+        _ = Migration("0042", "x", twice).compatible_with_older_workers
