@@ -241,7 +241,7 @@ async def test_a_tenant_is_shown_and_filters_jobs_and_dead_letters(
                 "WHERE id = %s",
                 (job_id,),
             )
-            held = JobState.model_validate((await orc.get_job(job_id)).model_dump())
+            held = JobState.model_validate(dict(await orc.get_job(job_id)))  # its lease too
             fault = Fault("400 Bad Request", "HTTP_400", ErrorClass.PERMANENT)
             await orc.stores.jobs.fail([orc.failures.terminal(held, fault)])
 
