@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -195,10 +196,17 @@ async def test_a_bad_submit_is_refused_naming_the_problem_and_nothing_is_stored(
 async def test_malformed_and_oversized_requests_are_refused(
     admin: httpx.AsyncClient, db: psycopg.AsyncConnection[Any]
 ) -> None:
-    malformed = await admin.post(
-        "/api/v1/jobs", content=b"{oops", headers={"content-type": "application/json"}
-    )
-    assert_problem(malformed, 422, "REQUEST_INVALID")
+    # A body that is no JSON document is 400 (docs/api.md), on every endpoint that takes one;
+    # a JSON document the API cannot take is 422.
+    as_json = {"content-type": "application/json"}
+    for path in ("/api/v1/jobs", f"/api/v1/jobs/{uuid4()}/cancel", "/api/v1/internal/heartbeat"):
+        malformed = await admin.post(path, content=b"{oops", headers=as_json)
+        problem = assert_problem(malformed, 400, "REQUEST_INVALID")
+        assert problem["detail"].startswith("body: not valid JSON (Expecting"), problem
+    spec = json.dumps({"job_type": "scripted", "payload": {"script": ["ok"]}}).encode()
+    as_text = await admin.post("/api/v1/jobs", content=spec, headers={"content-type": "text/plain"})
+    assert "content-type text/plain" in assert_problem(as_text, 400, "REQUEST_INVALID")["detail"]
+    assert_problem(await admin.post("/api/v1/jobs", json=[]), 422, "REQUEST_INVALID")
     huge = {"job_type": "scripted", "payload": {"script": ["x" * (5 * 1024 * 1024)]}}
     assert_problem(await admin.post("/api/v1/jobs", json=huge), 413, "REQUEST_TOO_LARGE")
     assert_problem(await admin.get(f"/api/v1/jobs/{uuid4()}"), 404, "JOB_NOT_FOUND")
@@ -417,6 +425,27 @@ async def test_the_openapi_document_is_served_and_checked_in(
     served = (await admin.get("/api/v1/openapi.json")).json()
     checked_in = json.loads((ROOT / "docs" / "openapi.json").read_text())
     assert served == checked_in, "docs/openapi.json is stale: ./dev orchestrator openapi"
+
+
+async def test_the_openapi_document_is_the_one_api_path_served_without_a_token(
+    server: ApiServer,
+) -> None:
+    """The decision of docs/api.md ("Auth"), held: the document is open (it describes the API
+    and holds no data), and it says so; every operation in it declares the bearer token and
+    refuses a request without one."""
+    async with _client(server, None) as anonymous:
+        served = await anonymous.get("/api/v1/openapi.json")
+        assert served.status_code == 200
+        document = served.json()
+        assert "this document itself is served without one" in document["info"]["description"]
+        operations = [(m, p, op) for p, ops in document["paths"].items() for m, op in ops.items()]
+        assert len(operations) > 20
+        for method, path, operation in operations:
+            assert operation["security"] == [{"HTTPBearer": []}], (method, path)
+            assert "401" in operation["responses"], (method, path)
+            concrete = re.sub(r"\{[^}]+\}", str(uuid4()), path)
+            answer = await anonymous.request(method.upper(), concrete)
+            assert_problem(answer, 401, "UNAUTHORIZED")
 
 
 # -- the dead-letter spec's replay endpoints ---------------------------------------------------

@@ -241,7 +241,7 @@ async def test_a_tenant_is_shown_and_filters_jobs_and_dead_letters(
                 "WHERE id = %s",
                 (job_id,),
             )
-            held = JobState.model_validate((await orc.get_job(job_id)).model_dump())
+            held = JobState.model_validate(dict(await orc.get_job(job_id)))  # its lease too
             fault = Fault("400 Bad Request", "HTTP_400", ErrorClass.PERMANENT)
             await orc.stores.jobs.fail([orc.failures.terminal(held, fault)])
 
@@ -502,6 +502,30 @@ def test_tokens_are_created_once_listed_without_secrets_and_revoked(cli: Any, ds
     code, _, err = cli("tokens", "revoke", "ci")
     assert code == 2 and "no live token named 'ci'" in err
     assert "revoked" in cli("tokens", "list")[1]
+
+
+def test_a_worker_token_limited_to_tenants_is_refused_at_creation(dsn: str) -> None:
+    """The API would refuse it at every use (an external worker runs any tenant's job): the
+    command that makes it says so instead, in one line, and stores nothing."""
+    env = {**os.environ, "DATABASE_URL": dsn}
+
+    def orchestrator(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator", *argv],
+            capture_output=True, text=True, env=env, cwd=ROOT, timeout=60,
+        )  # fmt: skip
+
+    for scopes in (["worker"], ["read", "worker"]):
+        argv = [arg for scope in scopes for arg in ("--scope", scope)]
+        refused = orchestrator("tokens", "create", "node", *argv, "--tenant", "acme")
+        assert (refused.returncode, refused.stdout) == (2, ""), refused.stderr
+        assert refused.stderr == (
+            "error: token 'node': the worker scope cannot be limited to tenants (an external "
+            "worker runs whichever job comes due, of any tenant); create it without --tenant\n"
+        )
+    assert "node" not in orchestrator("tokens", "list").stdout
+    made = orchestrator("tokens", "create", "node", "--scope", "worker")
+    assert made.returncode == 0 and made.stdout.startswith("orc_")
 
 
 def test_serve_ends_with_0_on_sigterm(dsn: str) -> None:

@@ -11,9 +11,10 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import httpx
 import pytest
@@ -163,7 +164,7 @@ async def test_a_stale_report_is_refused_and_changes_nothing(
             "/api/v1/internal/task-complete", json={**lease, "status": "success", "output": 3}
         )
         assert again.status_code == 409
-        assert again.json()["code"] == "WF_STATE_TRANSITION_INVALID"
+        assert again.json()["code"] == "WF_LEASE_STALE"  # the lease ended with the job
         empty = await api.post("/api/v1/internal/task-claim", json={**claim, "wait_seconds": 0})
         assert empty.json() == {"tasks": []}
         not_external = await api.post(
@@ -172,6 +173,65 @@ async def test_a_stale_report_is_refused_and_changes_nothing(
         assert not_external.json()["code"] == "JOB_TYPE_NOT_EXTERNAL"
     job = await orc.get_job(job_id)
     assert (job.status, job.result) == (Status.COMPLETED, 2)
+
+
+async def test_every_report_without_the_lease_gets_the_same_409(
+    orc: Orchestrator, server: ApiServer
+) -> None:
+    """One rule for heartbeat, completion and failure alike: an unknown job, one never claimed,
+    one finished, a wrong token: 409 WF_LEASE_STALE, the same words, nothing changed."""
+    secret = await token(orc.stores.tokens, "py-worker", Scope.WORKER)
+    async with httpx.AsyncClient(
+        base_url=server.url, headers={"Authorization": f"Bearer {secret}"}, timeout=30
+    ) as api:
+        claim = {"job_types": ["external_echo"], "worker": "py", "wait_seconds": 5}
+        finished = await orc.submit("external_echo", {"output": 1})
+        [task] = (await api.post("/api/v1/internal/task-claim", json=claim)).json()["tasks"]
+        old = {"job_id": task["job_id"], "attempt": 1, "lease_token": task["lease_token"]}
+        done = {**old, "status": "success", "output": 1}
+        assert (await api.post("/api/v1/internal/task-complete", json=done)).is_success
+        never_claimed = await orc.submit("external_echo", {"output": 2}, run_at=_later())
+        running = await orc.submit("external_echo", {"output": 3})
+        [task] = (await api.post("/api/v1/internal/task-claim", json=claim)).json()["tasks"]
+        assert task["job_id"] == str(running)
+        token_of = {finished: task["lease_token"], never_claimed: task["lease_token"]}
+        before = {
+            job_id: await orc.get_job(job_id) for job_id in (finished, never_claimed, running)
+        }
+        cases = {
+            "unknown job": {"job_id": str(uuid4()), "attempt": 1, "lease_token": str(uuid4())},
+            "never claimed": {"job_id": str(never_claimed), "attempt": 1,
+                              "lease_token": token_of[never_claimed]},
+            "finished": old,
+            "another's token": {"job_id": str(running), "attempt": 1, "lease_token": str(uuid4())},
+            "another attempt": {"job_id": str(running), "attempt": 2,
+                                "lease_token": task["lease_token"]},
+        }  # fmt: skip
+        reports = {
+            "heartbeat": ("/api/v1/internal/heartbeat", {}),
+            "success": ("/api/v1/internal/task-complete", {"status": "success", "output": 9}),
+            "failure": ("/api/v1/internal/task-complete", {"status": "failure", "error": {
+                "message": "no", "code": "X", "classification": "PERMANENT"}}),
+            "retry later": ("/api/v1/internal/task-complete",
+                            {"status": "retry_later", "retry_after_seconds": 1}),
+        }  # fmt: skip
+        for case, lease in cases.items():
+            for kind, (path, body) in reports.items():
+                answer = await api.post(path, json={**lease, **body})
+                problem = answer.json()
+                assert (answer.status_code, problem["code"]) == (409, "WF_LEASE_STALE"), (
+                    case, kind, answer.text,
+                )  # fmt: skip
+                assert problem["detail"] == (
+                    f"WF_LEASE_STALE: job {lease['job_id']} is not leased by this attempt; "
+                    "write rejected"
+                )
+        for job_id, was in before.items():
+            assert await orc.get_job(job_id) == was
+        document = (await api.get("/api/v1/openapi.json")).json()
+        for path in ("/api/v1/internal/heartbeat", "/api/v1/internal/task-complete"):
+            declared = document["paths"][path]["post"]["responses"]
+            assert "404" not in declared and "WF_LEASE_STALE" in declared["409"]["description"]
 
 
 async def test_in_process_workers_never_take_an_external_job(
@@ -194,3 +254,7 @@ async def test_in_process_workers_never_take_an_external_job(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+def _later() -> datetime:
+    return datetime.now(UTC) + timedelta(hours=1)

@@ -98,10 +98,8 @@ class StaleLease(OrchestratorError):
 
     def __init__(self, job_id: object, lease_token: object) -> None:
         self.job_id, self.lease_token = job_id, lease_token
-        super().__init__(
-            f"{self.code}: job {job_id} is no longer leased by attempt {lease_token}; "
-            "write rejected"
-        )
+        # The message names no lease token: it goes to logs and answers (a token is a capability).
+        super().__init__(f"{self.code}: job {job_id} is not leased by this attempt; write rejected")
 
 
 class DeadLetterError(OrchestratorError):

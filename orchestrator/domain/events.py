@@ -7,9 +7,9 @@ them: ``attempt`` counts every claim of the job (never reset); ``max_attempts`` 
 attempts it can reach from here if every try fails (the worker contract's: a failure is
 terminal exactly when ``attempt >= max_attempts``; orchestrator.domain.policy.max_attempts);
 ``run`` and ``max_runs`` are the current dispatch's infrastructure runs and their budget;
-``retry_count`` and ``max_retries`` the application retries and theirs. ``run_id`` is the
-attempt's lease token, ``worker`` the process that held it (each event row also has
-``job_id``, ``kind`` and ``at``):
+``retry_count`` and ``max_retries`` the application retries and theirs. ``run_id`` names the
+attempt (stored as its lease token, read out as a one-way digest of it: :func:`shown`),
+``worker`` the process that held it (each event row also has ``job_id``, ``kind`` and ``at``):
 
     job.created          {job_type, queue, run_at, max_runs, max_retries, job_key, trace_id,
                           tenant_id}   (shaped by the submit statement: orc_created_event_v1)
@@ -49,7 +49,7 @@ import traceback
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
-from uuid import UUID
+from uuid import UUID, uuid5
 
 from pydantic_core import to_jsonable_python
 
@@ -60,6 +60,8 @@ from orchestrator.domain.secrets import redact, redact_json
 
 MAX_MESSAGE = 2_000
 MAX_STACK = 8_000
+#: An event's ``run_id`` as read: the UUIDv5 of the attempt's lease token in this namespace.
+RUN_ID_NAMESPACE = UUID("6f0b7d1e-3c1a-5b8e-9a43-2d5c0e7f4b19")
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,17 @@ def holder(job: JobState) -> dict[str, Any]:
         "run_id": str(job.lease_token) if job.lease_token else None,
         "worker": job.locked_by,
     }
+
+
+def shown(payload: dict[str, Any]) -> dict[str, Any]:
+    """An event's payload as it is read out of the database: ``run_id`` names the attempt by a
+    one-way digest of its lease token (stable, distinct per attempt), never by the token itself,
+    which is a capability (docs/api.md, "Lease tokens"): whoever holds it can report for the
+    attempt."""
+    token = payload.get("run_id")
+    if not token:
+        return payload
+    return {**payload, "run_id": str(uuid5(RUN_ID_NAMESPACE, str(token)))}
 
 
 def last_error(

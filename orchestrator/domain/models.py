@@ -69,7 +69,9 @@ class Job(_Row):
     max_retries: int
     next_retry_at: datetime | None
     heartbeat_at: datetime | None
-    lease_token: UUID | None
+    #: The running attempt's lease (its fence): a capability, so never serialized (the API, the
+    #: dashboard, the command line and the logs do not show it; only a claim hands it out).
+    lease_token: UUID | None = Field(None, exclude=True)
     locked_by: str | None
     procrastinate_job_id: int | None
     last_error: LastError | None

@@ -11,6 +11,11 @@ job run in this process: only who runs the task differs.
                attempt would have had (orchestrator.runtime.outcomes), written with the end of
                the dispatch; refused when the attempt no longer holds the lease
 
+One rule for every report: it is taken only from the attempt that holds the job's lease; any
+other (an unknown job, one never claimed, one finished or taken over, a wrong attempt or token)
+is StaleLease, the same refusal whatever the reason, so that a report without the lease learns
+nothing about the job.
+
 The API server is the Procrastinate worker of these dispatches (its registry row): they stay
 ``doing`` under it while an external worker holds the lease. An external worker that dies stops
 heartbeating; the zombie sweep takes its job, settles its dispatch and gives the job a new one,
@@ -247,24 +252,19 @@ class ExternalRuns:
         self, job_id: UUID, *, attempt: int, lease_token: UUID, report: Report
     ) -> str:
         """Write what the attempt reported, as its outcome; the outcome's name (completed,
-        retried, failed). StaleLease (nothing written) when it no longer holds the lease."""
+        retried, failed). StaleLease (nothing written) when it does not hold the lease."""
         held = await self.stores.jobs.held(job_id, attempt=attempt, lease_token=lease_token)
         if held is None:
-            raise await self._refusal(job_id, lease_token)
+            raise StaleLease(job_id, lease_token)
         outcome = self._outcome(held, report)
         if not await self.writer.write(held.dispatch_id, held.claim, outcome):
-            raise await self._refusal(job_id, lease_token)
+            raise StaleLease(job_id, lease_token)
         name, error_class, layer = named(outcome)
         self.metrics.attempt_finished(
             held.claim.job_type, name, held.running_ms / 1000, error_class=error_class,
             layer=layer,
         )  # fmt: skip
         return name
-
-    async def _refusal(self, job_id: UUID, lease_token: UUID) -> Exception:
-        """Why a report matched nothing: no such job, a job already finished or moved on, or a
-        lease that is another attempt's."""
-        return await self.stores.jobs.refusal(job_id, Status.COMPLETED, lease_token)
 
     def _outcome(self, held: Held, report: Report) -> Outcome:
         claim, dispatch_id = held.claim, held.dispatch_id
@@ -321,7 +321,8 @@ class ExternalRuns:
         }
         outcome = self._outcome(held, reports[mode])
         if not await self.writer.write(held.dispatch_id, held.claim, outcome):
-            raise await self._refusal(job_id, held.claim.lease_token)
+            # cancelled (or swept) meanwhile: say why, as any refused write does
+            raise await self.stores.jobs.refusal(job_id, Status.COMPLETED, held.claim.lease_token)
         return named(outcome)[0]
 
     # -- the registry ----------------------------------------------------------------------

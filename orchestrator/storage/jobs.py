@@ -216,7 +216,7 @@ class JobStore:
 
     async def history(self, job_id: UUID) -> list[JobEvent]:
         rows = await self.queries.rows("job_events", {"job_id": job_id})
-        return [JobEvent.model_validate(row) for row in rows]
+        return [_event(row) for row in rows]
 
     async def list_jobs(
         self,
@@ -246,9 +246,14 @@ class JobStore:
         """A job's events after the event id ``after``, oldest first."""
         params = {"job_id": job_id, "after": after, "limit": limit}
         rows = await self.queries.rows("job_events_after", params)
-        return [JobEvent.model_validate(row) for row in rows]
+        return [_event(row) for row in rows]
 
     async def steps(self, job_id: UUID) -> list[StepRecord]:
         """A job's checkpoints and side effects, in step order."""
         rows = await self.queries.rows("job_steps", {"job_id": job_id})
         return [cast(StepRecord, row) for row in rows]
+
+
+def _event(row: dict[str, Any]) -> JobEvent:
+    """An event as every reader gets it: its ``run_id`` no longer the attempt's lease token."""
+    return JobEvent.model_validate({**row, "payload": events.shown(row["payload"])})

@@ -47,7 +47,13 @@ class TokenStore:
     async def create(
         self, name: str, scopes: Sequence[Scope], tenants: Sequence[str] | None, *, by: str
     ) -> NewToken:
-        """A new token; its whole text is in the result, and nowhere else afterwards."""
+        """A new token; its whole text is in the result, and nowhere else afterwards. A worker
+        token cannot be limited to tenants (the API would refuse it at every use)."""
+        if tenants is not None and Scope.WORKER in scopes:
+            raise TokenError(
+                f"token {name!r}: the worker scope cannot be limited to tenants (an external "
+                "worker runs whichever job comes due, of any tenant); create it without --tenant"
+            )
         token = new_token()
         row = await self.queries.row(
             "create_token",

@@ -38,6 +38,13 @@ logger = logging.getLogger("orchestrator.api")
 VERSION = "1"
 STATIC = Path(pages.__file__).with_name("static")
 OPENAPI_URL = "/api/v1/openapi.json"
+#: The one /api/v1 path served without a token: the document describes the API, holds no data,
+#: and is the repository's docs/openapi.json anyway; clients and tools read it before they
+#: have a token.
+OPEN_DOCUMENT = (
+    "Every operation needs an API token (`Authorization: Bearer orc_...`, docs/api.md); "
+    "this document itself is served without one."
+)
 
 
 def create_app(orc: Orchestrator) -> FastAPI:
@@ -72,6 +79,7 @@ def create_app(orc: Orchestrator) -> FastAPI:
         title="agent-orchestrator",
         version=VERSION,
         summary="Durable, two-layer retry orchestrator for LLM agent jobs",
+        description=OPEN_DOCUMENT,
         openapi_url=OPENAPI_URL,
         docs_url=None,
         redoc_url=None,
@@ -84,8 +92,9 @@ def create_app(orc: Orchestrator) -> FastAPI:
     app.add_exception_handler(RequestValidationError, problems.request_invalid)
     app.add_exception_handler(HTTPException, problems.http_error)
     app.add_exception_handler(Exception, problems.unexpected)
-    for router in (jobs.router, operations.router, workers.router):
+    for router in (jobs.router, operations.router):
         app.include_router(router, responses=problems.ERRORS)
+    app.include_router(workers.router)  # declares its own answers (no 404 for a report)
     app.include_router(pages.router)
     app.add_exception_handler(pages.SignInFirst, pages.sign_in_first)
     app.mount("/ui/static", StaticFiles(directory=STATIC), name="static")
@@ -103,8 +112,9 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     the bearer token required everywhere it is."""
     if app.openapi_schema is None:
         document = get_openapi(
-            title=app.title, version=app.version, summary=app.summary, routes=app.routes
-        )
+            title=app.title, version=app.version, summary=app.summary,
+            description=app.description, routes=app.routes,
+        )  # fmt: skip
         schemas = document.setdefault("components", {}).setdefault("schemas", {})
         schemas["Problem"] = problems.Problem.model_json_schema()
         app.openapi_schema = document

@@ -95,8 +95,25 @@ async def orchestrator_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def request_invalid(request: Request, exc: Exception) -> JSONResponse:
+    """422 for a request the API read but cannot take; 400 for a body it cannot read at all."""
     assert isinstance(exc, RequestValidationError)
+    unreadable = _unreadable(request, exc)
+    if unreadable is not None:
+        return problem(400, "REQUEST_INVALID", unreadable)
     return problem(422, "REQUEST_INVALID", "; ".join(_where(e) for e in exc.errors()))
+
+
+def _unreadable(request: Request, exc: RequestValidationError) -> str | None:
+    """Why the body is no JSON document (malformed, or sent as another media type); None when
+    it is one."""
+    for error in exc.errors():
+        if error.get("type") == "json_invalid":
+            reason = error.get("ctx", {}).get("error", "malformed")
+            return f"body: not valid JSON ({reason} at character {error['loc'][-1]})"
+    if isinstance(exc.body, bytes):  # read as bytes: its content-type is not JSON's
+        media = request.headers.get("content-type", "none")
+        return f"body: not JSON (content-type {media}; send application/json)"
+    return None
 
 
 async def http_error(request: Request, exc: Exception) -> JSONResponse:

@@ -1,13 +1,16 @@
 """External workers' endpoints (task-claim, heartbeat, task-complete: the lease contract of
 docs/contracts.md, over HTTP), and the internal replay endpoints of the dead-letter spec.
 
-A report (heartbeat, completion) is taken only from the attempt that holds the job's lease:
-its ``attempt`` and ``lease_token`` must be the job's. Any other gets 409 and changes nothing.
+A report (heartbeat, completion of any status) is taken only from the attempt that holds the
+job's lease: its ``attempt`` and ``lease_token`` must be the job's. Any other (an unknown job,
+one never claimed, one finished or taken over, a wrong attempt or token) gets the same 409
+``WF_LEASE_STALE`` and changes nothing: never a 404, so a report without the lease learns
+nothing about the job. The routes declare exactly that (no 404 but the replay endpoint's).
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, HTTPException, Request
@@ -15,6 +18,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from orchestrator.domain.classification import ErrorClass
 from orchestrator.domain.errors import InvalidTransition, SubmitError
 from orchestrator.domain.principals import Forbidden, Principal, Scope
+from orchestrator.interfaces.api import problems
 from orchestrator.interfaces.api.auth import allowed
 from orchestrator.interfaces.api.jobs import Orc, visible_job
 from orchestrator.interfaces.api.models import (
@@ -36,7 +40,18 @@ from orchestrator.runtime.external import (
     Succeeded,
 )
 
-router = APIRouter(prefix="/api/v1/internal", tags=["external workers"])
+#: The answers of these endpoints besides their own: every error but 404 (they look nothing up
+#: by name, except the replay endpoint, which declares its own).
+ERRORS = {status: answer for status, answer in problems.ERRORS.items() if status != 404}
+STALE: dict[int | str, dict[str, Any]] = {
+    409: {
+        **problems.ERRORS[409],
+        "description": "WF_LEASE_STALE: this attempt does not hold the job's lease (an unknown "
+        "job, one never claimed, finished or taken over, a wrong attempt or token); nothing "
+        "changed: stop, and report nothing (or DATABASE_CONFLICT: try again)",
+    }
+}
+router = APIRouter(prefix="/api/v1/internal", tags=["external workers"], responses=ERRORS)
 
 
 async def fleet_worker(caller: Annotated[Principal, Depends(allowed(Scope.WORKER))]) -> Principal:
@@ -68,17 +83,18 @@ async def claim(body: ClaimRequest, runs: Runs, caller: Worker, request: Request
     return Tasks(tasks=[Task.of(task) for task in tasks])
 
 
-@router.post("/heartbeat")
+@router.post("/heartbeat", responses=STALE)
 async def heartbeat(body: Lease, runs: Runs, caller: Worker) -> LeaseRenewed:
-    """Extend the lease of the attempt that holds it (409 WF_LEASE_STALE otherwise)."""
+    """Extend the lease of the attempt that holds it (409 WF_LEASE_STALE for any other)."""
     expires = await runs.heartbeat(body.job_id, attempt=body.attempt, lease_token=body.lease_token)
     return LeaseRenewed(lease_expires_at=expires)
 
 
-@router.post("/task-complete")
+@router.post("/task-complete", responses=STALE)
 async def complete(body: Completion, runs: Runs, caller: Worker) -> Completed:
     """What the attempt came to: ``success`` with its output, ``failure`` with a classified
-    error (retried while the budget lasts, else dead-lettered), or ``retry_later``."""
+    error (retried while the budget lasts, else dead-lettered), or ``retry_later``; 409
+    WF_LEASE_STALE unless this attempt holds the job's lease."""
     outcome = await runs.complete(
         body.job_id, attempt=body.attempt, lease_token=body.lease_token, report=_report(body)
     )
@@ -102,7 +118,7 @@ def _report(body: Completion) -> Report:
             return RetryLaterReport(body.retry_after_seconds, body.message)
 
 
-@router.post("/jobs/{job_id}/run", tags=["replay"])
+@router.post("/jobs/{job_id}/run", tags=["replay"], responses={404: problems.ERRORS[404]})
 async def run(
     job_id: UUID,
     orc: Orc,
