@@ -30,7 +30,7 @@ from pydantic import ValidationError
 import retry_config
 from orchestrator.app import Orchestrator
 from orchestrator.domain.errors import DatabaseUnavailable, OrchestratorError
-from orchestrator.domain.principals import Scope
+from orchestrator.domain.principals import Scope, name_of
 from orchestrator.domain.states import Status
 from orchestrator.interfaces import render
 from orchestrator.runtime import logs
@@ -460,10 +460,11 @@ def cmd_tokens_revoke(args: argparse.Namespace) -> int:
 
 
 def cli_actor(by: str) -> str:
-    """Who acted from the command line, as records name it: the name given with ``--by`` and
-    the operating-system user who ran the command. The command line acts with the database's
-    own rights: it is trusted (the API is where principals are enforced)."""
-    return f"{by} (cli:{getpass.getuser()})"
+    """Who acted from the command line, as records name it: the name given with ``--by``, in
+    normal form (principals.name_of: the person a token of that name is too), and the
+    operating-system user who ran the command. The command line acts with the database's own
+    rights: it is trusted (the API is where principals are enforced)."""
+    return f"{name_of(by)} (cli:{getpass.getuser()})"
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
