@@ -209,9 +209,9 @@ _CLI_ACTOR = re.compile(r"(.*) \(cli:[^()]*\)", re.DOTALL)
 
 def person_of(recorded: str) -> str:
     """The person a recorded actor is, whatever its kind: ``token:NAME`` (the API, the
-    dashboard), ``NAME (cli:OS_USER)`` (the command line), or a bare ``NAME`` (the command line
-    of releases before migration 0022). orc_principal_person_v1 is the database's copy, which
-    fills orc_dead_letters' ``*_person`` columns for every writer."""
+    dashboard), ``NAME (cli:OS_USER)`` (the command line), or a bare ``NAME`` (the previous
+    release's command line: its ``--by`` as typed). orc_principal_person_v1 is the database's
+    copy, which fills orc_dead_letters' ``*_person`` columns for every writer."""
     if recorded.startswith("token:"):
         name = recorded.removeprefix("token:")
     elif (cli := _CLI_ACTOR.fullmatch(recorded)) is not None:

@@ -76,12 +76,8 @@ class DeadLetterStore:
     ) -> DeadLetterError:
         async with self.queries.transaction() as conn:
             letter = await self.lock(dead_letter_id, conn)
-        requester = letter.discard_requested_by
-        if (
-            reviewer is not None
-            and requester is not None
-            and (person_of(requester) == person_of(reviewer))
-        ):
+        requester = letter.discard_requested_by or ""
+        if reviewer is not None and requester and person_of(requester) == person_of(reviewer):
             same = "" if requester == reviewer else f", and {reviewer} is the same person"
             return DeadLetterError(
                 f"{requester} requested this discard{same}; a second reviewer must confirm it"

@@ -1,6 +1,6 @@
 -- 0022_principals: the two-person rule compares persons, not the text a reviewer was recorded as.
 --
--- A discard's reviewers were compared as recorded: `alice` (the command line before 0020),
+-- A discard's reviewers were compared as recorded: `alice` (the previous release's command line),
 -- `alice (cli:OS_USER)` (today's command line) and `token:alice` (the API) passed for three
 -- people, so alice could confirm her own request. Each reviewer now also has a person: the name
 -- without its kind, in the form orchestrator.domain.principals.person_of gives it (NFKC,
