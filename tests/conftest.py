@@ -4,7 +4,8 @@ With ``DATABASE_URL`` set, that server is used; otherwise the embedded one (``.o
 Each session creates its own database there, migrates it once, and drops it at the end; each
 test starts from empty tables. Helpers live in ``tests/support/`` (harness.py: settings, waits,
 a worker in the test's loop; scripted, agent_app, job_types_app: job types; workers.py: worker
-processes; external, http_peers, slow_peers: real peers on 127.0.0.1).
+processes; external, http_peers, slow_peers: real peers on 127.0.0.1; previous_release: the
+release before, run for upgrade tests).
 
 Where each part of the code is tested:
 
@@ -13,7 +14,8 @@ Where each part of the code is tested:
                               a worker process: test_max_attempts; classification:
                               test_classification;
                               events and failures: test_events, test_failures, test_runtime;
-                              degradation: test_degradation
+                              degradation: test_degradation; principals (names, persons,
+                              the two-person rule across the upgrade): test_principals
     orchestrator/storage      submit and job keys: test_submit; tenants, end to end:
                               test_tenants; migrations: test_migrate; a rolling
                               deploy beside the previous release: test_rollout;

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 import retry_config
 from orchestrator.app import Orchestrator
 from orchestrator.domain.errors import DatabaseUnavailable, OrchestratorError
-from orchestrator.domain.principals import Scope
+from orchestrator.domain.principals import Scope, name_of
 from orchestrator.domain.states import Status
 from orchestrator.interfaces import render
 from orchestrator.runtime import logs
@@ -443,7 +443,10 @@ def cmd_tokens_create(args: argparse.Namespace) -> int:
             args.name, [Scope(s) for s in args.scopes], args.tenants, by=cli_actor("tokens")
         )
         print(token.token)
-        print(f"token {args.name!r} created; this is the only time it is shown", file=sys.stderr)
+        print(  # the name as stored (its normal form), which `tokens list` and revoke show
+            f"token {name_of(args.name)!r} created; this is the only time it is shown",
+            file=sys.stderr,
+        )
         return 0
 
     return _run(args, body)
@@ -473,10 +476,11 @@ def cmd_tokens_revoke(args: argparse.Namespace) -> int:
 
 
 def cli_actor(by: str) -> str:
-    """Who acted from the command line, as records name it: the name given with ``--by`` and
-    the operating-system user who ran the command. The command line acts with the database's
-    own rights: it is trusted (the API is where principals are enforced)."""
-    return f"{by} (cli:{getpass.getuser()})"
+    """Who acted from the command line, as records name it: the name given with ``--by``, in
+    normal form (principals.name_of: the person a token of that name is too), and the
+    operating-system user who ran the command. The command line acts with the database's own
+    rights: it is trusted (the API is where principals are enforced)."""
+    return f"{name_of(by)} (cli:{getpass.getuser()})"
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

@@ -3,6 +3,9 @@
 recorded ──► requeued                 a new job with the dead one's payload and tenant
     │
     └──► discard_requested ──► discarded    two different reviewers, a reason required
+
+Two reviewers are different when they are different persons (principals.person_of), whatever
+their kind: the database derives each reviewer's person (migration 0022) and refuses the rest.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from uuid import UUID
 
 from orchestrator.domain.errors import DeadLetterError, DeadLetterNotFound
 from orchestrator.domain.models import DeadLetter
+from orchestrator.domain.principals import person_of
 from orchestrator.storage.database import Conn
 from orchestrator.storage.runner import Queries
 
@@ -72,9 +76,11 @@ class DeadLetterStore:
     ) -> DeadLetterError:
         async with self.queries.transaction() as conn:
             letter = await self.lock(dead_letter_id, conn)
-        if reviewer is not None and letter.discard_requested_by == reviewer:
+        requester = letter.discard_requested_by or ""
+        if reviewer is not None and requester and person_of(requester) == person_of(reviewer):
+            same = "" if requester == reviewer else f", and {reviewer} is the same person"
             return DeadLetterError(
-                f"{reviewer} requested this discard; a second reviewer must confirm it"
+                f"{requester} requested this discard{same}; a second reviewer must confirm it"
             )
         return DeadLetterError(
             f"cannot {action} dead letter {dead_letter_id}: it is {letter.state}"

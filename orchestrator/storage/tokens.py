@@ -1,5 +1,6 @@
 """API tokens (orc_api_tokens): created by an operator with database access, checked at every
-API request, revoked by name. Only a token's SHA-256 is kept (orchestrator.domain.principals)."""
+API request, revoked by name. Only a token's SHA-256 is kept (orchestrator.domain.principals).
+A name is kept in its normal form, and one that looks like another token's is refused."""
 
 from __future__ import annotations
 
@@ -15,10 +16,14 @@ from orchestrator.domain.principals import (
     Principal,
     Scope,
     Unauthorized,
+    canonical,
     matches,
+    name_of,
     new_token,
     parse_token,
+    skeleton,
 )
+from orchestrator.storage.database import Conn
 from orchestrator.storage.runner import Queries
 
 
@@ -47,34 +52,44 @@ class TokenStore:
     async def create(
         self, name: str, scopes: Sequence[Scope], tenants: Sequence[str] | None, *, by: str
     ) -> NewToken:
-        """A new token; its whole text is in the result, and nowhere else afterwards. A worker
-        token cannot be limited to tenants (the API would refuse it at every use)."""
+        """A new token; its whole text is in the result, and nowhere else afterwards. Its name
+        is kept in normal form (principals.name_of); TokenError when it looks like another
+        token's name, revoked ones included (they keep the name, for the record). A worker token
+        cannot be limited to tenants (the API would refuse it at every use)."""
         if tenants is not None and Scope.WORKER in scopes:
             raise TokenError(
                 f"token {name!r}: the worker scope cannot be limited to tenants (an external "
                 "worker runs whichever job comes due, of any tenant); create it without --tenant"
             )
-        token = new_token()
-        row = await self.queries.row(
-            "create_token",
-            {
-                "id": token.id,
-                "name": name,
-                "secret_sha256": token.secret_sha256,
-                "scopes": sorted({scope.value for scope in scopes}),
-                "tenants": sorted(set(tenants)) if tenants is not None else None,
-                "created_by": by,
-            },
-        )
-        if row is None:
-            raise TokenError(f"a token named {name!r} exists already (revoked ones keep the name)")
+        token, typed, name = new_token(), name, name_of(name)
+
+        async def create(conn: Conn) -> None:
+            await self.queries.execute("lock_token_names", conn=conn)
+            for row in await self.queries.rows("token_names", conn=conn):
+                if skeleton(row["name"]) == skeleton(name):
+                    raise TokenError(_taken(typed, name, row["name"]))
+            await self.queries.execute(
+                "create_token",
+                {
+                    "id": token.id,
+                    "name": name,
+                    "secret_sha256": token.secret_sha256,
+                    "scopes": sorted({scope.value for scope in scopes}),
+                    "tenants": sorted(set(tenants)) if tenants is not None else None,
+                    "created_by": by,
+                },
+                conn,
+            )
+
+        await self.queries.in_transaction(create)
         return token
 
     async def list_tokens(self) -> list[TokenInfo]:
         return [TokenInfo.model_validate(row) for row in await self.queries.rows("list_tokens")]
 
     async def revoke(self, name: str) -> None:
-        if await self.queries.row("revoke_token", {"name": name}) is None:
+        names = [name, canonical(name)]
+        if await self.queries.row("revoke_token", {"names": names}) is None:
             raise TokenError(f"no live token named {name!r}")
 
     async def authenticate(self, token: str) -> Principal:
@@ -90,3 +105,14 @@ class TokenStore:
             tenants=frozenset(tenants) if tenants is not None else None,
             token_id=row["id"],
         )
+
+
+def _taken(typed: str, name: str, existing: str) -> str:
+    """Why a name is refused: the same as a token's once normalised, or a look-alike of it."""
+    if canonical(existing) != name:
+        why = "looks like it (letters of another script that look the same, or 0 and 1)"
+    elif typed != existing:
+        why = f"is the same name in normal form ({name!r}: case, spaces and width aside)"
+    else:
+        why = "exists already"
+    return f"a token named {existing!r} {why}; revoked tokens keep their names"

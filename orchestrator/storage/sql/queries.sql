@@ -320,10 +320,11 @@ UPDATE orc_dead_letters
 RETURNING id
 
 -- confirm_dead_letter_discard --
+-- By another person than the requester's (the persons: migration 0022's trigger).
 UPDATE orc_dead_letters
    SET state = 'discarded', discarded_by = %(reviewer)s, resolved_at = now()
  WHERE id = %(dead_letter_id)s AND state = 'discard_requested'
-   AND discard_requested_by <> %(reviewer)s
+   AND discard_requested_person <> orc_principal_person_v1(%(reviewer)s)
 RETURNING id
 
 -- == Checkpoints and the side-effect ledger (checkpoints/) ======================================
@@ -661,10 +662,17 @@ SELECT (SELECT count(*) FROM orc_approvals WHERE status = 'pending') AS approval
 
 -- == The HTTP API (orchestrator serve) ===========================================================
 
+-- lock_token_names --
+-- Until the transaction ends, no other token is created: the names read next stay all there is
+-- while a new one is compared with them (orchestrator.domain.principals.skeleton).
+LOCK TABLE orc_api_tokens IN SHARE ROW EXCLUSIVE MODE
+
+-- token_names --
+SELECT name FROM orc_api_tokens
+
 -- create_token --
 INSERT INTO orc_api_tokens (id, name, secret_sha256, scopes, tenants, created_by)
 VALUES (%(id)s, %(name)s, %(secret_sha256)s, %(scopes)s, %(tenants)s, %(created_by)s)
-ON CONFLICT (name) DO NOTHING
 RETURNING id
 
 -- find_token --
@@ -676,8 +684,9 @@ SELECT id, name, scopes, tenants, created_by, created_at, revoked_at FROM orc_ap
  ORDER BY created_at, name
 
 -- revoke_token --
+-- By its name as typed or in normal form (a token made before 0022 may have kept another).
 UPDATE orc_api_tokens SET revoked_at = now()
- WHERE name = %(name)s AND revoked_at IS NULL
+ WHERE name = ANY (%(names)s) AND revoked_at IS NULL
 RETURNING id
 
 -- listen_for_events --

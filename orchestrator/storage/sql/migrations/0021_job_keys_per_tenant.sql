@@ -1,5 +1,7 @@
 -- 0021_job_keys_per_tenant: a job key is unique within its tenant, not across tenants.
 --
+-- compatible-with-older-workers: yes
+--
 -- Until now a key named at most one live job whoever submitted it, so a submit in tenant B with
 -- a key held by tenant A's unfinished job replaced A's job (making it B's, with B's payload) or,
 -- with unsafe_dedupe, was dropped and answered with A's job. Now each tenant has its own keys,

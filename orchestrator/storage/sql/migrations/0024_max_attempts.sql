@@ -1,5 +1,7 @@
 -- 0024_max_attempts: job.running carries the worker contract's `max_attempts` again.
 --
+-- compatible-with-older-workers: yes
+--
 -- Since the dispatch's run budget was named `max_runs` (0013), no event had `max_attempts`, and
 -- a consumer of the worker contract (terminal iff `attempt >= max_attempts`) found it missing.
 -- It now means the most attempts the job can reach from here if every try fails

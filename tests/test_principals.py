@@ -1,0 +1,287 @@
+"""Principals (docs/api.md, "The principal rule"): names in normal form, look-alike token names
+refused by the real command line, the normaliser's properties, the database's copy of it, and
+the two-person discard across kinds of actor and across the upgrade from the previous release
+(a database it populated, then migrated)."""
+
+from __future__ import annotations
+
+import getpass
+import http.server
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tasks
+from orchestrator import Orchestrator
+from orchestrator.domain.principals import (
+    CONFUSABLES,
+    PrincipalNameError,
+    canonical,
+    name_of,
+    person_of,
+    skeleton,
+)
+from orchestrator.storage.database import drop_database, ensure_database, with_database
+from tests.support import previous_release
+from tests.support.api_server import ApiServer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def orchestrator(dsn: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """Today's command line, as a process."""
+    env = {**os.environ, "DATABASE_URL": dsn}
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *argv],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=60, check=False,
+    )  # fmt: skip
+
+
+# -- item 2: look-alike names, through the real command line -----------------------------------
+
+LOOK_ALIKES = {
+    "case": "Alice",
+    "whitespace": " alice\t",
+    "zero-width": "ali\u200bce",
+    "Cyrillic a": "\u0430lice",
+    "fullwidth": "\uff41\uff4c\uff49\uff43\uff45",
+    "Greek omicron and digit 1": "b\u03bfb1",
+}
+
+
+@pytest.mark.parametrize("how", LOOK_ALIKES)
+def test_tokens_create_refuses_a_name_that_only_looks_different(
+    dsn: str, db: psycopg.AsyncConnection[Any], how: str
+) -> None:
+    first = "bobl" if how.startswith("Greek") else "alice"
+    made = orchestrator(dsn, "tokens", "create", first, "--scope", "operate")
+    assert made.returncode == 0, made.stderr
+    copy = orchestrator(dsn, "tokens", "create", LOOK_ALIKES[how], "--scope", "operate")
+    assert copy.returncode == 2 and copy.stdout == ""
+    refusal = (
+        "the name 'ali\\u200bce' contains an invisible"
+        if how == "zero-width"
+        else (f"a token named '{first}' ")
+    )
+    assert copy.stderr.startswith(f"error: {refusal}")
+    assert len(copy.stderr.splitlines()) == 1 and "Traceback" not in copy.stderr
+    listed = orchestrator(dsn, "tokens", "list").stdout.splitlines()
+    assert [line.split()[0] for line in listed] == [first]
+
+
+def test_a_new_name_is_kept_in_normal_form_and_hidden_characters_are_refused(
+    dsn: str, db: psycopg.AsyncConnection[Any]
+) -> None:
+    made = orchestrator(dsn, "tokens", "create", "  \uff23arol  ", "--scope", "read")
+    assert made.returncode == 0, made.stderr
+    assert "token 'carol' created" in made.stderr  # told as stored, not as typed
+    assert orchestrator(dsn, "tokens", "list").stdout.split()[0] == "carol"
+    hidden = orchestrator(dsn, "tokens", "create", "da\u200dve", "--scope", "read")
+    assert hidden.returncode == 2
+    assert "invisible or control character (U+200D ZERO WIDTH JOINER)" in hidden.stderr
+    revoked = orchestrator(dsn, "tokens", "revoke", "CAROL")  # by its name in any form
+    assert revoked.returncode == 0, revoked.stderr
+
+
+# -- the normaliser: pure properties ------------------------------------------------------------
+
+PLAIN = st.text(alphabet="abcdefghijkmnpqrstuvwxyz-_.", min_size=1, max_size=20)
+LATIN_OF = {latin: other for other, latin in CONFUSABLES.items() if latin.isalpha()}
+HIDDEN = "\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e\u2028\x07"
+
+
+@given(PLAIN, st.data())
+def test_disguises_keep_the_skeleton(name: str, data: st.DataObject) -> None:
+    disguised = "".join(
+        data.draw(st.sampled_from([ch, ch.upper(), chr(ord(ch) + 0xFEE0), LATIN_OF.get(ch, ch)]))
+        if ch.isalpha() else ch
+        for ch in name
+    )  # fmt: skip
+    position = data.draw(st.integers(0, len(name)))
+    hidden = data.draw(st.sampled_from(HIDDEN))
+    disguised = f"  {disguised[:position]}{hidden}{disguised[position:]} "
+    assert skeleton(disguised) == skeleton(name) == name
+    assert person_of(f"token:{disguised}") == person_of(f"{name} (cli:root)") == name
+
+
+@given(PLAIN, PLAIN)
+def test_plain_names_that_differ_have_different_skeletons(a: str, b: str) -> None:
+    assert (skeleton(a) == skeleton(b)) == (a == b)
+
+
+@given(st.text(max_size=30))
+def test_the_normal_form_is_stable(text: str) -> None:
+    once = canonical(text)
+    assert canonical(once) == once and skeleton(skeleton(text)) == skeleton(text)
+    assert once == once.strip() and "  " not in once
+
+
+@given(st.text(max_size=30), st.sampled_from(HIDDEN), st.data())
+def test_a_new_name_with_a_hidden_character_is_refused(
+    text: str, hidden: str, data: st.DataObject
+) -> None:
+    position = data.draw(st.integers(0, len(text)))
+    with pytest.raises(PrincipalNameError, match="invisible or control character"):
+        name_of(f"a{text[:position]}{hidden}{text[position:]}b")
+
+
+@given(st.text(max_size=30))
+def test_an_accepted_name_is_its_normal_form(text: str) -> None:
+    try:
+        name = name_of(text)
+    except PrincipalNameError:
+        return
+    assert name == canonical(text) and name_of(name) == name and 0 < len(name) <= 100
+
+
+RECORDED = st.text(
+    alphabet=st.sampled_from(
+        [*"abcXYZ019 -_.:()", *CONFUSABLES, "\uff21", "\uff41", "\u00a0", *HIDDEN, "\t"]
+    ),
+    max_size=16,
+).flatmap(
+    lambda name: st.sampled_from([name, f"token:{name}", f"{name} (cli:root)"])
+)  # fmt: skip
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(RECORDED)
+def test_the_database_derives_the_same_person(dsn: str, recorded: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT orc_principal_person_v1(%s)", (recorded,)).fetchone()
+    assert row is not None and row[0] == person_of(recorded)
+
+
+# -- item 10: the two-person rule across kinds, and across the upgrade --------------------------
+
+
+@pytest.fixture
+def fresh_dsn(server_dsn: str) -> Iterator[str]:
+    name = f"orc_principals_{uuid.uuid4().hex[:10]}"
+    ensure_database(server_dsn, name)
+    yield with_database(server_dsn, name)
+    drop_database(server_dsn, name)
+
+
+class NotFound(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_error(404)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def not_found() -> Iterator[str]:
+    """A URL that answers 404: a permanent failure, dead-lettered at once."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/missing"
+    server.shutdown()
+
+
+def dead_letter_by_the_previous_release(old: Path, dsn: str, url: str) -> str:
+    """A dead letter written by the previous release's own worker: its id."""
+    submitted = previous_release.run(
+        old, dsn, "submit", "http_request", "--payload", f'{{"url": "{url}"}}', "--max-retries", "0"
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    env = {
+        **os.environ, "PYTHONPATH": str(old), "DATABASE_URL": dsn,
+        "ORCHESTRATOR_HEALTH_PORT": "0", "ORCHESTRATOR_DRAIN_SECONDS": "0",
+    }  # fmt: skip
+    env.pop("ORCHESTRATOR_RETRY_CONFIG", None)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "worker", "--concurrency", "1"], cwd=old, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while time.monotonic() < deadline:
+                letter = conn.execute("SELECT id FROM orc_dead_letters").fetchone()
+                if letter is not None:
+                    return str(letter[0])
+                time.sleep(0.2)
+        raise AssertionError("the previous release's worker wrote no dead letter in 60 s")
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+
+
+def test_a_discard_requested_before_the_upgrade_is_not_confirmed_by_its_requester(
+    fresh_dsn: str, tmp_path: Path, not_found: str
+) -> None:
+    old = previous_release.checkout(tmp_path / "previous")
+    migrated = previous_release.run(old, fresh_dsn, "migrate")
+    assert migrated.returncode == 0 and "0009_one_event_history" in migrated.stdout
+    letter = dead_letter_by_the_previous_release(old, fresh_dsn, not_found)
+    asked = previous_release.run(
+        old, fresh_dsn, "dlq", "discard", letter, "--by", "alice", "--reason", "stale"
+    )
+    assert asked.returncode == 0, asked.stderr
+    with psycopg.connect(fresh_dsn) as conn:
+        assert conn.execute("SELECT discard_requested_by FROM orc_dead_letters").fetchone() == (
+            "alice",
+        )
+
+    upgraded = orchestrator(fresh_dsn, "migrate")
+    assert upgraded.returncode == 0 and "0022_principals" in upgraded.stdout, upgraded.stderr
+    for alice in ("alice", " \u0430lice"):  # today's command line: alice (cli:user)
+        again = orchestrator(fresh_dsn, "dlq", "discard", letter, "--by", alice)
+        assert again.returncode == 2, again.stdout
+        assert again.stderr == (
+            f"error: alice requested this discard, and {canonical(alice)} (cli:{getpass.getuser()})"
+            " is the"
+            " same person; a second reviewer must confirm it\n"
+        )
+    made = orchestrator(fresh_dsn, "tokens", "create", "alice", "--scope", "operate")
+    assert made.returncode == 0, made.stderr
+    with ApiServer(fresh_dsn) as server:
+        headers = {"Authorization": f"Bearer {made.stdout.strip()}"}
+        confirm = f"{server.url}/api/v1/dead-letters/{letter}/discard-confirm"
+        by_token = httpx.post(confirm, headers=headers, timeout=10)
+    assert by_token.status_code == 409
+    assert "alice requested this discard, and token:alice is the same" in by_token.text
+
+    confirmed = orchestrator(fresh_dsn, "dlq", "discard", letter, "--by", "bob")
+    assert confirmed.returncode == 0, confirmed.stderr
+    with psycopg.connect(fresh_dsn) as conn:
+        assert conn.execute(
+            "SELECT state, discard_requested_by, discarded_by, discard_requested_person,"
+            " discarded_person FROM orc_dead_letters"
+        ).fetchone() == (
+            "discarded", "alice", f"bob (cli:{getpass.getuser()})", "alice", "bob"
+        )  # fmt: skip
+
+
+async def test_the_database_refuses_a_requester_s_confirmation_whoever_writes_it(
+    db: psycopg.AsyncConnection[Any], make_orc: Callable[..., Orchestrator]
+) -> None:
+    """The previous release's command line compares recorded text: the database's own check on
+    persons refuses what it lets through."""
+    orc = make_orc()
+    tasks.register_all(orc)
+    async with orc:
+        job = await orc.submit("http_request", {"url": "http://127.0.0.1:9/"})
+    await db.execute(
+        "INSERT INTO orc_dead_letters (id, job_id, job_type, payload, error, state, discard_reason,"
+        " discard_requested_by) VALUES (gen_random_uuid(), %s, 'x', '{}', '{}',"
+        " 'discard_requested', 'stale', 'alice (cli:root)')",
+        (job,),
+    )
+    with pytest.raises(psycopg.errors.CheckViolation, match="orc_dead_letters_two_persons"):
+        await db.execute("UPDATE orc_dead_letters SET state = 'discarded', discarded_by = 'Alice'")
+    await db.execute("UPDATE orc_dead_letters SET state = 'discarded', discarded_by = 'token:bob'")
