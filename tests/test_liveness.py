@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +19,10 @@ import psycopg
 import pytest
 
 from orchestrator import Orchestrator, Status
+from orchestrator.services.approvals import ExpiryResult
+from orchestrator.services.prune import PruneResult
+from orchestrator.services.safety_net import SafetyNetResult
+from orchestrator.services.sweep import SweepResult
 from orchestrator.storage.queries import QUERIES
 from tests.support import agent_app
 from tests.support.external import MessageService, message_service
@@ -267,6 +272,38 @@ async def test_a_per_run_limit_spreads_a_mass_recovery_over_several_runs(
     runs = [await run_sweep(orc) for _ in range(5)]  # sweep_limit = 30
     assert runs == [30, 30, 30, 10, 0]
     assert await zombie_events(orc, job_ids) == [1] * 100
+
+
+async def test_a_sweep_run_logs_what_it_did_in_a_sentence(
+    orc: Orchestrator, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # docs/operations.md, "Mass recovery": each run logs one warning in words, not a repr.
+    await zombies(orc, dsn, 3)
+    with caplog.at_level(logging.WARNING, logger="orchestrator.services.maintenance"):
+        assert (await orc.maintenance.run("sweep_zombies")).handled == 3
+        assert (await orc.maintenance.run("sweep_zombies")).handled == 0  # nothing: no line
+    lines = [
+        r.getMessage() for r in caplog.records if r.name == "orchestrator.services.maintenance"
+    ]
+    assert lines == ["sweep_zombies: zombie jobs recovered: 3 (3 retried, 0 failed, their budget "
+                     "spent)"], lines  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("result", "sentence"),
+    [
+        (SweepResult(2, 1, 0), "zombie jobs recovered: 3 (2 retried, 1 failed, their budget spent)"),
+        (SweepResult(0, 0, 4), "zombie jobs recovered: 0 (0 retried, 0 failed, their budget "
+         "spent); 4 passed over (refused even alone: tried again at the next run)"),
+        (SafetyNetResult(5), "waiting jobs given a new dispatch: 5"),
+        (SafetyNetResult(0, 1), "waiting jobs given a new dispatch: 0; 1 passed over (refused "
+         "even alone: tried again at the next run)"),
+        (ExpiryResult(7), "approvals expired: 7"),
+        (PruneResult(9), "checkpoint and ledger rows of long-finished jobs deleted: 9"),
+    ],
+)  # fmt: skip
+def test_each_maintenance_result_reads_as_a_sentence(result: Any, sentence: str) -> None:
+    assert result.sentence() == sentence
 
 
 async def test_the_sweep_query_uses_the_partial_index_among_100k_terminal_jobs(
