@@ -360,3 +360,31 @@ def test_a_wrong_database_url_fails_at_once_with_the_reason(
     assert lines[-1].startswith("error: cannot reach the database: "), done.stderr
     assert reason in lines[-1], done.stderr
     assert "Traceback" not in done.stderr and WAITING not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("command", ["worker", "serve"])
+def test_sigterm_while_waiting_for_the_database_exits_0(
+    stopped: tuple[Cluster, str], command: str, tmp_path: Path
+) -> None:
+    # A rollout or a scale-down during the outage: nothing was claimed, nothing to drain.
+    _, dsn = stopped
+    env = {**os.environ, **FAST, "DATABASE_URL": dsn, "ORCHESTRATOR_API_PORT": str(free_port())}
+    log = tmp_path / "out.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "--app", "tests.support.agent_app:orc",
+             command],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while len(attempt_lines(log.read_text())) < 2:
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=15)
+    finally:
+        process.kill()
+    text = log.read_text()
+    assert process.returncode == 0, text
+    assert "Traceback" not in text, text
