@@ -406,7 +406,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = orc.settings
     host = args.host or settings.api_host
     port = settings.api_port if args.port is None else args.port
-    # Its probes answer on its own port while it waits (not on a port chosen at random).
+    # Its probes answer on its own port while it waits (none on port 0: nobody probes that).
     asyncio.run(
         orc.wait_for_database(
             probe_port=port, probe_host=host, probe_setting="ORCHESTRATOR_API_PORT"
