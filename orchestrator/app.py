@@ -61,7 +61,7 @@ from orchestrator.domain.notices import Notifier
 from orchestrator.domain.secrets import Secrets
 from orchestrator.domain.states import Status
 from orchestrator.domain.traceparent import normalized, trace_id_of
-from orchestrator.runtime import logs
+from orchestrator.runtime import logs, startup
 from orchestrator.runtime.attempt import Toolkit
 from orchestrator.runtime.context import JobContext
 from orchestrator.runtime.health import HealthServer
@@ -243,6 +243,18 @@ class Orchestrator:
         if self._dsn is None:
             self._dsn = database.resolve_dsn(self.settings)
         return database.with_connect_timeout(self._dsn, self.settings.connect_timeout)
+
+    async def wait_for_database(
+        self, *, probe_port: int = 0, probe_host: str = "0.0.0.0",
+        probe_setting: str = "ORCHESTRATOR_HEALTH_PORT",
+    ) -> None:  # fmt: skip
+        """Wait until the database answers, as a worker or ``serve`` does at start-up (its
+        probe on ``probe_port`` answers not ready meanwhile); fail at once when no wait can
+        help (orchestrator.runtime.startup). ``open`` then checks the schema."""
+        dsn = await asyncio.to_thread(lambda: self.dsn)
+        await startup.wait_for_database(
+            dsn, probe_port=probe_port, probe_host=probe_host, probe_setting=probe_setting
+        )
 
     async def open(self) -> None:
         if self._opened is not None:

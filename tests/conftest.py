@@ -26,8 +26,9 @@ Where each part of the code is tested:
     orchestrator/runtime      the worker loop: test_worker_loop, test_batched_writes,
                               test_worker_wakeup; attempts and outcomes: test_runtime,
                               test_timeouts; liveness and drain: test_liveness; group commit:
-                              test_group_commit; a database outage: test_outage; metrics:
-                              test_metrics
+                              test_group_commit; a database outage: test_outage; start-up
+                              while the database is away, connect failures: test_startup;
+                              metrics: test_metrics
     orchestrator/services     sweep: test_liveness, test_timeouts; safety net, dead letters:
                               test_runtime; approvals and retention: test_approvals; a bad
                               row in a batch: test_passed_over; the maintenance lane:

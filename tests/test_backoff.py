@@ -13,6 +13,7 @@ from orchestrator.domain.backoff import (
     app_base_delay_ms,
     app_delay_bounds_ms,
     app_delay_ms,
+    doubling_delay,
     graphile_delay_seconds,
     graphile_retries_left,
     parse_retry_after,
@@ -153,3 +154,31 @@ def test_parse_retry_after_seconds_and_http_dates() -> None:
     assert parse_retry_after(format_datetime(now - timedelta(hours=1), usegmt=True), now=now) == 0
     for bad in (None, "", "soon", "nan", "inf"):
         assert parse_retry_after(bad) is None
+
+
+# -- reconnecting: first, doubling, capped ---------------------------------------------------
+
+
+@given(
+    st.integers(1, 10_000),
+    st.floats(0.001, 100, allow_nan=False),
+    st.floats(1, 10_000, allow_nan=False),
+)
+def test_doubling_delay_doubles_from_first_up_to_the_cap(
+    failures: int, first: float, factor: float
+) -> None:
+    cap = first * factor
+    delay = doubling_delay(failures, first=first, cap=cap)
+    assert first <= delay <= cap
+    assert delay == pytest.approx(min(cap, first * 2.0 ** min(failures - 1, 60)))
+    following = doubling_delay(failures + 1, first=first, cap=cap)
+    assert following == pytest.approx(min(cap, 2 * delay))
+
+
+def test_doubling_delay_schedules() -> None:
+    assert [doubling_delay(n, first=1, cap=30) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
+    assert [doubling_delay(n, first=0.5, cap=10) for n in range(1, 7)] == [0.5, 1, 2, 4, 8, 10]
+    for bad in ({"failures": 0, "first": 1, "cap": 2}, {"failures": 1, "first": 0, "cap": 2},
+                {"failures": 1, "first": 3, "cap": 2}):  # fmt: skip
+        with pytest.raises(ValueError):
+            doubling_delay(bad.pop("failures"), **bad)

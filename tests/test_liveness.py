@@ -8,20 +8,32 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 from uuid import UUID
 
 import psycopg
 import pytest
 
-from orchestrator import Orchestrator, Status
+from orchestrator import JobContext, Orchestrator, Status
+from orchestrator.services.approvals import ExpiryResult
+from orchestrator.services.prune import PruneResult
+from orchestrator.services.safety_net import SafetyNetResult
+from orchestrator.services.sweep import SweepResult
 from orchestrator.storage.queries import QUERIES
 from tests.support import agent_app
 from tests.support.external import MessageService, message_service
-from tests.support.harness import config_with, free_port, probe, run_sweep, wait_for
+from tests.support.harness import (
+    WorkerRun,
+    config_with,
+    free_port,
+    probe,
+    run_sweep,
+    wait_for,
+)
 from tests.support.workers import WorkerProcess
 
 
@@ -269,6 +281,38 @@ async def test_a_per_run_limit_spreads_a_mass_recovery_over_several_runs(
     assert await zombie_events(orc, job_ids) == [1] * 100
 
 
+async def test_a_sweep_run_logs_what_it_did_in_a_sentence(
+    orc: Orchestrator, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # docs/operations.md, "Mass recovery": each run logs one warning in words, not a repr.
+    await zombies(orc, dsn, 3)
+    with caplog.at_level(logging.WARNING, logger="orchestrator.services.maintenance"):
+        assert (await orc.maintenance.run("sweep_zombies")).handled == 3
+        assert (await orc.maintenance.run("sweep_zombies")).handled == 0  # nothing: no line
+    lines = [
+        r.getMessage() for r in caplog.records if r.name == "orchestrator.services.maintenance"
+    ]
+    assert lines == ["sweep_zombies: zombie jobs recovered: 3 (3 retried, 0 failed, their budget "
+                     "spent)"], lines  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("result", "sentence"),
+    [
+        (SweepResult(2, 1, 0), "zombie jobs recovered: 3 (2 retried, 1 failed, their budget spent)"),
+        (SweepResult(0, 0, 4), "zombie jobs recovered: 0 (0 retried, 0 failed, their budget "
+         "spent); 4 passed over (refused even alone: tried again at the next run)"),
+        (SafetyNetResult(5), "waiting jobs given a new dispatch: 5"),
+        (SafetyNetResult(0, 1), "waiting jobs given a new dispatch: 0; 1 passed over (refused "
+         "even alone: tried again at the next run)"),
+        (ExpiryResult(7), "approvals expired: 7"),
+        (PruneResult(9), "checkpoint and ledger rows of long-finished jobs deleted: 9"),
+    ],
+)  # fmt: skip
+def test_each_maintenance_result_reads_as_a_sentence(result: Any, sentence: str) -> None:
+    assert result.sentence() == sentence
+
+
 async def test_the_sweep_query_uses_the_partial_index_among_100k_terminal_jobs(
     db: psycopg.AsyncConnection[Any],
 ) -> None:
@@ -300,3 +344,54 @@ async def test_the_sweep_query_uses_the_partial_index_among_100k_terminal_jobs(
     plan = "\n".join(row[0] for row in rows)
     assert "orc_jobs_running_heartbeat" in plan, plan
     assert "Seq Scan" not in plan, plan
+
+
+# -- a heartbeat that meets its attempt's own outcome ----------------------------------------------
+
+
+async def test_a_heartbeat_racing_its_attempts_own_outcome_warns_of_no_lost_lease(
+    make_orc: Callable[..., Orchestrator],
+    db: psycopg.AsyncConnection[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The heartbeat takes the running leases, then its statement meets a row whose lease the
+    # attempt's own completion ended a moment before: not a lease lost to another attempt.
+    # The test holds the job's row so that the completion waits first and the heartbeat
+    # behind it; both then run in that order.
+    orc = make_orc(heartbeat_interval=1.0, zombie_threshold=30, drain_seconds=0.2)
+    release = asyncio.Event()
+
+    @orc.job_type("quick")
+    async def quick(ctx: JobContext, payload: None) -> str:
+        await release.wait()
+        return "done"
+
+    async def waiting_on_the_row() -> list[str]:
+        cur = await db.execute(
+            "SELECT query FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' ORDER BY query_start"
+        )
+        return [row[0] for row in await cur.fetchall()]
+
+    async with WorkerRun(orc):
+        job_id = await orc.submit("quick")
+        await until(lambda: _all_status(orc, [job_id], Status.RUNNING))
+        heartbeats = orc.workers[0].heartbeats
+        beats = heartbeats.beats
+        await until(lambda: heartbeats.beats > beats)  # the next tick is a second away
+        with caplog.at_level(logging.DEBUG, logger="orchestrator.runtime.heartbeat"):
+            async with await psycopg.AsyncConnection.connect(db.info.dsn) as holder:
+                await holder.execute("SELECT 1 FROM orc_jobs WHERE id = %s FOR UPDATE", (job_id,))
+                release.set()
+                await until(lambda: _count(waiting_on_the_row(), 1))  # the completion
+                await until(lambda: _count(waiting_on_the_row(), 2))  # then the heartbeat
+                first, second = await waiting_on_the_row()
+                assert "orc_complete_jobs" in first and "heartbeat_at = least" in second
+            await until(lambda: _all_status(orc, [job_id], Status.COMPLETED))
+            await asyncio.sleep(0.5)  # the heartbeat's answer, and a tick after it
+    assert "handed to another attempt" not in caplog.text, caplog.text
+    assert f"job {job_id}: its own outcome ended its lease" in caplog.text, caplog.text
+
+
+async def _count(values: Awaitable[list[str]], n: int) -> bool:
+    return len(await values) == n

@@ -6,7 +6,9 @@ again when it is back, and every job completes; SIGTERM still ends it with 0."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import re
 import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -18,6 +20,7 @@ import psycopg
 import pytest
 
 from orchestrator import JobContext, Orchestrator, Status
+from orchestrator.runtime.wakeups import Wakeups
 from orchestrator.storage.migrate import migrate
 from orchestrator.storage.queries import QUERIES
 from tests.support import agent_app
@@ -188,3 +191,55 @@ async def test_a_heartbeat_whose_connection_is_killed_beats_again_on_a_new_one(
         release.set()
     assert "heartbeat failed" in caplog.text, caplog.text
     assert "heartbeats failed" not in caplog.text, caplog.text  # its loop was never restarted
+
+
+async def test_the_wake_up_listener_backs_off_while_the_server_is_away(
+    cluster: tuple[Cluster, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # docs/operations.md: the listener reconnects after a delay that doubles up to 30 s, one
+    # log line per attempt, rather than knocking on the server every second.
+    server, dsn = cluster
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await migrate(conn)
+    orc = Orchestrator(settings=settings_for_tests(), dsn=dsn)
+    async with orc:
+        wakeups = Wakeups(
+            dsn=dsn, liveness=orc.stores.liveness, wake=lambda: None,
+            notified=lambda channel, notification: None, refresh_interval=600,
+        )  # fmt: skip
+        with caplog.at_level(logging.WARNING, logger="orchestrator.runtime.wakeups"):
+            task = asyncio.create_task(wakeups.run())
+            try:
+                await asyncio.sleep(0.5)  # listening
+                server.stop()
+                await asyncio.sleep(6.5)  # attempts at 0, 1, 3 s (and 7): not 7 of them
+                lines = _listener_lines(caplog)
+                assert [delay for _, delay in lines] == ["1", "2", "4"], caplog.text
+                assert lines[0][0] == "lost its connection", caplog.text
+                server.start()
+                await eventually(
+                    lambda: _said(caplog, "wake-up listener: listening again"), timeout=20
+                )
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+    # Each attempt is at least twice as far from the previous one as that one from its own.
+    times = [r.created for r in caplog.records if r.getMessage().startswith("wake-up listener ")]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert all(later >= 1.8 * earlier for earlier, later in itertools.pairwise(gaps)), gaps
+
+
+def _listener_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
+    found = []
+    for record in caplog.records:
+        match = re.match(
+            r"wake-up listener (lost its connection|still cannot connect) \(.*\); "
+            r"reconnecting in (\d+) s$", record.getMessage(),
+        )  # fmt: skip
+        if match:
+            found.append((match[1], match[2]))
+    return found
+
+
+async def _said(caplog: pytest.LogCaptureFixture, text: str) -> bool:
+    return text in caplog.text

@@ -3,6 +3,9 @@
 Infrastructure layer (Graphile Worker's formula, unchanged): after the ``run``-th run of one
 dispatch fails, wait ``exp(min(10, run))`` seconds; a dispatch gets ``max_attempts`` runs in all.
 
+Reconnecting (a worker's side loops, its start-up wait for the database): after the ``n``-th
+failure in a row, wait ``min(cap, first · 2^(n-1))``.
+
 Application layer: the ``n``-th retry (1-based) waits ``min(cap, base · multiplier^(n-1))`` plus
 the type's jitter. A delay the server asked for (``Retry-After``, ``RetryLater``) replaces the
 computed one, capped by the type's cap and never jittered: the server knows when it will recover.
@@ -30,6 +33,18 @@ def graphile_delay_seconds(run: int) -> float:
 def graphile_retries_left(run: int, max_attempts: int) -> bool:
     """Whether a dispatch whose ``run``-th run just failed gets another run."""
     return run < max_attempts
+
+
+def doubling_delay(failures: int, *, first: float, cap: float) -> float:
+    """Seconds to wait after the ``failures``-th failure in a row (1-based): ``first``,
+    doubling each time, never more than ``cap``; safe for any ``failures``."""
+    if failures < 1:
+        raise ValueError(f"failures must be >= 1, got {failures}")
+    if first <= 0 or cap < first:
+        raise ValueError(f"want 0 < first <= cap, got first={first}, cap={cap}")
+    if failures - 1 >= math.log2(cap / first):
+        return cap
+    return min(cap, first * 2.0 ** (failures - 1))
 
 
 def app_base_delay_ms(n: int, backoff: BackoffConfig) -> float:

@@ -375,6 +375,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     orc = load_app(args.app)
 
     async def go() -> None:
+        await orc.wait_for_database(probe_port=orc.settings.health_port)
         if args.migrate:
             print(await orc.migrate())
         async with orc:
@@ -408,10 +409,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     orc = load_app(args.app)
     asyncio.run(_refuse_a_schema_it_cannot_serve(orc.dsn))
     settings = orc.settings
+    host = args.host or settings.api_host
+    port = settings.api_port if args.port is None else args.port
+    # Its probes answer on its own port while it waits (none on port 0: nobody probes that).
+    asyncio.run(
+        orc.wait_for_database(
+            probe_port=port, probe_host=host, probe_setting="ORCHESTRATOR_API_PORT"
+        )
+    )
     config = uvicorn.Config(
-        create_app(orc), host=args.host or settings.api_host,
-        port=settings.api_port if args.port is None else args.port, log_config=None,
-        lifespan="on", server_header=False, proxy_headers=True,
+        create_app(orc), host=host, port=port, log_config=None, lifespan="on",
+        server_header=False, proxy_headers=True,
     )  # fmt: skip
     server = uvicorn.Server(config)
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again for the

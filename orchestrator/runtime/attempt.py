@@ -98,6 +98,9 @@ class Attempt:
         self.clients = clients
         self.lost: str | None = None  # why the attempt was abandoned, if it was
         self.interrupted: str | None = None  # why it was asked to stop (drain), if it was
+        #: Its own outcome (or its wait for an approval) is being written, or was: from then
+        #: on its lease may be gone by its own doing (orchestrator.runtime.heartbeat).
+        self.releasing = False
         self._task: asyncio.Task[Any] | None = None
         self._task_running = False  # the task function is running: a stop cancels it
         self.job_type = kit.job_types[claim.job_type]
@@ -204,6 +207,7 @@ class Attempt:
                 self._task_running = False
             result = self.job_type.result_json(output)
         except AwaitingApproval as waiting:
+            self.releasing = True  # the wait was written: the job is no longer RUNNING
             return Waiting(waiting.approval_id)  # asking was this attempt's outcome
         except StaleLease as exc:  # a checkpoint or ledger write of the task was refused
             return Superseded("step", exc)

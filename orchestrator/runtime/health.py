@@ -3,7 +3,8 @@
     GET /healthz   200 whenever the worker's event loop answers: the process is alive, and
                    restarting it would not help, even while the database is away
     GET /readyz    200 while the worker accepts work and the database answers (within 1 s);
-                   503 with the reason ("draining", "database unreachable") otherwise
+                   503 with the reason ("draining", "database unreachable", "waiting for the
+                   database" at start-up: orchestrator.runtime.startup) otherwise
     GET /metrics   the process's metrics (orchestrator.runtime.metrics), in the format the
                    scraper's Accept header asks for (Prometheus text or OpenMetrics)
 
@@ -36,8 +37,16 @@ class HealthServer:
         ready: Callable[[], bool],
         database_ok: Callable[[], Awaitable[bool]],
         metrics: Exposition | None = None,
+        not_ready: str = "draining",
+        host: str = "0.0.0.0",
+        setting: str = "ORCHESTRATOR_HEALTH_PORT",
     ) -> None:
+        """``not_ready``: what /readyz says while ``ready()`` is false; ``setting``: the
+        setting an error about the port names."""
+        self.setting = setting
         self.port = port
+        self.host = host
+        self.not_ready = not_ready
         self.ready = ready
         self.database_ok = database_ok
         self.metrics = metrics
@@ -45,12 +54,12 @@ class HealthServer:
 
     async def start(self) -> None:
         try:
-            self._server = await asyncio.start_server(self._serve, "0.0.0.0", self.port)
+            self._server = await asyncio.start_server(self._serve, self.host, self.port)
         except OSError as exc:
             raise ConfigError(
-                f"ORCHESTRATOR_HEALTH_PORT: cannot listen on port {self.port}: "
-                f"{exc.strerror or exc} (another worker on this machine? give each its own "
-                "port, or 0 for none)"
+                f"{self.setting}: cannot listen on port {self.port}: "
+                f"{exc.strerror or exc} (another process on this machine? give each its own "
+                "port)"
             ) from None
         logger.info("health endpoints on port %d", self.port)
 
@@ -91,7 +100,7 @@ class HealthServer:
 
     async def _readiness(self) -> tuple[int, str]:
         if not self.ready():
-            return 503, "draining"
+            return 503, self.not_ready
         try:
             ok = await asyncio.wait_for(self.database_ok(), 1.0)
         except Exception:

@@ -3,7 +3,10 @@
 Each row is fenced by its attempt's lease, and the statement returns the jobs still held. A job
 missing from the answer was swept and handed to another attempt: its execution here is
 cancelled at once and writes nothing, so a job never runs in two places (a heartbeat extends
-the lease only for the current token: docs/contracts.md, "Leases and fencing").
+the lease only for the current token: docs/contracts.md, "Leases and fencing"). Unless its
+attempt let the lease go itself meanwhile: its outcome, written while the statement ran, ended
+the lease (a race, not a lost lease: nothing to cancel, no warning; a write of that outcome
+that finds the lease taken says so itself, "stale write refused").
 
 The statement runs on a connection of its own, not the pool's, so a burst of job writes (a
 thousand completions at once) never makes it wait in the pool's queue and arrive late; ticks
@@ -109,6 +112,9 @@ class Heartbeats:
             self.metrics.heartbeat(ok=True, seconds=self._last_ok - started)
             self.beats += 1
             for lease in leases.keys() - held:
+                if self.running.released_here(lease):
+                    logger.debug("job %s: its own outcome ended its lease", leases[lease])
+                    continue
                 logger.warning(
                     "job %s was handed to another attempt; cancelling it here", leases[lease]
                 )

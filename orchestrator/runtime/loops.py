@@ -11,6 +11,7 @@ from typing import TypeVar
 
 import psycopg
 
+from orchestrator.domain.backoff import doubling_delay
 from orchestrator.domain.errors import DatabaseUnavailable, TransactionConflict
 
 logger = logging.getLogger(__name__)
@@ -35,9 +36,8 @@ class Backoff:
         self.failures = 0
 
     def next(self) -> float:
-        delay: float = min(self.cap, self.first * 2.0**self.failures)
         self.failures += 1
-        return delay
+        return doubling_delay(self.failures, first=self.first, cap=self.cap)
 
     def reset(self) -> None:
         self.failures = 0

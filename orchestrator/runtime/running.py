@@ -31,6 +31,13 @@ class Running:
         """Lease token -> job id, of the attempts still believed to hold their job."""
         return {lease: a.claim.id for lease, a in self._attempts.items() if a.lost is None}
 
+    def released_here(self, lease_token: UUID) -> bool:
+        """Whether the attempt that held ``lease_token`` let it go itself: it ended here, or
+        it is writing its own outcome. A heartbeat that no longer finds the lease then found
+        that outcome, not a lease lost to another attempt."""
+        attempt = self._attempts.get(lease_token)
+        return attempt is None or attempt.releasing
+
     def abandon(self, lease_token: UUID, reason: str) -> None:
         """Stop an attempt that no longer holds its job (or cannot prove it does): it is
         cancelled and writes nothing more."""

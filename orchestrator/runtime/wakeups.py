@@ -8,6 +8,10 @@
 - A periodic look at the table re-arms the timer, and catches what was scheduled while the
   listener was away (each reconnection triggers one).
 
+A lost connection is tried again after ``RECONNECT_FIRST`` seconds, doubling up to
+``RECONNECT_MAX`` while the database stays away (one log line per attempt): a fleet in an
+outage does not knock on the server every second, and the poll goes on meanwhile.
+
 Each insert wakes one server backend and one handler per worker: this is the worker's only
 listener.
 """
@@ -26,6 +30,7 @@ import psycopg
 from procrastinate import manager
 from psycopg import sql
 
+from orchestrator.domain.backoff import doubling_delay
 from orchestrator.domain.errors import DatabaseUnavailable, TransactionConflict
 from orchestrator.storage.liveness import LivenessStore
 from orchestrator.storage.queries import QUERIES
@@ -35,7 +40,8 @@ logger = logging.getLogger(__name__)
 WAKEUP_CHANNEL = "orc_wakeup"
 ANY_QUEUE = tuple(manager.get_channel_for_queues(None))  # Procrastinate's, for every queue
 LISTEN_CHECK_SECONDS = 30.0  # as Procrastinate's listener: a silent connection is checked
-RECONNECT_SECONDS = 1.0
+RECONNECT_FIRST = 1.0
+RECONNECT_MAX = 30.0
 
 
 class Wakeups:
@@ -114,6 +120,7 @@ class Wakeups:
         """Hear due times, inserted dispatches and abort requests, reconnecting when the
         connection is lost. A dispatch inserted before this connection listens is not missed:
         the refresh that each (re)connection triggers finds it overdue."""
+        failures = 0  # attempts in a row that did not get to listen
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
@@ -121,6 +128,9 @@ class Wakeups:
                         await conn.execute(
                             sql.SQL(QUERIES["listen_channel"]).format(sql.Identifier(channel))
                         )
+                    if failures:
+                        logger.warning("wake-up listener: listening again")
+                    failures = 0
                     self._refresh_now.set()  # catch up on anything scheduled while away
                     while True:
                         async for notify in conn.notifies(timeout=LISTEN_CHECK_SECONDS):
@@ -129,8 +139,14 @@ class Wakeups:
                         # network dropped silently would otherwise leave the worker polling).
                         await conn.execute(QUERIES["ping"])
             except (psycopg.OperationalError, OSError) as exc:
-                logger.warning("wake-up listener lost its connection (%s); reconnecting", exc)
-                await asyncio.sleep(RECONNECT_SECONDS)
+                failures += 1
+                delay = doubling_delay(failures, first=RECONNECT_FIRST, cap=RECONNECT_MAX)
+                logger.warning(
+                    "wake-up listener %s (%s); reconnecting in %.0f s",
+                    "lost its connection" if failures == 1 else "still cannot connect",
+                    " ".join(str(exc).split()), delay,
+                )  # fmt: skip
+                await asyncio.sleep(delay)
 
     def heard(self, channel: str, payload: str) -> None:
         """One notification; a malformed one is logged and ignored (this listener is the

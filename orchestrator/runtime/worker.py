@@ -403,6 +403,7 @@ class Worker:
                     outcome = await attempt.run()
                 except asyncio.CancelledError:  # not the attempt's own: the event loop closes
                     handed_back = attempt.hand_back("cancelled")
+                    attempt.releasing = True
                     await asyncio.shield(self.writer.write(dispatch.id, claim, handed_back))
                     raise
                 except BaseException as exc:  # not an error of the task's: the attempt crashed
@@ -431,6 +432,7 @@ class Worker:
                 )  # fmt: skip
                 if tracing is not None and span is not None:
                     tracing.ended(span, outcome)
+                attempt.releasing = True
                 await until_written(
                     f"job {claim.id}'s outcome",
                     lambda: self.writer.write(dispatch.id, claim, outcome),

@@ -25,7 +25,7 @@ from orchestrator.domain.errors import ApprovalError, ApprovalNotFound, InvalidT
 from orchestrator.domain.events import Fault
 from orchestrator.domain.failures import Failures
 from orchestrator.domain.states import Status
-from orchestrator.services.batches import PassedOver, in_batches
+from orchestrator.services.batches import PassedOver, in_batches, passed_over_words
 from orchestrator.storage.approvals import DecisionKind
 from orchestrator.storage.database import Conn
 from orchestrator.storage.isolation import each_alone
@@ -96,6 +96,9 @@ class ExpiryResult:
     @property
     def handled(self) -> int:
         return self.expired + self.passed_over
+
+    def sentence(self) -> str:
+        return f"approvals expired: {self.expired}{passed_over_words(self.passed_over)}"
 
 
 class ApprovalExpiry:

@@ -67,3 +67,8 @@ class PassedOver:
         for r in refused:
             logger.error("%s: could not record that on job %s either: %s", self.service,
                          r.item[0], r.error)  # fmt: skip
+
+
+def passed_over_words(n: int) -> str:
+    """How a run's log line ends when it passed ``n`` rows over ("" for none)."""
+    return f"; {n} passed over (refused even alone: tried again at the next run)" if n else ""

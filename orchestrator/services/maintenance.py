@@ -47,6 +47,10 @@ class Result(Protocol):
     @property
     def handled(self) -> int: ...
 
+    def sentence(self) -> str:
+        """What the run did, for its log line."""
+        ...
+
 
 class Service(Protocol):
     name: str
@@ -108,13 +112,16 @@ class Maintenance:
         raise LookupError(f"no maintenance service named {name!r}")
 
     async def run(self, name: str) -> Result:
-        """One run of the service ``name``, reported to ``on_run``."""
+        """One run of the service ``name``, reported to ``on_run``, and logged (one warning
+        in words) when it handled anything."""
         try:
             result = await self.service(name).run_once()
         except Exception:
             self.on_run(name, None)
             raise
         self.on_run(name, _rows(result))
+        if result.handled:
+            logger.warning("%s: %s", name, result.sentence())
         return result
 
 
@@ -145,6 +152,4 @@ def _tick(app: procrastinate.App, name: str, cron: str, attempts: int) -> None:
     )
     async def tick(context: procrastinate.JobContext, timestamp: int) -> None:
         services: Maintenance = context.additional_context["services"]
-        result = await services.run(name)
-        if result.handled:
-            logger.warning("%s: %s", name, result)
+        await services.run(name)

@@ -18,6 +18,9 @@ class PruneResult:
     def handled(self) -> int:
         return self.deleted
 
+    def sentence(self) -> str:
+        return f"checkpoint and ledger rows of long-finished jobs deleted: {self.deleted}"
+
 
 class CheckpointPrune:
     name = "prune_checkpoints"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.services.batches import PassedOver, in_batches
+from orchestrator.services.batches import PassedOver, in_batches, passed_over_words
 from orchestrator.storage.isolation import each_alone
 from orchestrator.storage.stores import Stores
 
@@ -24,6 +24,12 @@ class SafetyNetResult:
     @property
     def handled(self) -> int:
         return self.redispatched + self.passed_over
+
+    def sentence(self) -> str:
+        return (
+            f"waiting jobs given a new dispatch: {self.redispatched}"
+            f"{passed_over_words(self.passed_over)}"
+        )
 
 
 class RetrySafetyNet:

@@ -32,7 +32,7 @@ from orchestrator.domain.classification import Classified, ErrorClass
 from orchestrator.domain.events import Fault
 from orchestrator.domain.failures import Failures, TerminalFailure
 from orchestrator.domain.policy import Budget, Fail, Layer, decide
-from orchestrator.services.batches import PassedOver, in_batches
+from orchestrator.services.batches import PassedOver, in_batches, passed_over_words
 from orchestrator.storage.isolation import each_alone
 from orchestrator.storage.liveness import Zombie, ZombieRetry
 from orchestrator.storage.stores import Stores
@@ -48,6 +48,12 @@ class SweepResult:
     @property
     def handled(self) -> int:
         return self.retried + self.failed + self.passed_over
+
+    def sentence(self) -> str:
+        return (
+            f"zombie jobs recovered: {self.retried + self.failed} ({self.retried} retried, "
+            f"{self.failed} failed, their budget spent){passed_over_words(self.passed_over)}"
+        )
 
     def __add__(self, other: SweepResult) -> SweepResult:
         return SweepResult(

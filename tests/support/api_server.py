@@ -25,7 +25,8 @@ APP = "tests.support.api_app:orc"
 
 
 class ApiServer:
-    def __init__(self, dsn: str, app: str = APP, **env: Any) -> None:
+    def __init__(self, dsn: str, app: str = APP, *, wait: bool = True, **env: Any) -> None:
+        """``wait``: return once it is ready (else at once: a test of its start-up)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open for the process
@@ -46,7 +47,8 @@ class ApiServer:
             [sys.executable, "-m", "orchestrator", "--app", app, "serve"],
             cwd=ROOT, env=environment, stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
-        self._wait_ready()
+        if wait:
+            self._wait_ready()
 
     def _wait_ready(self, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
