@@ -407,7 +407,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from orchestrator.interfaces.api.app import create_app
 
     orc = load_app(args.app)
-    asyncio.run(_refuse_a_schema_it_cannot_serve(orc.dsn))
     settings = orc.settings
     host = args.host or settings.api_host
     port = settings.api_port if args.port is None else args.port
@@ -417,6 +416,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             probe_port=port, probe_host=host, probe_setting="ORCHESTRATOR_API_PORT"
         )
     )
+    asyncio.run(_refuse_a_schema_it_cannot_serve(orc.dsn))  # once it answers
     config = uvicorn.Config(
         create_app(orc), host=host, port=port, log_config=None, lifespan="on",
         server_header=False, proxy_headers=True,
@@ -432,8 +432,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 async def _refuse_a_schema_it_cannot_serve(dsn: str) -> None:
     """A database migrated for another version is refused here, in one line (SchemaOutdated,
-    SchemaTooNew), where uvicorn would print the start-up's traceback; a database that cannot
-    be reached is left to the server's own start."""
+    SchemaTooNew), where uvicorn would print the start-up's traceback; a database lost again
+    since the wait is left to the server's own start."""
     with contextlib.suppress(DatabaseUnavailable):
         await check_database(dsn)
 
