@@ -10,8 +10,9 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.app import JobSpec, Text
+from orchestrator.app import JobSpec
 from orchestrator.domain.models import DeadLetter, Job, JobEvent, QueueStats
+from orchestrator.domain.storable import Text
 from orchestrator.runtime.external import ExternalTask
 from orchestrator.storage.rows import ApprovalRecord, StepRecord
 
@@ -85,9 +86,9 @@ class Queues(BaseModel):
 
 
 class RetryConfigView(BaseModel):
-    """The effective retry config: ``defaults`` for every type not named in ``job_types``."""
+    """The effective retry config: ``defaults`` for every type not named in ``job_types`` (not
+    where the server read it: its file system is its own)."""
 
-    path: str
     defaults: dict[str, Any]
     job_types: dict[str, dict[str, Any]]
 
