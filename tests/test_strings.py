@@ -75,7 +75,7 @@ def test_the_rule_refuses_exactly_what_postgresql_cannot_store(dsn: str, text: s
 SPEC_TEXT = sorted(
     name
     for name, field in JobSpec.model_fields.items()
-    if "str" in str(field.annotation) and name not in ("job_key_mode", "job_type")
+    if "str" in str(field.annotation)
 )
 
 
@@ -95,9 +95,9 @@ def test_the_python_api_refuses_such_text_naming_the_option(
     submitting: tuple[asyncio.Runner, Orchestrator], field: str, bad: str
 ) -> None:
     runner, orc = submitting
-    options: dict[str, Any] = {field: bad}
+    options: dict[str, Any] = {"job_type": "scripted", "payload": {"script": ["ok"]}, field: bad}
     with pytest.raises(SubmitError, match=rf"\b{field}: "):
-        runner.run(orc.submit("scripted", {"script": ["ok"]}, **options))
+        runner.run(orc.submit(**options))
 
 
 @examples

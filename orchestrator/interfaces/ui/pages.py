@@ -125,8 +125,8 @@ async def acting(session: Annotated[Session, Depends(signed)]) -> Session:
 
 
 async def signing_in(request: Request) -> None:
-    """A sign-in from this dashboard's sign-in form (no login CSRF: no other site's form can
-    sign a browser in, to the other site's session)."""
+    """A sign-in from this dashboard's own sign-in form, so that no other site's form can sign
+    a browser in to a session of that site's choosing (login CSRF)."""
     await from_this_page(request, request.cookies.get(LOGIN_COOKIE))
 
 
