@@ -49,9 +49,9 @@ refused = st.builds(lambda a, b, c: a + b + c, st.text(anything, max_size=4), un
 refused_in_urls = st.builds(lambda a, b: a + "\x00" + b, st.text(max_size=4), st.text(max_size=4))
 #: Where a JSON value (a payload, say) holds the text: a string, a key, an item.
 json_holding = st.sampled_from([lambda t: t, lambda t: {"k": t}, lambda t: {t: 1}, lambda t: [t]])
-examples = settings(
-    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)  # fmt: skip
+examples = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+#: For each field or parameter, every one of them tried: a few texts each.
+each = settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 # -- the rule is PostgreSQL's ----------------------------------------------------------------
@@ -73,9 +73,7 @@ def test_the_rule_refuses_exactly_what_postgresql_cannot_store(dsn: str, text: s
 # -- the Python API --------------------------------------------------------------------------
 
 SPEC_TEXT = sorted(
-    name
-    for name, field in JobSpec.model_fields.items()
-    if "str" in str(field.annotation)
+    name for name, field in JobSpec.model_fields.items() if "str" in str(field.annotation)
 )
 
 
@@ -262,15 +260,16 @@ def test_every_parameter_refuses_such_text_with_a_400_naming_it(
 ) -> None:
     _, client, document = live
 
-    @examples
-    @given(case=st.sampled_from(url_cases(document)), bad=refused_in_urls)
-    def check(case: tuple[str, str, str, str], bad: str) -> None:
-        method, path, where, name = case
-        if where == "path":
-            answer = fetched(client, method, filled(path, **{name: bad}))
-        else:
-            answer = fetched(client, method, filled(path), params={name: bad})
-        assert_refused(answer, 400, name if where == "query" else "path")
+    @each
+    @given(data=st.data())
+    def check(data: st.DataObject) -> None:
+        for method, path, where, name in url_cases(document):
+            bad = data.draw(refused_in_urls, label=f"{method} {path} {name}")
+            if where == "path":
+                answer = fetched(client, method, filled(path, **{name: bad}))
+            else:
+                answer = fetched(client, method, filled(path), params={name: bad})
+            assert_refused(answer, 400, name if where == "query" else "path")
 
     check()
 
@@ -279,24 +278,24 @@ def test_every_body_field_refuses_such_text_with_a_422_naming_it(
     live: tuple[ApiServer, httpx.Client, dict[str, Any]],
 ) -> None:
     _, client, document = live
-    bodies = body_cases(document)
 
-    @examples
-    @given(case=st.sampled_from(bodies), bad=refused, holding=json_holding)
-    def check(case: tuple[str, str, tuple[Any, ...], bool], bad: str, holding: Any) -> None:
-        method, path, field, any_json = case
-        operation = document["paths"][path][method.lower()]
-        schema = operation["requestBody"]["content"]["application/json"]["schema"]
-        value = holding(bad) if any_json else bad
-        body = with_value(minimal(document, schema), field, value)
-        content = json.dumps(body, ensure_ascii=True)  # a lone surrogate as JSON writes it
-        answer = client.request(
-            method, filled(path), content=content, headers={"content-type": "application/json"}
-        )
-        if field == ("output",):  # an attempt's result: its INVALID_OUTPUT, under its lease
-            assert answer.status_code < 500, answer.text
-            return
-        assert_refused(answer, 422, str(field[-1]))
+    @each
+    @given(data=st.data())
+    def check(data: st.DataObject) -> None:
+        for method, path, field, any_json in body_cases(document):
+            operation = document["paths"][path][method.lower()]
+            schema = operation["requestBody"]["content"]["application/json"]["schema"]
+            bad = data.draw(refused, label=f"{method} {path} {field}")
+            value = data.draw(json_holding)(bad) if any_json else bad
+            body = with_value(minimal(document, schema), field, value)
+            content = json.dumps(body, ensure_ascii=True)  # a lone surrogate as JSON writes it
+            answer = client.request(
+                method, filled(path), content=content, headers={"content-type": "application/json"}
+            )
+            if field == ("output",):  # an attempt's result: its INVALID_OUTPUT, under its lease
+                assert answer.status_code < 500, answer.text
+            else:
+                assert_refused(answer, 422, str(field[-1]))
 
     check()
 
@@ -318,9 +317,10 @@ def assert_refused(answer: httpx.Response, status: int, name: str) -> None:
 # -- the dashboard ---------------------------------------------------------------------------
 
 
-#: The dashboard's pages read these query parameters (and ignore any other).
+#: The dashboard's pages read these query parameters, and ignore any other (checked as well).
 UI_PARAMETERS = ["status", "job_type", "tenant_id", "agent_id", "job_key", "created_after",
                  "created_before", "cursor", "q", "state", "note", "error", "next"]  # fmt: skip
+any_name = st.from_regex(r"[a-z_]{1,12}", fullmatch=True)
 UI_PAGES = [r.path for r in pages.router.routes if "GET" in getattr(r, "methods", ())]
 UI_FORMS = [
     (r.path, [p.name for p in r.dependant.body_params])
@@ -339,20 +339,19 @@ def test_every_dashboard_page_and_form_refuses_such_text_naming_the_field(
     with ui_session(server, secret) as (browser, session_csrf):
         csrf = {"/ui/login": page_csrf(browser, "/ui/login")}  # before a session: its own
 
-        @examples
-        @given(page=st.sampled_from(UI_PAGES), name=st.sampled_from(UI_PARAMETERS),
-               bad=refused_in_urls)  # fmt: skip
-        def pages_refuse(page: str, name: str, bad: str) -> None:
-            assert_refused(fetched(browser, "GET", filled(page), params={name: bad}), 400, name)
+        @each
+        @given(data=st.data())
+        def check(data: st.DataObject) -> None:
+            for page in UI_PAGES:
+                name = data.draw(st.sampled_from(UI_PARAMETERS) | any_name, label=page)
+                bad = data.draw(refused_in_urls, label=f"{page} {name}")
+                answer = fetched(browser, "GET", filled(page), params={name: bad})
+                assert_refused(answer, 400, name)
+            for path, names in UI_FORMS:
+                for name in names:
+                    bad = data.draw(refused_in_urls, label=f"{path} {name}")
+                    fields = {"csrf": csrf.get(path, session_csrf), "token": "orc_x", name: bad}
+                    where = filled(path, action="requeue", decision="approve")
+                    assert_refused(browser.post(where, data=fields), 422, name)
 
-        @examples
-        @given(form=st.sampled_from(UI_FORMS), bad=refused_in_urls, data=st.data())
-        def forms_refuse(form: tuple[str, list[str]], bad: str, data: st.DataObject) -> None:
-            path, names = form
-            name = data.draw(st.sampled_from(names))
-            fields = {"csrf": csrf.get(path, session_csrf), "token": "orc_x", name: bad}
-            answer = browser.post(filled(path, action="requeue", decision="approve"), data=fields)
-            assert_refused(answer, 422, name)
-
-        pages_refuse()
-        forms_refuse()
+        check()
