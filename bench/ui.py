@@ -49,7 +49,12 @@ def server_ms(response: httpx.Response) -> float:
 
 def measure(url: str, secret: str, loads: int) -> dict[str, list[float]]:
     with httpx.Client(base_url=url, follow_redirects=False) as browser:
-        signed = browser.post("/ui/login", data={"token": secret, "next": "/ui/jobs"})
+        form = browser.get("/ui/login").text  # its CSRF token, in the form and a cookie
+        csrf = re.search(r'name="csrf" value="([^"]+)"', form)
+        assert csrf, form
+        signed = browser.post(
+            "/ui/login", data={"token": secret, "next": "/ui/jobs", "csrf": csrf.group(1)}
+        )
         assert signed.status_code == 303, signed.text
         first = browser.get("/ui/jobs").text
         cursor = re.search(r"cursor=([0-9a-f-]{36})", first)

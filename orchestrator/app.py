@@ -60,6 +60,7 @@ from orchestrator.domain.models import DeadLetter, Job, JobEvent, SubmitResult
 from orchestrator.domain.notices import Notifier
 from orchestrator.domain.secrets import Secrets
 from orchestrator.domain.states import Status
+from orchestrator.domain.storable import Text
 from orchestrator.domain.traceparent import normalized, trace_id_of
 from orchestrator.runtime import logs, startup
 from orchestrator.runtime.attempt import Toolkit
@@ -88,20 +89,11 @@ F = TypeVar("F", bound=Callable[[JobContext, Any], Awaitable[Any]])
 logger = logging.getLogger("orchestrator")
 
 
-def _no_nul(text: str) -> str:
-    if "\x00" in text:
-        raise ValueError("text with a NUL character (\\u0000), which PostgreSQL cannot hold")
-    return text
-
-
 JobKeyMode = Literal["replace", "preserve_run_at", "unsafe_dedupe"]
 
 
-#: Text a column can hold: no NUL character (PostgreSQL's text refuses it).
-Text = Annotated[str, AfterValidator(_no_nul)]
-
 #: A W3C traceparent, as version 00 writes it (orchestrator.domain.traceparent).
-Traceparent = Annotated[str, AfterValidator(normalized)]
+Traceparent = Annotated[Text, AfterValidator(normalized)]
 
 
 class JobSpec(BaseModel):

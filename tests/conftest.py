@@ -36,7 +36,8 @@ Where each part of the code is tested:
     orchestrator/interfaces   test_cli, test_first_hour; the HTTP API: test_api,
                               test_api_schema (Schemathesis), test_external_workers (a
                               Node.js worker); who sees a lease token: test_lease_token; the
-                              dashboard: test_ui (a real Chromium), test_ui_views
+                              dashboard: test_ui (a real Chromium), test_ui_views; the string
+                              rule, everywhere: test_strings
     logs and traces           test_logs, test_tracing
     tasks, demo               test_job_types, test_llm_server, test_demo
     retry_config              test_retry_config

@@ -16,8 +16,9 @@ import pytest
 
 from orchestrator import Orchestrator, Status
 from orchestrator.domain.principals import Scope
+from orchestrator.interfaces.ui import pages
 from tests.support import ui_app
-from tests.support.api_server import ApiServer, token
+from tests.support.api_server import ApiServer, token, ui_session
 from tests.support.external import MessageService, message_service
 from tests.support.harness import ROOT, WorkerRun, wait_for
 from tests.support.tools import find
@@ -109,6 +110,113 @@ async def test_sign_in_needs_a_live_token_and_sets_a_strict_http_only_cookie(
     await context.close()
 
 
+#: What the dashboard's pages may load: their own script, style and data, nothing inline.
+STRICT = ("default-src 'none'", "script-src 'self'", "style-src 'self'", "frame-ancestors 'none'")
+#: Seen in the browser's console when the page breaks its policy (or something tries to).
+REPORT_VIOLATIONS = """document.addEventListener("securitypolicyviolation",
+    (e) => console.error("CSP violation: " + e.violatedDirective + " " + e.blockedURI));"""
+
+
+def assert_secured(headers: dict[str, str], *, cached: bool = False) -> None:
+    policy = headers["content-security-policy"]
+    assert all(directive in policy for directive in STRICT) and "unsafe" not in policy, policy
+    assert headers["x-frame-options"] == "DENY"
+    assert headers["x-content-type-options"] == "nosniff"
+    assert headers["referrer-policy"] == "same-origin"
+    assert (headers.get("cache-control") == "no-store") is not cached
+
+
+async def test_every_page_works_under_a_strict_content_security_policy(
+    orc: Orchestrator, server: ApiServer, browser: Any
+) -> None:
+    job_id = await orc.submit("scripted", {"script": ["ok"]})
+    context = await browser.new_context(viewport={"width": 1280, "height": 900})
+    console: list[str] = []
+    context.on("console", lambda message: console.append(message.text))
+    await context.add_init_script(REPORT_VIOLATIONS)
+    page = await context.new_page()
+    login = await page.goto(f"{server.url}/ui/login")
+    assert login is not None
+    assert_secured(await login.all_headers())
+    await page.get_by_label("API token").fill(await token(orc.stores.tokens, "csp"))
+    await page.get_by_role("button", name="Sign in").click()
+    await page.wait_for_url(f"{server.url}/ui")
+    async with page.expect_response(lambda r: "/ui/fragments/overview" in r.url):
+        pass  # the page's own script is live: its event stream says "changed", it re-reads
+    for path in ("/ui", "/ui/jobs", f"/ui/jobs/{job_id}", "/ui/dead-letters", "/ui/approvals",
+                 "/ui/config"):  # fmt: skip
+        shown = await page.goto(f"{server.url}{path}")
+        assert shown is not None and shown.ok
+        assert_secured(await shown.all_headers())
+    assert await page.locator("[data-countdown], main").count() > 0
+    assert not [m for m in console if "Content Security Policy" in m or "CSP" in m], console
+    # and it holds: a script written into the page (say, by an injection) does not run
+    await page.evaluate("""() => { const s = document.createElement("script");
+        s.textContent = "window.injected = true"; document.head.appendChild(s); }""")
+    assert await page.evaluate("window.injected === undefined")
+    assert any("CSP violation: script-src" in m for m in console), console
+    await context.close()
+
+
+async def test_another_site_can_neither_frame_the_dashboard_nor_sign_a_browser_in(
+    orc: Orchestrator, server: ApiServer, browser: Any
+) -> None:
+    """Login CSRF: a form on another site posting someone's token to /ui/login would sign the
+    visitor in to that someone's session (and what they then do, they do as that someone)."""
+    secret = await token(orc.stores.tokens, "mallory", Scope.READ, Scope.OPERATE)
+    attacker = "http://attacker.test"
+    trap = f"""<iframe src="{server.url}/ui/login"></iframe>
+        <form id="trap" method="post" action="{server.url}/ui/login">
+          <input name="token" value="{secret}"><input name="csrf" value="guessed"></form>"""
+    context = await browser.new_context()
+    await context.route(f"{attacker}/**", lambda route: route.fulfill(body=trap,
+                                                                      content_type="text/html"))  # fmt: skip
+    page = await context.new_page()
+    await page.goto(f"{attacker}/")
+    [framed] = page.frames[1:]
+    assert await framed.locator("#token").count() == 0  # frame-ancestors 'none': not shown
+    async with page.expect_navigation() as posted:
+        await page.evaluate("document.getElementById('trap').submit()")
+    refused = await posted.value
+    assert refused is not None and refused.request.method == "POST" and refused.status == 401
+    assert "orc_session" not in {c["name"] for c in await context.cookies()}
+    await page.goto(f"{server.url}/ui")
+    assert "/ui/login" in page.url  # not signed in as mallory
+    await context.close()
+
+
+async def test_every_answer_carries_the_security_headers(
+    orc: Orchestrator, server: ApiServer
+) -> None:
+    secret = await token(orc.stores.tokens, "headers", Scope.READ)
+    with ui_session(server, secret) as (client, _):
+        for path in ("/ui/login", "/ui", "/ui/jobs", "/ui/fragments/jobs", "/ui/dead-letters",
+                     "/ui/config", f"/ui/jobs/{UUID(int=1)}", "/api/v1/jobs", "/ui/nowhere"):  # fmt: skip
+            answer = client.get(path, headers={"Authorization": f"Bearer {secret}"})
+            assert answer.status_code in (200, 404), (path, answer.text)
+            assert_secured(dict(answer.headers))
+        static = client.get("/ui/static/app.js")
+        assert_secured(dict(static.headers), cached=True)  # the only answer kept in a cache
+        assert str(ui_app.CONFIG) not in client.get("/ui/config").text
+
+
+async def test_every_dashboard_form_without_its_csrf_field_is_refused_with_401(
+    orc: Orchestrator, server: ApiServer
+) -> None:
+    forms = [r.path for r in pages.router.routes if "POST" in getattr(r, "methods", ())]
+    assert {"/ui/login", "/ui/logout", "/ui/jobs/{job_id}/cancel"} <= set(forms)
+    secret = await token(orc.stores.tokens, "formless", Scope.READ, Scope.OPERATE)
+    with ui_session(server, secret) as (client, _):
+        for form in forms:
+            path = re.sub(r"\{\w+\}", str(UUID(int=1)), form)
+            for fields in ({"token": secret, "reason": "r"}, {"csrf": "forged", "reason": "r"}):
+                refused = client.post(path, data=fields)
+                assert refused.status_code == 401, (form, fields, refused.text)
+                assert refused.json()["code"] == "UNAUTHORIZED"
+                assert "CSRF" in refused.json()["detail"]
+        assert client.get("/ui").status_code == 200  # still signed in: nothing was done
+
+
 async def test_a_retry_counts_down_then_runs_and_completes_without_a_reload(
     orc: Orchestrator, server: ApiServer, browser: Any
 ) -> None:
@@ -132,12 +240,9 @@ async def test_a_retry_counts_down_then_runs_and_completes_without_a_reload(
         status = page.locator("#job-status")
         assert await status.inner_text() == "RETRY"
         assert "in " in await page.locator("#job .countdown").inner_text()
-        await page.wait_for_function(
-            "document.querySelector('#job-status').textContent === 'RUNNING'", timeout=15_000
-        )
-        await page.wait_for_function(
-            "document.querySelector('#job-status').textContent === 'COMPLETED'", timeout=15_000
-        )
+        # (waits by locator: the page's policy refuses the eval of wait_for_function)
+        await status.filter(has_text=re.compile("^RUNNING$")).wait_for(timeout=15_000)
+        await status.filter(has_text=re.compile("^COMPLETED$")).wait_for(timeout=15_000)
         assert await page.evaluate("window.notReloaded") is True  # updated in place
     kinds = await page.locator(".timeline .event strong").all_inner_texts()
     assert kinds[-1] == "job.completed" and "job.retry_scheduled" in kinds
@@ -212,9 +317,9 @@ async def test_dead_letters_are_requeued_and_discarded_by_two_people(
     for tenant in ("acme", "acme", "globex", None):
         await orc.submit("scripted", {"script": ["ok"]}, tenant_id=tenant)
     await bob.goto(f"{server.url}/ui")
-    await bob.wait_for_function(  # the overview updates itself (a read serves 2 s)
-        "document.querySelector(\"[data-count='PENDING']\").textContent === '5'", timeout=10_000
-    )  # with the requeued job
+    pending = bob.locator("[data-count='PENDING']")  # the overview updates itself (a read
+    await pending.filter(has_text=re.compile("^5$")).wait_for(timeout=10_000)  # serves 2 s)
+    # with the requeued job
     await shot(bob, "overview")
     await alice.context.close()
     await bob.context.close()

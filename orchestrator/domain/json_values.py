@@ -1,14 +1,16 @@
 """Values that JSON, as PostgreSQL's ``jsonb`` stores it, holds exactly.
 
 Refused, with where: a number that is not finite (JSON has no NaN or infinity; serialised, it
-would silently become ``null``), text with a NUL character or a lone surrogate (``jsonb`` and
-UTF-8 cannot hold them), and nesting deeper than :data:`MAX_DEPTH` levels.
+would silently become ``null``), text PostgreSQL cannot store (a NUL character, a lone
+surrogate: orchestrator.domain.storable), and nesting deeper than :data:`MAX_DEPTH` levels.
 """
 
 from __future__ import annotations
 
 import math
 from typing import Any
+
+from orchestrator.domain import storable
 
 #: The deepest nesting a payload or a result may have.
 MAX_DEPTH = 100
@@ -41,9 +43,6 @@ def check(value: Any, where: str) -> None:
 
 
 def _text(text: str, path: str) -> None:
-    if "\x00" in text:
-        raise NotJson(f"{path}: text with a NUL character (\\u0000), which jsonb cannot hold")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise NotJson(f"{path}: text with a lone surrogate, which UTF-8 cannot hold") from None
+    reason = storable.refusal(text)
+    if reason is not None:
+        raise NotJson(f"{path}: {reason}")

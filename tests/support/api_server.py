@@ -3,13 +3,15 @@ the way an operator makes them (``orchestrator tokens create``'s store)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +91,22 @@ async def token(
 ) -> str:
     made = await tokens.create(name, scopes or tuple(Scope), tenants, by="tests")
     return made.token
+
+
+@contextlib.contextmanager
+def ui_session(server: ApiServer, secret: str) -> Iterator[tuple[httpx.Client, str]]:
+    """A client signed in to the dashboard as a browser does (the sign-in form's CSRF token,
+    from its page and cookie), and the session's CSRF token for its forms."""
+    with httpx.Client(base_url=server.url, timeout=10) as browser:
+        signed = browser.post(
+            "/ui/login", data={"token": secret, "csrf": page_csrf(browser, "/ui/login")}
+        )
+        assert signed.status_code == 303 and "error" not in signed.headers["location"], signed.text
+        yield browser, page_csrf(browser, "/ui")
+
+
+def page_csrf(browser: httpx.Client, page: str) -> str:
+    """The CSRF token of the dashboard page's forms (the sign-in page: with its cookie)."""
+    found = re.search(r'name="csrf" value="([^"]+)"', browser.get(page).text)
+    assert found, page
+    return found.group(1)

@@ -27,7 +27,7 @@ from starlette.staticfiles import StaticFiles
 from orchestrator.app import Orchestrator
 from orchestrator.domain.errors import OrchestratorError
 from orchestrator.domain.principals import Scope, Unauthorized
-from orchestrator.interfaces.api import jobs, operations, problems, workers
+from orchestrator.interfaces.api import jobs, operations, parameters, problems, workers
 from orchestrator.interfaces.api.auth import Authenticator
 from orchestrator.interfaces.api.watch import EventWatch
 from orchestrator.interfaces.ui import pages
@@ -102,6 +102,8 @@ def create_app(orc: Orchestrator) -> FastAPI:
     app.add_api_route("/readyz", readyz, methods=["GET"], include_in_schema=False)
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
     app.add_middleware(BodyLimit, limit=settings.api_max_body_bytes)
+    app.add_middleware(StorableParameters)
+    app.add_middleware(SecurityHeaders)
     app.add_middleware(ServerTiming)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
@@ -209,3 +211,56 @@ class BodyLimit:
             f"request body over {self.limit} bytes (ORCHESTRATOR_API_MAX_BODY_BYTES)",
         )  # fmt: skip
         await response(scope, receive, send)
+
+
+class StorableParameters:
+    """A query or path parameter PostgreSQL cannot store (api.parameters) is a 400
+    ``REQUEST_INVALID`` naming it, whatever the route."""
+
+    def __init__(self, app: Callable[[AsgiScope, Receive, Send], Awaitable[None]]):
+        self.app = app
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        refused = parameters.refused(scope) if scope["type"] == "http" else None
+        if refused is None:
+            await self.app(scope, receive, send)
+            return
+        await problems.problem(400, "REQUEST_INVALID", refused)(scope, receive, send)
+
+
+#: On every answer: what a browser may load, and that no other site may frame or sniff it
+#: (docs/ui.md, "Security headers"). The dashboard has no inline script or style.
+SECURITY_HEADERS = (
+    (b"content-security-policy",
+     b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+     b"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+)  # fmt: skip
+#: What may be kept in a cache: only the dashboard's static files.
+CACHEABLE = "/ui/static/"
+
+
+class SecurityHeaders:
+    """SECURITY_HEADERS on every answer, and ``Cache-Control: no-store`` on every answer but
+    the static files (pages and API answers show jobs: no browser or proxy keeps them)."""
+
+    def __init__(self, app: Callable[[AsgiScope, Receive, Send], Awaitable[None]]):
+        self.app = app
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        cacheable = scope["path"].startswith(CACHEABLE)
+
+        async def secured(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                headers = [*message.get("headers", []), *SECURITY_HEADERS]
+                if not cacheable and not any(k.lower() == b"cache-control" for k, _ in headers):
+                    headers.append((b"cache-control", b"no-store"))
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, secured)

@@ -10,9 +10,10 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.app import JobSpec, Text
+from orchestrator.app import JobSpec
 from orchestrator.domain.models import DeadLetter, Job, JobEvent, QueueStats
 from orchestrator.domain.policy import Budget, max_attempts
+from orchestrator.domain.storable import Text
 from orchestrator.runtime.external import ExternalTask
 from orchestrator.storage.rows import ApprovalRecord, StepRecord
 
@@ -86,9 +87,9 @@ class Queues(BaseModel):
 
 
 class RetryConfigView(BaseModel):
-    """The effective retry config: ``defaults`` for every type not named in ``job_types``."""
+    """The effective retry config: ``defaults`` for every type not named in ``job_types`` (not
+    where the server read it: its file system is its own)."""
 
-    path: str
     defaults: dict[str, Any]
     job_types: dict[str, dict[str, Any]]
 

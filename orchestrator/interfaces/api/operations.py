@@ -135,7 +135,6 @@ async def retry_config(orc: Orc, caller: Reader) -> RetryConfigView:
     """The effective retry config of every job type (read-only)."""
     config = orc.retry_config
     return RetryConfigView(
-        path=str(config.path),
         defaults=config.defaults.model_dump(mode="json"),
         job_types={
             name: config.for_type(name).model_dump(mode="json")

@@ -6,17 +6,22 @@ when the server says something changed (Server-Sent Events): a job's page when t
 events (woken by the database, as an API wait), the lists every two seconds. Actions are plain
 forms carrying the session's CSRF token; each records the signed-in principal as who acted, and
 the API's rules apply (scopes, tenants, the two-person discard).
+
+Every form the dashboard takes, sign-in included, is one of its own pages' (``from_this_page``):
+the browser says it was sent from this origin, and it carries the CSRF token that page was given
+(a session's, or before signing in, a cookie's: double submit). Anything else is 401.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import secrets
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, Form, Request
@@ -32,6 +37,7 @@ from orchestrator.domain.errors import (
 )
 from orchestrator.domain.principals import Scope, Unauthorized
 from orchestrator.domain.states import Status
+from orchestrator.domain.storable import Text
 from orchestrator.interfaces.api.jobs import Orc, orchestrator
 from orchestrator.interfaces.api.watch import EventWatch
 from orchestrator.interfaces.ui import views
@@ -46,6 +52,8 @@ templates.env.filters["readable"] = views.readable
 templates.env.globals["layer_of"] = views.layer_of
 
 COOKIE = "orc_session"
+#: Before signing in: the sign-in form's CSRF token, the same in this cookie and in the form.
+LOGIN_COOKIE = "orc_login"
 SESSION_SECONDS = 12 * 3600
 LIST_REFRESH_SECONDS = 2.0
 JOB_PAGE = 50
@@ -78,11 +86,52 @@ async def viewer(request: Request) -> Session:
 Viewer = Annotated[Session, Depends(viewer)]
 
 
-def _acting(session: Session, csrf: str) -> None:
-    """An action of this session: its CSRF token, and the operate scope."""
-    if not hmac.compare_digest(csrf, session.csrf):
-        raise Unauthorized("this form is not from this session (CSRF token); reload the page")
+async def from_this_page(request: Request, expected: str | None) -> None:
+    """A form one of this dashboard's pages gave the browser: Unauthorized otherwise. The
+    browser says it comes from this origin (``Sec-Fetch-Site``; an older one, ``Origin``), and
+    its ``csrf`` field is ``expected``, the token that page was given."""
+    given = (await request.form()).get("csrf")
+    if not (
+        isinstance(given, str)
+        and expected
+        and hmac.compare_digest(_bytes(given), _bytes(expected))
+        and _same_origin(request)
+    ):
+        raise Unauthorized("this form is not from this dashboard's page (CSRF token); reload it")
+
+
+def _bytes(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _same_origin(request: Request) -> bool:
+    site = request.headers.get("sec-fetch-site")
+    if site is not None:
+        return site == "same-origin"  # not same-site: a sibling subdomain is another site
+    origin = request.headers.get("origin")
+    return origin is None or urlsplit(origin).netloc == request.headers.get("host")
+
+
+async def signed(request: Request, session: Viewer) -> Session:
+    """The session, acting through a form of its own pages."""
+    await from_this_page(request, session.csrf)
+    return session
+
+
+async def acting(session: Annotated[Session, Depends(signed)]) -> Session:
+    """The session, acting through a form of its own pages, with the operate scope."""
     session.principal.require(Scope.OPERATE)
+    return session
+
+
+async def signing_in(request: Request) -> None:
+    """A sign-in from this dashboard's own sign-in form, so that no other site's form can sign
+    a browser in to a session of that site's choosing (login CSRF)."""
+    await from_this_page(request, request.cookies.get(LOGIN_COOKIE))
+
+
+Signed = Annotated[Session, Depends(signed)]
+Acting = Annotated[Session, Depends(acting)]
 
 
 def _back(to: str, *, note: str | None = None, error: str | None = None) -> RedirectResponse:
@@ -112,17 +161,27 @@ def _page(request: Request, name: str, session: Session, **context: Any) -> HTML
 
 @router.get("/login")
 async def login_form(request: Request, next: str = "/ui") -> HTMLResponse:
-    return templates.TemplateResponse(
-        request, "login.html", {"next": _local(next), "error": request.query_params.get("error")}
+    csrf = request.cookies.get(LOGIN_COOKIE, "")
+    if not (len(csrf) == 43 and csrf.isascii()):  # a tab's form stays good while another opens
+        csrf = secrets.token_urlsafe(32)
+    response = templates.TemplateResponse(
+        request,
+        "login.html",
+        {"next": _local(next), "error": request.query_params.get("error"), "csrf": csrf},
     )
+    response.set_cookie(
+        LOGIN_COOKIE, csrf, path="/ui/login", httponly=True, samesite="strict",
+        secure=request.url.scheme == "https",
+    )  # fmt: skip
+    return response
 
 
-@router.post("/login")
+@router.post("/login", dependencies=[Depends(signing_in)])
 async def login(
     request: Request,
     orc: Orc,
-    token: Annotated[str, Form(max_length=200)],
-    next: Annotated[str, Form(max_length=2000)] = "/ui",
+    token: Annotated[Text, Form(max_length=200)],
+    next: Annotated[Text, Form(max_length=2000)] = "/ui",
 ) -> Response:
     try:
         principal = await orc.stores.tokens.authenticate(token)
@@ -137,15 +196,13 @@ async def login(
         COOKIE, session_id, max_age=int(SESSION_SECONDS), path="/ui", httponly=True,
         samesite="strict", secure=request.url.scheme == "https",
     )  # fmt: skip
+    response.delete_cookie(LOGIN_COOKIE, path="/ui/login")  # used: the next sign-in gets another
     return response
 
 
 @router.post("/logout")
-async def logout(
-    request: Request, orc: Orc, session: Viewer, csrf: Annotated[str, Form()]
-) -> Response:
-    if hmac.compare_digest(csrf, session.csrf):
-        await orc.stores.sessions.end(request.cookies[COOKIE])
+async def logout(request: Request, orc: Orc, session: Signed) -> Response:
+    await orc.stores.sessions.end(request.cookies[COOKIE])
     response = RedirectResponse("/ui/login", status_code=303)
     response.delete_cookie(COOKIE, path="/ui")
     return response
@@ -306,10 +363,8 @@ async def job_fragment(request: Request, orc: Orc, session: Viewer, job_id: UUID
 
 @router.post("/jobs/{job_id}/cancel")
 async def cancel(
-    orc: Orc, session: Viewer, job_id: UUID, csrf: Annotated[str, Form()],
-    reason: Annotated[str, Form(max_length=2000)] = "",
-) -> Response:  # fmt: skip
-    _acting(session, csrf)
+    orc: Orc, session: Acting, job_id: UUID, reason: Annotated[Text, Form(max_length=2000)] = ""
+) -> Response:
     await _job(orc, session, job_id)
     return await _acted(
         f"/ui/jobs/{job_id}", "cancelled",
@@ -360,10 +415,9 @@ async def _own_letter(orc: Orchestrator, session: Session, letter_id: UUID) -> N
 
 @router.post("/dead-letters/{letter_id}/{action}")
 async def dead_letter_action(
-    orc: Orc, session: Viewer, letter_id: UUID, action: str, csrf: Annotated[str, Form()],
-    reason: Annotated[str, Form(max_length=2000)] = "",
+    orc: Orc, session: Acting, letter_id: UUID, action: str,
+    reason: Annotated[Text, Form(max_length=2000)] = "",
 ) -> Response:  # fmt: skip
-    _acting(session, csrf)
     await _own_letter(orc, session, letter_id)
     actor = session.principal.actor
     match action:
@@ -400,10 +454,9 @@ async def approvals_fragment(request: Request, orc: Orc, session: Viewer) -> HTM
 
 @router.post("/approvals/{approval_id}/{decision}")
 async def decide(
-    orc: Orc, session: Viewer, approval_id: UUID, decision: str, csrf: Annotated[str, Form()],
-    reason: Annotated[str, Form(max_length=2000)] = "",
+    orc: Orc, session: Acting, approval_id: UUID, decision: str,
+    reason: Annotated[Text, Form(max_length=2000)] = "",
 ) -> Response:  # fmt: skip
-    _acting(session, csrf)
     approval = await orc.stores.approvals.get(approval_id)
     if not session.principal.sees(approval["tenant_id"]):
         raise ApprovalNotFound(approval_id)
@@ -427,7 +480,7 @@ async def config_page(request: Request, orc: Orc, session: Viewer) -> HTMLRespon
     config = orc.retry_config
     types = sorted({*orc.job_types, *config.job_types})
     return _page(
-        request, "config.html", session, path=str(config.path),
+        request, "config.html", session,
         types=[(name, config.for_type(name)) for name in types],
         app_schedule=views.app_schedule, infra_schedule=views.infra_schedule,
     )  # fmt: skip
