@@ -47,6 +47,7 @@ from orchestrator.domain.degradation import Degrader, Fallback, TypeDegradation
 from orchestrator.domain.errors import (
     ConfigError,
     DeadLetterError,
+    InvalidArgument,
     InvalidPayload,
     InvalidTransition,
     OrchestratorError,
@@ -60,7 +61,7 @@ from orchestrator.domain.models import DeadLetter, Job, JobEvent, SubmitResult
 from orchestrator.domain.notices import Notifier
 from orchestrator.domain.secrets import Secrets
 from orchestrator.domain.states import Status
-from orchestrator.domain.storable import Text
+from orchestrator.domain.storable import Text, refusal
 from orchestrator.domain.traceparent import normalized, trace_id_of
 from orchestrator.runtime import logs, startup
 from orchestrator.runtime.attempt import Toolkit
@@ -439,8 +440,9 @@ class Orchestrator:
     ) -> list[Job]:
         """Newest first, of the given status, type, tenant and job key (each: any when None;
         a key is per tenant, so without ``tenant_id`` every tenant's job with the key)."""
+        _storable(job_type=job_type, tenant_id=tenant_id, job_key=job_key)
         return await self.stores.jobs.list_jobs(
-            status=Status(status) if status else None,
+            status=_status(status) if status else None,
             job_type=job_type,
             tenant_id=tenant_id,
             job_key=job_key,
@@ -448,6 +450,7 @@ class Orchestrator:
         )
 
     async def cancel(self, job_id: UUID | str, *, reason: str = "", by: str = "api") -> None:
+        _storable(reason=reason, by=by)
         with self._counting_refusals():
             await self.stores.jobs.cancel(_uuid(job_id), reason=reason, by=by)
 
@@ -461,6 +464,7 @@ class Orchestrator:
     ) -> list[DeadLetter]:
         """Newest first, in the given state and of the given tenant (each: any when None);
         ``tenants``: only letters of these tenants."""
+        _storable(state=state, tenant_id=tenant_id, tenants=tenants)
         return await self.stores.dead_letters.list_letters(
             state=state, tenant_id=tenant_id, limit=limit, tenants=tenants
         )
@@ -491,6 +495,7 @@ class Orchestrator:
 
     async def request_discard(self, dead_letter_id: UUID | str, *, by: str, reason: str) -> None:
         """The first of the two reviews a discard needs."""
+        _storable(by=by, reason=reason)
         if not reason.strip():
             raise DeadLetterError("a discard needs a reason")
         await self.stores.dead_letters.request_discard(
@@ -499,17 +504,20 @@ class Orchestrator:
 
     async def confirm_discard(self, dead_letter_id: UUID | str, *, by: str) -> None:
         """Second review: by someone other than the requester."""
+        _storable(by=by)
         await self.stores.dead_letters.confirm_discard(_uuid(dead_letter_id, "dead letter"), by)
 
     async def approve(self, approval_id: UUID | str, *, by: str, reason: str = "") -> None:
         """Approve a waiting step: its job resumes from its last checkpoint (no budget used)."""
         approval = _uuid(approval_id, "approval")
+        _storable(by=by, reason=reason)
         with self._counting_refusals():
             await self.opened.decisions.decide(approval, "approved", by=by, reason=reason)
 
     async def reject(self, approval_id: UUID | str, *, by: str, reason: str) -> None:
         """Reject a waiting step: its job fails, or resumes down the task's rejection path."""
         approval = _uuid(approval_id, "approval")
+        _storable(by=by, reason=reason)
         with self._counting_refusals():
             await self.opened.decisions.decide(approval, "rejected", by=by, reason=reason)
 
@@ -521,6 +529,7 @@ class Orchestrator:
         tenants: Collection[str] | None = None,
     ) -> list[ApprovalRecord]:
         """Newest first; ``tenants``: only approvals of these tenants' jobs."""
+        _storable(status=status, tenants=tenants)
         return await self.stores.approvals.list_approvals(
             status=status, limit=limit, tenants=tenants
         )
@@ -716,4 +725,23 @@ def _uuid(value: UUID | str, what: str = "job") -> UUID:
         return UUID(value)
     except ValueError:
         article = "an" if what[0] in "aeiou" else "a"
-        raise OrchestratorError(f"not {article} {what} id: {value!r}") from None
+        raise InvalidArgument(f"not {article} {what} id: {value!r}") from None
+
+
+def _status(value: Status | str) -> Status:
+    try:
+        return Status(value)
+    except ValueError:
+        known = ", ".join(s.value for s in Status)
+        raise InvalidArgument(f"status: {value!r} is not a status (one of {known})") from None
+
+
+def _storable(**texts: str | Collection[str] | None) -> None:
+    """The string rule (orchestrator.domain.storable) for the operator calls' text: refused
+    naming the argument, before anything is read or written (a submit's options are checked by
+    JobSpec)."""
+    for name, value in texts.items():
+        for text in [value] if isinstance(value, str) else value or ():
+            reason = refusal(text)
+            if reason is not None:
+                raise InvalidArgument(f"{name}: {reason}")

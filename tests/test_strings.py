@@ -4,16 +4,18 @@ serve`` refuses such text in every string field of every request body and every 
 parameter of its OpenAPI document (read from the live server, so a field added tomorrow is
 covered tomorrow), and in every query parameter and form field of the dashboard: 422 for a body,
 400 for a URL, naming the field; never a 500. The Python API's submit says the same, with its
-SubmitError. (A header cannot carry a NUL: HTTP refuses it before the server sees it.)"""
+SubmitError, and its operator calls with InvalidArgument. (A header cannot carry a NUL: HTTP refuses it before the server sees it.)"""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import re
 import subprocess
 import sys
+import typing
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -29,7 +31,7 @@ from psycopg.types.json import Jsonb
 
 from orchestrator import Orchestrator
 from orchestrator.app import JobSpec
-from orchestrator.domain.errors import SubmitError
+from orchestrator.domain.errors import InvalidArgument, SubmitError
 from orchestrator.domain.storable import refusal
 from orchestrator.interfaces.ui import pages
 from tests.support import api_app, scripted
@@ -106,6 +108,51 @@ def test_a_payload_holding_such_text_is_refused_naming_where(
     runner, orc = submitting
     with pytest.raises(SubmitError, match=r"payload"):
         runner.run(orc.submit("external_echo", holding(bad)))
+
+
+def text_arguments() -> list[tuple[str, str]]:
+    """Every text argument of the Orchestrator's public calls that act on or read stored rows
+    (ids aside: an id that is no UUID is refused as such), read from their signatures, so a
+    call added tomorrow is tried tomorrow."""
+    found = []
+    for name, call in inspect.getmembers(Orchestrator, inspect.iscoroutinefunction):
+        if name.startswith("_") or name in NOT_OPERATOR_CALLS:
+            continue
+        for argument, hint in typing.get_type_hints(call).items():
+            if argument != "return" and "str" in str(hint) and "UUID" not in str(hint):
+                found.append((name, argument))
+    return found
+
+
+#: Calls whose text is checked elsewhere (a submit's options: JobSpec, above) or that run the
+#: orchestrator rather than act on rows (their text is configuration).
+NOT_OPERATOR_CALLS = {"submit", "submit_many", "submit_specs", "run_worker", "run_exporter",
+                      "wait_for_database"}  # fmt: skip
+
+
+def test_the_operator_calls_take_text() -> None:
+    assert {"cancel", "request_discard", "approve", "reject", "list_jobs"} <= {
+        call for call, _ in text_arguments()
+    }
+
+
+@pytest.mark.parametrize(("name", "argument"), text_arguments())
+@each
+@given(bad=refused)
+def test_the_python_api_s_operator_calls_refuse_such_text_naming_the_argument(
+    submitting: tuple[asyncio.Runner, Orchestrator], name: str, argument: str, bad: str
+) -> None:
+    runner, orc = submitting
+    call = getattr(orc, name)
+    arguments: dict[str, Any] = {}
+    for parameter in inspect.signature(call).parameters.values():
+        if parameter.name == argument:
+            arguments[argument] = bad
+        elif parameter.default is inspect.Parameter.empty:  # an id, or the other text
+            hint = str(typing.get_type_hints(getattr(Orchestrator, name))[parameter.name])
+            arguments[parameter.name] = uuid.uuid4() if "UUID" in hint else "ok"
+    with pytest.raises(InvalidArgument, match=rf"^{argument}: "):
+        runner.run(call(**arguments))
 
 
 # -- the HTTP API, every field of its OpenAPI document ----------------------------------------

@@ -8,6 +8,8 @@ OrchestratorError                  base; every subclass carries a stable ``code`
 ├── SubmitError                    a submit was refused; nothing was stored
 │   ├── UnknownJobType
 │   └── InvalidPayload
+├── InvalidArgument                an argument of a call that cannot be used (not an id; text
+│                                  PostgreSQL cannot store): nothing was done
 ├── JobNotFound
 ├── InvalidTransition              WF_STATE_TRANSITION_INVALID; nothing was changed
 ├── StaleLease                     a write from an attempt whose lease was superseded
@@ -60,6 +62,10 @@ class InvalidPayload(SubmitError):
     def __init__(self, job_type: str, detail: str) -> None:
         self.job_type = job_type
         super().__init__(f"invalid payload for job type {job_type!r}: {detail}")
+
+
+class InvalidArgument(OrchestratorError, ValueError):
+    code = "ARGUMENT_INVALID"
 
 
 class JobNotFound(OrchestratorError):
