@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from orchestrator import JobContext, Orchestrator, Status
+from orchestrator.interfaces.api.watch import EventWatch
 from orchestrator.runtime.wakeups import Wakeups
 from orchestrator.storage.migrate import migrate
 from orchestrator.storage.queries import QUERIES
@@ -229,16 +230,46 @@ async def test_the_wake_up_listener_backs_off_while_the_server_is_away(
     assert all(later >= 1.8 * earlier for earlier, later in itertools.pairwise(gaps)), gaps
 
 
-def _listener_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
+def _listener_lines(
+    caplog: pytest.LogCaptureFixture, listener: str = "wake-up listener"
+) -> list[tuple[str, str]]:
     found = []
     for record in caplog.records:
         match = re.match(
-            r"wake-up listener (lost its connection|still cannot connect) \(.*\); "
+            rf"{listener} (lost its connection|still cannot connect) \(.*\); "
             r"reconnecting in (\d+) s$", record.getMessage(),
         )  # fmt: skip
         if match:
             found.append((match[1], match[2]))
     return found
+
+
+async def test_the_api_s_event_listener_backs_off_while_the_server_is_away(
+    cluster: tuple[Cluster, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # docs/operations.md: the API server's event listener (the waits' and streams' wake-ups)
+    # reconnects after 1 s, doubling up to 10 s, one line per attempt.
+    server, dsn = cluster
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await migrate(conn)
+    orc = Orchestrator(settings=settings_for_tests(), dsn=dsn)
+    async with orc:
+        watch = EventWatch(dsn=dsn, listeners=orc.stores.listeners)
+        with caplog.at_level(logging.WARNING, logger="orchestrator.api.watch"):
+            task = asyncio.create_task(watch.run())
+            try:
+                await asyncio.sleep(0.5)  # listening
+                server.stop()
+                await asyncio.sleep(6.5)  # attempts at 0, 1, 3 s (and 7): not 7 of them
+                lines = _listener_lines(caplog, "event listener")
+                assert [delay for _, delay in lines] == ["1", "2", "4"], caplog.text
+                server.start()
+                await eventually(
+                    lambda: _said(caplog, "event listener: listening again"), timeout=20
+                )
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
 
 async def _said(caplog: pytest.LogCaptureFixture, text: str) -> bool:

@@ -20,6 +20,7 @@ from uuid import UUID
 import psycopg
 from psycopg import sql
 
+from orchestrator.domain.backoff import doubling_delay
 from orchestrator.domain.errors import DatabaseUnavailable
 from orchestrator.storage.listeners import ListenerStore
 from orchestrator.storage.queries import QUERIES
@@ -33,6 +34,10 @@ RENEW_SECONDS = 20.0
 #: A quiet connection is checked this often; each (re)connection wakes every waiter once.
 LISTEN_CHECK_SECONDS = 30.0
 RECONNECT_SECONDS = 1.0
+#: A lost LISTEN connection is tried again after 1 s, doubling up to 10 s: not every second
+#: through an outage, yet soon after it (a wait meanwhile answers 503 DATABASE_UNAVAILABLE).
+RELISTEN_FIRST_SECONDS = 1.0
+RELISTEN_MAX_SECONDS = 10.0
 READY_SECONDS = 5.0
 
 
@@ -102,12 +107,16 @@ class EventWatch:
                     await self.listeners.stop(self.name)
 
     async def _listen(self) -> None:
+        failures = 0
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
                     await conn.execute(
                         sql.SQL(QUERIES["listen_channel"]).format(sql.Identifier(CHANNEL))
                     )
+                    if failures:
+                        logger.warning("event listener: listening again")
+                    failures = 0
                     self._listening.set()
                     self._changed.set()  # anything written while not listening
                     while True:
@@ -116,8 +125,16 @@ class EventWatch:
                         await conn.execute(QUERIES["ping"])
             except (psycopg.OperationalError, OSError) as exc:
                 self._listening.clear()
-                logger.warning("event listener lost its connection (%s); reconnecting", exc)
-                await asyncio.sleep(RECONNECT_SECONDS)
+                failures += 1
+                delay = doubling_delay(
+                    failures, first=RELISTEN_FIRST_SECONDS, cap=RELISTEN_MAX_SECONDS
+                )
+                logger.warning(
+                    "event listener %s (%s); reconnecting in %.0f s",
+                    "lost its connection" if failures == 1 else "still cannot connect",
+                    " ".join(str(exc).split()), delay,
+                )  # fmt: skip
+                await asyncio.sleep(delay)
 
     async def _wake_loop(self) -> None:
         while True:
