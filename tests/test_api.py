@@ -215,6 +215,28 @@ async def test_malformed_and_oversized_requests_are_refused(
     assert await (await db.execute("SELECT count(*) FROM orc_jobs")).fetchone() == (0,)
 
 
+async def test_a_request_without_a_live_token_is_401_whatever_else_is_wrong_with_it(
+    orc: Orchestrator, server: ApiServer, db: psycopg.AsyncConnection[Any]
+) -> None:
+    # docs/api.md, "Auth": the token is checked first, before the body's size, the URL's text or
+    # the body itself are looked at; a caller without one learns nothing else.
+    as_json = {"content-type": "application/json"}
+    huge = {"job_type": "scripted", "payload": {"script": ["x" * (5 * 1024 * 1024)]}}
+    for secret in (None, "orc_0_nonsense"):
+        async with _client(server, secret) as anonymous:
+            for answer in (
+                await anonymous.post("/api/v1/jobs", content=b"{oops", headers=as_json),
+                await anonymous.post("/api/v1/internal/heartbeat", content=b"{", headers=as_json),
+                await anonymous.post("/api/v1/jobs", json=huge),
+                await anonymous.get("/api/v1/jobs", params={"job_key": "a\x00b"}),
+                await anonymous.get("/api/v1/jobs/not-an-id"),
+                await anonymous.get("/api/v1/nothing-here"),
+            ):
+                assert_problem(answer, 401, "UNAUTHORIZED")
+            assert (await anonymous.get("/api/v1/openapi.json")).status_code == 200
+    assert await (await db.execute("SELECT count(*) FROM orc_jobs")).fetchone() == (0,)
+
+
 async def test_an_idempotency_key_makes_a_submit_happen_once(admin: httpx.AsyncClient) -> None:
     spec = {"job_type": "scripted", "payload": {"script": ["ok"]}}
     key = {"Idempotency-Key": "order-17"}

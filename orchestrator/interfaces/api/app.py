@@ -26,9 +26,9 @@ from starlette.staticfiles import StaticFiles
 
 from orchestrator.app import Orchestrator
 from orchestrator.domain.errors import OrchestratorError
-from orchestrator.domain.principals import Scope, Unauthorized
+from orchestrator.domain.principals import Principal, Scope
 from orchestrator.interfaces.api import jobs, operations, parameters, problems, workers
-from orchestrator.interfaces.api.auth import Authenticator
+from orchestrator.interfaces.api.auth import Authenticator, authenticate
 from orchestrator.interfaces.api.watch import EventWatch
 from orchestrator.interfaces.ui import pages
 from orchestrator.runtime.external import ExternalRuns
@@ -103,6 +103,7 @@ def create_app(orc: Orchestrator) -> FastAPI:
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
     app.add_middleware(BodyLimit, limit=settings.api_max_body_bytes)
     app.add_middleware(StorableParameters)
+    app.add_middleware(Authenticate, open_metrics=settings.api_open_metrics)
     app.add_middleware(SecurityHeaders)
     app.add_middleware(ServerTiming)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
@@ -139,10 +140,7 @@ async def metrics(request: Request) -> Response:
     """The API server's metrics (its external workers' attempts among them)."""
     orc: Orchestrator = request.app.state.orc
     if not orc.settings.api_open_metrics:
-        header = request.headers.get("authorization", "")
-        if not header.lower().startswith("bearer "):
-            raise Unauthorized("an API token is required (Authorization: Bearer orc_...)")
-        caller = await request.app.state.authenticator.principal(header[7:])
+        caller: Principal = request.state.principal  # authenticated first (Authenticate)
         caller.require(Scope.READ)
     body, content_type = await orc.metrics.exposition(request.headers.get("accept", ""))
     return Response(body, media_type=content_type)
@@ -211,6 +209,37 @@ class BodyLimit:
             f"request body over {self.limit} bytes (ORCHESTRATOR_API_MAX_BODY_BYTES)",
         )  # fmt: skip
         await response(scope, receive, send)
+
+
+class Authenticate:
+    """Every ``/api/v1`` request but the OpenAPI document's (and ``/metrics`` unless it is open)
+    is authenticated first, before its size, its parameters or its body are looked at: without
+    a live token it is 401 whatever else is wrong with it, and learns nothing more (docs/api.md,
+    "Auth"). The caller is left in the request's state for the routes' scope checks."""
+
+    def __init__(
+        self, app: Callable[[AsgiScope, Receive, Send], Awaitable[None]], *, open_metrics: bool
+    ):
+        self.app = app
+        self.open_metrics = open_metrics
+
+    def guards(self, path: str) -> bool:
+        if path == "/metrics":
+            return not self.open_metrics
+        return (path == "/api/v1" or path.startswith("/api/v1/")) and path != OPENAPI_URL
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.guards(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        try:
+            caller = await authenticate(request)
+        except OrchestratorError as exc:
+            await (await problems.orchestrator_error(request, exc))(scope, receive, send)
+            return
+        scope.setdefault("state", {})["principal"] = caller
+        await self.app(scope, receive, send)
 
 
 class StorableParameters:

@@ -42,13 +42,23 @@ class Authenticator:
         return principal
 
 
-async def principal(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
-) -> Principal:
+async def authenticate(request: Request) -> Principal:
+    """The caller of ``request``, by its bearer token; Unauthorized without a live one. Run by
+    the app's Authenticate middleware, before anything else reads the request."""
+    credentials = await bearer(request)
     if credentials is None:
         raise Unauthorized("an API token is required (Authorization: Bearer orc_...)")
     authenticator: Authenticator = request.app.state.authenticator
     return await authenticator.principal(credentials.credentials)
+
+
+async def principal(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+) -> Principal:
+    """The caller the Authenticate middleware found (``credentials`` declares the bearer token
+    in the OpenAPI document; the middleware has read it already)."""
+    caller: Principal = request.state.principal
+    return caller
 
 
 def allowed(scope: Scope) -> Callable[..., Awaitable[Principal]]:
