@@ -221,7 +221,7 @@ async def test_a_cancel_that_loses_every_deadlock_is_409_database_conflict_and_c
             problem = assert_problem(answer, 409, "DATABASE_CONFLICT")
             assert "nothing of it was kept: run it again" in problem["detail"], problem
             assert "Traceback" not in answer.text and "SELECT" not in answer.text
-            assert deadlocks == CONFLICT_TRIES, deadlocks  # it was run again, each time
+            assert deadlocks == CONFLICT_TRIES > 1, deadlocks  # it was run again, each time
             after = (await api.get(job)).json()
             assert after["status"] == "PENDING", after
             events = (await api.get(f"{job}/events")).json()["events"]
@@ -344,7 +344,8 @@ async def test_an_idle_stream_sends_a_ping_at_the_configured_interval(
     async with client(limited, tokens["admin"]) as api:
         job = f"/api/v1/jobs/{(await api.post('/api/v1/jobs', json=SCRIPTED)).json()['job_id']}"
         lines: list[tuple[float, str]] = []
-        async with api.stream("GET", f"{job}/stream") as stream:
+        quiet = httpx.Timeout(10, read=3 * PING + 1)  # a stream without its pings fails here
+        async with api.stream("GET", f"{job}/stream", timeout=quiet) as stream:
             assert stream.status_code == 200
             started = time.monotonic()
             async for line in stream.aiter_lines():
@@ -415,6 +416,10 @@ async def test_an_expired_approval_is_final_and_escalated_to_a_person(
             pending = (await api.get("/api/v1/approvals")).json()["approvals"]
             assert pending == []
             late = await api.post(f"/api/v1/approvals/{approval['id']}/approve", json={})
+            assert_problem(late, 409, "APPROVAL_INVALID")
+            late = await api.post(
+                f"/api/v1/approvals/{approval['id']}/reject", json={"reason": "too late"}
+            )
             assert_problem(late, 409, "APPROVAL_INVALID")
             assert (await api.get(f"/api/v1/approvals/{approval['id']}")).json() == record
 
