@@ -255,8 +255,9 @@ class Orchestrator:
         dsn = await asyncio.to_thread(lambda: self.dsn)
         await database.check_database(dsn)
         pool = database.create_pool(
-            dsn, min_size=self.settings.pool_min_size, max_size=self.settings.pool_max_size
-        )
+            dsn, min_size=self.settings.pool_min_size, max_size=self.settings.pool_max_size,
+            timeout=self.settings.pool_timeout,
+        )  # fmt: skip
         await pool.open()  # connects in the background; check_database already did once
         # A connector given an external pool keeps it even after close_async, so each opening
         # gets a fresh one, swapped in by App.replace_connector until close(). Procrastinate's

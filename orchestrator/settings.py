@@ -80,6 +80,11 @@ class Settings(BaseSettings):
     pool_max_size: int = Field(
         10, ge=1, description="Connections the pool may open (the worker's default concurrency)."
     )
+    pool_timeout: float = Field(
+        30.0, gt=0,
+        description="Longest a statement waits for a pooled connection (all busy, or none can"
+        " be made: the database is away) before it fails as DATABASE_UNAVAILABLE.",
+    )  # fmt: skip
 
     worker_concurrency: int = Field(10, ge=1, description="Jobs a worker runs at once.")
     fetch_polling_interval: float = Field(
@@ -147,6 +152,11 @@ class Settings(BaseSettings):
         60.0, gt=0, le=3600,
         description="Longest a long-poll (an outcome's wait, an external worker's claim) may"
         " wait; longer requests wait this long.",
+    )  # fmt: skip
+    api_stream_ping_seconds: float = Field(
+        15.0, gt=0, le=3600,
+        description="An idle event stream (a job's /stream, the dashboard's live pages) sends"
+        " a `: ping` comment this often, so proxies and clients keep it open.",
     )  # fmt: skip
     heartbeat_interval: float = Field(
         30.0, gt=0, description="Seconds between a worker's heartbeats."

@@ -34,7 +34,8 @@ Where each part of the code is tested:
                               row in a batch: test_passed_over; the maintenance lane:
                               test_worker_loop
     orchestrator/interfaces   test_cli, test_first_hour; the HTTP API: test_api,
-                              test_api_schema (Schemathesis), test_external_workers (a
+                              test_api_schema (Schemathesis), every error code and limit
+                              answered for a real reason: test_api_errors; test_external_workers (a
                               Node.js worker); who sees a lease token: test_lease_token; the
                               dashboard: test_ui (a real Chromium), test_ui_views; the string
                               rule, everywhere: test_strings

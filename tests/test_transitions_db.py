@@ -94,8 +94,13 @@ async def test_guard_trigger(
     lease = LEASE if target is Status.RUNNING else None
     update = "UPDATE orc_jobs SET status = %s, lease_token = %s WHERE id = %s"
     if source is target:
-        return  # not a status change; nothing to guard
-    if states.is_legal(source, target):
+        # Not a status change (a heartbeat's write, a finished job's row rewritten as it is):
+        # the guard lets it through, and neither the trigger nor the write changes anything.
+        await db.execute(update, (target.value, lease, job_id))
+        row, events = await snapshot(db, job_id)
+        assert {k for k in row if row[k] != before[0][k]} <= {"updated_at"}
+        assert events == before[1]
+    elif states.is_legal(source, target):
         await db.execute(update, (target.value, lease, job_id))
         row, _ = await snapshot(db, job_id)
         assert row["status"] == target.value
@@ -221,10 +226,15 @@ async def test_store_operations(
     before = await snapshot(db, job_id)
     run = operation(stores, source, target, job_id)
     if states.is_legal(source, target):
-        await run()
+        claimed = await run()
         row, events = await snapshot(db, job_id)
         assert row["status"] == target.value
         assert events > before[1]  # every transition is recorded in the history
+        if target is Status.RUNNING:  # the claim hands its attempt the job's new lease
+            assert (claimed["id"], claimed["lease_token"], claimed["attempt"]) == (
+                job_id, row["lease_token"], row["attempt"],
+            )  # fmt: skip
+            assert row["lease_token"] not in (None, before[0]["lease_token"])
     elif target is Status.RUNNING:
         assert await run() is None  # a dispatch of an unclaimable job is a no-op
         assert await snapshot(db, job_id) == before

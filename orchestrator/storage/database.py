@@ -144,6 +144,7 @@ def create_pool(
     min_size: int = 2,
     max_size: int = 20,
     idle_check_seconds: float = IDLE_CHECK_SECONDS,
+    timeout: float = 30.0,
 ) -> Pool:
     """An unopened pool of autocommit, dict-row connections (open it with ``await pool.open()``).
 
@@ -153,7 +154,7 @@ def create_pool(
     every checkout does. The time is taken when a connection is handed out, not when it comes
     back: a ``reset`` callback, which could take it then, makes the pool return every connection
     through its worker task, a detour for each statement; a connection held longer than that is
-    only checked once more.
+    only checked once more. A statement waits ``timeout`` seconds at most for a connection.
     """
     handed_out_at: weakref.WeakKeyDictionary[Conn, float] = weakref.WeakKeyDictionary()
 
@@ -170,6 +171,7 @@ def create_pool(
         dsn,
         min_size=min_size,
         max_size=max_size,
+        timeout=timeout,
         open=False,
         configure=configure,
         check=check_if_idle,

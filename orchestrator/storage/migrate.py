@@ -30,6 +30,7 @@ from typing import Any
 
 import psycopg
 from procrastinate.schema import SchemaManager
+from psycopg.rows import tuple_row
 
 from orchestrator.domain.errors import MigrationError, SchemaOutdated, SchemaTooNew
 from orchestrator.domain.states import TERMINAL, Status, transition_rows
@@ -100,16 +101,42 @@ def procrastinate_migrations() -> list[Migration]:
     ]
 
 
+#: The SQLSTATEs of a statement naming what the database lacks: a table, a column, a function,
+#: a type, a schema (42P01, 42703, 42883, 42704, 3F000).
+UNDEFINED = frozenset({"42P01", "42703", "42883", "42704", "3F000"})
+
+
+def names_what_is_missing(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database refusing a statement for naming what it does not have:
+    this version's schema missing (a database restored from an older backup, or emptied), or a
+    bug (:func:`check_schema` tells them apart)."""
+    return isinstance(exc, psycopg.Error) and exc.sqlstate in UNDEFINED
+
+
+async def schema_outdated(conn: psycopg.AsyncConnection[Any]) -> SchemaOutdated | None:
+    """What :func:`check_schema` says when this version's schema is missing; None when it is
+    whole (or the check itself fails: the caller's error stands)."""
+    try:
+        await check_schema(conn)
+    except SchemaOutdated as outdated:
+        return outdated
+    except (SchemaTooNew, psycopg.Error):
+        return None
+    return None
+
+
 async def check_schema(conn: psycopg.AsyncConnection[Any]) -> None:
     """Refuse a database this version's schema is missing from (SchemaOutdated, saying what to
-    run), rather than fail later on a missing table or function."""
-    cur = await conn.execute(QUERIES["migrations_table_exists"])
+    run), rather than fail later on a missing table or function. Any connection will do,
+    whatever its rows' shape."""
+    cur = conn.cursor(row_factory=tuple_row)
+    await cur.execute(QUERIES["migrations_table_exists"])
     row = await cur.fetchone()
     if not row or not row[0]:
         raise SchemaOutdated(
             "the database has no orchestrator schema: run `orchestrator migrate` first"
         )
-    cur = await conn.execute(QUERIES["migrations_applied"])
+    await cur.execute(QUERIES["migrations_applied"])
     applied = [r[1] for r in await cur.fetchall() if r[0] == ORCHESTRATOR]
     needed = [m.version for m in own_migrations()]
     missing = sorted(set(needed) - set(applied))
@@ -128,7 +155,8 @@ async def _refuse_unknown_migrations(
     """A newer release migrated this database: this code may run on it only if every migration
     it does not know was recorded as compatible with older workers (SchemaTooNew otherwise).
     Returns those it does not know."""
-    cur = await conn.execute(QUERIES["migrations_unknown"], {"known": sorted(known)})
+    cur = conn.cursor(row_factory=tuple_row)
+    await cur.execute(QUERIES["migrations_unknown"], {"known": sorted(known)})
     unknown = [(f"{row[0]}_{row[1]}", row[2]) for row in await cur.fetchall()]
     refused = [name for name, compatible in unknown if not compatible]
     if unknown and not refused:

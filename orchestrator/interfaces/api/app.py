@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -91,6 +92,7 @@ def create_app(orc: Orchestrator) -> FastAPI:
     app.add_exception_handler(OrchestratorError, problems.orchestrator_error)
     app.add_exception_handler(RequestValidationError, problems.request_invalid)
     app.add_exception_handler(HTTPException, problems.http_error)
+    app.add_exception_handler(psycopg.Error, problems.database_error)
     app.add_exception_handler(Exception, problems.unexpected)
     for router in (jobs.router, operations.router):
         app.include_router(router, responses=problems.ERRORS)

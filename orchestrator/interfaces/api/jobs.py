@@ -43,8 +43,6 @@ router = APIRouter(prefix="/api/v1", tags=["jobs"])
 Reader = Annotated[Principal, Depends(allowed(Scope.READ))]
 Submitter = Annotated[Principal, Depends(allowed(Scope.SUBMIT))]
 Operator = Annotated[Principal, Depends(allowed(Scope.OPERATE))]
-#: Keep-alive comments on an idle event stream (proxies close silent connections).
-STREAM_PING_SECONDS = 15.0
 
 
 def orchestrator(request: Request) -> Orchestrator:
@@ -217,6 +215,8 @@ async def stream(
 async def _events(
     orc: Orchestrator, watch: EventWatch, job_id: UUID, cursor: int
 ) -> AsyncIterator[str]:
+    """Its events from ``cursor`` on, and a keep-alive comment whenever none came for
+    ORCHESTRATOR_API_STREAM_PING_SECONDS (proxies close silent connections)."""
     async with watch.watching(job_id) as waiter:
         while True:
             job = await orc.get_job(job_id)
@@ -227,5 +227,5 @@ async def _events(
                     cursor = event.id
             if job.finished_at is not None:
                 return
-            if not await waiter.wait(STREAM_PING_SECONDS):
+            if not await waiter.wait(orc.settings.api_stream_ping_seconds):
                 yield ": ping\n\n"

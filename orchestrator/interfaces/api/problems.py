@@ -2,8 +2,10 @@
 
 Every error the API returns is shaped here, once: the orchestrator's own errors keep their code
 (``WF_STATE_TRANSITION_INVALID``, ``JOB_NOT_FOUND``, ...) and message; a request the API cannot
-read is ``REQUEST_INVALID`` with what was wrong where; anything unexpected is a 500 that says
-nothing of the server's insides (no stack, no SQL; the log has them).
+read is ``REQUEST_INVALID`` with what was wrong where; a statement naming what the database
+lacks, on a database that is not migrated to this version (emptied, or restored from an older
+backup under a running server), is ``SCHEMA_OUTDATED``; anything else unexpected is a 500 that
+says nothing of the server's insides (no stack, no SQL; the log has them).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from starlette.exceptions import HTTPException
 from orchestrator.domain import errors
 from orchestrator.domain.principals import Forbidden, Unauthorized
 from orchestrator.runtime.external import NotExternal
+from orchestrator.storage.migrate import names_what_is_missing, schema_outdated
 from orchestrator.storage.tokens import TokenError
 
 logger = logging.getLogger("orchestrator.api")
@@ -125,9 +128,33 @@ async def http_error(request: Request, exc: Exception) -> JSONResponse:
     return problem(exc.status_code, code, str(exc.detail))
 
 
+async def database_error(request: Request, exc: Exception) -> JSONResponse:
+    """A statement the database refused that no store turned into an orchestrator error:
+    ``SCHEMA_OUTDATED`` if it named what a database not migrated to this version lacks, else
+    unexpected."""
+    outdated = await _schema_outdated(request, exc)
+    if outdated is not None:
+        logger.warning("%s %s: %s", request.method, request.url.path, outdated)
+        return problem(503, outdated.code, str(outdated))
+    return await unexpected(request, exc)
+
+
 async def unexpected(request: Request, exc: Exception) -> JSONResponse:
     logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
     return problem(500, "INTERNAL", "the server could not answer this request; see its log")
+
+
+async def _schema_outdated(request: Request, exc: Exception) -> errors.SchemaOutdated | None:
+    """Why the database lacked what a statement named, when it is not migrated to this
+    version; None for anything else (a bug: the schema is whole), or if the check fails."""
+    if not names_what_is_missing(exc):
+        return None
+    orc = request.app.state.orc
+    try:
+        async with orc.stores.queries.connection() as conn:
+            return await schema_outdated(conn)
+    except errors.OrchestratorError:  # the database lost meanwhile: the error stands
+        return None
 
 
 def _where(error: Any) -> str:

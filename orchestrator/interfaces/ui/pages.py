@@ -512,7 +512,7 @@ async def live_job(request: Request, orc: Orc, session: Viewer, job_id: UUID) ->
     async def changes() -> AsyncIterator[str]:
         async with watch.watching(job_id) as waiter:
             while True:
-                if await waiter.wait(15.0):
+                if await waiter.wait(orc.settings.api_stream_ping_seconds):
                     yield "data: changed\n\n"
                 else:
                     yield ": ping\n\n"
