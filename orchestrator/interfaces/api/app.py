@@ -18,15 +18,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
-import psycopg
 from fastapi import FastAPI, Request, Response
-from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from starlette.exceptions import HTTPException
 from starlette.staticfiles import StaticFiles
 
 from orchestrator.app import Orchestrator
-from orchestrator.domain.errors import OrchestratorError
 from orchestrator.domain.principals import Principal, Scope
 from orchestrator.interfaces.api import jobs, operations, parameters, problems, workers
 from orchestrator.interfaces.api.auth import Authenticator, authenticate
@@ -89,11 +86,8 @@ def create_app(orc: Orchestrator) -> FastAPI:
     app.state.orc = orc
     app.state.settings = settings
     app.state.overview = pages.OverviewCache(pages.OVERVIEW_SECONDS)
-    app.add_exception_handler(OrchestratorError, problems.orchestrator_error)
-    app.add_exception_handler(RequestValidationError, problems.request_invalid)
-    app.add_exception_handler(HTTPException, problems.http_error)
-    app.add_exception_handler(psycopg.Error, problems.database_error)
-    app.add_exception_handler(Exception, problems.unexpected)
+    for kind, handler in problems.HANDLERS:
+        app.add_exception_handler(kind, handler)
     for router in (jobs.router, operations.router):
         app.include_router(router, responses=problems.ERRORS)
     app.include_router(workers.router)  # declares its own answers (no 404 for a report)
@@ -237,8 +231,8 @@ class Authenticate:
         request = Request(scope, receive)
         try:
             caller = await authenticate(request)
-        except OrchestratorError as exc:
-            await (await problems.orchestrator_error(request, exc))(scope, receive, send)
+        except Exception as exc:  # answered as a route's would be (401, 503, ...)
+            await (await problems.answer(request, exc))(scope, receive, send)
             return
         scope.setdefault("state", {})["principal"] = caller
         await self.app(scope, receive, send)

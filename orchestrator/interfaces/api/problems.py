@@ -11,8 +11,10 @@ says nothing of the server's insides (no stack, no SQL; the log has them).
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import psycopg
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -28,6 +30,8 @@ from orchestrator.storage.tokens import TokenError
 logger = logging.getLogger("orchestrator.api")
 
 MEDIA_TYPE = "application/problem+json"
+
+Handler = Callable[["Request", Exception], Awaitable["JSONResponse"]]
 
 #: The HTTP status of each of the orchestrator's errors (the first class that matches wins).
 STATUS: tuple[tuple[type[Exception], int], ...] = (
@@ -160,6 +164,24 @@ async def _schema_outdated(request: Request, exc: Exception) -> errors.SchemaOut
 def _where(error: Any) -> str:
     loc = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
     return f"{loc or 'request'}: {error.get('msg', 'invalid')}"
+
+
+#: Which handler answers which error (the first class that matches wins): the app registers
+#: them for its routes, and its Authenticate middleware, which runs before the routes' own error
+#: handling, answers with them too (answer).
+HANDLERS: tuple[tuple[type[Exception], Handler], ...] = (
+    (errors.OrchestratorError, orchestrator_error),
+    (RequestValidationError, request_invalid),
+    (HTTPException, http_error),
+    (psycopg.Error, database_error),
+    (Exception, unexpected),
+)
+
+
+async def answer(request: Request, exc: Exception) -> JSONResponse:
+    """The problem a route's error would have been answered with."""
+    handler = next(handle for kind, handle in HANDLERS if isinstance(exc, kind))
+    return await handler(request, exc)
 
 
 _TITLES = {
