@@ -37,7 +37,8 @@ Where each part of the code is tested:
                               test_api_schema (Schemathesis), test_external_workers (a
                               Node.js worker); who sees a lease token: test_lease_token; the
                               dashboard: test_ui (a real Chromium), test_ui_views; the string
-                              rule, everywhere: test_strings
+                              rule, everywhere: test_strings; who may call what (every
+                              operation and page x every credential): test_authorization
     logs and traces           test_logs, test_tracing
     tasks, demo               test_job_types, test_llm_server, test_demo
     retry_config              test_retry_config
