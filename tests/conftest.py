@@ -28,7 +28,9 @@ Where each part of the code is tested:
                               test_timeouts; liveness and drain: test_liveness; group commit:
                               test_group_commit; a database outage: test_outage; start-up
                               while the database is away, connect failures: test_startup;
-                              metrics: test_metrics
+                              metrics: test_metrics; the lease contract by its effects
+                              (heartbeats read back, a job kept past the zombie threshold,
+                              in process and external): test_lease_contract
     orchestrator/services     sweep: test_liveness, test_timeouts; safety net, dead letters:
                               test_runtime; approvals and retention: test_approvals; a bad
                               row in a batch: test_passed_over; the maintenance lane:
