@@ -328,8 +328,9 @@ async def _world(orc: Orchestrator, server: ApiServer, db: psycopg.Connection[An
         submitted = await http.post(
             "/api/v1/jobs",
             headers={**bearer(own[tenant]), "Idempotency-Key": KEY},
-            json={"job_type": "scripted", "payload": {"script": ["ok"]}, "run_at": FAR},
-        )
+            json={"job_type": "scripted", "payload": {"script": ["ok"]}, "run_at": FAR,
+                  "queue": f"queue-of-{tenant}"},  # named in the queues' counts
+        )  # fmt: skip
         assert submitted.status_code == 201, submitted.text
         plan = {"service": "http://127.0.0.1:9", "steps": 3, "send_at": [], "approval_at": 2}
         objects[tenant] = {
