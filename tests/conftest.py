@@ -28,7 +28,9 @@ Where each part of the code is tested:
                               test_timeouts; liveness and drain: test_liveness; group commit:
                               test_group_commit; a database outage: test_outage; start-up
                               while the database is away, connect failures: test_startup;
-                              metrics: test_metrics
+                              metrics: test_metrics; the lease contract by its effects
+                              (heartbeats read back, a job kept past the zombie threshold,
+                              in process and external): test_lease_contract
     orchestrator/services     sweep: test_liveness, test_timeouts; safety net, dead letters:
                               test_runtime; approvals and retention: test_approvals; a bad
                               row in a batch: test_passed_over; the maintenance lane:
@@ -38,7 +40,8 @@ Where each part of the code is tested:
                               answered for a real reason: test_api_errors; test_external_workers (a
                               Node.js worker); who sees a lease token: test_lease_token; the
                               dashboard: test_ui (a real Chromium), test_ui_views; the string
-                              rule, everywhere: test_strings
+                              rule, everywhere: test_strings; who may call what (every
+                              operation and page x every credential): test_authorization
     logs and traces           test_logs, test_tracing
     tasks, demo               test_job_types, test_llm_server, test_demo
     retry_config              test_retry_config

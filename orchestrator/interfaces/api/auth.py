@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -61,11 +61,13 @@ async def principal(
     return caller
 
 
-def allowed(scope: Scope) -> Callable[..., Awaitable[Principal]]:
-    """The dependency of an endpoint that needs ``scope``: the caller, if it has it."""
+@dataclass(frozen=True)
+class Allowed:
+    """The dependency of an endpoint that needs ``scope``: the caller, if it has it. The scope is
+    declared here, on the route, where tests/test_authorization.py reads what each route needs."""
 
-    async def check(caller: Annotated[Principal, Depends(principal)]) -> Principal:
-        caller.require(scope)
+    scope: Scope
+
+    async def __call__(self, caller: Annotated[Principal, Depends(principal)]) -> Principal:
+        caller.require(self.scope)
         return caller
-
-    return check

@@ -24,7 +24,7 @@ from orchestrator.domain.errors import JobNotFound, SubmitError
 from orchestrator.domain.models import Job
 from orchestrator.domain.principals import Principal, Scope
 from orchestrator.domain.states import Status
-from orchestrator.interfaces.api.auth import allowed
+from orchestrator.interfaces.api.auth import Allowed
 from orchestrator.interfaces.api.models import (
     EventPage,
     JobOutcome,
@@ -40,9 +40,9 @@ from orchestrator.storage.jobs import JobFilters
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"])
 
-Reader = Annotated[Principal, Depends(allowed(Scope.READ))]
-Submitter = Annotated[Principal, Depends(allowed(Scope.SUBMIT))]
-Operator = Annotated[Principal, Depends(allowed(Scope.OPERATE))]
+Reader = Annotated[Principal, Depends(Allowed(Scope.READ))]
+Submitter = Annotated[Principal, Depends(Allowed(Scope.SUBMIT))]
+Operator = Annotated[Principal, Depends(Allowed(Scope.OPERATE))]
 
 
 def orchestrator(request: Request) -> Orchestrator:

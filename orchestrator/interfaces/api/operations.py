@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, Query
 from orchestrator.domain.errors import ApprovalNotFound, DeadLetterNotFound
 from orchestrator.domain.models import DeadLetter
 from orchestrator.domain.principals import Principal, Scope
-from orchestrator.interfaces.api.auth import allowed
+from orchestrator.interfaces.api.auth import Allowed
 from orchestrator.interfaces.api.jobs import Orc
 from orchestrator.interfaces.api.models import (
     Approvals,
@@ -30,8 +30,8 @@ from orchestrator.storage.rows import ApprovalRecord
 
 router = APIRouter(prefix="/api/v1")
 
-Reader = Annotated[Principal, Depends(allowed(Scope.READ))]
-Operator = Annotated[Principal, Depends(allowed(Scope.OPERATE))]
+Reader = Annotated[Principal, Depends(Allowed(Scope.READ))]
+Operator = Annotated[Principal, Depends(Allowed(Scope.OPERATE))]
 LetterState = Literal["recorded", "requeued", "discard_requested", "discarded"]
 ApprovalStatus = Literal["pending", "approved", "rejected", "expired", "cancelled", "all"]
 

@@ -19,7 +19,7 @@ from orchestrator.domain.classification import ErrorClass
 from orchestrator.domain.errors import InvalidTransition, SubmitError
 from orchestrator.domain.principals import Forbidden, Principal, Scope
 from orchestrator.interfaces.api import problems
-from orchestrator.interfaces.api.auth import allowed
+from orchestrator.interfaces.api.auth import Allowed
 from orchestrator.interfaces.api.jobs import Orc, visible_job
 from orchestrator.interfaces.api.models import (
     ClaimRequest,
@@ -54,7 +54,7 @@ STALE: dict[int | str, dict[str, Any]] = {
 router = APIRouter(prefix="/api/v1/internal", tags=["external workers"], responses=ERRORS)
 
 
-async def fleet_worker(caller: Annotated[Principal, Depends(allowed(Scope.WORKER))]) -> Principal:
+async def fleet_worker(caller: Annotated[Principal, Depends(Allowed(Scope.WORKER))]) -> Principal:
     """An external worker runs whichever job comes due, of any tenant: its token may not be
     limited to tenants."""
     if caller.tenants is not None:
@@ -63,7 +63,7 @@ async def fleet_worker(caller: Annotated[Principal, Depends(allowed(Scope.WORKER
 
 
 Worker = Annotated[Principal, Depends(fleet_worker)]
-Admin = Annotated[Principal, Depends(allowed(Scope.ADMIN))]
+Admin = Annotated[Principal, Depends(Allowed(Scope.ADMIN))]
 
 
 def external_runs(request: Request) -> ExternalRuns:
