@@ -35,7 +35,9 @@ Where each part of the code is tested:
                               test_worker_loop
     orchestrator/interfaces   test_cli, test_first_hour; the HTTP API: test_api,
                               test_api_schema (Schemathesis), test_external_workers (a
-                              Node.js worker); who sees a lease token: test_lease_token; the
+                              Node.js worker); what the external workers' endpoints write:
+                              test_external_contract; the token cache's window:
+                              test_token_cache; who sees a lease token: test_lease_token; the
                               dashboard: test_ui (a real Chromium), test_ui_views; the string
                               rule, everywhere: test_strings
     logs and traces           test_logs, test_tracing
