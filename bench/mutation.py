@@ -71,9 +71,10 @@ TARGETS = {
     "ui-session": Target(
         "orchestrator/interfaces/ui/pages.py",
         (
+            "tests/test_ui_session.py",
+            "tests/test_ui.py::test_every_dashboard_form_without_its_csrf_field_is_refused_with_401",
             "tests/test_ui.py::test_sign_in_needs_a_live_token_and_sets_a_strict_http_only_cookie",
             "tests/test_ui.py::test_another_site_can_neither_frame_the_dashboard_nor_sign_a_browser_in",
-            "tests/test_ui.py::test_every_dashboard_form_without_its_csrf_field_is_refused_with_401",
             "tests/test_ui.py::test_a_tenant_s_token_never_sees_another_tenant_s_jobs",
         ),
         timeout=240,
@@ -141,7 +142,7 @@ def outside(session: Path, functions: tuple[str, ...]) -> None:
         results.execute(
             "INSERT INTO work_results (worker_outcome, output, job_id) SELECT 'SKIPPED', "
             f"'outside the target functions', job_id FROM mutation_specs WHERE job_id NOT IN "
-            f"(SELECT job_id FROM work_results) AND definition_name NOT IN ({marks})",
+            f"(SELECT job_id FROM work_results) AND coalesce(definition_name, '') NOT IN ({marks})",
             functions,
         )
 

@@ -38,7 +38,8 @@ Where each part of the code is tested:
                               Node.js worker); what the external workers' endpoints write:
                               test_external_contract; the token cache's window:
                               test_token_cache; who sees a lease token: test_lease_token; the
-                              dashboard: test_ui (a real Chromium), test_ui_views; the string
+                              dashboard: test_ui (a real Chromium), test_ui_views, its
+                              session and CSRF rules over HTTP: test_ui_session; the string
                               rule, everywhere: test_strings
     logs and traces           test_logs, test_tracing
     tasks, demo               test_job_types, test_llm_server, test_demo
