@@ -58,9 +58,8 @@ async def test_a_form_is_taken_only_from_this_origin_and_sign_out_ends_the_sessi
         )  # fmt: skip
         assert (out.status_code, out.headers["location"]) == (303, "/ui/login")
         assert "orc_session" not in browser.cookies
-    with httpx.Client(base_url=server.url, cookies={"orc_session": cookie}) as replayed:
-        gone = replayed.get("/ui/jobs")  # the old cookie names no session any more
-        assert (gone.status_code, gone.headers["location"]) == (303, "/ui/login?next=%2Fui%2Fjobs")
+    gone = _visit(server, "/ui/jobs", {"orc_session": cookie})  # a cookie naming no session
+    assert (gone.status_code, gone.headers["location"]) == (303, "/ui/login?next=%2Fui%2Fjobs")
     with ui_session(server, secret) as (browser, csrf):  # Origin alone, naming this host
         out = browser.post("/ui/logout", data={"csrf": csrf}, headers={"Origin": server.url})
         assert out.status_code == 303
@@ -92,14 +91,18 @@ async def test_a_sign_in_goes_back_only_to_a_page_of_the_dashboard(
         ("https://attacker.test/ui", "/ui"),
         ("/api/v1/jobs", "/ui"),
     ):
-        with httpx.Client(base_url=server.url) as browser:
-            csrf = page_csrf(browser, "/ui/login")
-            signed = browser.post("/ui/login", data={"token": secret, "csrf": csrf, "next": asked})
-            assert (signed.status_code, signed.headers["location"]) == (303, sent), asked
-            refused = browser.post(
-                "/ui/login",
-                data={"token": "orc_not-a-token", "csrf": page_csrf(browser, "/ui/login"),
-                      "next": asked},
-            )  # fmt: skip
-            assert refused.status_code == 303
-            assert httpx.URL(refused.headers["location"]).params["next"] == sent, asked
+        signed, refused = _sign_in(server, secret, asked), _sign_in(server, "orc_bad", asked)
+        assert (signed.status_code, signed.headers["location"]) == (303, sent), asked
+        assert refused.status_code == 303
+        assert httpx.URL(refused.headers["location"]).params["next"] == sent, asked
+
+
+def _visit(server: ApiServer, path: str, cookies: dict[str, str]) -> httpx.Response:
+    with httpx.Client(base_url=server.url, cookies=cookies) as browser:
+        return browser.get(path)
+
+
+def _sign_in(server: ApiServer, secret: str, next: str) -> httpx.Response:
+    with httpx.Client(base_url=server.url) as browser:
+        csrf = page_csrf(browser, "/ui/login")
+        return browser.post("/ui/login", data={"token": secret, "csrf": csrf, "next": next})
