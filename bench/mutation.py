@@ -38,11 +38,11 @@ class Target:
     functions: tuple[str, ...] = ()
 
 
-EXTERNAL_TESTS = (
+EXTERNAL_TESTS = (  # the quickest first: -x stops at the first failure
+    "tests/test_external_contract.py",
     "tests/test_external_workers.py::test_a_stale_report_is_refused_and_changes_nothing",
     "tests/test_external_workers.py::test_every_report_without_the_lease_gets_the_same_409",
     "tests/test_api.py::test_the_replay_endpoints_reproduce_rp_001_to_rp_004",
-    "tests/test_external_contract.py",
 )
 TARGETS = {
     "auth": Target(
@@ -60,6 +60,7 @@ TARGETS = {
             *EXTERNAL_TESTS,
             "tests/test_external_workers.py::test_in_process_workers_never_take_an_external_job",
             "tests/test_api.py::test_the_replay_endpoints_are_off_by_default",
+            "tests/test_api.py::test_the_openapi_document_is_served_and_checked_in",
         ),
         timeout=180,
     ),

@@ -2,7 +2,7 @@
 what the mutation run of docs/testing.md found no test for: a form is taken only from this
 origin (Sec-Fetch-Site, else Origin), sign-out ends the session for good, the sign-in form keeps
 a well-formed login cookie and replaces any other, and a sign-in goes back only to a page of the
-dashboard. A real ``orchestrator serve``, driven by httpx as an old or a new browser would."""
+dashboard, and its fields' lengths. A real ``orchestrator serve``, driven by httpx as an old or a new browser would."""
 
 from __future__ import annotations
 
@@ -102,7 +102,26 @@ def _visit(server: ApiServer, path: str, cookies: dict[str, str]) -> httpx.Respo
         return browser.get(path)
 
 
-def _sign_in(server: ApiServer, secret: str, next: str) -> httpx.Response:
+def _sign_in(
+    server: ApiServer, secret: str, next: str, fields: dict[str, str] | None = None
+) -> httpx.Response:
+    """A sign-in from the form's page (``fields``: in place of the form's own)."""
     with httpx.Client(base_url=server.url) as browser:
         csrf = page_csrf(browser, "/ui/login")
-        return browser.post("/ui/login", data={"token": secret, "csrf": csrf, "next": next})
+        form = {"token": secret, "csrf": csrf, "next": next, **(fields or {})}
+        return browser.post("/ui/login", data=form)
+
+
+async def test_the_sign_in_form_takes_fields_up_to_their_documented_lengths(
+    orc: Orchestrator, server: ApiServer
+) -> None:
+    """The token field takes 200 characters and the page to go back to 2,000 (the form's
+    limits): one more is refused, naming the field, before anything is looked up."""
+    for fields in ({"token": "orc_" + "x" * 196}, {"next": "/ui/" + "x" * 1996}):
+        [(name, longest)] = fields.items()
+        taken = _sign_in(server, "orc_bad", "/ui", fields)
+        assert taken.status_code == 303, (name, taken.text)  # read, then refused: not a token
+        assert "error" in taken.headers["location"]
+        refused = _sign_in(server, "orc_bad", "/ui", {name: longest + "x"})
+        assert refused.status_code == 422, (name, refused.text)
+        assert name in refused.text
