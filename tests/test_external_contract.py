@@ -2,7 +2,7 @@
 the mutation run of docs/testing.md): a claim's lease and deadline, a heartbeat that moves the
 job's heartbeat and the lease forward, a failure's stack and a retry-later's delay as stored, a
 worker token limited to tenants refused by every endpoint, a claim after the registry forgot
-the server, a long-poll's wait, and the 422s of a report that lacks what its status needs."""
+the server and its one registry entry kept alive, a long-poll's wait, and the 422s of a report that lacks what its status needs."""
 
 from __future__ import annotations
 
@@ -28,9 +28,12 @@ JOB_TIMEOUT = 60  # external_echo's job_timeout_seconds (tests/support/api_app.p
 SLACK = timedelta(seconds=0.5)  # the server's clock read a moment before or after the test's
 
 
+STALLED_WORKER = 3.0  # the server beats its registry entry every second
+
+
 @pytest.fixture(scope="module")
 def server(dsn: str) -> Iterator[ApiServer]:
-    with ApiServer(dsn) as running:
+    with ApiServer(dsn, ORCHESTRATOR_STALLED_WORKER_SECONDS=STALLED_WORKER) as running:
         yield running
 
 
@@ -202,3 +205,18 @@ async def test_a_claim_waits_for_work_as_long_as_asked_and_no_longer(
     assert empty.json() == {"tasks": []}
     assert 1 <= waited < 1.9, waited
     assert await (await db.execute(registry)).fetchone() == (1,)
+
+
+async def test_the_server_keeps_its_one_registry_entry_alive(
+    orc: Orchestrator, api: httpx.AsyncClient, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """The dispatches an external worker holds stay ``doing`` under the server's registry
+    entry: the server beats that entry (a new one would leave them under a silent worker)."""
+    registry = "SELECT id, now() - last_heartbeat FROM procrastinate_workers"
+    await orc.submit("external_echo", {"output": 1})
+    await api.post("/api/v1/internal/task-claim", json=CLAIM)
+    [(entry, _)] = await (await db.execute(registry)).fetchall()
+    await asyncio.sleep(2.5 * STALLED_WORKER / 3)  # two beats or more
+    [(still, silent)] = await (await db.execute(registry)).fetchall()
+    assert still == entry
+    assert silent < timedelta(seconds=STALLED_WORKER / 3 + 1)
