@@ -1,6 +1,7 @@
 """The API's token cache (orchestrator/interfaces/api/auth.py) has a bound: a token revoked a
-moment after a request is refused within the 5 s docs/api.md promises, not later (the mutation
-run of docs/testing.md: a longer lifetime went unnoticed). The window is written here, not read
+moment after a request is refused within the 5 s docs/api.md promises, not later, and a lapsed
+entry is never trusted again (the mutation run of docs/testing.md: a longer lifetime, and a
+cache that served only its lapsed entries, went unnoticed). The window is written here, not read
 from the code, so that a change of the code's constant fails this test."""
 
 from __future__ import annotations
@@ -51,3 +52,17 @@ async def test_a_token_revoked_after_use_is_refused_within_the_documented_window
             await asyncio.sleep(POLL)
     assert (answer.status_code, answer.json()["code"]) == (401, "UNAUTHORIZED")
     assert asked - used < WINDOW + SLACK
+
+
+async def test_a_token_revoked_after_its_cache_entry_lapsed_is_refused_at_once(
+    orc: Orchestrator, server: ApiServer
+) -> None:
+    """A lapsed entry is looked up again, never trusted: the token was revoked meanwhile."""
+    secret = await token(orc.stores.tokens, "lapsed")
+    headers = {"Authorization": f"Bearer {secret}"}
+    async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=10) as api:
+        assert (await api.get("/api/v1/jobs")).status_code == 200
+        await asyncio.sleep(WINDOW + SLACK)
+        await orc.stores.tokens.revoke("lapsed")
+        answer = await api.get("/api/v1/jobs")
+    assert (answer.status_code, answer.json()["code"]) == (401, "UNAUTHORIZED")
