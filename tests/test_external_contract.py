@@ -2,7 +2,7 @@
 the mutation run of docs/testing.md): a claim's lease and deadline, a heartbeat that moves the
 job's heartbeat and the lease forward, a failure's stack and a retry-later's delay as stored, a
 worker token limited to tenants refused by every endpoint, a claim after the registry forgot
-the server and its one registry entry kept alive, a long-poll's wait, and the 422s of a report that lacks what its status needs."""
+the server and its one registry entry kept alive, a long-poll's wait, a replay's result, and the 422s of a report that lacks what its status needs."""
 
 from __future__ import annotations
 
@@ -33,7 +33,10 @@ STALLED_WORKER = 3.0  # the server beats its registry entry every second
 
 @pytest.fixture(scope="module")
 def server(dsn: str) -> Iterator[ApiServer]:
-    with ApiServer(dsn, ORCHESTRATOR_STALLED_WORKER_SECONDS=STALLED_WORKER) as running:
+    with ApiServer(
+        dsn, ORCHESTRATOR_STALLED_WORKER_SECONDS=STALLED_WORKER,
+        ORCHESTRATOR_API_REPLAY_ENDPOINTS="true",
+    ) as running:  # fmt: skip
         yield running
 
 
@@ -220,3 +223,15 @@ async def test_the_server_keeps_its_one_registry_entry_alive(
     [(still, silent)] = await (await db.execute(registry)).fetchall()
     assert still == entry
     assert silent < timedelta(seconds=STALLED_WORKER / 3 + 1)
+
+
+async def test_a_replayed_job_s_result_says_it_was_replayed(
+    orc: Orchestrator, server: ApiServer
+) -> None:
+    job_id = await orc.submit("scripted", {"script": ["ok"]})
+    secret = await token(orc.stores.tokens, "replayer", Scope.ADMIN)
+    async with _client(server, secret) as admin:
+        run = await admin.post(f"/api/v1/internal/jobs/{job_id}/run")
+    assert run.json()["outcome"] == "completed", run.text
+    job = await orc.get_job(job_id)
+    assert (job.status, job.result) == (Status.COMPLETED, {"replayed": True})
