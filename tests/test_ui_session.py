@@ -79,6 +79,8 @@ def test_the_sign_in_form_keeps_a_well_formed_login_cookie_and_replaces_any_othe
             assert (given == cookie) is reused, cookie
             assert len(given) == 43 and given.isascii()
             assert page.cookies["orc_login"] == given
+            attributes = page.headers["set-cookie"].lower().split("; ")
+            assert {"httponly", "samesite=strict", "path=/ui/login"} <= set(attributes)
 
 
 async def test_a_sign_in_goes_back_only_to_a_page_of_the_dashboard(
