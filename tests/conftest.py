@@ -37,9 +37,12 @@ Where each part of the code is tested:
                               test_worker_loop
     orchestrator/interfaces   test_cli, test_first_hour; the HTTP API: test_api,
                               test_api_schema (Schemathesis), every error code and limit
-                              answered for a real reason: test_api_errors; test_external_workers (a
-                              Node.js worker); who sees a lease token: test_lease_token; the
-                              dashboard: test_ui (a real Chromium), test_ui_views; the string
+                              answered for a real reason: test_api_errors; test_external_workers
+                              (a Node.js worker); what the external workers' endpoints write:
+                              test_external_contract; the token cache's window:
+                              test_token_cache; who sees a lease token: test_lease_token; the
+                              dashboard: test_ui (a real Chromium), test_ui_views, its
+                              session and CSRF rules over HTTP: test_ui_session; the string
                               rule, everywhere: test_strings; who may call what (every
                               operation and page x every credential): test_authorization
     logs and traces           test_logs, test_tracing
