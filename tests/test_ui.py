@@ -13,6 +13,7 @@ from uuid import UUID
 
 import httpx
 import pytest
+from playwright.async_api import async_playwright
 
 from orchestrator import Orchestrator, Status
 from orchestrator.domain.principals import Scope
@@ -28,8 +29,6 @@ CHROMIUM_FLAGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
-
-playwright_api = pytest.importorskip("playwright.async_api")
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +49,7 @@ async def orc(make_orc: Callable[..., Orchestrator]) -> Orchestrator:
 @pytest.fixture(scope="module")
 async def browser() -> AsyncIterator[Any]:
     executable = find("chromium")
-    async with playwright_api.async_playwright() as p:
+    async with async_playwright() as p:
         launched = await p.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
         yield launched
         await launched.close()
