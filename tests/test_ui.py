@@ -18,7 +18,7 @@ from playwright.async_api import async_playwright
 from orchestrator import Orchestrator, Status
 from orchestrator.domain.principals import Scope
 from orchestrator.interfaces.ui import pages
-from tests.support import ui_app
+from tests.support import log_guard, ui_app
 from tests.support.api_server import ApiServer, token, ui_session
 from tests.support.external import MessageService, message_service
 from tests.support.harness import ROOT, WorkerRun, wait_for
@@ -271,6 +271,7 @@ async def test_a_job_page_shows_its_timeline_steps_and_ledger(
     await page.context.close()
 
 
+@log_guard.fails_jobs("HTTP_400")
 async def test_dead_letters_are_requeued_and_discarded_by_two_people(
     orc: Orchestrator, server: ApiServer, browser: Any
 ) -> None:

@@ -85,6 +85,20 @@ def _json_exception(line: str) -> bool:
     return bool(record and record.get("exception"))
 
 
+def fails_jobs(*codes: str) -> pytest.MarkDecorator:
+    """The mark of a test that fails jobs on purpose with these failure codes: a job that fails
+    with no escalation target is logged at ERROR (orchestrator.domain.degradation)."""
+    return pytest.mark.logs_errors(
+        *(rf"\) failed; no escalation target, nobody notified: {code}: " for code in codes)
+    )
+
+
+#: The mark of a test whose attempts crash on purpose (checkpoints.SimulatedCrash).
+crashes = pytest.mark.logs_errors(
+    r"orchestrator\.worker: attempt \d+ of job \S+ crashed \(SimulatedCrash"
+)
+
+
 def allowed(patterns: list[str], error: str) -> bool:
     return any(re.search(pattern, error) for pattern in patterns)
 
