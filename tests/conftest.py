@@ -16,6 +16,8 @@ traceback), on the test, its class or its module:
 
     @pytest.mark.logs_errors("Exception in ASGI application", "ConnectionRefusedError")
     pytestmark = pytest.mark.logs_errors(...)  # the whole module
+    @log_guard.fails_jobs("HTTP_400")  # jobs failed on purpose, no escalation target
+    @log_guard.crashes  # attempts crashed by SimulatedCrash
 
 Keep a pattern as narrow as the error the test provokes (docs/testing.md).
 
