@@ -5,7 +5,21 @@ Each session creates its own database there, migrates it once, and drops it at t
 test starts from empty tables. Helpers live in ``tests/support/`` (harness.py: settings, waits,
 a worker in the test's loop; scripted, agent_app, job_types_app: job types; workers.py: worker
 processes; external, http_peers, slow_peers: real peers on 127.0.0.1; previous_release: the
-release before, run for upgrade tests).
+release before, run for upgrade tests; tools: the operators' tools, which fail a test under
+CI=true when missing instead of skipping it).
+
+A background error fails its test (tests/support/log_guard.py): an ERROR, or any record with a
+traceback, logged during a test by this process or by a worker or server started through
+tests/support/workers.py or api_server.py, fails it at teardown. A test that provokes errors on
+purpose lists them, as regular expressions searched in each error's text (log line and
+traceback), on the test, its class or its module:
+
+    @pytest.mark.logs_errors("Exception in ASGI application", "ConnectionRefusedError")
+    pytestmark = pytest.mark.logs_errors(...)  # the whole module
+    @log_guard.fails_jobs("HTTP_400")  # jobs failed on purpose, no escalation target
+    @log_guard.crashes  # attempts crashed by SimulatedCrash
+
+Keep a pattern as narrow as the error the test provokes (docs/testing.md).
 
 Where each part of the code is tested:
 
@@ -50,6 +64,7 @@ Where each part of the code is tested:
     retry_config              test_retry_config
     k8s/, docs/, the layout   test_k8s, test_docs, test_architecture; alert rules and
                               dashboard: test_monitoring; autoscaling: test_autoscaling
+    tests/support             the background-error guard: test_log_guard
 """
 
 from __future__ import annotations
@@ -73,6 +88,8 @@ from orchestrator.storage.database import (
 )
 from orchestrator.storage.migrate import migrate
 from tests.support.harness import settings_for_tests
+
+pytest_plugins = ["tests.support.log_guard"]
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLES = (

@@ -20,7 +20,7 @@ import pytest
 from orchestrator import Orchestrator, Status
 from orchestrator.client import ApiError, AsyncClient
 from orchestrator.domain.principals import Scope
-from tests.support import agent_app, api_app, scripted
+from tests.support import agent_app, api_app, log_guard, scripted
 from tests.support.api_server import ApiServer, token
 from tests.support.external import message_service
 from tests.support.harness import WorkerRun, wait_for
@@ -316,6 +316,7 @@ async def test_a_job_s_events_stream_live_until_it_finishes(
 # -- tenants -----------------------------------------------------------------------------------
 
 
+@log_guard.fails_jobs("HTTP_400")
 async def test_a_tenant_s_token_never_reaches_another_tenant_s_jobs(
     orc: Orchestrator, server: ApiServer
 ) -> None:
@@ -359,6 +360,7 @@ async def test_a_tenant_s_token_never_reaches_another_tenant_s_jobs(
 # -- operator actions --------------------------------------------------------------------------
 
 
+@log_guard.fails_jobs("HTTP_400")
 async def test_dead_letters_are_requeued_and_discarded_by_two_principals(
     orc: Orchestrator, server: ApiServer
 ) -> None:
@@ -483,6 +485,7 @@ async def test_the_replay_endpoints_are_off_by_default(
     assert_problem(await admin.post(f"/api/v1/internal/jobs/{job_id}/run"), 404, "NOT_FOUND")
 
 
+@log_guard.fails_jobs("REPLAY_FORCE_FAIL", "REPLAY_TRANSIENT_FAIL")
 async def test_the_replay_endpoints_reproduce_rp_001_to_rp_004(
     orc: Orchestrator, replaying: ApiServer
 ) -> None:

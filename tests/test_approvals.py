@@ -13,7 +13,7 @@ import pytest
 
 import tasks
 from orchestrator import ApprovalError, ConfigError, Orchestrator, Status
-from tests.support import agent_app, http_peers
+from tests.support import agent_app, http_peers, log_guard
 from tests.support.external import MessageService, message_service
 from tests.support.harness import WorkerRun, config_with, finished, run_prune, wait_for
 
@@ -98,6 +98,7 @@ async def test_reject_can_resume_down_the_rejection_path(
     assert job.result["log"][1] == "step 2 rejected by carol sent 'step 2'"
 
 
+@log_guard.fails_jobs("APPROVAL_EXPIRED")
 async def test_expired_approvals_are_failed_by_the_periodic_task(
     make_orc: Callable[..., Orchestrator], service: MessageService
 ) -> None:

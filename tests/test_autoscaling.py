@@ -10,12 +10,11 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-import pytest
 import yaml
 
 from orchestrator.settings import Settings
 from orchestrator.storage.queries import QUERIES
-from tests.support import manifests
+from tests.support import manifests, tools
 
 AUTOSCALING = manifests.ROOT / "k8s" / "autoscaling"
 SCALED: dict[str, Any] = yaml.safe_load((AUTOSCALING / "scaledobject.yaml").read_text())
@@ -112,9 +111,8 @@ def test_the_query_is_the_named_query_word_for_word() -> None:
     assert trigger()["metadata"]["query"] == QUERIES["scaling_load"]
 
 
-@pytest.mark.skipif(manifests.KUBECTL is None, reason="kubectl is not installed")
 def test_the_overlay_renders_the_base_without_replicas_and_passes_the_check() -> None:
-    docs = manifests.check.render(AUTOSCALING, manifests.KUBECTL)
+    docs = manifests.check.render(AUTOSCALING, tools.find("kubectl"))
     problems, summary = manifests.check.check(docs, manifests.DEFAULTS)
     assert problems == []
     assert summary.endswith("; no schema, not validated: ScaledObject/orchestrator-worker")

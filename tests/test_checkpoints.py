@@ -17,7 +17,7 @@ import pytest
 from checkpoints import CheckpointStore, Fence, Ledger
 from orchestrator import ErrorClass, JobContext, Orchestrator, StaleLease, Status
 from orchestrator.services.sweep import ZombieSweep
-from tests.support import agent_app
+from tests.support import agent_app, log_guard
 from tests.support.agent_app import CRASH_POINTS, RECONCILES, STARTS
 from tests.support.external import MessageService, find, message_service, send
 from tests.support.harness import WorkerRun, config_with
@@ -131,6 +131,7 @@ async def test_an_orderly_failure_commits_what_was_sent(
     assert STARTS[(job_id, 3)] == 2
 
 
+@log_guard.crashes
 async def test_a_crash_after_sending_is_reconciled_not_resent(
     agent: Orchestrator, service: MessageService
 ) -> None:
@@ -147,6 +148,7 @@ async def test_a_crash_after_sending_is_reconciled_not_resent(
     assert [STARTS[(job_id, n)] for n in (1, 2, 3)] == [1, 1, 2]
 
 
+@log_guard.crashes
 async def test_a_crash_before_sending_sends_once(
     agent: Orchestrator, service: MessageService
 ) -> None:
@@ -158,6 +160,7 @@ async def test_a_crash_before_sending_sends_once(
     assert RECONCILES[invocation] == 1  # asked; the service had nothing; then sent
 
 
+@log_guard.crashes
 @pytest.mark.parametrize(
     ("seed", "runs"),
     [(20261121, 40), pytest.param(20261121, 200, marks=pytest.mark.slow)],
@@ -217,6 +220,7 @@ async def test_a_plain_task_effect_commits_at_once_and_is_not_repeated(
     assert sends == [f"{job_id}.1.message"] and service.duplicates() == {}
 
 
+@log_guard.fails_jobs("EFFECT_NOT_RECONCILABLE")
 async def test_a_non_idempotent_effect_without_reconcile_is_refused_before_sending(
     make_orc: Callable[..., Orchestrator], service: MessageService
 ) -> None:
@@ -236,6 +240,7 @@ async def test_a_non_idempotent_effect_without_reconcile_is_refused_before_sendi
     assert sum(service.deliveries.values()) == 0
 
 
+@log_guard.fails_jobs("CHECKPOINT_MISSING")
 async def test_a_step_without_checkpoint_fails_the_job_clearly(
     make_orc: Callable[..., Orchestrator],
 ) -> None:

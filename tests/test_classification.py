@@ -191,6 +191,9 @@ def test_unknown_errors_are_transient_infra() -> None:
     assert classify(KeyError("k")).error_class is INFRA
 
 
+@pytest.mark.logs_errors(
+    r"orchestrator\.domain\.classification: classifier <function .*broken at \w+> failed; ignoring it"
+)
 def test_user_classifiers_run_first_in_order_and_may_decline() -> None:
     class Quota(Exception):
         pass
@@ -227,6 +230,9 @@ exceptions = st.one_of(
 )
 
 
+@pytest.mark.logs_errors(
+    r"classifying <class 'tests\.test_classification\.Hostile'> failed; treating it as"
+)
 @given(exceptions)
 def test_classification_is_total(exc: BaseException) -> None:
     result = classify(exc)

@@ -22,7 +22,7 @@ from orchestrator.domain.classification import ErrorClass
 from orchestrator.domain.events import Fault
 from orchestrator.domain.models import JobState
 from orchestrator.interfaces.cli import main
-from tests.support import scripted
+from tests.support import log_guard, scripted
 from tests.support.harness import WorkerRun, config_with
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -223,6 +223,7 @@ def test_dlq_list_requeue_and_two_person_discard(cli: Any, dsn: str) -> None:
     assert code == 2 and "it is requeued" in err
 
 
+@log_guard.fails_jobs("HTTP_400")
 async def test_a_tenant_is_shown_and_filters_jobs_and_dead_letters(
     cli: Any, make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
 ) -> None:

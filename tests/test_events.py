@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from orchestrator import JobContext, Orchestrator, Status
-from tests.support import agent_app, scripted
+from tests.support import agent_app, log_guard, scripted
 from tests.support.external import MessageService, message_service
 from tests.support.harness import ROOT, WorkerRun, config_with, wait_for
 from tests.support.refusals import refusing_writes_to
@@ -54,6 +54,8 @@ async def status_is(orc: Orchestrator, job_id: UUID, status: Status) -> None:
     await wait_for(there)
 
 
+@log_guard.fails_jobs("APPROVAL_EXPIRED", "HTTP_400")
+@pytest.mark.logs_errors(r"sweep_zombies: job \S+ could not be handled, .*: refused by the test")
 async def test_every_event_kind_has_the_documented_keys(
     make_orc: Callable[..., Orchestrator],
     db: psycopg.AsyncConnection[Any],

@@ -21,7 +21,7 @@ import pytest
 
 from orchestrator import Orchestrator, Status
 from orchestrator.domain.principals import Scope
-from tests.support import agent_app, api_app, scripted
+from tests.support import agent_app, api_app, log_guard, scripted
 from tests.support.api_server import ApiServer, token
 from tests.support.harness import ROOT, WorkerRun, finished, wait_for
 from tests.support.tools import find
@@ -81,6 +81,7 @@ def nodes(tmp_path: Path) -> Iterator[list[NodeWorker]]:
         node.stop(signal.SIGKILL)
 
 
+@log_guard.fails_jobs("HTTP_400", "RETRY_LATER")
 async def test_a_node_worker_runs_external_jobs_end_to_end(
     orc: Orchestrator, server: ApiServer, nodes: list[NodeWorker], tmp_path: Path
 ) -> None:

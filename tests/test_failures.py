@@ -17,7 +17,7 @@ import pytest
 from pydantic import BaseModel
 
 from orchestrator import JobContext, Orchestrator, PermanentError, RetryLater, Status
-from tests.support import agent_app
+from tests.support import agent_app, log_guard
 from tests.support.external import MessageService, message_service
 from tests.support.harness import ROOT, WorkerRun, finished, wait_for
 
@@ -88,6 +88,9 @@ async def last_error_of(db: psycopg.AsyncConnection[Any], job_id: UUID) -> dict[
     return dict(row[0])
 
 
+@log_guard.fails_jobs(
+    "APPROVAL_EXPIRED", "ECONNRESET", "HTTP_400", "JOB_TIMEOUT", "RETRY_LATER", "ZOMBIE"
+)
 async def test_every_terminal_failure_has_the_same_keys_whichever_path_wrote_it(
     orc: Orchestrator, db: psycopg.AsyncConnection[Any], service: MessageService
 ) -> None:

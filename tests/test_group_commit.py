@@ -47,7 +47,7 @@ async def test_writes_that_arrive_while_a_batch_is_written_go_together_in_the_ne
 
 
 async def test_a_failing_batch_is_written_again_item_by_item_so_only_the_bad_one_fails() -> None:
-    write = Recorder(delay=0.01)
+    write = Recorder(delay=0.2)  # long enough that the three arrive while [0] is written
     group = GroupCommit(write)
     first = asyncio.create_task(group.submit(0))
     await asyncio.sleep(0.005)

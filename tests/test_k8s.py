@@ -17,11 +17,11 @@ import yaml
 import retry_config
 from orchestrator.interfaces.cli import build_parser
 from orchestrator.settings import Settings
+from tests.support import tools
 from tests.support.manifests import (
     BASE,
     BASE_DOCS,
     DEFAULTS,
-    KUBECTL,
     ROOT,
     check,
     container,
@@ -52,9 +52,8 @@ def test_base_has_no_problem_without_kubectl() -> None:
     assert problems_of(BASE_DOCS) == []
 
 
-@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 def test_base_rendered_by_kubectl_has_no_problem() -> None:
-    docs = check.render(BASE, KUBECTL)
+    docs = check.render(BASE, tools.find("kubectl"))
     assert problems_of(docs) == []
     assert sorted(d["kind"] for d in docs) == sorted(d["kind"] for d in BASE_DOCS)
     deployment, configmap = find(docs, "Deployment"), find(docs, "ConfigMap")

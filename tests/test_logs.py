@@ -52,6 +52,7 @@ async def attempt_fields(orc: Orchestrator, job_id: Any) -> dict[str, Any]:
     }
 
 
+@pytest.mark.logs_errors(r'"level": "ERROR", "logger": "myapp", "message": "a handled error"')
 async def test_a_worker_writes_json_lines_with_the_attempt_fields_and_no_secret(
     dsn: str, make_orc: Callable[..., Orchestrator], peers: http_peers.Peers
 ) -> None:

@@ -23,7 +23,7 @@ from orchestrator.domain.models import DeadLetter
 from orchestrator.domain.policy import Budget, max_attempts
 from orchestrator.runtime.outcomes import OutcomeWriter, of_failure, terminal
 from orchestrator.storage.database import OwnConnection
-from tests.support import scripted
+from tests.support import log_guard, scripted
 from tests.support.harness import config_with, wait_for
 from tests.support.workers import WorkerProcess
 
@@ -125,6 +125,9 @@ def check_last_error(error: dict[str, Any], told: dict[str, Any]) -> None:
         assert error["max_attempts"] == error["attempt"]
 
 
+@log_guard.fails_jobs(
+    "ECONNRESET", "HTTP_429", "HTTP_400", "OUTPUT_INVALID", "JOB_TIMEOUT", "ZOMBIE"
+)
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -224,6 +227,7 @@ E2E = {
 }  # fmt: skip
 
 
+@log_guard.fails_jobs("ECONNRESET", "HTTP_429", "HTTP_400")
 async def test_a_worker_process_tells_max_attempts_through_both_layers(
     make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any], dsn: str
 ) -> None:

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from orchestrator import InvalidTransition, Orchestrator, Status
-from tests.support import scripted, scripted_app
+from tests.support import log_guard, scripted, scripted_app
 from tests.support.exposition import counted, samples, value
 from tests.support.harness import WorkerRun, free_port, wait_for
 from tests.support.tools import promtool
@@ -36,6 +36,7 @@ async def count_events(db: psycopg.AsyncConnection[Any], kind: str, where: str =
     return int(row[0]) if row else 0
 
 
+@log_guard.fails_jobs("HTTP_400")
 async def test_a_workers_metrics_match_what_the_database_recorded(
     make_orc: Callable[..., Orchestrator], dsn: str, db: psycopg.AsyncConnection[Any]
 ) -> None:
@@ -193,6 +194,7 @@ async def exported_fleet(dsn: str) -> dict[Any, float]:
     return samples(body)
 
 
+@log_guard.fails_jobs("HTTP_400")
 async def test_a_live_workers_exposition_passes_promtool(
     make_orc: Callable[..., Orchestrator], dsn: str
 ) -> None:
@@ -268,6 +270,9 @@ async def test_a_superseded_attempts_write_is_counted_as_stale(
     assert sum(refused) == 0  # a lease refused it, not the state machine
 
 
+@pytest.mark.logs_errors(
+    r"WF_STATE_TRANSITION_INVALID: job \S+ cannot go from PENDING to CANCELLED"
+)
 async def test_refused_transitions_are_counted_by_the_guard_that_refused_them(
     make_orc: Callable[..., Orchestrator],
     db: psycopg.AsyncConnection[Any],

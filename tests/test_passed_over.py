@@ -19,6 +19,7 @@ from orchestrator import Orchestrator, Status
 from orchestrator.services.sweep import ZombieSweep
 from retry_config import RetryConfig
 from retry_config.models import JobRetryConfig
+from tests.support import log_guard
 from tests.support.refusals import refusing_writes_to
 
 ZOMBIE = (
@@ -51,6 +52,7 @@ async def passed_over_events(orc: Orchestrator, job_id: UUID) -> list[dict[str, 
     return [e.payload for e in await orc.job_events(job_id) if e.kind == "job.maintenance_failed"]
 
 
+@pytest.mark.logs_errors(r"sweep_zombies: job \S+ could not be handled, .*: refused by the test")
 async def test_the_sweep_recovers_every_zombie_but_the_one_the_database_refuses(
     orc: Orchestrator, db: psycopg.AsyncConnection[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -75,6 +77,7 @@ async def test_the_sweep_recovers_every_zombie_but_the_one_the_database_refuses(
     assert (await orc.get_job(bad)).status is Status.RETRY
 
 
+@pytest.mark.logs_errors(r"sweep_zombies: job \S+ could not be handled, .*: backoff out of range")
 async def test_a_zombie_without_a_decision_is_passed_over_and_the_others_recovered(
     orc: Orchestrator, db: psycopg.AsyncConnection[Any]
 ) -> None:
@@ -104,6 +107,7 @@ async def test_a_zombie_without_a_decision_is_passed_over_and_the_others_recover
     }  # fmt: skip
 
 
+@pytest.mark.logs_errors(r"retry_safety_net: job \S+ could not be handled, .*: refused by the test")
 async def test_the_safety_net_redispatches_every_lost_job_but_the_refused_one(
     orc: Orchestrator, db: psycopg.AsyncConnection[Any]
 ) -> None:
@@ -122,6 +126,8 @@ async def test_the_safety_net_redispatches_every_lost_job_but_the_refused_one(
         assert event["service"] == "retry_safety_net"
 
 
+@log_guard.fails_jobs("APPROVAL_EXPIRED")
+@pytest.mark.logs_errors(r"expire_approvals: job \S+ could not be handled, .*: refused by the test")
 async def test_approval_expiry_decides_every_expired_approval_but_the_refused_one(
     orc: Orchestrator, db: psycopg.AsyncConnection[Any]
 ) -> None:

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from orchestrator import ErrorClass, InvalidTransition, Orchestrator, Status
-from tests.support import scripted
+from tests.support import log_guard, scripted
 from tests.support.harness import WorkerRun, config_with, run_safety_net, wait_for
 from tests.support.scripted import RELEASE, RUNS, STARTED, status_path
 
@@ -88,6 +88,7 @@ async def test_a_jobs_history_is_kept_once_in_its_own_events(
     assert await cur.fetchone() == (0,)
 
 
+@log_guard.fails_jobs("HTTP_429")
 async def test_rp_004_fourth_failure_is_dead_lettered_then_failed(
     make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
 ) -> None:
@@ -133,6 +134,7 @@ async def test_attempt_counts_every_claim_and_is_never_reset(
     assert [p["retry_count"] for p in running] == [0, 1, 2]
 
 
+@log_guard.fails_jobs("HTTP_400")
 async def test_permanent_failure_uses_no_retry(make_orc: Callable[..., Orchestrator]) -> None:
     orc = app(make_orc)
     job_id = await run_script(orc, ["permanent"])
@@ -145,6 +147,7 @@ async def test_permanent_failure_uses_no_retry(make_orc: Callable[..., Orchestra
     )
 
 
+@log_guard.fails_jobs("HTTP_429")
 async def test_max_retries_given_at_submit_overrides_the_config(
     make_orc: Callable[..., Orchestrator],
 ) -> None:
@@ -168,6 +171,7 @@ async def dispatch_row(db: psycopg.AsyncConnection[Any], job_id: Any) -> tuple[A
     return row
 
 
+@log_guard.fails_jobs("ECONNRESET")
 async def test_infra_failures_follow_graphile_on_real_procrastinate_retries(
     make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
 ) -> None:
@@ -290,6 +294,7 @@ async def test_a_duplicate_dispatch_is_a_no_op(
 # -- timeouts, invalid output, payloads that no longer fit ------------------------------------
 
 
+@log_guard.fails_jobs("JOB_TIMEOUT")
 async def test_job_timeout_fails_the_job_with_the_design_message(
     make_orc: Callable[..., Orchestrator],
 ) -> None:
@@ -301,6 +306,7 @@ async def test_job_timeout_fails_the_job_with_the_design_message(
     assert job.last_error.code == "JOB_TIMEOUT"
 
 
+@log_guard.fails_jobs("OUTPUT_INVALID")
 async def test_invalid_output_fails_and_keeps_the_output(
     make_orc: Callable[..., Orchestrator],
 ) -> None:
@@ -315,6 +321,7 @@ async def test_invalid_output_fails_and_keeps_the_output(
     assert job.attempt == 1  # never retried
 
 
+@log_guard.fails_jobs("PAYLOAD_INVALID")
 async def test_a_stored_payload_that_no_longer_fits_fails_permanently(
     make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
 ) -> None:
@@ -401,6 +408,7 @@ async def test_safety_net_redispatches_a_job_whose_dispatch_was_lost(
 # -- dead letters: requeue and two-person discard -----------------------------------
 
 
+@log_guard.fails_jobs("HTTP_400")
 async def test_dead_letter_requeue_creates_a_linked_job(
     make_orc: Callable[..., Orchestrator],
 ) -> None:
@@ -418,6 +426,7 @@ async def test_dead_letter_requeue_creates_a_linked_job(
     assert (after.state, after.requeued_job_id) == ("requeued", replay)
 
 
+@log_guard.fails_jobs("HTTP_400")
 async def test_dead_letter_discard_needs_two_different_reviewers(
     make_orc: Callable[..., Orchestrator],
 ) -> None:

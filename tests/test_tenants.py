@@ -18,7 +18,7 @@ from orchestrator import JobContext, Orchestrator, Status
 from orchestrator.app import JobSpec
 from orchestrator.domain.models import SubmitResult
 from orchestrator.domain.principals import Scope
-from tests.support import scripted
+from tests.support import log_guard, scripted
 from tests.support.api_server import ApiServer, token
 from tests.support.harness import WorkerRun, config_with, wait_for
 
@@ -73,6 +73,7 @@ async def test_a_batch_takes_a_tenant_per_job(
     assert tenants == created == ["acme", "globex", None]
 
 
+@log_guard.fails_jobs("HTTP_400")
 async def test_listings_filter_by_tenant_and_dead_letters_keep_it(
     make_orc: Callable[..., Orchestrator],
 ) -> None:

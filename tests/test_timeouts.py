@@ -19,6 +19,7 @@ import tasks
 from orchestrator import CallTimedOut, ErrorClass, JobContext, Orchestrator, Status
 from orchestrator.runtime.calls import http_client
 from retry_config import JobRetryConfig
+from tests.support import log_guard
 from tests.support.harness import WorkerRun, config_with, run_sweep, wait_for
 from tests.support.slow_peers import trickle_server, unreachable
 
@@ -135,6 +136,7 @@ async def test_the_total_call_timeout_bounds_a_streamed_body_too() -> None:
                     pass
 
 
+@log_guard.fails_jobs("RESPONSE_TIMEOUT")
 async def test_a_response_timeout_is_transient_app_and_retried_by_the_app_layer(
     orc: Orchestrator,
 ) -> None:
@@ -154,6 +156,7 @@ async def test_a_response_timeout_is_transient_app_and_retried_by_the_app_layer(
         assert peer.requests["/trickle"] == 2  # one request per attempt
 
 
+@log_guard.fails_jobs("CONNECT_TIMEOUT")
 async def test_a_connect_timeout_is_transient_infra(orc: Orchestrator) -> None:
     with unreachable() as url:
         async with WorkerRun(orc) as worker:
@@ -165,6 +168,7 @@ async def test_a_connect_timeout_is_transient_infra(orc: Orchestrator) -> None:
     assert job.last_error.classification is ErrorClass.TRANSIENT_INFRA
 
 
+@log_guard.fails_jobs("CALL_TIMEOUT")
 async def test_each_tool_has_its_own_call_limit(orc: Orchestrator) -> None:
     async with WorkerRun(orc) as worker:
         slow = await orc.submit("tool_user", {"tool": "slow_tool", "seconds": 5}, max_retries=0)
@@ -224,6 +228,7 @@ async def test_a_step_that_swallows_its_cancellation_still_does_not_commit(
     assert [(s["step"], s["attempt"]) for s in history] == [(1, 1), (2, 2), (3, 2)]
 
 
+@log_guard.fails_jobs("STEP_TIMEOUT")
 async def test_steps_that_keep_overrunning_spend_the_budget_and_fail(
     orc: Orchestrator,
 ) -> None:
@@ -239,6 +244,7 @@ async def test_steps_that_keep_overrunning_spend_the_budget_and_fail(
 # -- job and backstop ---------------------------------------------------------------------------
 
 
+@log_guard.fails_jobs("JOB_TIMEOUT")
 async def test_a_timeout_given_at_submit_shortens_the_job_and_its_steps(
     orc: Orchestrator,
 ) -> None:

@@ -83,6 +83,7 @@ def texts(spans: Sequence[ReadableSpan]) -> list[str]:
     return found
 
 
+@pytest.mark.logs_errors(r"myapp: a handled error")
 async def test_a_job_s_spans_continue_the_traceparent_given_at_submit(
     orc: Orchestrator, exporter: InMemorySpanExporter, peers: http_peers.Peers
 ) -> None:
@@ -128,6 +129,7 @@ async def test_a_job_s_spans_continue_the_traceparent_given_at_submit(
     assert not [text for text in texts(spans) if VALUE in text]
 
 
+@pytest.mark.logs_errors(r"myapp: a handled error")
 async def test_every_attempt_is_a_child_of_the_submit_and_a_retry_is_an_error(
     orc: Orchestrator, exporter: InMemorySpanExporter, peers: http_peers.Peers
 ) -> None:
@@ -179,6 +181,7 @@ async def test_submit_many_continues_the_caller_s_span_or_the_traceparent_given(
     assert (await orc.get_job(second)).trace_id == TRACE
 
 
+@pytest.mark.logs_errors(r"myapp: a handled error")
 async def test_a_job_submitted_without_tracing_is_run_in_its_own_trace(
     orc: Orchestrator,
     make_orc: Callable[..., Orchestrator],

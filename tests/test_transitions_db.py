@@ -34,6 +34,7 @@ from orchestrator.services.approvals import ApprovalDecisions
 from orchestrator.storage.database import create_pool
 from orchestrator.storage.dispatches import Completion
 from orchestrator.storage.stores import Stores
+from tests.support import log_guard
 
 PAIRS = list(itertools.product(Status, Status))
 LEASE = uuid.UUID("00000000-0000-4000-8000-000000000001")
@@ -218,6 +219,7 @@ def operation(
     raise AssertionError(target)
 
 
+@log_guard.fails_jobs("X")
 @pytest.mark.parametrize(("source", "target"), PAIRS)
 async def test_store_operations(
     db: psycopg.AsyncConnection[Any], stores: Stores, source: Status, target: Status

@@ -19,6 +19,7 @@ import httpx
 
 from orchestrator.domain.principals import Scope
 from orchestrator.storage.tokens import TokenStore
+from tests.support import log_guard
 from tests.support.harness import free_port
 from tests.support.workers import FAST
 
@@ -49,6 +50,7 @@ class ApiServer:
             [sys.executable, "-m", "orchestrator", "--app", app, "serve"],
             cwd=ROOT, env=environment, stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
+        log_guard.watch(f"serve {app}", self.process, self.log.name)
         if wait:
             self._wait_ready()
 

