@@ -239,6 +239,7 @@ async def _blocked_or_done(
 # -- 500 INTERNAL ------------------------------------------------------------------------------
 
 
+@pytest.mark.logs_errors(r"orchestrator\.api: POST /api/v1/jobs failed")
 async def test_an_unexpected_error_is_500_internal_with_nothing_of_the_servers_insides(
     own_database: str,
 ) -> None:

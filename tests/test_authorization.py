@@ -42,9 +42,12 @@ from orchestrator.domain.principals import Scope, new_token
 from orchestrator.interfaces.api.app import create_app
 from orchestrator.interfaces.api.auth import Allowed
 from orchestrator.interfaces.ui import pages
-from tests.support import agent_app, api_app, scripted
+from tests.support import agent_app, api_app, log_guard, scripted
 from tests.support.api_server import ApiServer, page_csrf, token
 from tests.support.harness import ROOT, WorkerRun, settings_for_tests, wait_for
+
+#: The module's objects include dead letters: jobs failed on purpose, logged at ERROR.
+pytestmark = log_guard.fails_jobs("HTTP_400")
 
 MINE, THEIRS = "tenant-a", "tenant-b"
 #: The Idempotency-Key both tenants submit with: one tenant's must never answer the other's job.
