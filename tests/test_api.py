@@ -20,8 +20,8 @@ import pytest
 from orchestrator import Orchestrator, Status
 from orchestrator.client import ApiError, AsyncClient
 from orchestrator.domain.principals import Scope
-from tests.support import agent_app, api_app, log_guard, scripted
-from tests.support.api_server import ApiServer, token
+from tests.support import api_app, log_guard
+from tests.support.api_server import ApiServer, api_orchestrator, token
 from tests.support.external import message_service
 from tests.support.harness import WorkerRun, wait_for
 
@@ -42,11 +42,7 @@ def replaying(dsn: str) -> Iterator[ApiServer]:
 
 @pytest.fixture
 async def orc(make_orc: Callable[..., Orchestrator]) -> Orchestrator:
-    made = make_orc(retry_config=api_app.CONFIG)
-    scripted.register(made)
-    agent_app.register(made)
-    await made.open()
-    return made
+    return await api_orchestrator(make_orc)
 
 
 @pytest.fixture

@@ -17,8 +17,7 @@ import pytest
 
 from orchestrator import Orchestrator, Status
 from orchestrator.domain.principals import Scope
-from tests.support import agent_app, api_app, scripted
-from tests.support.api_server import ApiServer, token
+from tests.support.api_server import ApiServer, api_orchestrator, token
 from tests.support.workers import FAST
 
 CLAIM = {"job_types": ["external_echo"], "worker": "py", "limit": 2}
@@ -42,11 +41,7 @@ def server(dsn: str) -> Iterator[ApiServer]:
 
 @pytest.fixture
 async def orc(make_orc: Callable[..., Orchestrator]) -> Orchestrator:
-    made = make_orc(retry_config=api_app.CONFIG)
-    scripted.register(made)
-    agent_app.register(made)
-    await made.open()
-    return made
+    return await api_orchestrator(make_orc)
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ import pytest
 
 from orchestrator import Orchestrator, Status
 from orchestrator.domain.principals import Scope
-from tests.support import agent_app, api_app, log_guard, scripted
-from tests.support.api_server import ApiServer, token
+from tests.support import log_guard
+from tests.support.api_server import ApiServer, api_orchestrator, token
 from tests.support.harness import ROOT, WorkerRun, finished, wait_for
 from tests.support.tools import find
 from tests.support.workers import WorkerProcess
@@ -66,11 +66,7 @@ def server(dsn: str) -> Iterator[ApiServer]:
 
 @pytest.fixture
 async def orc(make_orc: Callable[..., Orchestrator]) -> Orchestrator:
-    made = make_orc(retry_config=api_app.CONFIG)
-    scripted.register(made)
-    agent_app.register(made)
-    await made.open()
-    return made
+    return await api_orchestrator(make_orc)
 
 
 @pytest.fixture

@@ -18,8 +18,7 @@ import pytest
 
 from orchestrator import Orchestrator, Status
 from orchestrator.domain.principals import Scope
-from tests.support import agent_app, api_app, scripted
-from tests.support.api_server import ApiServer, token
+from tests.support.api_server import ApiServer, api_orchestrator, token
 from tests.support.harness import WorkerRun, run_sweep, wait_for
 from tests.support.workers import FAST
 
@@ -37,11 +36,7 @@ def server(dsn: str) -> Iterator[ApiServer]:
 
 @pytest.fixture
 async def orc(make_orc: Callable[..., Orchestrator]) -> Orchestrator:
-    made = make_orc(retry_config=api_app.CONFIG, zombie_threshold=THRESHOLD, heartbeat_interval=0.2)
-    scripted.register(made)
-    agent_app.register(made)
-    await made.open()
-    return made
+    return await api_orchestrator(make_orc, zombie_threshold=THRESHOLD, heartbeat_interval=0.2)
 
 
 @pytest.fixture

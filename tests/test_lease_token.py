@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from orchestrator import Orchestrator, Status
 from orchestrator.domain import events
 from orchestrator.domain.principals import Scope
-from tests.support import agent_app, api_app, scripted
-from tests.support.api_server import ApiServer, token
+from tests.support import api_app
+from tests.support.api_server import ApiServer, api_orchestrator, token
 from tests.support.harness import ROOT
 
 
@@ -36,11 +36,7 @@ def server(dsn: str) -> Iterator[ApiServer]:
 
 @pytest.fixture
 async def orc(make_orc: Callable[..., Orchestrator]) -> Orchestrator:
-    made = make_orc(retry_config=api_app.CONFIG)
-    scripted.register(made)
-    agent_app.register(made)
-    await made.open()
-    return made
+    return await api_orchestrator(make_orc)
 
 
 @pytest.fixture

@@ -11,12 +11,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from orchestrator import Orchestrator
 from orchestrator.domain.principals import Scope
 from orchestrator.storage.tokens import TokenStore
 from tests.support import log_guard
@@ -112,3 +113,15 @@ def page_csrf(browser: httpx.Client, page: str) -> str:
     found = re.search(r'name="csrf" value="([^"]+)"', browser.get(page).text)
     assert found, page
     return found.group(1)
+
+
+async def api_orchestrator(make_orc: Callable[..., Orchestrator], **settings: Any) -> Orchestrator:
+    """An open Orchestrator on the test database with what ``serve`` runs in these tests (the
+    API app's config and job types): the tests' own side of the server, for tokens and jobs."""
+    from tests.support import agent_app, api_app, scripted
+
+    made = make_orc(retry_config=api_app.CONFIG, **settings)
+    scripted.register(made)
+    agent_app.register(made)
+    await made.open()
+    return made
