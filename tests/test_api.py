@@ -414,6 +414,14 @@ async def test_approvals_are_listed_approved_and_rejected(
             f"/api/v1/approvals/{by_job[approved]['id']}/approve", json={"reason": "again"}
         )
         assert_problem(twice, 409, "APPROVAL_INVALID")
+
+        async def listed(query: str) -> dict[UUID, str]:
+            answer = (await admin.get(f"/api/v1/approvals{query}")).json()["approvals"]
+            return {UUID(a["job_id"]): a["status"] for a in answer}
+
+        assert await listed("") == {}  # pending only, by default
+        assert await listed("?status=approved") == {approved: "approved"}
+        assert await listed("?status=all") == {approved: "approved", rejected: "rejected"}
     assert (await orc.get_job(approved)).status is Status.COMPLETED
     assert (await orc.get_job(rejected)).status is Status.FAILED
     assert_problem(await admin.get(f"/api/v1/approvals/{uuid4()}"), 404, "APPROVAL_NOT_FOUND")
