@@ -13,6 +13,9 @@ import httpx
 import pytest
 
 from orchestrator import Orchestrator
+from orchestrator.domain.principals import Principal
+from orchestrator.interfaces.api.auth import Authenticator
+from orchestrator.storage.tokens import TokenStore
 from tests.support.api_server import ApiServer, token
 
 WINDOW = 5.0  # docs/api.md: "orchestrator tokens revoke NAME  # refused within 5 s"
@@ -66,3 +69,27 @@ async def test_a_token_revoked_after_its_cache_entry_lapsed_is_refused_at_once(
         await orc.stores.tokens.revoke("lapsed")
         answer = await api.get("/api/v1/jobs")
     assert (answer.status_code, answer.json()["code"]) == (401, "UNAUTHORIZED")
+
+
+class CountedTokens(TokenStore):
+    """The real store, counting the lookups that reach the database."""
+
+    lookups = 0
+
+    async def authenticate(self, token: str) -> Principal:
+        self.lookups += 1
+        return await super().authenticate(token)
+
+
+async def test_a_busy_client_costs_one_lookup_per_token_while_its_entry_lives(
+    orc: Orchestrator,
+) -> None:
+    """What the cache is for (auth.py): requests a moment apart, of two tokens taking turns,
+    look each token up once; a cache that forgot an entry at the next insert, or made each
+    entry already lapsed, would look up every request and no answer would show it."""
+    first, second = [await token(orc.stores.tokens, name) for name in ("one", "two")]
+    tokens = CountedTokens(orc.stores.tokens.queries)
+    authenticator = Authenticator(tokens)
+    for secret in (first, second, first, second, first):
+        await authenticator.principal(secret)
+    assert tokens.lookups == 2
