@@ -171,6 +171,7 @@ class Orchestrator:
         # Served by each worker's health port (/metrics).
         self.metrics = Metrics() if self.settings.metrics else NoMetrics()
         self.metrics.watch(lambda: self.workers)
+        self.metrics.config_applied(self.retry_config.version)
 
     # -- definition ------------------------------------------------------------------------
 

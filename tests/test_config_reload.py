@@ -10,6 +10,8 @@ import logging
 import os
 import re
 import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ from retry_config import DEFAULTS, ConfigError, JobRetryConfig, RetryConfig
 from tests.support import scripted
 from tests.support.api_server import ApiServer, token
 from tests.support.harness import BASE_CONFIG, free_port, wait_for
-from tests.support.workers import WorkerProcess
+from tests.support.workers import ROOT, WorkerProcess
 
 # -- the diff, pure -----------------------------------------------------------------------------
 
@@ -253,7 +255,6 @@ def metric(port: int, line: str) -> bool:
 @pytest.mark.parametrize("how", ["rename", "configmap"])
 async def test_a_running_worker_applies_an_edit_and_keeps_it_through_an_invalid_one(
     how: str, dsn: str, make_orc: Callable[..., Orchestrator], tmp_path: Path,
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     file = ConfigFile(tmp_path, how)
     file.write(config_text(base=300))
@@ -306,11 +307,9 @@ async def test_a_running_worker_applies_an_edit_and_keeps_it_through_an_invalid_
             assert metric(port, 'orchestrator_retry_config_reloads_total{result="refused"} 1.0')
 
             # the registry says which version the worker runs, and that it is not the file's
-            monkeypatch.setenv("DATABASE_URL", dsn)
-            monkeypatch.setenv("ORCHESTRATOR_RETRY_CONFIG", str(file.path))
 
             async def shown_on(version: str, on_file: bool) -> bool:
-                code, shown = await show_workers(capsys)
+                code, shown = await show_workers(dsn, file.path)
                 (entry,) = shown["workers"]
                 return code == 0 and (entry["version"], entry["on_file_version"]) == (
                     version,
@@ -318,14 +317,14 @@ async def test_a_running_worker_applies_an_edit_and_keeps_it_through_an_invalid_
                 )
 
             await wait_for(lambda: shown_on(second, False), timeout=10)
-            _, shown = await show_workers(capsys)
+            _, shown = await show_workers(dsn, file.path)
             assert "cap_ms (10) must be >= base_ms (900)" in shown["config"]["error"]
 
             file.write(config_text(base=700))  # back to the version in effect
             await wait_for(lambda: _said(worker, f"back to version {second}"), timeout=15)
             assert metric(port, "orchestrator_retry_config_refused 0.0")
             await wait_for(lambda: shown_on(second, True), timeout=10)
-            _, shown = await show_workers(capsys)
+            _, shown = await show_workers(dsn, file.path)
             (recorded,) = shown["workers"]
             assert recorded["worker"].endswith(f"/{worker.pid}/w{recorded['worker_id']}")
 
@@ -334,21 +333,22 @@ async def _said(worker: WorkerProcess, text: str) -> bool:
     return text in worker.output()
 
 
-async def show_workers(capsys: pytest.CaptureFixture[str]) -> tuple[int, Any]:
-    """``orchestrator config show --workers`` (a command line runs its own event loop: in a
-    thread), its exit code and what it printed."""
-    capsys.readouterr()
-    argv = ["--app", "tests.support.scripted_app:orc", "config", "show", "--workers"]
-    code = await asyncio.to_thread(main, argv)
-    out, err = capsys.readouterr()
-    assert out, err
-    return code, json.loads(out)
+async def show_workers(dsn: str, path: Path) -> tuple[int, Any]:
+    """``orchestrator config show --workers`` as an operator runs it (a process of its own,
+    reading its settings and the application at its start), its exit code and its output."""
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "orchestrator", "--app", "tests.support.scripted_app:orc",
+         "config", "show", "--workers"],
+        env={**os.environ, "DATABASE_URL": dsn, "ORCHESTRATOR_RETRY_CONFIG": str(path)},
+        cwd=ROOT, capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert done.stdout, done.stderr
+    return done.returncode, json.loads(done.stdout)
 
 
 async def test_a_worker_records_its_version_and_config_show_flags_the_others(
-    dsn: str, make_orc: Callable[..., Orchestrator], tmp_path: Path,
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-    db: psycopg.AsyncConnection[Any],
+    dsn: str, tmp_path: Path, db: psycopg.AsyncConnection[Any],
 ) -> None:  # fmt: skip
     file = ConfigFile(tmp_path, "rename")
     file.write(config_text(base=300))
@@ -363,9 +363,7 @@ async def test_a_worker_records_its_version_and_config_show_flags_the_others(
 
         await wait_for(recorded, timeout=20)
         file.write(config_text(base=700))  # this worker does not reload (poll 0)
-        monkeypatch.setenv("DATABASE_URL", dsn)
-        monkeypatch.setenv("ORCHESTRATOR_RETRY_CONFIG", str(file.path))
-        code, shown = await show_workers(capsys)
+        code, shown = await show_workers(dsn, file.path)
         assert code == 0
         assert shown["version"] == retry_config.load(file.path).version != version
         (entry,) = shown["workers"]
@@ -379,13 +377,15 @@ async def test_a_worker_records_its_version_and_config_show_flags_the_others(
 
 @pytest.mark.logs_errors(r"retry config \S+: version \w+ refused")
 async def test_serve_reloads_what_the_api_reports(
-    dsn: str, make_orc: Callable[..., Orchestrator], tmp_path: Path
-) -> None:
+    dsn: str, make_orc: Callable[..., Orchestrator], tmp_path: Path,
+    db: psycopg.AsyncConnection[Any],
+) -> None:  # fmt: skip
     file = ConfigFile(tmp_path, "configmap")
     file.write(config_text(base=300))
     orc = make_orc(retry_config=file.path)
     scripted.register(orc)
-    env = {"ORCHESTRATOR_RETRY_CONFIG": file.path, "ORCHESTRATOR_RETRY_CONFIG_POLL_SECONDS": "0.1"}
+    env = {"ORCHESTRATOR_RETRY_CONFIG": file.path, "ORCHESTRATOR_RETRY_CONFIG_POLL_SECONDS": "0.1",
+           "ORCHESTRATOR_STALLED_WORKER_SECONDS": "1.5"}  # fmt: skip
     app = "tests.support.scripted_app:orc"
     async with orc:
         secret = await token(orc.stores.tokens, "reader")
@@ -407,6 +407,13 @@ async def test_serve_reloads_what_the_api_reports(
 
         await wait_for(applied, timeout=15)
         assert shown()["job_types"]["scripted"]["backoff"]["base_ms"] == 700
+
+        async def recorded() -> bool:  # beside its registry entry, as a worker's
+            cur = await db.execute("SELECT worker, config_version FROM orc_worker_configs")
+            rows = await cur.fetchall()
+            return len(rows) == 1 and "/api/w" in rows[0][0] and rows[0][1] == second
+
+        await wait_for(recorded, timeout=15)
         file.write(BASE_CONFIG.read_text() + INVALID)
 
         async def refused() -> bool:

@@ -57,7 +57,6 @@ class ConfigReload:
         self.metrics = metrics
         self.interval = interval
         self._seen = live.current.version  # the file's content last looked at
-        metrics.config_applied(live.current.version)
 
     async def run(self) -> None:
         while True:
