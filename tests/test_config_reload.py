@@ -35,6 +35,8 @@ from tests.support.workers import ROOT, WorkerProcess
 # -- the diff, pure -----------------------------------------------------------------------------
 
 NAMES = ("alpha", "beta", "gamma")
+#: The ERROR a refused version is logged with.
+REFUSED = r"retry config \S+: (version \w+|its content \(unreadable\)) refused, version \w+ stays"
 
 
 @st.composite
@@ -150,7 +152,7 @@ def test_fields_fixed_at_start_up_are_held_and_named(make_orc: Callable[..., Orc
     assert orc.hold_fixed(running, running) == (running, {})
 
 
-@pytest.mark.logs_errors(r"retry config \S+: version \w+ refused")
+@pytest.mark.logs_errors(REFUSED)
 async def test_a_reload_checks_against_the_application_and_holds_what_a_restart_applies(
     make_orc: Callable[..., Orchestrator], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -184,6 +186,22 @@ async def test_a_reload_checks_against_the_application_and_holds_what_a_restart_
                    "the next restart") for m in messages
     ), messages  # fmt: skip
     assert "retry config change: job type 'scripted': backoff.base_ms 300 -> 500" in messages
+    caplog.clear()
+
+    # a file gone is refused too, once; back as it was, nothing is applied again
+    in_effect = orc.retry_config
+    file.path.unlink()
+    with caplog.at_level(logging.WARNING, "orchestrator.config"):
+        await reload.poll()
+        await reload.poll()
+        file.write(config_text(base=500) + "queue = 'elsewhere'\n")
+        await reload.poll()
+    assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == [
+        f"its content (unreadable) refused, version {in_effect.version} stays in effect: "
+        f"{file.path}: file not found",
+        f"back to version {in_effect.version}, the one in effect",
+    ]
+    assert orc.retry_config is in_effect
 
     assert make_orc(retry_config_poll_seconds=0).config_reload() is None
 
@@ -251,7 +269,7 @@ def metric(port: int, line: str) -> bool:
     return line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text.splitlines()
 
 
-@pytest.mark.logs_errors(r"retry config \S+: version \w+ refused")
+@pytest.mark.logs_errors(REFUSED)
 @pytest.mark.parametrize("how", ["rename", "configmap"])
 async def test_a_running_worker_applies_an_edit_and_keeps_it_through_an_invalid_one(
     how: str, dsn: str, make_orc: Callable[..., Orchestrator], tmp_path: Path,
@@ -375,7 +393,7 @@ async def test_a_worker_records_its_version_and_config_show_flags_the_others(
     assert (await cur.fetchone()) == (0,)
 
 
-@pytest.mark.logs_errors(r"retry config \S+: version \w+ refused")
+@pytest.mark.logs_errors(REFUSED)
 async def test_serve_reloads_what_the_api_reports(
     dsn: str, make_orc: Callable[..., Orchestrator], tmp_path: Path,
     db: psycopg.AsyncConnection[Any],

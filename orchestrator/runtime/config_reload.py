@@ -68,7 +68,7 @@ class ConfigReload:
         try:
             content = await asyncio.to_thread(read, self.path)
         except ConfigError as exc:
-            self._refuse(f"unreadable: {exc}", exc)
+            self._refuse(f"unreadable: {exc}", "its content (unreadable)", exc)
             return
         version = version_of(content)
         if version == self._seen:
@@ -84,7 +84,7 @@ class ConfigReload:
             new = parse_bytes(content, self.path)
             self.check(new)
         except ConfigError as exc:
-            self._refuse(version, exc)
+            self._refuse(version, f"version {version}", exc)
             return
         self._seen = version
         held, fixed = self.hold(new, running)
@@ -105,12 +105,13 @@ class ConfigReload:
                 "at the next restart", self.path, scope, ", ".join(names),
             )  # fmt: skip
 
-    def _refuse(self, seen: str, exc: ConfigError) -> None:
+    def _refuse(self, seen: str, what: str, exc: ConfigError) -> None:
+        """``seen``: what was read (a version, or why nothing could be), refused once."""
         if seen == self._seen:
             return  # refused already: logged and counted once per version
         self._seen = seen
         logger.error(
-            "retry config %s: version %s refused, version %s stays in effect: %s", self.path,
-            seen, self.live.current.version, exc,
+            "retry config %s: %s refused, version %s stays in effect: %s", self.path, what,
+            self.live.current.version, "; ".join(str(exc).splitlines()),
         )  # fmt: skip
         self.metrics.config_refused()
