@@ -489,6 +489,11 @@ def test_config_diff_shows_what_an_edit_changes_before_it_is_applied(
         ("[defaults]\nbackoff = { base_ms = 10, cap_ms = 5 }\n", "cap_ms (5) must be >= base_ms"),
         ("[job_types.scriptd]\napp_max_retries = 1\n", "did you mean 'scripted'?"),
         ("[defaults\n", "not valid TOML"),
+        (
+            "[job_types.ext]\nexternal = true\nqueue = 'shared'\n"
+            "[job_types.scripted]\nqueue = 'shared'\n",
+            "job type 'scripted' is on queue 'shared', the queue of the external job type 'ext'",
+        ),
     ],
 )
 def test_config_diff_refuses_an_invalid_file_without_a_traceback(
@@ -499,6 +504,7 @@ def test_config_diff_refuses_an_invalid_file_without_a_traceback(
     code, out, err = cli("config", "diff", str(edited))
     assert (code, out) == (2, "")
     assert err.startswith("error: ") and problem in err and "Traceback" not in err
+    assert cli("config", "validate", str(edited)) == (code, out, err)  # the same checks
     code, _, err = cli("config", "diff", str(tmp_path / "missing.toml"))
     assert code == 2 and "file not found" in err
 

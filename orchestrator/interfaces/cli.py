@@ -574,10 +574,11 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_config_validate(args: argparse.Namespace) -> int:
-    """The file (default: the configured one), checked against the application's job types."""
-    known = load_app(args.app).known_job_types()
+    """The file (default: the configured one), checked against the application as a worker
+    checks it at start-up and a reload checks a new version."""
+    orc = load_app(args.app)
     config = retry_config.load(args.path or _configured_config_path())
-    config.check_names(known)
+    orc.check_config(config)
     print(f"{config.path}: ok ({len(config.job_types)} job types)")
     return 0
 

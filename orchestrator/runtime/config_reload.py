@@ -2,11 +2,12 @@
 
 The file is read every ``interval`` seconds and named by its content hash. Polling the content
 rather than watching the file with inotify: a Kubernetes ConfigMap mount is replaced in place by
-an atomic swap of its ``..data`` symlink, which an inotify watch on the file itself never sees
-(the watch follows the old inode), and which some kernels and file systems report as a write
-rather than a create (configmap-reload #190); the kubelet keeps the files' mtime as it was
-(kubernetes #24215), so an mtime poll misses it too. Reading a few kilobytes every few seconds
-costs nothing, and an editor's rename, a ``cp`` and a symlink swap all look alike.
+an atomic swap of its ``..data`` symlink. A watch on the file holds the old file's inode, which
+only says it went away (parca #3230 reloads on that deletion); a watch on the directory must
+single out the ``..data`` event, which some systems report as a write rather than a create
+(configmap-reload #190); and the kubelet keeps the files' mtime (kubernetes #24215), so an mtime
+poll misses it. Reading a few kilobytes every few seconds costs nothing (25 us to read and hash
+the default file), and an editor's rename, a ``cp`` and a symlink swap all look alike.
 
 A new version is validated as at start-up (the file's own rules, then the application's: names
 of known job types, no queue shared with an external type); refused, the old version stays in
