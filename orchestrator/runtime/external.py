@@ -143,7 +143,6 @@ class ExternalRuns:
         self.host = host
         self.rng = random.Random()
         self.worker_id: int | None = None
-        self._recorded_config: tuple[int, str] | None = None  # (worker id, version) recorded
         self.writer = OutcomeWriter(
             stores.dispatches, stores.jobs, OwnConnection(dsn, "external completions"), metrics
         )
@@ -353,16 +352,12 @@ class ExternalRuns:
         await self._record_config()
 
     async def _record_config(self) -> None:
-        """Record in the registry which retry config version this server runs, when it changed
-        since it was last recorded (as a worker does)."""
+        """Record beside its registry entry which retry config version this server runs (as a
+        worker does)."""
         assert self.worker_id is not None
-        recorded = (self.worker_id, self.config.current.version)
-        if recorded != self._recorded_config:
-            await self.stores.config_versions.record(
-                self.worker_id, worker=f"{self.host}/w{self.worker_id}", version=recorded[1],
-                applied_at=self.config.applied_at,
-            )  # fmt: skip
-            self._recorded_config = recorded
+        await self.stores.config_versions.record(
+            self.worker_id, worker=f"{self.host}/w{self.worker_id}", config=self.config
+        )
 
     async def _registry_heartbeat(self) -> None:
         while True:

@@ -114,7 +114,6 @@ class Worker:
         self.name = name
         self.config_reload = config_reload
         self.worker_id: int | None = None
-        self._recorded_config: tuple[int, str] | None = None  # (worker id, version) recorded
         self.running = Running()
         self.clients = Clients(kit.tracing)
         self.drain = Drain(
@@ -365,16 +364,12 @@ class Worker:
         await until_written("worker registry", self._record_config)
 
     async def _record_config(self) -> None:
-        """Record in the registry which retry config version this worker runs (``orchestrator
-        config show --workers`` reads it), when it changed since it was last recorded."""
+        """Record beside its registry entry which retry config version this worker runs
+        (``orchestrator config show --workers`` reads it)."""
         assert self.worker_id is not None
-        recorded = (self.worker_id, self.kit.config.current.version)
-        if recorded != self._recorded_config:
-            await self.stores.config_versions.record(
-                self.worker_id, worker=f"{HOST}/w{self.worker_id}",
-                version=recorded[1], applied_at=self.kit.config.applied_at,
-            )  # fmt: skip
-            self._recorded_config = recorded
+        await self.stores.config_versions.record(
+            self.worker_id, worker=f"{HOST}/w{self.worker_id}", config=self.kit.config
+        )
 
     def _start(self, lane: Lane, dispatch: Dispatch) -> None:
         """Run the dispatch in a task of its own, in a slot of ``lane`` (free once its outcome

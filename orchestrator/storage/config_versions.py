@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from orchestrator.storage.runner import Queries
+from retry_config import LiveConfig
 
 
 @dataclass(frozen=True)
@@ -22,13 +23,14 @@ class ConfigVersionStore:
     def __init__(self, queries: Queries) -> None:
         self.queries = queries
 
-    async def record(
-        self, worker_id: int, *, worker: str, version: str, applied_at: datetime
-    ) -> None:
+    async def record(self, worker_id: int, *, worker: str, config: LiveConfig) -> None:
+        """The version ``config`` holds now, for the registered process ``worker_id``: at its
+        registration and with each registry heartbeat (a small upsert every few seconds, which
+        also puts back a row that went missing)."""
         await self.queries.execute(
             "record_worker_config",
-            {"worker_id": worker_id, "worker": worker, "version": version,
-             "applied_at": applied_at},
+            {"worker_id": worker_id, "worker": worker, "version": config.current.version,
+             "applied_at": config.applied_at},
         )  # fmt: skip
 
     async def live(self, *, seconds: float) -> list[WorkerConfig]:

@@ -5,8 +5,8 @@
 -- A worker and `orchestrator serve` reload their retry config file when it changes (docs/
 -- configuration.md, "Reloading"), and refuse a version that is not valid. Which version each
 -- process runs is a fact of that process, recorded here by it alone, beside its entry in
--- Procrastinate's worker registry: at registration, and by its registry heartbeat whenever the
--- version changed. `orchestrator config show --workers` lists them and flags those not on the
+-- Procrastinate's worker registry: at registration, and with each of its registry heartbeats
+-- (an upsert). `orchestrator config show --workers` lists them and flags those not on the
 -- file's version. A registry entry pruned or unregistered takes its row with it (the cascade),
 -- so the table holds one row per live process and never grows. The previous release's workers
 -- write nothing here: they are listed as having no version.
