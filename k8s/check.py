@@ -102,7 +102,10 @@ def load_resources(directory: Path) -> list[Doc]:
             raise RenderError(f"{path}: resource {name!r} is not a file; rendering needs kubectl")
         docs.extend(parse((directory / name).read_text(encoding="utf-8")))
     for generator in kustomization.get("configMapGenerator", []):
-        extra = sorted(set(generator) - {"name", "files", "literals"})
+        extra = sorted(set(generator) - {"name", "files", "literals", "options"})
+        # No hash suffix is what this reading does anyway; any other option needs kubectl.
+        if generator.get("options", {}) not in ({}, {"disableNameSuffixHash": True}):
+            extra.append("options")
         if extra:
             raise RenderError(f"{path}: configMapGenerator {', '.join(extra)} needs kubectl")
         data = {}

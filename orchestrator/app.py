@@ -65,6 +65,7 @@ from orchestrator.domain.storable import Text, refusal
 from orchestrator.domain.traceparent import normalized, trace_id_of
 from orchestrator.runtime import logs, startup
 from orchestrator.runtime.attempt import Toolkit
+from orchestrator.runtime.config_reload import ConfigReload
 from orchestrator.runtime.context import JobContext
 from orchestrator.runtime.health import HealthServer
 from orchestrator.runtime.metrics import Metrics, NoMetrics
@@ -79,7 +80,7 @@ from orchestrator.storage.database import Pool
 from orchestrator.storage.migrate import MigrationReport, migrate
 from orchestrator.storage.rows import ApprovalRecord, StepRecord
 from orchestrator.storage.stores import Stores
-from retry_config import MAX_VALUE
+from retry_config import MAX_VALUE, LiveConfig, RetryConfig
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -139,7 +140,11 @@ class Orchestrator:
         says); by default, to the global provider when ``ORCHESTRATOR_TRACING=otel``."""
         self.settings = settings or Settings()
         self.tracing = _tracing(self.settings, tracer_provider)
-        self.retry_config = retry_config.load(retry_config_path or self.settings.retry_config)
+        #: The retry config in effect: a worker and ``serve`` reload it when its file changes.
+        self.live_config = LiveConfig(
+            retry_config.load(retry_config_path or self.settings.retry_config)
+        )
+        self._config_reload: ConfigReload | None = None
         self.job_types: dict[str, JobType] = {
             name: JobType.external(name) for name in self.retry_config.external
         }
@@ -166,6 +171,7 @@ class Orchestrator:
         # Served by each worker's health port (/metrics).
         self.metrics = Metrics() if self.settings.metrics else NoMetrics()
         self.metrics.watch(lambda: self.workers)
+        self.metrics.config_applied(self.retry_config.version)
 
     # -- definition ------------------------------------------------------------------------
 
@@ -205,25 +211,69 @@ class Orchestrator:
         return classifier
 
     def check_definition(self) -> None:
-        """Before a worker or the API server starts: the retry config names only known job
-        types, the notification targets are usable, and no in-process job type shares a queue
-        with an external one (ConfigError naming what is wrong)."""
-        self.retry_config.check_names(self.known_job_types())
+        """Before a worker or the API server starts: the retry config fits the application
+        (check_config), and the notification targets are usable (ConfigError naming what is
+        wrong)."""
+        self.check_config(self.retry_config)
         self.notifier.check()
-        external = {q: name for name, q in self.retry_config.external.items()}
+
+    def check_config(self, config: RetryConfig) -> None:
+        """``config`` names only known job types, and no in-process job type shares a queue
+        with an external one: at start-up, and for each new version a reload reads."""
+        config.check_names(self.known_job_types())
+        external = {q: name for name, q in config.external.items()}
         clashes = [
-            f"job type {name!r} is on queue {self.retry_config.queue_of(name)!r}, the queue of "
-            f"the external job type {external[self.retry_config.queue_of(name)]!r}"
+            f"job type {name!r} is on queue {config.queue_of(name)!r}, the queue of "
+            f"the external job type {external[config.queue_of(name)]!r}"
             for name, job_type in sorted(self.job_types.items())
-            if not job_type.is_external and self.retry_config.queue_of(name) in external
+            if not job_type.is_external and config.queue_of(name) in external
         ]
         if clashes:
-            raise ConfigError("; ".join(clashes))
+            raise ConfigError(f"{config.path}: " + "; ".join(clashes))
 
     def known_job_types(self) -> set[str]:
         """The names a retry config may configure: the registered job types, the built-in
         ones, and the maintenance services."""
         return {*self.job_types, *retry_config.built_in_types(), *maintenance.NAMES}
+
+    # -- the retry config in effect ---------------------------------------------------------
+
+    @property
+    def retry_config(self) -> RetryConfig:
+        """The retry config in effect now (read it once per decision: a reload replaces it)."""
+        return self.live_config.current
+
+    @staticmethod
+    def fixed_at_start(scope: str) -> frozenset[str]:
+        """The fields of a scope (``[defaults]`` or a job type) that a reload leaves as they
+        are, and a restart applies: the queues (the workers' lanes and the external types'
+        queues are chosen at start-up), ``external`` (its job types are declared then), and a
+        maintenance service's ``worker_max_attempts`` (the retry strategy of its Procrastinate
+        periodic task is fixed when the task is registered)."""
+        fixed = {"queue", "external"}
+        if scope in maintenance.NAMES:
+            fixed.add("worker_max_attempts")
+        return frozenset(fixed)
+
+    def hold_fixed(
+        self, new: RetryConfig, running: RetryConfig
+    ) -> tuple[RetryConfig, dict[str, list[str]]]:
+        """``new`` as a reload applies it over ``running`` (the fields fixed at start-up kept),
+        and the fields fixed at start-up that it would change, per scope."""
+        return retry_config.hold_fixed(new, running, self.fixed_at_start, maintenance.NAMES)
+
+    def config_reload(self) -> ConfigReload | None:
+        """The watch of the retry config file that this process's workers and API server
+        share (one per Orchestrator); None when the retry_config_poll_seconds setting is 0."""
+        if self.settings.retry_config_poll_seconds == 0:
+            return None
+        if self._config_reload is None:
+            self._config_reload = ConfigReload(
+                self.live_config, check=self.check_config, hold=self.hold_fixed,
+                metrics=self.metrics,
+                interval=self.settings.retry_config_poll_seconds,
+            )  # fmt: skip
+        return self._config_reload
 
     def _degradation_of(self, job_type: str) -> TypeDegradation:
         known = self.job_types.get(job_type)
@@ -579,7 +629,7 @@ class Orchestrator:
             stores=opened.stores,
             kit=Toolkit(
                 job_types=dict(self.job_types),
-                config=self.retry_config,
+                config=self.live_config,
                 classifiers=tuple(self.classifiers),
                 failures=self.failures,
                 secrets=self.secrets,
@@ -599,6 +649,7 @@ class Orchestrator:
             maintenance_queue=maintenance.QUEUE,
             wait=wait,
             name=name or "orchestrator",
+            config_reload=self.config_reload(),
         )
         self.workers.append(worker)
         try:
@@ -686,7 +737,7 @@ class _Opened:
             decisions=decisions,
             maintenance=Maintenance.build(
                 stores=stores, checkpoints=checkpoints, failures=orc.failures,
-                decisions=decisions, config=orc.retry_config, settings=orc.settings,
+                decisions=decisions, config=orc.live_config, settings=orc.settings,
                 on_run=orc.metrics.maintenance_run,
             ),
         )  # fmt: skip

@@ -36,6 +36,12 @@ class Settings(BaseSettings):
     retry_config: Path | None = Field(
         None, description="Retry config file (TOML); unset uses retry_config/default.toml."
     )
+    retry_config_poll_seconds: float = Field(
+        5.0, ge=0, le=3600,
+        description="How often a worker and `orchestrator serve` read their retry config file"
+        " for a new version, applied without a restart once valid (docs/configuration.md,"
+        ' "Reloading"); 0: read at start-up only.',
+    )  # fmt: skip
     secrets_dir: Path = Field(
         Path("/var/run/secrets/orchestrator"),
         description="Where secrets not set in the environment are read from, one file per"

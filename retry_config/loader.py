@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ class RetryConfig:
     path: Path
     defaults: JobRetryConfig
     job_types: Mapping[str, JobRetryConfig] = field(default_factory=dict)
+    #: The file's content hash (:func:`version_of`): which edit this is, whatever its mtime.
+    version: str = ""
 
     def for_type(self, job_type: str) -> JobRetryConfig:
         return self.job_types.get(job_type, self.defaults)
@@ -86,20 +89,36 @@ def built_in_types() -> frozenset[str]:
     return frozenset(tomllib.loads(DEFAULT_PATH.read_text(encoding="utf-8"))["job_types"])
 
 
+def version_of(content: bytes) -> str:
+    """A file version's name: the first 12 hex digits of its SHA-256."""
+    return hashlib.sha256(content).hexdigest()[:12]
+
+
 def load(path: Path | str | None = None) -> RetryConfig:
     path = Path(path) if path is not None else DEFAULT_PATH
+    return parse_bytes(read(path), path)
+
+
+def read(path: Path) -> bytes:
+    """The file's bytes (through any symlinks: a ConfigMap mount's ``..data``)."""
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        return path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def parse_bytes(content: bytes, path: Path) -> RetryConfig:
+    """The config a file's ``content`` holds, named by its version."""
+    try:
+        raw = tomllib.loads(content.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    return parse(raw, path)
+    return parse(raw, path, version=version_of(content))
 
 
-def parse(raw: Mapping[str, Any], path: Path) -> RetryConfig:
+def parse(raw: Mapping[str, Any], path: Path, *, version: str = "") -> RetryConfig:
     unknown = sorted(set(raw) - _TOP_LEVEL)
     if unknown:
         raise ConfigError(
@@ -124,7 +143,7 @@ def parse(raw: Mapping[str, Any], path: Path) -> RetryConfig:
             job_types[name] = config
     if problems or defaults is None:
         raise ConfigError("\n".join(problems))
-    return RetryConfig(path=path, defaults=defaults, job_types=job_types)
+    return RetryConfig(path=path, defaults=defaults, job_types=job_types, version=version)
 
 
 def _validate(

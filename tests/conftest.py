@@ -44,7 +44,9 @@ Where each part of the code is tested:
                               while the database is away, connect failures: test_startup;
                               metrics: test_metrics; the lease contract by its effects
                               (heartbeats read back, a job kept past the zombie threshold,
-                              in process and external): test_lease_contract
+                              in process and external): test_lease_contract; retry config
+                              reloads (worker and serve processes), config diff:
+                              test_config_reload
     orchestrator/services     sweep: test_liveness, test_timeouts; safety net, dead letters:
                               test_runtime; approvals and retention: test_approvals; a bad
                               row in a batch: test_passed_over; the maintenance lane:

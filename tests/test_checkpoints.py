@@ -64,7 +64,7 @@ async def drive(orc: Orchestrator, job_id: UUID, timeout: float = 20) -> Any:
             await ZombieSweep(
                 stores=orc.stores,
                 failures=orc.failures,
-                config=orc.retry_config,
+                config=orc.live_config,
                 threshold=0,
                 expiry_grace=60,
                 batch_size=10,

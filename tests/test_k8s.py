@@ -60,7 +60,8 @@ def test_base_rendered_by_kubectl_has_no_problem() -> None:
     assert container(deployment)["image"] == "agent-orchestrator:0.1.0"
     volumes = deployment["spec"]["template"]["spec"]["volumes"]
     assert {"name": configmap["metadata"]["name"]} in [v.get("configMap") for v in volumes]
-    assert configmap["metadata"]["name"].startswith("orchestrator-retry-config-")  # hashed
+    # no hash suffix: an edit updates it in place, and the workers reload it without a rollout
+    assert configmap["metadata"]["name"] == "orchestrator-retry-config"
 
 
 def test_main_prints_a_summary_and_exits_0_on_the_base(capsys: pytest.CaptureFixture[str]) -> None:
@@ -243,6 +244,13 @@ def test_the_fallback_refuses_what_it_cannot_render(tmp_path: Path) -> None:
     (tmp_path / "kustomization.yaml").write_text("resources: [../base]\n")
     with pytest.raises(check.RenderError, match=r"resource '\.\./base' is not a file"):
         check.load_resources(tmp_path)
+    generator = "configMapGenerator: [{name: c, literals: [a=b], options: {%s}}]\n"
+    (tmp_path / "kustomization.yaml").write_text(generator % "labels: {x: y}")
+    with pytest.raises(check.RenderError, match="configMapGenerator options needs kubectl"):
+        check.load_resources(tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(generator % "disableNameSuffixHash: true")
+    (made,) = check.load_resources(tmp_path)  # what this reading does anyway
+    assert (made["metadata"], made["data"]) == ({"name": "c"}, {"a": "b"})
 
 
 # -- in step with the code -------------------------------------------------------------------
@@ -270,6 +278,7 @@ def test_the_worker_reads_the_retry_config_where_the_configmap_is_mounted() -> N
     ]
     (mount,) = [m for m in container(deployment)["volumeMounts"] if m["name"] == volume["name"]]
     assert Path(mount["mountPath"]) == path.parent
+    assert "subPath" not in mount  # the kubelet never updates a subPath mount: no reload
     assert path.name in configmap["data"]
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator import Orchestrator, Status
 from orchestrator.services.sweep import ZombieSweep
-from retry_config import RetryConfig
+from retry_config import LiveConfig, RetryConfig
 from retry_config.models import JobRetryConfig
 from tests.support import log_guard
 from tests.support.refusals import refusing_writes_to
@@ -93,7 +93,8 @@ async def test_a_zombie_without_a_decision_is_passed_over_and_the_others_recover
     config = orc.retry_config
     sweep = ZombieSweep(
         stores=orc.stores, failures=orc.failures,
-        config=Unusable(config.path, config.defaults, config.job_types), threshold=60,
+        config=LiveConfig(Unusable(config.path, config.defaults, config.job_types)),
+        threshold=60,
         expiry_grace=60, batch_size=10, limit=100,
     )  # fmt: skip
     good, bad = await zombie(db, "agent"), await zombie(db, "http_request")

@@ -63,7 +63,7 @@ from orchestrator.runtime.outcomes import (
     of_failure,
     terminal,
 )
-from retry_config import JobRetryConfig, RetryConfig
+from retry_config import JobRetryConfig, LiveConfig
 
 if TYPE_CHECKING:
     from orchestrator.runtime.tracing import StepSpans, Tracing
@@ -74,12 +74,13 @@ logger = logging.getLogger("orchestrator.attempt")
 @dataclass(frozen=True)
 class Toolkit:
     """What every attempt of an application needs, shared by its workers and never changed by
-    them: the job types and their retry config, the classifiers, the shaper of terminal
+    them: the job types and their retry config (in effect now: a reload replaces it, and each
+    attempt runs under the version it started with), the classifiers, the shaper of terminal
     failures, the secrets, the checkpoint and approval stores, and the tracing (None: off).
     What belongs to one worker (its clients, its running attempts) is the worker's."""
 
     job_types: Mapping[str, JobType]
-    config: RetryConfig
+    config: LiveConfig
     classifiers: Sequence[Classifier]
     failures: Failures
     secrets: Secrets
@@ -104,7 +105,7 @@ class Attempt:
         self._task: asyncio.Task[Any] | None = None
         self._task_running = False  # the task function is running: a stop cancels it
         self.job_type = kit.job_types[claim.job_type]
-        self.config: JobRetryConfig = kit.config.for_type(claim.job_type)
+        self.config: JobRetryConfig = kit.config.current.for_type(claim.job_type)
         self.timeout_seconds = claim.timeout_seconds or self.config.job_timeout_seconds
         self.step_clock = StepDeadline(
             self.config.step_timeout(self.timeout_seconds), self._step_overran

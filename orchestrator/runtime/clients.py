@@ -31,8 +31,9 @@ class Clients:
 
     def http(self, job_type: str, config: JobRetryConfig) -> httpx.AsyncClient:
         """The job type's HTTP client, with its connect and total call timeouts (and a span
-        per request when tracing is on)."""
-        return self.shared(("http", job_type), lambda: http_client(config, self.tracing))
+        per request when tracing is on): a new one when a reload changed them."""
+        key = ("http", job_type, config.call_timeout_ms, config.connect_timeout_ms)
+        return self.shared(key, lambda: http_client(config, self.tracing))
 
     def shared(self, key: Hashable, make: Callable[[], C]) -> C:
         """One client per ``key``, made by ``make()`` the first time."""

@@ -62,7 +62,7 @@ from orchestrator.storage.database import OwnConnection
 from orchestrator.storage.dispatches import Dispatch
 from orchestrator.storage.jobs import Held
 from orchestrator.storage.stores import Stores
-from retry_config import RetryConfig
+from retry_config import LiveConfig
 
 logger = logging.getLogger("orchestrator.external")
 T = TypeVar("T")
@@ -128,7 +128,7 @@ class ExternalRuns:
         dsn: str,
         stores: Stores,
         settings: Settings,
-        config: RetryConfig,
+        config: LiveConfig,
         job_types: Mapping[str, JobType],
         failures: Failures,
         metrics: Metrics,
@@ -149,7 +149,7 @@ class ExternalRuns:
         self._fetch_connection = OwnConnection(dsn, "external fetch")
         self._fetching = asyncio.Lock()  # one fetch at a time on its connection
         self._work = asyncio.Event()  # replaced at each wake-up; waiters hold the one they saw
-        queues = sorted(set(config.external.values()))
+        queues = sorted(set(config.current.external.values()))  # fixed at start-up
         self.wakeups = Wakeups(
             dsn=dsn,
             liveness=stores.liveness,
@@ -194,9 +194,9 @@ class ExternalRuns:
     def _queue_of(self, job_type: str) -> str:
         known = self.job_types.get(job_type)
         if known is None or not known.is_external:
-            external = sorted(self.config.external)
+            external = sorted(self.config.current.external)
             raise NotExternal(f"job type {job_type!r} is not external (external: {external})")
-        return self.config.queue_of(job_type)
+        return self.config.current.queue_of(job_type)
 
     async def _fetch(self, queues: list[str], *, worker: str, limit: int) -> list[ExternalTask]:
         async def fetch(worker_id: int) -> list[Dispatch]:
@@ -224,7 +224,8 @@ class ExternalRuns:
 
     def _task(self, claim: Claim) -> ExternalTask:
         now = datetime.now(UTC)
-        timeout = claim.timeout_seconds or self.config.for_type(claim.job_type).job_timeout_seconds
+        config = self.config.current.for_type(claim.job_type)
+        timeout = claim.timeout_seconds or config.job_timeout_seconds
         return ExternalTask(
             claim=claim,
             heartbeat_interval=self.settings.heartbeat_interval,
@@ -290,7 +291,7 @@ class ExternalRuns:
                 fault = Fault(redact(message), classified.code, ErrorClass.TRANSIENT_APP)
         return of_failure(
             claim, fault, classified, dispatch_id=dispatch_id,
-            backoff=self.config.for_type(claim.job_type).backoff, rng=self.rng,
+            backoff=self.config.current.for_type(claim.job_type).backoff, rng=self.rng,
             failures=self.failures,
         )  # fmt: skip
 
@@ -348,12 +349,22 @@ class ExternalRuns:
         self.worker_id = await self.stores.dispatches.register_worker(
             prune_after=self.settings.stalled_worker_seconds
         )
+        await self._record_config()
+
+    async def _record_config(self) -> None:
+        """Record beside its registry entry which retry config version this server runs (as a
+        worker does)."""
+        assert self.worker_id is not None
+        await self.stores.config_versions.record(
+            self.worker_id, worker=f"{self.host}/w{self.worker_id}", config=self.config
+        )
 
     async def _registry_heartbeat(self) -> None:
         while True:
             await asyncio.sleep(self.settings.stalled_worker_seconds / 3)
             if not await self.stores.dispatches.beat_worker(await self._worker_id()):
                 await self._register()
+            await self._record_config()
 
     def _wake(self) -> None:
         woken, self._work = self._work, asyncio.Event()

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Literal, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
@@ -99,6 +99,20 @@ LLM_TOKENS = Spec(
     "orchestrator_llm_tokens_total", "counter", ("model", "kind"),
     "Tokens of the LLM calls made by job types, as the provider counted them.",
 )  # fmt: skip
+RETRY_CONFIG_RELOADS = Spec(
+    "orchestrator_retry_config_reloads_total", "counter", ("result",),
+    "New versions of the retry config file this process read: applied, or refused (invalid;"
+    " the version in effect stays).",
+)  # fmt: skip
+RETRY_CONFIG_REFUSED = Spec(
+    "orchestrator_retry_config_refused", "gauge", (),
+    "1 while the retry config file holds a version this process refused (it runs the previous"
+    " one), else 0.",
+)  # fmt: skip
+RETRY_CONFIG_VERSION = Spec(
+    "orchestrator_retry_config_version", "gauge", ("version",),
+    "1, labelled with the version (content hash) of the retry config in effect.",
+)  # fmt: skip
 #: Read from the workers at each scrape.
 RUNNING_JOBS = Spec("orchestrator_running_jobs", "gauge", (), "Attempts this process runs now.")
 SLOTS = Spec("orchestrator_slots", "gauge", ("lane",), "Slots of this process's workers, by lane.")
@@ -116,7 +130,8 @@ HEARTBEAT_AGE = Spec(
 WORKER_METRICS = (
     ATTEMPTS_STARTED, ATTEMPTS_FINISHED, ATTEMPT_DURATION, QUEUE_WAIT, RETRY_LATENESS,
     HEARTBEATS, HEARTBEAT_DURATION, STALE_WRITES, TRANSITIONS_REFUSED, MAINTENANCE_RUNS,
-    MAINTENANCE_ROWS, LLM_CALLS, LLM_TOKENS, RUNNING_JOBS, SLOTS, FREE_SLOTS, WORKER_READY,
+    MAINTENANCE_ROWS, LLM_CALLS, LLM_TOKENS, RETRY_CONFIG_RELOADS, RETRY_CONFIG_REFUSED,
+    RETRY_CONFIG_VERSION, RUNNING_JOBS, SLOTS, FREE_SLOTS, WORKER_READY,
     HEARTBEAT_AGE,
 )  # fmt: skip
 
@@ -142,6 +157,9 @@ class Metrics:
         self.maintenance_rows = self._counter(MAINTENANCE_ROWS)
         self.llm_calls = self._counter(LLM_CALLS)
         self.llm_tokens = self._counter(LLM_TOKENS)
+        self.config_reloads = self._counter(RETRY_CONFIG_RELOADS)
+        self.config_refused_now = self._gauge(RETRY_CONFIG_REFUSED)
+        self.config_version = self._gauge(RETRY_CONFIG_VERSION)
         self._models: set[str] = set()
         # Series an alert takes the increase() of exist from the start, at 0: the first
         # increment of a series that did not exist is invisible to increase().
@@ -152,11 +170,16 @@ class Metrics:
         for service in SERVICES:
             for result in ("ok", "failed"):
                 self.maintenance_runs.labels(service, result)
+        for result in ("applied", "refused"):
+            self.config_reloads.labels(result)
 
     def _counter(self, spec: Spec) -> Counter:
         return Counter(
             spec.name.removesuffix("_total"), spec.help, spec.labels, registry=self.registry
         )
+
+    def _gauge(self, spec: Spec) -> Gauge:
+        return Gauge(spec.name, spec.help, spec.labels, registry=self.registry)
 
     def _histogram(self, spec: Spec) -> Histogram:
         return Histogram(
@@ -212,6 +235,21 @@ class Metrics:
         for kind, count in (tokens or {}).items():
             if count:
                 self.llm_tokens.labels(model, kind).inc(count)
+
+    def config_applied(self, version: str) -> None:
+        """The retry config ``version`` is in effect (at start-up, or applied by a reload, or
+        the file back to it after a refusal)."""
+        self.config_refused_now.set(0)
+        self.config_version.clear()
+        self.config_version.labels(version).set(1)
+
+    def config_refused(self) -> None:
+        """The file's new version was refused: the one in effect stays."""
+        self.config_reloads.labels("refused").inc()
+        self.config_refused_now.set(1)
+
+    def config_reloaded(self) -> None:
+        self.config_reloads.labels("applied").inc()
 
     # -- at a scrape -----------------------------------------------------------------------
 
@@ -295,6 +333,15 @@ class NoMetrics(Metrics):
         pass
 
     def llm_call(self, model: str, *, ok: bool, tokens: dict[str, int] | None = None) -> None:
+        pass
+
+    def config_applied(self, version: str) -> None:
+        pass
+
+    def config_refused(self) -> None:
+        pass
+
+    def config_reloaded(self) -> None:
         pass
 
     def watch(self, workers: Callable[[], Iterable[WorkerState]]) -> None:

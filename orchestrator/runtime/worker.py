@@ -50,6 +50,7 @@ from orchestrator.domain.models import Claim
 from orchestrator.runtime import current_attempt
 from orchestrator.runtime.attempt import Attempt, Toolkit
 from orchestrator.runtime.clients import Clients
+from orchestrator.runtime.config_reload import ConfigReload
 from orchestrator.runtime.drain import Drain
 from orchestrator.runtime.health import HealthServer
 from orchestrator.runtime.heartbeat import Heartbeats
@@ -91,11 +92,13 @@ class Worker:
         maintenance_queue: str | None = None,
         wait: bool = True,
         name: str = "orchestrator",
+        config_reload: ConfigReload | None = None,
     ) -> None:
         """``services``: what the Procrastinate tasks this worker runs find in their context's
         ``additional_context["services"]`` (the maintenance services), whose ticks come on
         ``maintenance_queue`` (None: no maintenance lane). ``excluded_queues``: queues it never
-        takes (external job types')."""
+        takes (external job types'). ``config_reload``: the watch of the retry config file
+        (shared by the workers of its process; None: no reload)."""
         self.dsn = dsn
         self.stores = stores
         self.kit = kit
@@ -109,6 +112,7 @@ class Worker:
         self.jobs_lane = self.lanes[0]
         self.wait = wait
         self.name = name
+        self.config_reload = config_reload
         self.worker_id: int | None = None
         self.running = Running()
         self.clients = Clients(kit.tracing)
@@ -284,6 +288,8 @@ class Worker:
             ("abort poll", self._abort_poll),
             ("periodic deferrer", deferrer.worker),
         ]
+        if self.config_reload is not None:
+            loops.append(("retry config reload", self.config_reload.run))
         return [(name, functools.partial(keep_running, name, body)) for name, body in loops]
 
     # -- the fetch loop --------------------------------------------------------------------
@@ -354,6 +360,15 @@ class Worker:
             lambda: self.stores.dispatches.register_worker(
                 prune_after=self.settings.stalled_worker_seconds
             ),
+        )
+        await until_written("worker registry", self._record_config)
+
+    async def _record_config(self) -> None:
+        """Record beside its registry entry which retry config version this worker runs
+        (``orchestrator config show --workers`` reads it)."""
+        assert self.worker_id is not None
+        await self.stores.config_versions.record(
+            self.worker_id, worker=f"{HOST}/w{self.worker_id}", config=self.kit.config
         )
 
     def _start(self, lane: Lane, dispatch: Dispatch) -> None:
@@ -499,6 +514,7 @@ class Worker:
             assert self.worker_id is not None
             if not await self.stores.dispatches.beat_worker(self.worker_id):
                 await self._register()
+            await self._record_config()
 
     async def _abort_poll(self) -> None:
         """Abort requests a lost notification would have carried."""

@@ -33,7 +33,7 @@ from orchestrator.services.safety_net import RetrySafetyNet
 from orchestrator.services.sweep import ZombieSweep
 from orchestrator.settings import Settings
 from orchestrator.storage.stores import Stores
-from retry_config import RetryConfig
+from retry_config import LiveConfig, RetryConfig
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class Maintenance:
         checkpoints: CheckpointStore,
         failures: Failures,
         decisions: ApprovalDecisions,
-        config: RetryConfig,
+        config: LiveConfig,
         settings: Settings,
         on_run: OnRun,
     ) -> Maintenance:
@@ -131,7 +131,8 @@ def _rows(result: Any) -> dict[str, int]:
 
 
 def register(app: procrastinate.App, settings: Settings, config: RetryConfig) -> None:
-    """Declare the services' periodic tasks on ``app``."""
+    """Declare the services' periodic tasks on ``app``, each with its retry strategy: fixed
+    here, a reload of the retry config does not change it (a restart does)."""
     crons = {
         ZombieSweep.name: settings.sweep_cron,
         RetrySafetyNet.name: settings.safety_net_cron,

@@ -36,7 +36,7 @@ from orchestrator.services.batches import PassedOver, in_batches, passed_over_wo
 from orchestrator.storage.isolation import each_alone
 from orchestrator.storage.liveness import Zombie, ZombieRetry
 from orchestrator.storage.stores import Stores
-from retry_config import RetryConfig
+from retry_config import LiveConfig
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class ZombieSweep:
         *,
         stores: Stores,
         failures: Failures,
-        config: RetryConfig,
+        config: LiveConfig,
         threshold: float,
         expiry_grace: float,
         batch_size: int,
@@ -150,7 +150,7 @@ class ZombieSweep:
         )
         code = "ZOMBIE_DEADLINE" if overran else "ZOMBIE"
         classified = Classified(ErrorClass.TRANSIENT_APP, code)
-        backoff = self.config.for_type(zombie.job_type).backoff
+        backoff = self.config.current.for_type(zombie.job_type).backoff
         verdict = decide(classified, Budget.of(zombie), backoff, self.rng)
         fault = Fault(self._message(zombie, overran), code, ErrorClass.TRANSIENT_APP)
         detected = events.zombie_detected(

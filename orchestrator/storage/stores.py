@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.storage.approvals import ApprovalStore
+from orchestrator.storage.config_versions import ConfigVersionStore
 from orchestrator.storage.dashboard import DashboardStore
 from orchestrator.storage.database import Pool
 from orchestrator.storage.dead_letters import DeadLetterStore
@@ -31,6 +32,7 @@ class Stores:
     listeners: ListenerStore
     sessions: SessionStore
     dashboard: DashboardStore
+    config_versions: ConfigVersionStore
 
     @classmethod
     def on(cls, pool: Pool, *, on_refused: OnRefused | None = None) -> Stores:
@@ -50,4 +52,5 @@ class Stores:
             listeners=ListenerStore(queries),
             sessions=SessionStore(queries),
             dashboard=DashboardStore(queries),
+            config_versions=ConfigVersionStore(queries),
         )

@@ -30,6 +30,7 @@ from orchestrator.interfaces.api.auth import Authenticator, authenticate
 from orchestrator.interfaces.api.watch import EventWatch
 from orchestrator.interfaces.ui import pages
 from orchestrator.runtime.external import ExternalRuns
+from orchestrator.runtime.loops import keep_running
 
 logger = logging.getLogger("orchestrator.api")
 
@@ -57,7 +58,7 @@ def create_app(orc: Orchestrator) -> FastAPI:
         app.state.authenticator = Authenticator(orc.stores.tokens)
         app.state.watch = EventWatch(dsn=orc.dsn, listeners=orc.stores.listeners)
         app.state.external = ExternalRuns(
-            dsn=orc.dsn, stores=orc.stores, settings=settings, config=orc.retry_config,
+            dsn=orc.dsn, stores=orc.stores, settings=settings, config=orc.live_config,
             job_types=orc.job_types, failures=orc.failures, metrics=orc.metrics,
             host=f"{socket.gethostname()}/api",
         )  # fmt: skip
@@ -65,6 +66,13 @@ def create_app(orc: Orchestrator) -> FastAPI:
             asyncio.create_task(app.state.watch.run(), name="event watch"),
             asyncio.create_task(app.state.external.run(), name="external workers"),
         ]
+        reload = orc.config_reload()
+        if reload is not None:  # what the API submits and reports follows the file's edits
+            background.append(
+                asyncio.create_task(
+                    keep_running("retry config reload", reload.run), name="retry config reload"
+                )
+            )
         try:
             yield
         finally:

@@ -92,6 +92,10 @@ class RetryConfigView(BaseModel):
 
     defaults: dict[str, Any]
     job_types: dict[str, dict[str, Any]]
+    version: str = Field(
+        description="The version (content hash) of the file this server runs: it reloads the"
+        " file when it changes, and keeps this version when the new one is refused."
+    )
 
 
 # -- external workers -------------------------------------------------------------------------

@@ -132,9 +132,10 @@ async def reject(
 
 @router.get("/config", tags=["fleet"])
 async def retry_config(orc: Orc, caller: Reader) -> RetryConfigView:
-    """The effective retry config of every job type (read-only)."""
+    """The effective retry config of every job type (read-only), as this server runs it now."""
     config = orc.retry_config
     return RetryConfigView(
+        version=config.version,
         defaults=config.defaults.model_dump(mode="json"),
         job_types={
             name: config.for_type(name).model_dump(mode="json")

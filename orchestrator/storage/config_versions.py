@@ -1,0 +1,43 @@
+"""Which retry config version each live worker and API server runs (0028): written by each
+process for itself, read by ``orchestrator config show --workers``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from orchestrator.storage.runner import Queries
+from retry_config import LiveConfig
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    worker_id: int
+    worker: str | None  # None with version: a process that records none (an older release)
+    version: str | None
+    applied_at: datetime | None
+    last_heartbeat: datetime
+
+
+class ConfigVersionStore:
+    def __init__(self, queries: Queries) -> None:
+        self.queries = queries
+
+    async def record(self, worker_id: int, *, worker: str, config: LiveConfig) -> None:
+        """The version ``config`` holds now, for the registered process ``worker_id``: at its
+        registration and with each registry heartbeat (a small upsert every few seconds, which
+        also puts back a row that went missing)."""
+        await self.queries.execute(
+            "record_worker_config",
+            {"worker_id": worker_id, "worker": worker, "version": config.current.version,
+             "applied_at": config.applied_at},
+        )  # fmt: skip
+
+    async def live(self, *, seconds: float) -> list[WorkerConfig]:
+        """The registry's processes whose heartbeat is younger than ``seconds``."""
+        rows = await self.queries.rows("worker_configs", {"seconds": seconds})
+        return [
+            WorkerConfig(r["id"], r["worker"], r["config_version"], r["applied_at"],
+                         r["last_heartbeat"])
+            for r in rows
+        ]  # fmt: skip
