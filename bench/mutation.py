@@ -72,7 +72,13 @@ TARGETS = {
     # the tenant checks; tests/test_authorization.py: every operation x credentials
     "jobs": Target(
         "orchestrator/interfaces/api/jobs.py",
-        ("tests/test_authorization.py", "tests/test_api.py"),
+        (
+            "tests/test_authorization.py",
+            "tests/test_api.py",
+            "tests/test_tenants.py",
+            "tests/test_api_errors.py::test_a_wait_is_capped_at_the_configured_maximum",
+            "tests/test_api_errors.py::test_an_idle_stream_sends_a_ping_at_the_configured_interval",
+        ),
         timeout=300,
     ),
     "operations": Target(

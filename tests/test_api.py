@@ -240,6 +240,8 @@ async def test_an_idempotency_key_makes_a_submit_happen_once(admin: httpx.AsyncC
     second = await admin.post("/api/v1/jobs", json=spec, headers=key)
     assert first.json()["job_id"] == second.json()["job_id"]
     assert (first.json()["outcome"], second.json()["outcome"]) == ("created", "deduplicated")
+    job = (await admin.get(f"/api/v1/jobs/{first.json()['job_id']}")).json()
+    assert job["job_key"] == "idempotency/-/order-17"  # docs/api.md: idempotency/<tenant>/K
     both = await admin.post("/api/v1/jobs", json={**spec, "job_key": "k"}, headers=key)
     assert_problem(both, 422, "SUBMIT_REJECTED")
 

@@ -254,6 +254,7 @@ async def test_an_idempotency_key_is_the_tenant_s_own(
     key = {"Idempotency-Key": "order-17"}
     first = (await a.post("/api/v1/jobs", json=spec, headers=key)).json()
     seen = (await a.get(f"/api/v1/jobs/{first['job_id']}")).json()
+    assert seen["job_key"] == "idempotency/a/order-17"  # docs/api.md: idempotency/<tenant>/K
     # b names a's idempotent job by its job key, and sends the same Idempotency-Key.
     named = await _submitted(b, _keyed(["app", "ok"], seen["job_key"], mode), batch=False)
     same_header = (await b.post("/api/v1/jobs", json=spec, headers=key)).json()
