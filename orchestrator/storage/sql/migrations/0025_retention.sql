@@ -19,18 +19,22 @@
 -- * orc_jobs_replay_of, orc_dead_letters_requeued_job_id: the two foreign keys whose ON DELETE
 --   SET NULL runs at each deletion had no index on the referencing column, so deleting a dead
 --   letter read all of orc_jobs (for a replay pointing at it), and deleting a job all of
---   orc_dead_letters (for a requeue that made it). Measured in the bench below before they
---   existed: a batch of 1,000 jobs with 30 dead letters took 2.1 s, of which those scans were
---   nearly all. Partial: only replays and requeued letters have an entry.
+--   orc_dead_letters (for a requeue that made it). Measured (`./dev bench retention --jobs
+--   200000`, run with `--without` naming both, and without): a batch of 1,000 jobs, 30 of them
+--   with a dead letter, took 560 ms without them and 143 ms with them; the gap grows with the
+--   tables.
+--   Partial: only replays and requeued letters have an entry.
 --
 -- Applying it builds the indexes while writes to orc_jobs and procrastinate_jobs wait (CREATE
 -- INDEX takes a SHARE lock; migrations run in one transaction, so CONCURRENTLY is not
--- available). Measured on PostgreSQL 15 (2-core VM), 1,000,000 finished jobs of 10 types with
--- one dispatch each (`./dev bench retention`, its `index` lines): orc_jobs_finished_by_type
--- 2.7 s and 50 bytes a job, orc_procrastinate_jobs_finished_lock 2.6 s and 59 bytes a job, the
--- tables in cache. Plan a few seconds of stalled submits and completions per million jobs kept
--- (the first prune then deletes most of them), or build the same indexes CONCURRENTLY by hand,
--- under these names, before migrating (CREATE INDEX IF NOT EXISTS then finds them).
+-- available). Measured on PostgreSQL 15 (2-core VM, shared), 1,000,000 finished jobs of 10
+-- types with one dispatch each (`./dev bench retention`, its `index` lines, two runs):
+-- orc_jobs_finished_by_type 1.9-2.7 s and 50 bytes a job, orc_procrastinate_jobs_finished_lock
+-- 0.8-2.6 s and 59 bytes a job, orc_jobs_replay_of 0.2 s, orc_dead_letters_requeued_job_id
+-- under 0.1 s, the tables in cache. Plan a few seconds of stalled submits and completions per
+-- million jobs kept (the first prune then deletes most of them), or build the same indexes
+-- CONCURRENTLY by hand, under these names, before migrating (CREATE INDEX IF NOT EXISTS then
+-- finds them).
 --
 -- No function changes: an older worker's writes fill the indexes as today's do.
 
