@@ -241,6 +241,22 @@ async def test_a_run_deletes_in_batches_one_statement_each(
         assert (await orc.maintenance.finished.run_once()).batches == [0]
 
 
+async def test_a_job_locked_elsewhere_is_skipped_not_waited_for(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any], dsn: str
+) -> None:
+    orc = make_orc(job_retention_days=1)
+    locked, free = await finished_job(db, age_days=2), await finished_job(db, age_days=2)
+    async with await psycopg.AsyncConnection.connect(dsn) as other, orc:
+        await other.execute("SELECT FROM orc_jobs WHERE id = %s FOR UPDATE", (locked,))
+        result = await asyncio.wait_for(orc.maintenance.finished.run_once(), timeout=10)
+        await other.rollback()
+        assert result.jobs == 1
+        cur = await db.execute("SELECT id FROM orc_jobs")
+        assert [r[0] for r in await cur.fetchall()] == [locked]  # the next run takes it
+        assert (await orc.maintenance.finished.run_once()).jobs == 1
+    assert free != locked
+
+
 # -- bookkeeping ------------------------------------------------------------------------------
 
 
