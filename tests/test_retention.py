@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator import JobContext, JobSpec, Orchestrator, PermanentError
+from orchestrator import JobContext, JobNotFound, JobSpec, Orchestrator, PermanentError
 from orchestrator.domain.retention import DAY, Retention
 from orchestrator.domain.states import TERMINAL, Status
 from orchestrator.services import archive
@@ -193,6 +193,8 @@ async def test_exactly_the_jobs_past_their_retention_go_by_status_and_type_overr
     before, going, staying = await all_tables(db), await rows_of(db, go), await rows_of(db, stay)
     async with orc:
         result = await orc.maintenance.finished.run_once()
+        with pytest.raises(JobNotFound):  # gone as if never submitted
+            await orc.get_job(go[0])
     assert result.jobs == len(go) and result.events == 2 * len(go)
     assert (result.dispatches, result.dead_letters) == (len(go), 3)
     assert await rows_of(db, go) == {t: [] for t in JOB_ROWS}
