@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from orchestrator import JobContext, JobNotFound, JobSpec, Orchestrator, PermanentError
 from orchestrator.domain.retention import DAY, Retention
 from orchestrator.domain.states import TERMINAL, Status
+from orchestrator.interfaces import render
 from orchestrator.services import archive
 from orchestrator.services.retention import RetentionResult
 from retry_config import parse
@@ -510,4 +511,16 @@ def test_a_runs_result_reads_as_a_sentence(tmp_path: Path) -> None:
     assert RetentionResult().sentence() == (
         "finished jobs past their retention deleted: 0 (0 events, 0 checkpoints, 0 ledger rows,"
         " 0 dispatches)"
+    )
+
+
+def test_a_dry_run_that_reaches_a_runs_limit_says_more_may_be_due() -> None:
+    full = RetentionResult(jobs=20, limit=20, by_type={("a", "COMPLETED"): 20})
+    assert render.prune_lines(full, dry_run=True)[:2] == [
+        "would delete 20 finished jobs past their retention (a run takes 20 at most: more may"
+        " be due)",
+        "  a  COMPLETED  20",
+    ]
+    assert render.prune_lines(RetentionResult(jobs=19, limit=20), dry_run=True)[0] == (
+        "would delete 19 finished jobs past their retention"
     )

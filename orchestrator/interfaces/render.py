@@ -179,6 +179,8 @@ def prune_lines(result: RetentionResult, *, dry_run: bool) -> list[str]:
     the rows that went with them by kind, and the bookkeeping that aged out."""
     verb = "would delete" if dry_run else "deleted"
     lines = [f"{verb} {result.jobs} finished jobs past their retention"]
+    if result.limit is not None and result.jobs >= result.limit:
+        lines[0] += f" (a run takes {result.limit} at most: more may be due)"
     width = max((len(t) for t, _ in result.by_type), default=0)
     for (job_type, status), n in sorted(result.by_type.items()):
         lines.append(f"  {job_type:<{width}}  {status:<9}  {n}")

@@ -48,6 +48,8 @@ class RetentionResult:
     #: Jobs per statement, in order (a run stops after a short one).
     batches: list[int] = field(default_factory=list)
     archive: Path | None = None
+    #: Of a preview: the most jobs a run takes (more may be due when it took that many).
+    limit: int | None = None
 
     @property
     def handled(self) -> int:
@@ -134,8 +136,8 @@ class FinishedPrune:
 
     async def preview(self) -> RetentionResult:
         """What a run would delete now, deleting nothing."""
-        result = RetentionResult()
         limit = self.batch_size * MAX_BATCHES_PER_RUN
+        result = RetentionResult(limit=limit)
         async with self.stores.queries.transaction() as conn:
             result.add(
                 await self.stores.retention.prune_jobs(
