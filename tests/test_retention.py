@@ -5,6 +5,7 @@ awaiting review, or a job a live replay still points at; safe while real workers
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
@@ -86,8 +87,9 @@ async def finished_job(
     dispatch: str = "succeeded",
 ) -> uuid.UUID:
     """A job as the workers leave one, inserted directly so that its finish time can lie in the
-    past (a finished job's finished_at cannot be updated): two events, a dispatch, and with
-    ``dead_letter`` a dead letter in that state."""
+    past (a finished job's finished_at cannot be updated): two events, a dispatch in the state
+    ``dispatch`` (``doing`` on a registered worker; ``dead doing``: its worker pruned), and
+    with ``dead_letter`` a dead letter in that state."""
     job_id = uuid.uuid4()
     finished = (
         "NULL" if status not in TERMINAL else f"now() - make_interval(secs => {age_days * DAY})"
@@ -102,11 +104,14 @@ async def finished_job(
         "INSERT INTO orc_job_events (job_id, kind) VALUES (%s, 'job.created'), (%s, 'job.done')",
         (job_id, job_id),
     )
-    await db.execute(
-        "INSERT INTO procrastinate_jobs (queue_name, task_name, lock, args, status)"
-        " VALUES (%s, %s, %s, jsonb_build_object('job_id', %s::text), %s)",
-        (job_type, f"orc.{job_type}", str(job_id), str(job_id), dispatch),
-    )
+    await db.execute(  # a doing dispatch on a registered worker, unless the worker is "dead"
+        "INSERT INTO procrastinate_jobs (queue_name, task_name, lock, args, status, worker_id)"
+        " VALUES (%s, %s, %s, jsonb_build_object('job_id', %s::text), %s,"
+        " CASE WHEN %s = 'doing' THEN (SELECT worker_id FROM procrastinate_register_worker_v1())"
+        " END)",
+        (job_type, f"orc.{job_type}", str(job_id), str(job_id), dispatch.removeprefix("dead "),
+         dispatch),
+    )  # fmt: skip
     if dead_letter is not None:
         await db.execute(
             "INSERT INTO orc_dead_letters (id, job_id, job_type, payload, error, state,"
@@ -191,6 +196,8 @@ async def test_exactly_the_jobs_past_their_retention_go_by_status_and_type_overr
         stay.append(job_id)
     for dispatch in ("todo", "doing"):  # finished, but its dispatch has not ended yet
         stay.append(await finished_job(db, age_days=2, dispatch=dispatch))
+    # finished, its dispatch left doing by a worker Procrastinate has pruned (worker_id unset)
+    go.append(await finished_job(db, age_days=2, dispatch="dead doing"))
     before, going, staying = await all_tables(db), await rows_of(db, go), await rows_of(db, stay)
     async with orc:
         result = await orc.maintenance.finished.run_once()
@@ -205,7 +212,7 @@ async def test_exactly_the_jobs_past_their_retention_go_by_status_and_type_overr
         t: n for t, n in counts(going).items() if n
     }
     assert result.by_type == {
-        ("ok", "COMPLETED"): 1, ("ok", "CANCELLED"): 1, ("ok", "FAILED"): 1,
+        ("ok", "COMPLETED"): 2, ("ok", "CANCELLED"): 1, ("ok", "FAILED"): 1,
         ("short", "COMPLETED"): 1, ("short", "FAILED"): 1, ("long", "COMPLETED"): 1,
         ("long", "FAILED"): 1,
     }  # fmt: skip
@@ -374,6 +381,8 @@ async def test_real_jobs_go_whole_and_the_archive_holds_exactly_what_went(
                  action="jobs") == len(go)  # fmt: skip
     assert value(found, "orchestrator_maintenance_rows_total", service="prune_finished",
                  action="events") == len(going["orc_job_events"])  # fmt: skip
+    counts_by_kind = [f.name for f in dataclasses.fields(RetentionResult) if f.type == "int"]
+    assert all(type(getattr(result, k)) is int for k in counts_by_kind)  # all reach the metrics
 
 
 def later() -> datetime:

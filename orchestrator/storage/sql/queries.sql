@@ -561,7 +561,9 @@ DELETE FROM orc_side_effects AS e USING doomed AS d
 --   status, and each pair is one range of orc_jobs_finished_by_type (0025);
 -- * not a FAILED job whose dead letter awaits review (recorded, discard_requested), nor one whose
 --   dead letter was requeued to a job that has not finished (its replay_of points here);
--- * no dispatch still todo or doing (a worker finishing it, in orc_procrastinate_jobs_live_lock);
+-- * no dispatch still todo, or doing on a registered worker (one finishing it, in
+--   orc_procrastinate_jobs_live_lock); a dispatch a dead worker left doing (Procrastinate pruned
+--   the worker, which unset its worker_id: a job cancelled while it ran there) goes with the job;
 -- * not locked by anyone else (SKIP LOCKED: two prunes never share a job).
 -- Returns one row per job taken: its type and status, how many rows of each kind went with it,
 -- and, with %(archive)s, the whole of it as JSON (read from the statement's snapshot: what the
@@ -596,16 +598,34 @@ WITH RECURSIVE job_types AS (
                                          AND replay.finished_at IS NULL)))
            AND NOT EXISTS (
                    SELECT FROM procrastinate_jobs AS p
-                    WHERE p.lock = j.id::text AND p.status IN ('todo', 'doing'))
+                    WHERE p.lock = j.id::text AND p.status IN ('todo', 'doing')
+                      AND (p.status = 'todo' OR p.worker_id IS NOT NULL))
          LIMIT %(limit)s
            FOR UPDATE OF j SKIP LOCKED
      ) AS c
      LIMIT %(limit)s
 ), dispatches AS (
-    SELECT p.id
+    SELECT p.id, p.lock
       FROM procrastinate_jobs AS p  -- orc_procrastinate_jobs_finished_lock: a lookup per job
      WHERE p.lock = ANY (ARRAY(SELECT c.id::text FROM candidates AS c))
        AND p.status NOT IN ('todo', 'doing')
+    UNION ALL
+    SELECT p.id, p.lock
+      FROM procrastinate_jobs AS p  -- orc_procrastinate_jobs_live_lock: a dead worker's
+     WHERE p.lock = ANY (ARRAY(SELECT c.id::text FROM candidates AS c))
+       AND p.status = 'doing' AND p.worker_id IS NULL
+), dispatch_rows AS (
+    SELECT x.lock, count(*) AS n, sum(pe.n)::bigint AS events,
+           CASE WHEN %(archive)s THEN jsonb_agg(
+               to_jsonb(p) || jsonb_build_object('events', pe.archived) ORDER BY p.id) END
+               AS archived
+      FROM dispatches AS x
+      JOIN procrastinate_jobs AS p ON p.id = x.id
+     CROSS JOIN LATERAL (
+        SELECT count(*) AS n, coalesce(jsonb_agg(to_jsonb(e) ORDER BY e.id), '[]') AS archived
+          FROM procrastinate_events AS e WHERE e.job_id = x.id
+     ) AS pe
+     GROUP BY x.lock
 ), deleted_dispatches AS (
     DELETE FROM procrastinate_jobs AS p USING dispatches AS x
      WHERE p.id = x.id AND NOT %(dry_run)s
@@ -619,11 +639,7 @@ SELECT c.id, c.job_type, c.status,
        (SELECT count(*) FROM orc_side_effects AS s WHERE s.job_id = c.id) AS side_effects,
        (SELECT count(*) FROM orc_approvals AS a WHERE a.job_id = c.id) AS approvals,
        (SELECT count(*) FROM orc_dead_letters AS l WHERE l.job_id = c.id) AS dead_letters,
-       (SELECT count(*) FROM procrastinate_jobs AS p
-         WHERE p.lock = c.id::text AND p.status NOT IN ('todo', 'doing')) AS dispatches,
-       (SELECT count(*) FROM procrastinate_jobs AS p
-          JOIN procrastinate_events AS pe ON pe.job_id = p.id
-         WHERE p.lock = c.id::text AND p.status NOT IN ('todo', 'doing')) AS dispatch_events,
+       coalesce(r.n, 0) AS dispatches, coalesce(r.events, 0) AS dispatch_events,
        CASE WHEN %(archive)s THEN jsonb_build_object(
            'job', (SELECT to_jsonb(j) FROM orc_jobs AS j WHERE j.id = c.id),
            'events', coalesce((SELECT jsonb_agg(to_jsonb(e) ORDER BY e.id)
@@ -636,16 +652,10 @@ SELECT c.id, c.job_type, c.status,
                                     FROM orc_approvals AS a WHERE a.job_id = c.id), '[]'),
            'dead_letters', coalesce((SELECT jsonb_agg(to_jsonb(l) ORDER BY l.id)
                                        FROM orc_dead_letters AS l WHERE l.job_id = c.id), '[]'),
-           'dispatches', coalesce((
-               SELECT jsonb_agg(to_jsonb(p) || jsonb_build_object('events', coalesce(
-                                    (SELECT jsonb_agg(to_jsonb(pe) ORDER BY pe.id)
-                                       FROM procrastinate_events AS pe WHERE pe.job_id = p.id),
-                                    '[]'))
-                                ORDER BY p.id)
-                 FROM procrastinate_jobs AS p
-                WHERE p.lock = c.id::text AND p.status NOT IN ('todo', 'doing')), '[]'))
+           'dispatches', coalesce(r.archived, '[]'))
        END AS archived
   FROM candidates AS c
+  LEFT JOIN dispatch_rows AS r ON r.lock = c.id::text
 
 -- prune_maintenance_dispatches --
 -- The finished dispatches of the maintenance services' periodic ticks (no lock: no job is
