@@ -46,10 +46,6 @@ class Retention:
                 by_type[name] = differs
         return cls(default=default, by_type=by_type)
 
-    def seconds(self, job_type: str, status: Status) -> float:
-        """How long a ``job_type`` job that ended ``status`` is kept."""
-        return self.by_type.get(job_type, {}).get(status, self.default[status])
-
     def longest(self) -> float:
         """The longest any finished job is kept (what outlives every job's history)."""
         return max(
@@ -57,7 +53,9 @@ class Retention:
         )
 
     def params(self) -> dict[str, Any]:
-        """The prune query's arrays: the default by status, and each override."""
+        """The prune query's arrays: the default by status, and each override (the query keeps
+        a job of type t that ended s for the override of (t, s) if there is one, else the
+        default of s)."""
         overrides = [
             (t, s.value, v) for t, by in sorted(self.by_type.items()) for s, v in by.items()
         ]

@@ -26,9 +26,9 @@ SUFFIX = ".jsonl.gz"
 class RunArchive:
     """The file of one run, created at its first batch (a run that deletes nothing leaves none)."""
 
-    def __init__(self, directory: Path, *, started: datetime | None = None) -> None:
+    def __init__(self, directory: Path) -> None:
         self.directory = directory
-        stamp = (started or datetime.now(UTC)).strftime("%Y%m%dT%H%M%S.%fZ")
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
         self.path = directory / f"prune-{stamp}-{os.getpid()}{SUFFIX}"
         self.file: BinaryIO | None = None
 
