@@ -195,6 +195,26 @@ class Settings(BaseSettings):
     )
     prune_cron: str = Field("17 * * * *", description="When the retention prune runs.")
     prune_batch_size: int = Field(5000, ge=1, description="Rows deleted per batch of a prune.")
+    # -- retention of finished jobs (prune_finished) --
+    job_retention_days: float = Field(
+        7.0, ge=0, le=36_500,
+        description="COMPLETED and CANCELLED jobs are deleted this long after they finished, with"
+        " their events, checkpoints, ledger rows and dispatches (per type: retention_days).",
+    )  # fmt: skip
+    failed_job_retention_days: float = Field(
+        30.0, ge=0, le=36_500,
+        description="FAILED jobs are deleted this long after they failed, never while their dead"
+        " letter awaits review (per type: failed_retention_days).",
+    )  # fmt: skip
+    retention_cron: str = Field("* * * * *", description="When prune_finished runs.")
+    retention_batch_size: int = Field(
+        1000, ge=1, le=100_000, description="Finished jobs deleted per statement of a run."
+    )
+    archive_dir: Path | None = Field(
+        None,
+        description="Where prune_finished writes what it deletes (a gzip JSON Lines file per"
+        " run) before deleting it; unset: nothing is archived.",
+    )
     periodic_max_delay: float = Field(
         10.0, ge=0, description="A periodic task missed by more than this is skipped (no backfill)."
     )
@@ -202,7 +222,9 @@ class Settings(BaseSettings):
         30.0, gt=0, description="A Procrastinate worker silent this long is considered dead."
     )
 
-    @field_validator("safety_net_cron", "sweep_cron", "approvals_cron", "prune_cron")
+    @field_validator(
+        "safety_net_cron", "sweep_cron", "approvals_cron", "prune_cron", "retention_cron"
+    )
     @classmethod
     def _cron(cls, value: str) -> str:
         """A schedule Procrastinate's periodic tasks can follow (croniter: five fields, or six

@@ -127,6 +127,21 @@ class JobRetryConfig(_Frozen):
     queue: str | None = Field(
         None, min_length=1, max_length=128, description="Procrastinate queue; the type's name."
     )
+    retention_days: float | None = Field(
+        None,
+        ge=0,
+        le=36_500,
+        description="Days a COMPLETED or CANCELLED job of this type is kept after it finished,"
+        " with its events, checkpoints, ledger and dispatches. Unset:"
+        " ORCHESTRATOR_JOB_RETENTION_DAYS.",
+    )
+    failed_retention_days: float | None = Field(
+        None,
+        ge=0,
+        le=36_500,
+        description="Days a FAILED job of this type is kept (and longer while its dead letter"
+        " awaits review). Unset: ORCHESTRATOR_FAILED_JOB_RETENTION_DAYS.",
+    )
     external: bool = Field(
         False,
         description="Run by external workers over the HTTP API (task-claim, heartbeat, "

@@ -256,6 +256,16 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("path", type=Path, metavar="FILE", help="the edited file")
     cmd.set_defaults(handler=cmd_config_diff)
 
+    cmd = commands.add_parser(
+        "prune", help="delete the finished jobs past their retention now (one run of"
+        " prune_finished), and the bookkeeping that aged out",
+    )  # fmt: skip
+    cmd.add_argument(
+        "--dry-run", action="store_true", help="delete nothing: show what the run would delete,"
+        " by kind and by job type",
+    )  # fmt: skip
+    cmd.set_defaults(handler=cmd_prune)
+
     dlq = commands.add_parser("dlq", help="dead letters").add_subparsers(
         dest="dlq_command", required=True, metavar="ACTION"
     )
@@ -662,6 +672,25 @@ def _configured_config_path() -> Path | None:
     from orchestrator.settings import Settings
 
     return Settings().retry_config
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    async def body(orc: Orchestrator) -> int:
+        service = orc.maintenance.finished
+        if args.dry_run:
+            result = await service.preview()
+        else:
+            try:
+                result = await service.run_once()
+            except OSError as exc:  # the archive directory: missing rights, a full disk
+                raise UsageError(
+                    f"cannot write the archive ({exc}): the jobs it would hold were not deleted"
+                ) from None
+        for line in render.prune_lines(result, dry_run=args.dry_run):
+            print(line)
+        return 0
+
+    return _run(args, body)
 
 
 def cmd_dlq_list(args: argparse.Namespace) -> int:

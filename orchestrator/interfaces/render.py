@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 from orchestrator.domain.models import DeadLetter, Job, JobEvent
 from orchestrator.domain.states import Status
+from orchestrator.services.retention import RetentionResult
 from orchestrator.storage.rows import ApprovalRecord, StepRecord
 
 
@@ -171,3 +172,27 @@ def first_line(text: str) -> str:
 
 def clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def prune_lines(result: RetentionResult, *, dry_run: bool) -> list[str]:
+    """What a run of prune_finished deleted (or, dry, would delete): jobs by type and status,
+    the rows that went with them by kind, and the bookkeeping that aged out."""
+    verb = "would delete" if dry_run else "deleted"
+    lines = [f"{verb} {result.jobs} finished jobs past their retention"]
+    if result.limit is not None and result.jobs >= result.limit:
+        lines[0] += f" (a run takes {result.limit} at most: more may be due)"
+    width = max((len(t) for t, _ in result.by_type), default=0)
+    for (job_type, status), n in sorted(result.by_type.items()):
+        lines.append(f"  {job_type:<{width}}  {status:<9}  {n}")
+    kinds = ("events", "checkpoints", "side_effects", "approvals", "dead_letters", "dispatches",
+             "dispatch_events")  # fmt: skip
+    lines.append("with them: " + _counts(result, kinds))
+    bookkeeping = ("maintenance_dispatches", "sessions", "event_listeners", "revoked_tokens")
+    lines.append("aged out: " + _counts(result, bookkeeping))
+    if result.archive is not None:
+        lines.append(f"archived to {result.archive}")
+    return lines
+
+
+def _counts(result: RetentionResult, kinds: tuple[str, ...]) -> str:
+    return ", ".join(f"{getattr(result, k)} {k.replace('_', ' ')}" for k in kinds)

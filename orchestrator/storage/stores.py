@@ -14,6 +14,7 @@ from orchestrator.storage.fleet import FleetStore
 from orchestrator.storage.jobs import JobStore
 from orchestrator.storage.listeners import ListenerStore
 from orchestrator.storage.liveness import LivenessStore
+from orchestrator.storage.retention import RetentionStore
 from orchestrator.storage.runner import OnRefused, Queries
 from orchestrator.storage.sessions import SessionStore
 from orchestrator.storage.tokens import TokenStore
@@ -33,6 +34,7 @@ class Stores:
     sessions: SessionStore
     dashboard: DashboardStore
     config_versions: ConfigVersionStore
+    retention: RetentionStore
 
     @classmethod
     def on(cls, pool: Pool, *, on_refused: OnRefused | None = None) -> Stores:
@@ -53,4 +55,5 @@ class Stores:
             sessions=SessionStore(queries),
             dashboard=DashboardStore(queries),
             config_versions=ConfigVersionStore(queries),
+            retention=RetentionStore(queries),
         )
