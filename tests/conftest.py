@@ -95,7 +95,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TABLES = (
     "orc_job_events, orc_dead_letters, orc_jobs, procrastinate_events, "
     "procrastinate_periodic_defers, procrastinate_jobs, procrastinate_workers, orc_api_tokens, "
-    "orc_event_listeners"
+    "orc_event_listeners, orc_job_rollups, orc_queue_depth"
 )
 
 
@@ -124,6 +124,7 @@ async def db(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
     """A raw autocommit connection to the test database, on empty tables."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")
+        await conn.execute("UPDATE orc_rollup_watermark SET rolled_up_to = NULL")
         yield conn
 
 

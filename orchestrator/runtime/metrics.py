@@ -40,7 +40,13 @@ OTHER_MODEL = "_other"
 #: Which guard refused a transition (see TRANSITIONS_REFUSED).
 RefusedBy = Literal["database", "worker", "request"]
 #: Maintenance services, for the series that exist at 0 from the start.
-SERVICES = ("sweep_zombies", "retry_safety_net", "expire_approvals", "prune_checkpoints")
+SERVICES = (
+    "sweep_zombies",
+    "retry_safety_net",
+    "expire_approvals",
+    "prune_checkpoints",
+    "rollup_jobs",
+)
 
 ATTEMPTS_STARTED = Spec(
     "orchestrator_attempts_started_total", "counter", ("job_type",), "Attempts started."

@@ -4,6 +4,7 @@
     retry_safety_net   RetrySafetyNet    waiting jobs whose dispatch was lost: a new dispatch
     expire_approvals   ApprovalExpiry    approvals past their expiry: decided as expired
     prune_checkpoints  CheckpointPrune   checkpoints and ledger rows past their retention
+    rollup_jobs        JobRollup         closed minutes' finished jobs into rollups, queue depth
 
 Each is a small service with explicit dependencies and a ``run_once`` that works in bounded
 batches and returns what it did (logged once per run). Each is ticked by a Procrastinate periodic
@@ -29,6 +30,7 @@ from orchestrator.domain.failures import Failures
 from orchestrator.services.approvals import ApprovalDecisions, ApprovalExpiry
 from orchestrator.services.prune import CheckpointPrune
 from orchestrator.services.retry_strategy import GraphileRetryStrategy
+from orchestrator.services.rollup import JobRollup
 from orchestrator.services.safety_net import RetrySafetyNet
 from orchestrator.services.sweep import ZombieSweep
 from orchestrator.settings import Settings
@@ -40,7 +42,8 @@ logger = logging.getLogger(__name__)
 QUEUE = "maintenance"
 TASK_PREFIX = "orchestrator."  # Procrastinate task name of a service: TASK_PREFIX + its name
 #: The services by name; each may have a table of that name in the retry config.
-NAMES = (ZombieSweep.name, RetrySafetyNet.name, ApprovalExpiry.name, CheckpointPrune.name)
+NAMES = (ZombieSweep.name, RetrySafetyNet.name, ApprovalExpiry.name, CheckpointPrune.name,
+         JobRollup.name)  # fmt: skip
 
 
 class Result(Protocol):
@@ -68,6 +71,7 @@ class Maintenance:
     safety_net: RetrySafetyNet
     approval_expiry: ApprovalExpiry
     prune: CheckpointPrune
+    rollup: JobRollup
     on_run: OnRun
 
     @classmethod
@@ -100,12 +104,18 @@ class Maintenance:
                 checkpoints=checkpoints, retention_days=s.checkpoint_retention_days,
                 batch_size=s.prune_batch_size,
             ),
+            rollup=JobRollup(
+                rollups=stores.rollups, batch_minutes=s.rollup_batch_minutes,
+                settle_seconds=s.rollup_settle_seconds, retention_days=s.rollup_retention_days,
+                hourly_retention_days=s.rollup_hourly_retention_days,
+                prune_batch_size=s.prune_batch_size,
+            ),
             on_run=on_run,
         )  # fmt: skip
 
     def service(self, name: str) -> Service:
         services: tuple[Service, ...] = (self.sweep, self.safety_net, self.approval_expiry,
-                                         self.prune)  # fmt: skip
+                                         self.prune, self.rollup)  # fmt: skip
         for service in services:
             if service.name == name:
                 return service
@@ -137,6 +147,7 @@ def register(app: procrastinate.App, settings: Settings, config: RetryConfig) ->
         RetrySafetyNet.name: settings.safety_net_cron,
         ApprovalExpiry.name: settings.approvals_cron,
         CheckpointPrune.name: settings.prune_cron,
+        JobRollup.name: settings.rollup_cron,
     }
     for name, cron in crons.items():
         _tick(app, name, cron, config.for_type(name).worker_max_attempts)
