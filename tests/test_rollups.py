@@ -7,13 +7,15 @@ tested against its rules, with hypothesis."""
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
+import httpx
 import psycopg
 import pytest
 from hypothesis import given
@@ -21,6 +23,7 @@ from hypothesis import strategies as st
 from psycopg.rows import dict_row
 
 from orchestrator import Orchestrator
+from orchestrator.domain.principals import Scope
 from orchestrator.domain.rollups import (
     BOUNDS_MS,
     BUCKETS,
@@ -31,6 +34,7 @@ from orchestrator.domain.rollups import (
     window,
 )
 from tests.support import log_guard, scripted
+from tests.support.api_server import ApiServer, token
 from tests.support.harness import WorkerRun, config_with, wait_for
 
 NOW = datetime(2026, 3, 1, 12, 0, 30, tzinfo=UTC)
@@ -370,3 +374,88 @@ async def test_the_queue_depth_is_sampled_per_queue_and_tenant(
 
 async def _noop(ctx: object, payload: None) -> None:
     return None
+
+
+# -- the stats API: bounds, and each tenant its own numbers ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(dsn: str) -> Iterator[ApiServer]:
+    with ApiServer(dsn) as running:
+        yield running
+
+
+async def test_the_api_answers_each_tenant_with_its_own_numbers_only(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any], server: ApiServer
+) -> None:
+    await write_mix(db, random.Random(11), 120)
+    orc = make_orc(rollup_settle_seconds=0)
+    async with orc:
+        while (await orc.maintenance.rollup.run_once()).minutes:
+            pass
+        expected = await expected_from_rows(db)
+        everyone = await token(orc.stores.tokens, "stats-all", Scope.READ)
+        acme = await token(orc.stores.tokens, "stats-acme", Scope.READ, tenants=["acme"])
+    since = (datetime.now(UTC) - timedelta(hours=4)).isoformat()
+    query = {"from": since, "step": "3600", "by": "tenant,queue,job_type"}
+    finished: dict[str, Counter[str]] = defaultdict(Counter)
+    for (_, _, _, tenant), counts in expected.items():
+        finished[tenant]["finished"] += counts["completed"] + counts["failed"] + counts["cancelled"]
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+        answers = {}
+        for name, secret in (("all", everyone), ("acme", acme)):
+            answer = await client.get(
+                "/api/v1/stats", params=query, headers={"Authorization": f"Bearer {secret}"}
+            )
+            assert answer.status_code == 200, answer.text
+            answers[name] = answer.json()
+            # the other tenants' names appear nowhere in a tenant-limited answer
+        assert "globex" not in json.dumps(answers["acme"])
+        seen: dict[str, Counter[str]] = defaultdict(Counter)
+        for name, body in answers.items():
+            for series in body["jobs"]:
+                tenant = series["key"]["tenant"] or ""
+                for p in series["points"]:
+                    seen[f"{name}:{tenant}"]["finished"] += (
+                        p["completed"] + p["failed"] + p["cancelled"]
+                    )
+        assert {k: v for k, v in seen.items() if k.startswith("acme:")} == {
+            "acme:acme": finished["acme"]
+        }
+        assert {k.split(":")[1]: v for k, v in seen.items() if k.startswith("all:")} == finished
+        assert all(
+            s["key"]["tenant"] == "acme" for s in answers["acme"]["queue_depth"]
+        )  # and the depth too
+        # no tenant's jobs (tenant null) are not a tenant-limited token's either
+        assert finished[""]["finished"] > 0
+
+
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        ({"step": "90"}, "step: 90 s is not a whole number of minutes"),
+        ({"step": "30"}, "step: "),
+        ({"step": "many"}, "step: "),
+        ({"by": "colour"}, "by: 'colour' is not one of"),
+        ({"by": "tenant;drop"}, "by: "),
+        ({"from": "2026-01-02T00:00:00Z", "to": "2026-01-01T00:00:00Z"}, "must be before"),
+        ({"from": "2026-01-01T00:00:00"}, "from: 2026-01-01T00:00:00 has no time zone"),
+        ({"from": "yesterday"}, "from: "),
+        ({"from": "2025-01-01T00:00:00Z", "to": "2026-01-01T00:00:00Z", "step": "300"},
+         "give a step of whole hours"),
+        ({"from": "2020-01-01T00:00:00Z", "to": "2026-01-01T00:00:00Z", "step": "3600"},
+         "at most 1440"),
+    ],
+)  # fmt: skip
+async def test_a_read_the_rollups_cannot_answer_is_a_422_naming_why(
+    query: dict[str, str], named: str, make_orc: Callable[..., Orchestrator], server: ApiServer
+) -> None:
+    async with make_orc() as orc:
+        secret = await token(orc.stores.tokens, f"stats-{uuid4().hex[:8]}", Scope.READ)
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+        answer = await client.get(
+            "/api/v1/stats", params=query, headers={"Authorization": f"Bearer {secret}"}
+        )
+    assert answer.status_code == 422, answer.text
+    assert answer.headers["content-type"].startswith("application/problem+json")
+    assert named in answer.json()["detail"]

@@ -791,13 +791,6 @@ SELECT t.id, t.name, t.scopes, t.tenants, s.csrf
 -- end_session --
 DELETE FROM orc_ui_sessions WHERE id_sha256 = %(id_sha256)s OR expires_at < now()
 
--- recent_outcomes --
--- Jobs finished in the last %(seconds)s seconds, by status (orc_jobs_finished_at).
-SELECT status, count(*) AS n FROM orc_jobs
- WHERE finished_at > now() - make_interval(secs => %(seconds)s)
-   AND (%(tenants)s::text[] IS NULL OR tenant_id = ANY (%(tenants)s))
- GROUP BY status
-
 -- job_holders --
 -- Who runs jobs now (a worker, an external worker, by its lease's holder) and since when it was
 -- last heard of (orc_jobs_running_heartbeat).
