@@ -18,6 +18,7 @@ import asyncio
 import statistics
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 import psycopg
 
@@ -56,7 +57,7 @@ async def timed(read: Callable[[], Awaitable[object]], n: int) -> list[float]:
 async def reads(dsn: str, n: int) -> dict[str, list[float]]:
     async with Orchestrator(settings=Settings(health_port=0), dsn=dsn) as orc:
         return {
-            name: await timed(lambda p=principal: pages._overview(orc, Session(p, "")), n)
+            name: await timed(partial(pages._overview, orc, Session(principal, "")), n)
             for name, principal in VIEWERS.items()
         }
 
@@ -69,6 +70,23 @@ async def catch_up(dsn: str) -> tuple[float, int]:
         while (await rollup.run_once()).minutes:
             runs += 1
         return time.perf_counter() - start, runs
+
+
+async def rollup_sizes(dsn: str) -> str:
+    """Rows and bytes (with indexes) of the rollups and queue depth samples."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        words = []
+        kinds = (("orc_job_rollups", "period = 60"), ("orc_job_rollups", "period = 3600"),
+                 ("orc_queue_depth", "true"))  # fmt: skip
+        for table, rows in kinds:
+            await conn.execute(f"VACUUM ANALYZE {table}")
+            cur = await conn.execute(
+                f"SELECT count(*) FILTER (WHERE {rows}), count(*),"
+                f" pg_total_relation_size('{table}') FROM {table}"
+            )
+            n, total, size = await cur.fetchone() or (0, 0, 0)
+            words.append(f"{table} ({rows}): {n:,} rows, {size / max(total, 1):.0f} B a row")
+        return "; ".join(words)
 
 
 async def vacuum(dsn: str) -> None:
@@ -87,10 +105,12 @@ def main() -> None:
         asyncio.run(fill(dsn, [SETTLED, LETTERS, LETTER_ERRORS, SPREAD], args.jobs))
         asyncio.run(vacuum(dsn))
         seconds, runs = asyncio.run(catch_up(dsn))
+        sizes = asyncio.run(rollup_sizes(dsn))
         full = asyncio.run(reads(dsn, args.reads))
     finished = round(args.jobs * 0.95)
     print(f"rollup catch-up: {finished:,} finished jobs in {seconds:.1f} s over {runs} runs "
           f"({finished / seconds:,.0f} jobs/s)")  # fmt: skip
+    print(f"rollup sizes, with indexes: {sizes}")
     print(f"overview read (cache off), {args.reads} reads each; {args.jobs:,} jobs against an "
           "empty table")  # fmt: skip
     for name in VIEWERS:

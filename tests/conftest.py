@@ -48,7 +48,8 @@ Where each part of the code is tested:
     orchestrator/services     sweep: test_liveness, test_timeouts; safety net, dead letters:
                               test_runtime; approvals and retention: test_approvals; a bad
                               row in a batch: test_passed_over; the maintenance lane:
-                              test_worker_loop
+                              test_worker_loop; rollups and the stats read (API, tenants):
+                              test_rollups
     orchestrator/interfaces   test_cli, test_first_hour; the HTTP API: test_api,
                               test_api_schema (Schemathesis), every error code and limit
                               answered for a real reason: test_api_errors; test_external_workers
