@@ -22,14 +22,15 @@ class RollupResult:
     jobs: int  # jobs that finished in them
     depth_rows: int  # queue depth rows sampled (one per queue and tenant with jobs)
     pruned: int  # rollup and sample rows past their retention, deleted
+    behind: bool  # more than one batch of minutes was waiting: a first run, or after downtime
 
     @property
     def handled(self) -> int:
-        """Only pruning is worth a log line: rolling up and sampling happen every minute."""
-        return self.pruned
+        """Worth a log line only when it caught up: every run rolls up, samples and prunes."""
+        return self.minutes if self.behind else 0
 
     def sentence(self) -> str:
-        return (f"{self.minutes} minutes rolled up ({self.jobs} jobs), "
+        return (f"caught up {self.minutes} minutes ({self.jobs} jobs) of finished jobs, "
                 f"{self.pruned} rows past their retention deleted")  # fmt: skip
 
 
@@ -68,4 +69,5 @@ class JobRollup:
             minute_days=self.retention_days, hour_days=self.hourly_retention_days,
             limit=self.prune_batch_size,
         )  # fmt: skip
-        return RollupResult(minutes=minutes, jobs=jobs, depth_rows=depth, pruned=pruned)
+        return RollupResult(minutes=minutes, jobs=jobs, depth_rows=depth, pruned=pruned,
+                            behind=minutes > self.batch_minutes)  # fmt: skip
