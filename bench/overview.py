@@ -4,7 +4,7 @@ off: the read each viewer's refresh would make every two seconds without it).
     ./dev bench overview [--jobs 1000000] [--reads 20]
 
 The table is bench/fleet_scrape.py's settled fleet (95 % finished, 200 tenants, 12 types, 4
-queues, dead letters), its finish times spread over the last day, ANALYZEd and VACUUMed; the
+queues, dead letters), its jobs finished over the last day, ANALYZEd and VACUUMed; the
 rollup service has caught up with it (its time is printed too: the jobs it rolls up per
 second). The read is the dashboard's own (``pages._overview``), as a viewer of every tenant and
 as one of a single tenant; printed: median and slowest of ``--reads`` reads, and the same read
@@ -23,7 +23,7 @@ from functools import partial
 import psycopg
 
 from bench.common import fresh_database, machine, server_version
-from bench.fleet_scrape import LETTERS, SETTLED, fill
+from bench.fleet_scrape import LETTERS, fill
 from bench.ui import LETTER_ERRORS
 from orchestrator import Orchestrator
 from orchestrator.domain.principals import Principal, Scope
@@ -31,13 +31,32 @@ from orchestrator.interfaces.ui import pages
 from orchestrator.settings import Settings
 from orchestrator.storage.sessions import Session
 
-#: The settled fleet's finished jobs finished over the last day, each after a run of up to 20 s.
-SPREAD = """
-UPDATE orc_jobs
-   SET finished_at = now() - (abs(hashtext(id::text)) %% 86400) * interval '1 second',
-       started_at = now() - (abs(hashtext(id::text)) %% 86400) * interval '1 second'
-                          - (abs(hashtext(id::text)) %% 20000) * interval '1 millisecond'
- WHERE finished_at IS NOT NULL
+#: bench/fleet_scrape.py's settled fleet (SETTLED), its jobs finished over the last day in the
+#: order they were written (as a table fills: a job's finished row is written at its finish),
+#: each after a run of up to 20 s.
+SETTLED_OVER_A_DAY = """
+INSERT INTO orc_jobs (id, job_type, status, payload, queue, max_attempts, max_retries, trace_id,
+                      tenant_id, run_at, next_retry_at, lease_token, heartbeat_at, finished_at,
+                      started_at)
+SELECT gen_random_uuid(), 'type_' || (i %% 12), s, 'null', 'queue_' || (i %% 4), 3, 3, 't',
+       'tenant_' || (i %% 200),
+       CASE WHEN s = 'PENDING' AND i %% 2 = 0 THEN now() + interval '1 hour' ELSE now() END,
+       CASE WHEN s = 'RETRY' THEN now() + (CASE WHEN i %% 2 = 0 THEN 1 ELSE -1 END)
+                                         * interval '10 minutes' END,
+       CASE WHEN s = 'RUNNING' THEN gen_random_uuid() END,
+       CASE WHEN s = 'RUNNING' THEN now() - (i %% 400) * interval '1 second' END,
+       CASE WHEN s IN ('COMPLETED', 'FAILED', 'CANCELLED') THEN finish END,
+       CASE WHEN s IN ('COMPLETED', 'FAILED', 'CANCELLED')
+            THEN finish - (i %% 20000) * interval '1 millisecond' END
+  FROM generate_series(1, %(jobs)s) AS i,
+       LATERAL (SELECT CASE
+           WHEN i %% 100 < 95
+           THEN (ARRAY['COMPLETED', 'COMPLETED', 'FAILED', 'CANCELLED'])[1 + i %% 4]
+           WHEN i %% 100 < 97 THEN 'PENDING'
+           WHEN i %% 100 < 98 THEN 'RETRY'
+           WHEN i %% 100 < 99 THEN 'RUNNING'
+           ELSE 'WAITING_APPROVAL' END AS s,
+           now() - (1 - i::float8 / %(jobs)s) * interval '1 day' AS finish) AS x
 """
 VIEWERS = {
     "every tenant": Principal("bench", frozenset({Scope.READ})),
@@ -102,7 +121,7 @@ def main() -> None:
     with fresh_database("orc_bench_overview") as dsn:
         print(f"machine: {machine()}, PostgreSQL {asyncio.run(server_version(dsn))}")
         empty = asyncio.run(reads(dsn, args.reads))
-        asyncio.run(fill(dsn, [SETTLED, LETTERS, LETTER_ERRORS, SPREAD], args.jobs))
+        asyncio.run(fill(dsn, [SETTLED_OVER_A_DAY, LETTERS, LETTER_ERRORS], args.jobs))
         asyncio.run(vacuum(dsn))
         seconds, runs = asyncio.run(catch_up(dsn))
         sizes = asyncio.run(rollup_sizes(dsn))

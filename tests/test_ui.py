@@ -399,7 +399,7 @@ async def test_the_overview_charts_the_rollups_each_viewer_its_tenants_only(
             )
     rollup = orc.maintenance.rollup
     rollup.settle_seconds = 0
-    assert (await rollup.run_once()).jobs == 11
+    await rollup.run_once()  # (a worker's tick, had one run meanwhile, counts them the same)
     everyone = await signed_in(
         browser, server, await token(orc.stores.tokens, "charts", Scope.READ)
     )

@@ -244,12 +244,27 @@ def _cached_overview(request: Request, orc: Orchestrator, session: Session) -> A
 
 async def _overview(orc: Orchestrator, session: Session) -> dict[str, Any]:
     """What the overview shows: the unfinished jobs counted, and the history charted from the
-    rollups, so that nothing here reads the finished jobs (bench/overview.py: at 1,000,000)."""
+    rollups, so that nothing here reads the finished jobs (bench/overview.py: at 1,000,000).
+    Its reads are independent of each other: they run at once, on as many connections (the
+    first error is raised as it is, as one read's would be)."""
     tenants = session.principal.tenants
-    fleet = await orc.stores.fleet.unfinished(zombie_threshold=orc.settings.zombie_threshold)
     now = datetime.now(UTC)
-    hour = await orc.stats(since=now - timedelta(hours=1), until=now, step=60, tenants=tenants)
-    day = await orc.stats(since=now - timedelta(days=1), until=now, step=3600, tenants=tenants)
+    stores = orc.stores
+    counts = asyncio.gather(
+        stores.fleet.unfinished(zombie_threshold=orc.settings.zombie_threshold),
+        orc.stats(since=now - timedelta(hours=1), until=now, step=60, tenants=tenants),
+        orc.stats(since=now - timedelta(days=1), until=now, step=3600, tenants=tenants),
+        stores.fleet.queue_stats(tenants=tenants),
+    )
+    lists = asyncio.gather(
+        stores.dashboard.holders(tenants=tenants),
+        stores.dashboard.registered_workers(seconds=orc.settings.stalled_worker_seconds),
+        orc.dead_letters(limit=5, tenants=tenants),
+        orc.approvals(limit=5, tenants=tenants),
+    )
+    (fleet, hour, day, queues), (holders, workers, letters, approvals) = await asyncio.gather(
+        counts, lists
+    )
     outcomes = views.outcome_series(hour)
     finished = {"COMPLETED": sum(outcomes["completed"].values()),
                 "FAILED": sum(outcomes["failed"].values())}  # fmt: skip
@@ -268,13 +283,11 @@ async def _overview(orc: Orchestrator, session: Session) -> dict[str, Any]:
         "counts": views.counts(fleet.jobs, finished, HISTORY_SECONDS, tenants),
         "charts": charts,
         "rolled_up_to": hour.rolled_up_to,
-        "queues": await orc.stores.fleet.queue_stats(tenants=tenants),
-        "holders": await orc.stores.dashboard.holders(tenants=tenants),
-        "workers": await orc.stores.dashboard.registered_workers(
-            seconds=orc.settings.stalled_worker_seconds
-        ),
-        "letters": await orc.dead_letters(limit=5, tenants=tenants),
-        "approvals": await orc.approvals(limit=5, tenants=tenants),
+        "queues": queues,
+        "holders": holders,
+        "workers": workers,
+        "letters": letters,
+        "approvals": approvals,
         "zombies": fleet.zombies,
     }
 

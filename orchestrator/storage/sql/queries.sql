@@ -731,7 +731,8 @@ SELECT * FROM orc_jobs
  LIMIT %(limit)s
 
 -- queue_stats --
--- Per queue: jobs by status (unfinished), due and waiting, and the age of the oldest waiting.
+-- Per queue: jobs by status (unfinished), due and waiting, and the age of the oldest waiting
+-- (orc_jobs_unfinished_counts holds every column read: an index-only scan).
 SELECT queue,
        count(*) FILTER (WHERE status = 'PENDING') AS pending,
        count(*) FILTER (WHERE status = 'RUNNING') AS running,
