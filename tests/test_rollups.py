@@ -7,6 +7,7 @@ tested against its rules, with hypothesis."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from collections import Counter, defaultdict
@@ -357,6 +358,49 @@ async def test_a_minute_is_rolled_up_once_it_has_settled(
         assert (caught_up.jobs, caught_up.minutes) == (1, caught_up.handled) and caught_up.behind
         assert (await rollup.run_once()).jobs == 0
         assert sum(c["completed"] for c in (await rollups(db)).values()) == 1
+
+
+async def test_two_runs_at_once_take_turns_and_count_each_job_once(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    await write_mix(db, random.Random(3), 60)
+    orc = make_orc(rollup_settle_seconds=0, rollup_batch_minutes=1440)
+    async with orc:
+        first, second = await asyncio.gather(
+            orc.maintenance.rollup.run_once(), orc.maintenance.rollup.run_once()
+        )
+        expected = await expected_from_rows(db)
+        finished = sum(c["completed"] + c["failed"] + c["cancelled"] for c in expected.values())
+        assert sorted([first.jobs, second.jobs]) == [0, finished]
+        assert await rollups(db) == expected
+
+
+async def test_rows_past_their_retention_are_deleted_and_the_rest_kept(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    for period, days in ((60, 2), (60, 0.5), (3600, 5), (3600, 2)):
+        await db.execute(
+            "INSERT INTO orc_job_rollups SELECT %s, date_trunc('hour', now())"
+            " - make_interval(secs => %s * 86400), 'x', 'q', '', 1, 0, 0, 0, 0, 0, 0, 0, 0,"
+            " 0, 0, 0, 0, 0, 0, 0, 0, 0, 0",
+            (period, days),
+        )
+    for days in (2, 0.5):
+        await db.execute(
+            "INSERT INTO orc_queue_depth VALUES (date_trunc('minute', now())"
+            " - make_interval(secs => %s * 86400), 'q', '', 1, 0)",
+            (days,),
+        )
+    orc = make_orc(rollup_retention_days=1, rollup_hourly_retention_days=3)
+    async with orc:
+        assert (await orc.maintenance.rollup.run_once()).pruned == 3
+    cur = await db.execute(
+        "SELECT period, round(extract(epoch FROM now() - at) / 86400, 1) FROM orc_job_rollups"
+    )
+    kept = {(p, float(d)) for p, d in await cur.fetchall()}
+    assert {(p, round(d)) for p, d in kept} == {(60, 0), (3600, 2)}
+    cur = await db.execute("SELECT count(*) FROM orc_queue_depth")
+    assert (await cur.fetchone() or [0])[0] == 1
 
 
 async def test_the_queue_depth_is_sampled_per_queue_and_tenant(
