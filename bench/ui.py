@@ -7,9 +7,9 @@ The table is bench/fleet_scrape.py's settled fleet (95 % finished, 200 tenants, 
 ANALYZEd and VACUUMed. A real ``orchestrator serve`` answers; the time printed is the server's
 own (its ``Server-Timing`` header), median and slowest of ``--loads`` loads of each page
 (target: the jobs list under 200 ms). The overview is read once per 2 s for every viewer: its
-median is the cache's, its slowest the read itself (every finished job of the bench's table
-finished "now": the worst case for its recent outcomes). The baseline named is the same page on
-an empty table, in the same run.
+median is the cache's, its slowest the read itself (bench/overview.py times that read alone,
+cache off, over a day of rolled-up history). The baseline named is the same page on an empty
+table, in the same run.
 """
 
 from __future__ import annotations

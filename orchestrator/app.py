@@ -22,7 +22,7 @@ import random
 import signal
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
@@ -59,6 +59,7 @@ from orchestrator.domain.ids import uuid7
 from orchestrator.domain.job_types import JobType
 from orchestrator.domain.models import DeadLetter, Job, JobEvent, SubmitResult
 from orchestrator.domain.notices import Notifier
+from orchestrator.domain.rollups import Stats, stats, window
 from orchestrator.domain.secrets import Secrets
 from orchestrator.domain.states import Status
 from orchestrator.domain.storable import Text, refusal
@@ -605,6 +606,30 @@ class Orchestrator:
     async def job_steps(self, job_id: UUID | str) -> list[StepRecord]:
         """A job's checkpoints and side effects, in step order."""
         return await self.stores.jobs.steps(_uuid(job_id))
+
+    async def stats(
+        self,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        step: int | None = None,
+        by: Sequence[str] = (),
+        tenants: Collection[str] | None = None,
+    ) -> Stats:
+        """The jobs that finished per step of ``step`` seconds in ``[since, until)`` (outcomes,
+        retries by layer, durations) and the queue depth, split by ``by`` (``job_type``,
+        ``queue``, ``tenant``), read from the rollups, never the jobs (docs/operations.md,
+        "Rollups"); ``tenants``: only these tenants' jobs. Defaults: the last hour, by minute.
+        A range or step the rollups cannot answer raises StatsQueryInvalid naming it."""
+        _storable(tenants=tenants)
+        asked = window(since=since, until=until, step=step, by=by, now=datetime.now(UTC))
+        store = self.stores.rollups
+        return stats(
+            asked,
+            await store.job_stats(asked, tenants=tenants),
+            await store.queue_depth(asked, tenants=tenants),
+            await store.rolled_up_to(),
+        )
 
     # -- worker ----------------------------------------------------------------------------
 

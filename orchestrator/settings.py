@@ -215,6 +215,28 @@ class Settings(BaseSettings):
         description="Where prune_finished writes what it deletes (a gzip JSON Lines file per"
         " run) before deleting it; unset: nothing is archived.",
     )
+    rollup_cron: str = Field(
+        "* * * * *",
+        description="When rollup_jobs rolls up the closed minutes' finished jobs, samples the"
+        " queue depth and deletes rollups past their retention.",
+    )
+    rollup_settle_seconds: float = Field(
+        60.0, ge=0, le=3600,
+        description="A minute is rolled up this long after it ended: a job's finish committed"
+        " later than that after its finish time would be missed.",
+    )  # fmt: skip
+    rollup_batch_minutes: int = Field(
+        10, ge=1, le=1440,
+        description="Minutes rolled up per transaction (a run takes up to ten such batches: a"
+        " history is caught up 100 minutes per run).",
+    )  # fmt: skip
+    rollup_retention_days: float = Field(
+        35.0, ge=1,
+        description="Per-minute rollups and queue depth samples are kept this long.",
+    )  # fmt: skip
+    rollup_hourly_retention_days: float = Field(
+        400.0, ge=1, description="Hourly rollups are kept this long."
+    )
     periodic_max_delay: float = Field(
         10.0, ge=0, description="A periodic task missed by more than this is skipped (no backfill)."
     )
@@ -223,8 +245,9 @@ class Settings(BaseSettings):
     )
 
     @field_validator(
-        "safety_net_cron", "sweep_cron", "approvals_cron", "prune_cron", "retention_cron"
-    )
+        "safety_net_cron", "sweep_cron", "approvals_cron", "prune_cron", "retention_cron",
+        "rollup_cron",
+    )  # fmt: skip
     @classmethod
     def _cron(cls, value: str) -> str:
         """A schedule Procrastinate's periodic tasks can follow (croniter: five fields, or six

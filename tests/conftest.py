@@ -51,7 +51,8 @@ Where each part of the code is tested:
                               test_runtime; approvals and checkpoint retention:
                               test_approvals; retention of finished jobs, the archive and
                               `prune`: test_retention; a bad row in a batch: test_passed_over;
-                              the maintenance lane: test_worker_loop
+                              the maintenance lane: test_worker_loop; rollups and the stats
+                              read (API, tenants): test_rollups
     orchestrator/interfaces   test_cli, test_first_hour; the HTTP API: test_api,
                               test_api_schema (Schemathesis), every error code and limit
                               answered for a real reason: test_api_errors; test_external_workers
@@ -98,7 +99,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TABLES = (
     "orc_job_events, orc_dead_letters, orc_jobs, procrastinate_events, "
     "procrastinate_periodic_defers, procrastinate_jobs, procrastinate_workers, orc_api_tokens, "
-    "orc_event_listeners"
+    "orc_event_listeners, orc_job_rollups, orc_queue_depth"
 )
 
 
@@ -127,6 +128,7 @@ async def db(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
     """A raw autocommit connection to the test database, on empty tables."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")
+        await conn.execute("UPDATE orc_rollup_watermark SET rolled_up_to = NULL")
         yield conn
 
 

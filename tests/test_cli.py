@@ -107,6 +107,11 @@ def test_submit_status_jobs_cancel(cli: Any) -> None:
         (["jobs", "--status", "done"], "argument --status: invalid choice: 'DONE'"),
         (["dlq", "discard", str(uuid.UUID(int=2))], "required: --by"),
         (["no-such-command"], "argument COMMAND: invalid choice: 'no-such-command'"),
+        (["stats", "--step", "90"], "step: 90 s is not a whole number of minutes"),
+        (["stats", "--step", "30"], "argument --step: must be a whole number from 60 to"),
+        (["stats", "--by", "tenant,colour"], "by: 'colour' is not one of job_type, queue, tenant"),
+        (["stats", "--from", "yesterday"], "argument --from: not an ISO 8601 time: 'yesterday'"),
+        (["stats", "--from", "2026-01-02T00:00Z", "--to", "2026-01-01T00:00Z"], "must be before"),
         (
             ["submit", "http_request", "--payload", "[" * 10_000 + "]" * 10_000],
             "--payload is nested too deeply to read",
@@ -534,3 +539,24 @@ def test_serve_ends_with_0_on_sigterm(dsn: str) -> None:
 
     with ApiServer(dsn) as server:
         assert server.stop() == 0
+
+
+def test_stats_prints_the_rollups_as_lines_or_the_api_s_json(cli: Any, dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for tenant, completed in (("acme", 3), ("globex", 5)):
+            conn.execute(
+                "INSERT INTO orc_job_rollups SELECT 60, date_trunc('minute', now())"
+                " - interval '5 minutes', 'digest', 'default', %s, %s, 1, 0, 1, 2, 1, %s,"
+                " %s * 250, 400, 0, %s, 0, 0, 0, 0, 0, 0, 0, 0",
+                (tenant, completed, completed + 1, completed + 1, completed + 1),
+            )
+    code, out, err = cli("stats", "--by", "tenant", "--tenant", "globex")
+    assert code == 0 and err == "", err
+    assert "tenant=globex" in out and "acme" not in out
+    line = next(row for row in out.splitlines() if row.strip().endswith("400 ms"))
+    assert line.split()[1:7] == ["5", "1", "0", "1", "2", "1"]
+    code, out, err = cli("stats", "--json")
+    assert code == 0
+    [series] = json.loads(out)["jobs"]
+    assert series["key"] == {} and series["points"][0]["completed"] == 8
+    assert series["points"][0]["durations"]["count"] == 10

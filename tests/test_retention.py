@@ -227,6 +227,32 @@ async def test_exactly_the_jobs_past_their_retention_go_by_status_and_type_overr
     }  # fmt: skip
 
 
+@pytest.fixture(autouse=True)
+async def rolled_up(db: psycopg.AsyncConnection[Any]) -> None:
+    """Every finished job counted in the rollups already (the watermark's own test sets it)."""
+    await db.execute("UPDATE orc_rollup_watermark SET rolled_up_to = 'infinity'")
+
+
+async def test_a_job_goes_only_once_the_rollups_have_counted_it(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    """History outlives the jobs: a job past its retention stays while it finished at or after
+    the rollups' watermark (none before the first rollup), and goes once they counted it."""
+    orc = make_orc(job_retention_days=0)
+    old = await finished_job(db, age_days=2)
+    recent = await finished_job(db, age_days=0.5)
+    watermark = "UPDATE orc_rollup_watermark SET rolled_up_to = %s"
+    async with orc:
+        await db.execute(watermark, [None])
+        assert (await orc.maintenance.finished.run_once()).jobs == 0
+        await db.execute(watermark, [datetime.now(UTC) - timedelta(days=1)])
+        assert (await orc.maintenance.finished.preview()).jobs == 1
+        assert (await orc.maintenance.finished.run_once()).jobs == 1
+        await db.execute(watermark, [datetime.now(UTC)])
+        assert (await orc.maintenance.finished.run_once()).jobs == 1
+    assert await rows_of(db, [old, recent]) == {t: [] for t in JOB_ROWS}
+
+
 async def test_a_reloaded_retry_config_sets_the_retention_of_the_next_run(
     make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
 ) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 from uuid import UUID
 
 import httpx
+import psycopg
 import pytest
 from playwright.async_api import async_playwright
 
@@ -380,3 +381,43 @@ def _seconds(text: str) -> float:
     assert found, text
     value = float(found.group(1))
     return value / 1000 if found.group(2) == "ms" else value
+
+
+async def test_the_overview_charts_the_rollups_each_viewer_its_tenants_only(
+    orc: Orchestrator, server: ApiServer, browser: Any, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """Jobs that finished in the last minutes, of two tenants, rolled up: the overview's charts
+    draw them (inline SVG, under the strict policy), each viewer's from its tenants' jobs."""
+    for tenant, status, n in (("a", "COMPLETED", 4), ("a", "FAILED", 1), ("b", "COMPLETED", 6)):
+        for i in range(n):
+            await db.execute(
+                "INSERT INTO orc_jobs (id, job_type, status, payload, queue, max_attempts,"
+                " max_retries, trace_id, tenant_id, started_at, finished_at)"
+                " VALUES (gen_random_uuid(), 'scripted', %s, 'null', 'default', 3, 3, 't', %s,"
+                " now() - make_interval(mins => %s + 3), now() - make_interval(mins => %s + 3))",
+                (status, tenant, i, i),
+            )
+    rollup = orc.maintenance.rollup
+    rollup.settle_seconds = 0
+    await rollup.run_once()  # (a worker's tick, had one run meanwhile, counts them the same)
+    everyone = await signed_in(
+        browser, server, await token(orc.stores.tokens, "charts", Scope.READ)
+    )
+    tenant_a = await signed_in(
+        browser, server, await token(orc.stores.tokens, "charts-a", Scope.READ, tenants=["a"])
+    )
+    for page, completed, failed in ((everyone, 10, 1), (tenant_a, 4, 1)):
+        for title in ("Last hour", "Last day"):
+            chart = page.locator(f"figure[data-chart='{title}']")
+            await chart.locator("[data-line='completed']").wait_for()
+            totals = await chart.locator("[data-line]").evaluate_all(
+                "spans => Object.fromEntries(spans.map(s => [s.dataset.line, +s.dataset.total]))"
+            )
+            assert totals == {"completed": completed, "failed": failed, "retried": 0}, title
+            line = chart.locator("polyline.chart-completed")
+            assert len((await line.get_attribute("points") or "").split()) > 1
+            box = await chart.locator("svg").bounding_box()
+            assert box is not None and box["width"] > 200 and box["height"] > 50  # drawn
+    await shot(everyone, "overview-charts")
+    for page in (everyone, tenant_a):
+        await page.context.close()

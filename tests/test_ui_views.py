@@ -4,6 +4,7 @@ the retrying layer, the backoff schedules, durations, readable payloads and the 
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given
@@ -76,3 +77,37 @@ def test_counts_keep_only_the_principal_s_tenants() -> None:
     assert (every.per_second, every.failure_share) == (1.0, 0.2)
     one = views.counts(rows, {}, 10.0, frozenset({"t1"}))
     assert (one.by_type, one.by_tenant, one.failure_share) == ({"a": 3}, {"t1": 3}, 0.0)
+
+
+# -- the overview's charts -------------------------------------------------------------------
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+@given(st.floats(0, 10**12))
+def test_a_chart_s_top_is_the_next_1_2_5_step_at_or_above_its_peak(peak: float) -> None:
+    top = views.round_up(peak)
+    assert top >= max(peak, 1)
+    assert str(top).rstrip("0") in ("1", "2", "5")
+    assert top == 1 or views.round_up(peak) / 2.5 < max(peak, 1)
+
+
+def test_a_chart_draws_each_line_to_scale_up_to_what_is_known() -> None:
+    steps = views.steps_of(T0, T0 + timedelta(minutes=5), 60)
+    assert steps == [T0 + timedelta(minutes=i) for i in range(5)]
+    at = steps.__getitem__
+    drawn = views.chart(
+        "t", steps, {"completed": {at(0): 7, at(2): 10}, "failed": {at(1): 1}},
+        unit="per minute", known_until=at(3),
+    )  # fmt: skip
+    assert drawn.top == 10 and (drawn.start, drawn.end) == ("12:00 UTC", "12:04 UTC")
+    completed, failed = drawn.lines
+    # x: four gaps over the width; y: 0 at the bottom, the top at 0; steps 3 and 4 unknown
+    assert completed.points == "0.0,48.0 150.0,160.0 300.0,0.0"
+    assert (completed.total, completed.peak, failed.total) == (17, 10, 1)
+    depth = views.chart("d", steps, {"waiting": {at(0): 4, at(4): 2}}, unit="", known_until=None,
+                        sums=False)  # fmt: skip
+    assert depth.lines[0].total == 2 and len(depth.lines[0].points.split()) == 5
+    assert views.chart("e", steps, {"completed": {}}, unit="", known_until=None).empty
+    day = views.steps_of(T0, T0 + timedelta(days=1), 3600)
+    assert views.chart("f", day, {}, unit="", known_until=None).start == "Sun 12:00 UTC"

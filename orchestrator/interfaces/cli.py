@@ -230,6 +230,20 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--limit", type=_whole(1, MAX_LIMIT), default=50)
     cmd.set_defaults(handler=cmd_jobs)
 
+    cmd = commands.add_parser(
+        "stats", help="jobs finished per step and the queue depth, from the rollups"
+    )
+    cmd.add_argument("--from", dest="since", type=_datetime, help="start (default: an hour ago)")
+    cmd.add_argument("--to", dest="until", type=_datetime, help="end (default: now)")
+    cmd.add_argument(
+        "--step", type=_whole(60, 366 * 86400),
+        help="seconds per point, whole minutes (default 60; 3600 past a day)",
+    )  # fmt: skip
+    cmd.add_argument("--by", type=_csv, default=[], help="split by job_type, queue, tenant")
+    cmd.add_argument("--tenant", help="only this tenant's jobs")
+    cmd.add_argument("--json", action="store_true", help="print the API's JSON document")
+    cmd.set_defaults(handler=cmd_stats)
+
     cmd = commands.add_parser("cancel", help="cancel a job that has not finished")
     cmd.add_argument("job_id")
     cmd.add_argument("--reason", default="")
@@ -572,6 +586,21 @@ def _of(tenant: str | None) -> str:
 def _nothing(line: str) -> None:
     """An empty list says so, on stderr: a script reading stdout sees no rows."""
     print(line, file=sys.stderr)
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    async def body(orc: Orchestrator) -> int:
+        stats = await orc.stats(
+            since=args.since, until=args.until, step=args.step, by=args.by,
+            tenants=None if args.tenant is None else [args.tenant],
+        )  # fmt: skip
+        if args.json:
+            print(stats.model_dump_json(by_alias=True, indent=2))
+        else:
+            print("\n".join(render.stats_lines(stats)))
+        return 0
+
+    return _run(args, body)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -1,5 +1,5 @@
-"""How the command line (and the demo) shows jobs, their histories and dead letters: as an
-operator wants to read them, one fact per line."""
+"""How the command line (and the demo) shows jobs, their histories, dead letters and stats: as
+an operator wants to read them, one fact per line."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 from datetime import UTC, datetime
 
 from orchestrator.domain.models import DeadLetter, Job, JobEvent
+from orchestrator.domain.rollups import Stats
 from orchestrator.domain.states import Status
 from orchestrator.services.retention import RetentionResult
 from orchestrator.storage.rows import ApprovalRecord, StepRecord
@@ -196,3 +197,42 @@ def prune_lines(result: RetentionResult, *, dry_run: bool) -> list[str]:
 
 def _counts(result: RetentionResult, kinds: tuple[str, ...]) -> str:
     return ", ".join(f"{getattr(result, k)} {k.replace('_', ' ')}" for k in kinds)
+
+
+def stats_lines(stats: Stats) -> list[str]:
+    """A stats read (``orchestrator stats``): per series, a line per step with jobs."""
+    lines = [
+        f"jobs finished from {stats.since.isoformat()} to {stats.until.isoformat()}, per "
+        f"{stats.step} s (rolled up to "
+        f"{stats.rolled_up_to.isoformat() if stats.rolled_up_to else 'nothing yet'})"
+    ]
+    for series in stats.jobs:
+        lines.append(_key_words(series.key))
+        lines.append(f"  {'at':<25} {'done':>7} {'failed':>7} {'cancel':>7} {'dead':>6} "
+                     f"{'app rt':>6} {'infra':>6} {'p50':>9} {'p95':>9} {'max':>9}")  # fmt: skip
+        for p in series.points:
+            d = p.durations
+            lines.append(
+                f"  {p.at.isoformat():<25} {p.completed:>7} {p.failed:>7} {p.cancelled:>7} "
+                f"{p.dead_lettered:>6} {p.app_retries:>6} {p.infra_retries:>6} "
+                f"{_ms(d.p50_ms):>9} {_ms(d.p95_ms):>9} {_ms(d.max_ms):>9}"
+            )
+    if not stats.jobs:
+        lines.append("  no job finished in this range")
+    lines.append("queue depth (waiting, running), sampled at each step's start")
+    for depth in stats.queue_depth:
+        points = ", ".join(f"{p.at:%H:%M} {p.waiting}/{p.running}" for p in depth.points)
+        lines.append(f"{_key_words(depth.key)}: {points}")
+    if not stats.queue_depth:
+        lines.append("  none waiting or running at any sample")
+    return lines
+
+
+def _key_words(key: dict[str, str | None]) -> str:
+    return " ".join(f"{k}={'(none)' if v is None else v}" for k, v in key.items()) or "all jobs"
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0f} ms" if value < 10_000 else f"{value / 1000:.1f} s"

@@ -41,8 +41,13 @@ OTHER_MODEL = "_other"
 RefusedBy = Literal["database", "worker", "request"]
 #: Maintenance services, for the series that exist at 0 from the start.
 SERVICES = (
-    "sweep_zombies", "retry_safety_net", "expire_approvals", "prune_checkpoints", "prune_finished",
-)  # fmt: skip
+    "sweep_zombies",
+    "retry_safety_net",
+    "expire_approvals",
+    "prune_checkpoints",
+    "prune_finished",
+    "rollup_jobs",
+)
 
 ATTEMPTS_STARTED = Spec(
     "orchestrator_attempts_started_total", "counter", ("job_type",), "Attempts started."

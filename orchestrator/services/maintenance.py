@@ -5,6 +5,7 @@
     expire_approvals   ApprovalExpiry    approvals past their expiry: decided as expired
     prune_checkpoints  CheckpointPrune   checkpoints and ledger rows past their retention
     prune_finished     FinishedPrune     finished jobs past their retention, whole; old bookkeeping
+    rollup_jobs        JobRollup         closed minutes' finished jobs into rollups, queue depth
 
 Each is a small service with explicit dependencies and a ``run_once`` that works in bounded
 batches and returns what it did (logged once per run). Each is ticked by a Procrastinate periodic
@@ -31,6 +32,7 @@ from orchestrator.services.approvals import ApprovalDecisions, ApprovalExpiry
 from orchestrator.services.prune import CheckpointPrune
 from orchestrator.services.retention import FinishedPrune
 from orchestrator.services.retry_strategy import GraphileRetryStrategy
+from orchestrator.services.rollup import JobRollup
 from orchestrator.services.safety_net import RetrySafetyNet
 from orchestrator.services.sweep import ZombieSweep
 from orchestrator.settings import Settings
@@ -43,7 +45,7 @@ QUEUE = "maintenance"
 TASK_PREFIX = "orchestrator."  # Procrastinate task name of a service: TASK_PREFIX + its name
 #: The services by name; each may have a table of that name in the retry config.
 NAMES = (ZombieSweep.name, RetrySafetyNet.name, ApprovalExpiry.name, CheckpointPrune.name,
-         FinishedPrune.name)  # fmt: skip
+         FinishedPrune.name, JobRollup.name)  # fmt: skip
 
 
 class Result(Protocol):
@@ -72,6 +74,7 @@ class Maintenance:
     approval_expiry: ApprovalExpiry
     prune: CheckpointPrune
     finished: FinishedPrune
+    rollup: JobRollup
     on_run: OnRun
 
     @classmethod
@@ -111,12 +114,18 @@ class Maintenance:
                 batch_size=s.retention_batch_size, archive_dir=s.archive_dir,
                 maintenance_queue=QUEUE,
             ),
+            rollup=JobRollup(
+                rollups=stores.rollups, batch_minutes=s.rollup_batch_minutes,
+                settle_seconds=s.rollup_settle_seconds, retention_days=s.rollup_retention_days,
+                hourly_retention_days=s.rollup_hourly_retention_days,
+                prune_batch_size=s.prune_batch_size,
+            ),
             on_run=on_run,
         )  # fmt: skip
 
     def service(self, name: str) -> Service:
         services: tuple[Service, ...] = (self.sweep, self.safety_net, self.approval_expiry,
-                                         self.prune, self.finished)  # fmt: skip
+                                         self.prune, self.finished, self.rollup)  # fmt: skip
         for service in services:
             if service.name == name:
                 return service
@@ -150,6 +159,7 @@ def register(app: procrastinate.App, settings: Settings, config: RetryConfig) ->
         ApprovalExpiry.name: settings.approvals_cron,
         CheckpointPrune.name: settings.prune_cron,
         FinishedPrune.name: settings.retention_cron,
+        JobRollup.name: settings.rollup_cron,
     }
     for name, cron in crons.items():
         _tick(app, name, cron, config.for_type(name).worker_max_attempts)

@@ -1,4 +1,4 @@
-"""What the dashboard's overview reads besides the fleet's counts: recent outcomes, who runs jobs
+"""What the dashboard's overview reads besides the fleet's counts and the rollups: who runs jobs
 now, and the workers the registry knows alive."""
 
 from __future__ import annotations
@@ -28,15 +28,6 @@ class RegisteredWorker:
 class DashboardStore:
     def __init__(self, queries: Queries) -> None:
         self.queries = queries
-
-    async def recent_outcomes(
-        self, *, seconds: float, tenants: Collection[str] | None
-    ) -> dict[str, int]:
-        """Jobs finished in the last ``seconds``, by status."""
-        rows = await self.queries.rows(
-            "recent_outcomes", {"seconds": seconds, "tenants": _list(tenants)}
-        )
-        return {row["status"]: row["n"] for row in rows}
 
     async def holders(self, *, tenants: Collection[str] | None) -> list[Holder]:
         rows = await self.queries.rows("job_holders", {"tenants": _list(tenants)})

@@ -20,6 +20,12 @@ class FleetRows:
     zombies: int  # RUNNING with a heartbeat older than the threshold
 
 
+@dataclass(frozen=True)
+class Unfinished:
+    jobs: list[Row]  # status, job_type, tenant ("" for none), n: the unfinished jobs
+    zombies: int
+
+
 class FleetStore:
     def __init__(self, queries: Queries) -> None:
         self.queries = queries
@@ -47,6 +53,16 @@ class FleetStore:
             approvals=counts["approvals"],
             zombies=counts["zombies"],
         )
+
+    async def unfinished(self, *, zombie_threshold: float) -> Unfinished:
+        """The unfinished jobs counted, and the zombies (the dashboard's overview): partial
+        indexes only, never the finished jobs."""
+        jobs = await self.queries.rows("fleet_jobs")
+        counts = await self.queries.row(
+            "fleet_counts", {"running": Status.RUNNING.value, "threshold": zombie_threshold}
+        )
+        assert counts is not None
+        return Unfinished(jobs=jobs, zombies=counts["zombies"])
 
     async def queue_stats(self, *, tenants: Collection[str] | None = None) -> list[QueueStats]:
         """Each queue's unfinished jobs; ``tenants``: only jobs of these tenants."""

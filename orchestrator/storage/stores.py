@@ -15,6 +15,7 @@ from orchestrator.storage.jobs import JobStore
 from orchestrator.storage.listeners import ListenerStore
 from orchestrator.storage.liveness import LivenessStore
 from orchestrator.storage.retention import RetentionStore
+from orchestrator.storage.rollups import RollupStore
 from orchestrator.storage.runner import OnRefused, Queries
 from orchestrator.storage.sessions import SessionStore
 from orchestrator.storage.tokens import TokenStore
@@ -35,6 +36,7 @@ class Stores:
     dashboard: DashboardStore
     config_versions: ConfigVersionStore
     retention: RetentionStore
+    rollups: RollupStore
 
     @classmethod
     def on(cls, pool: Pool, *, on_refused: OnRefused | None = None) -> Stores:
@@ -56,4 +58,5 @@ class Stores:
             dashboard=DashboardStore(queries),
             config_versions=ConfigVersionStore(queries),
             retention=RetentionStore(queries),
+            rollups=RollupStore(queries),
         )

@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException
 
 from orchestrator.domain import errors
 from orchestrator.domain.principals import Forbidden, Unauthorized
+from orchestrator.domain.rollups import StatsQueryInvalid
 from orchestrator.runtime.external import NotExternal
 from orchestrator.storage.migrate import names_what_is_missing, schema_outdated
 from orchestrator.storage.tokens import TokenError
@@ -48,6 +49,7 @@ STATUS: tuple[tuple[type[Exception], int], ...] = (
     (TokenError, 409),
     (errors.SubmitError, 422),  # unknown job type, invalid payload, bad options
     (NotExternal, 422),
+    (StatsQueryInvalid, 422),  # a range or step the rollups cannot answer
     (errors.DatabaseUnavailable, 503),
     (errors.SchemaOutdated, 503),
 )

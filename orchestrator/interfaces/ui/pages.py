@@ -18,7 +18,7 @@ import asyncio
 import hmac
 import secrets
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode, urlsplit
@@ -57,7 +57,7 @@ LOGIN_COOKIE = "orc_login"
 SESSION_SECONDS = 12 * 3600
 LIST_REFRESH_SECONDS = 2.0
 JOB_PAGE = 50
-RECENT_SECONDS = 300.0
+HISTORY_SECONDS = 3600.0  # the overview's counts of finished jobs: the last hour's rollups
 OVERVIEW_SECONDS = 2.0  # how long one read of the overview serves every viewer
 
 
@@ -243,18 +243,51 @@ def _cached_overview(request: Request, orc: Orchestrator, session: Session) -> A
 
 
 async def _overview(orc: Orchestrator, session: Session) -> dict[str, Any]:
+    """What the overview shows: the unfinished jobs counted, and the history charted from the
+    rollups, so that nothing here reads the finished jobs (bench/overview.py: at 1,000,000).
+    Its reads are independent of each other: they run at once, on as many connections (the
+    first error is raised as it is, as one read's would be)."""
     tenants = session.principal.tenants
-    fleet = await orc.stores.fleet.read(zombie_threshold=orc.settings.zombie_threshold)
-    outcomes = await orc.stores.dashboard.recent_outcomes(seconds=RECENT_SECONDS, tenants=tenants)
+    now = datetime.now(UTC)
+    stores = orc.stores
+    counts = asyncio.gather(
+        stores.fleet.unfinished(zombie_threshold=orc.settings.zombie_threshold),
+        orc.stats(since=now - timedelta(hours=1), until=now, step=60, tenants=tenants),
+        orc.stats(since=now - timedelta(days=1), until=now, step=3600, tenants=tenants),
+        stores.fleet.queue_stats(tenants=tenants),
+    )
+    lists = asyncio.gather(
+        stores.dashboard.holders(tenants=tenants),
+        stores.dashboard.registered_workers(seconds=orc.settings.stalled_worker_seconds),
+        orc.dead_letters(limit=5, tenants=tenants),
+        orc.approvals(limit=5, tenants=tenants),
+    )
+    (fleet, hour, day, queues), (holders, workers, letters, approvals) = await asyncio.gather(
+        counts, lists
+    )
+    outcomes = views.outcome_series(hour)
+    finished = {"COMPLETED": sum(outcomes["completed"].values()),
+                "FAILED": sum(outcomes["failed"].values())}  # fmt: skip
+    minutes = views.steps_of(hour.since, hour.until, hour.step)
+    hours = views.steps_of(day.since, day.until, day.step)
+    charts = [
+        views.chart("Last hour", minutes, outcomes, unit="per minute",
+                    known_until=hour.rolled_up_to),
+        views.chart("Last day", hours, views.outcome_series(day), unit="per hour",
+                    known_until=hour.rolled_up_to),
+        views.chart("Queue depth, last hour", minutes, views.depth_series(hour),
+                    unit="at each minute", known_until=views.last_sample(hour), sums=False,
+                    nothing="nothing waiting or running"),
+    ]  # fmt: skip
     return {
-        "counts": views.counts(fleet.jobs, outcomes, RECENT_SECONDS, tenants),
-        "queues": await orc.stores.fleet.queue_stats(tenants=tenants),
-        "holders": await orc.stores.dashboard.holders(tenants=tenants),
-        "workers": await orc.stores.dashboard.registered_workers(
-            seconds=orc.settings.stalled_worker_seconds
-        ),
-        "letters": await orc.dead_letters(limit=5, tenants=tenants),
-        "approvals": await orc.approvals(limit=5, tenants=tenants),
+        "counts": views.counts(fleet.jobs, finished, HISTORY_SECONDS, tenants),
+        "charts": charts,
+        "rolled_up_to": hour.rolled_up_to,
+        "queues": queues,
+        "holders": holders,
+        "workers": workers,
+        "letters": letters,
+        "approvals": approvals,
         "zombies": fleet.zombies,
     }
 

@@ -3,14 +3,16 @@ the templates only lay them out (and the tests can check them without a browser)
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from orchestrator.domain.backoff import app_delay_bounds_ms, graphile_delay_seconds
 from orchestrator.domain.classification import ErrorClass
+from orchestrator.domain.rollups import Stats
 from orchestrator.domain.states import TERMINAL, Status
 from retry_config import JobRetryConfig
 
@@ -139,3 +141,111 @@ def counts(
         dict(by_status), dict(by_type.most_common()), dict(by_tenant.most_common()),
         finished, outcomes.get(Status.FAILED.value, 0), window_s,
     )  # fmt: skip
+
+
+# -- charts (inline SVG, drawn here: the page loads nothing from elsewhere) -------------------
+
+#: The drawing's size in SVG units (it scales to its box).
+CHART_WIDTH, CHART_HEIGHT = 600, 160
+
+
+@dataclass(frozen=True)
+class Line:
+    name: str  # its CSS class (chart-<name>) and legend
+    points: str  # an SVG polyline's points
+    total: int
+    peak: int
+
+
+@dataclass(frozen=True)
+class Chart:
+    title: str
+    lines: list[Line]
+    top: int  # the value at the top edge
+    start: str  # the x axis' ends, as people read them
+    end: str
+    unit: str  # what one point is: "per minute", "per hour"
+    nothing: str  # what it says when every line is 0
+    width: int = CHART_WIDTH
+    height: int = CHART_HEIGHT
+
+    @property
+    def empty(self) -> bool:
+        return all(line.total == 0 for line in self.lines)
+
+
+def chart(
+    title: str,
+    steps: list[datetime],
+    series: dict[str, dict[datetime, int]],
+    *,
+    unit: str,
+    known_until: datetime | None,
+    sums: bool = True,
+    nothing: str = "no jobs in the rollups yet",
+) -> Chart:
+    """Lines of ``series`` (name -> value per step; a step missing is 0) over ``steps``, scaled
+    to a round top, drawn up to ``known_until`` (the steps after it are not known yet: not
+    drawn as zeros); ``sums``: a line's total is the sum of its steps (else its last value);
+    ``nothing``: what an empty chart says."""
+    peak = max((v for values in series.values() for v in values.values()), default=0)
+    top = round_up(peak)
+    last = max(len(steps) - 1, 1)
+    known = [at for at in steps if known_until is None or at < known_until]
+    lines = []
+    for name, values in series.items():
+        ys = [values.get(at, 0) for at in known]
+        points = " ".join(
+            f"{i * CHART_WIDTH / last:.1f},{CHART_HEIGHT - y * CHART_HEIGHT / top:.1f}"
+            for i, y in enumerate(ys)
+        )
+        total = sum(ys) if sums else (ys[-1] if ys else 0)
+        lines.append(Line(name, points, total, max(ys, default=0)))
+    days = bool(steps) and steps[-1] - steps[0] > timedelta(hours=12)
+    start, end = (_clock(steps[0], days), _clock(steps[-1], days)) if steps else ("", "")
+    return Chart(title, lines, top, start, end, unit, nothing)
+
+
+def last_sample(stats: Stats) -> datetime | None:
+    """Just after the newest queue depth sample of the read (None: no sample)."""
+    newest = max((p.at for s in stats.queue_depth for p in s.points), default=None)
+    return None if newest is None else newest + timedelta(seconds=stats.step)
+
+
+def round_up(value: float) -> int:
+    """The smallest of 1, 2, 5 times a power of ten at or above ``value`` (1 at least)."""
+    top, factors = 1, itertools.cycle((2, 2.5, 2))  # 1, 2, 5, 10, 20, 50, ...
+    while top < value:
+        top = int(top * next(factors))
+    return top
+
+
+def _clock(when: datetime, days: bool) -> str:
+    return f"{when:%a %H:%M} UTC" if days else f"{when:%H:%M} UTC"
+
+
+def steps_of(since: datetime, until: datetime, step: int) -> list[datetime]:
+    """Every step's start in ``[since, until)``."""
+    count = int((until - since).total_seconds() // step)
+    return [since + timedelta(seconds=step * i) for i in range(count)]
+
+
+def outcome_series(stats: Stats) -> dict[str, dict[datetime, int]]:
+    """Per step: jobs completed, failed, and retries scheduled (both layers), summed over the
+    read's series."""
+    lines: dict[str, dict[datetime, int]] = {"completed": {}, "failed": {}, "retried": {}}
+    for series in stats.jobs:
+        for p in series.points:
+            for name, n in (("completed", p.completed), ("failed", p.failed),
+                            ("retried", p.app_retries + p.infra_retries)):  # fmt: skip
+                lines[name][p.at] = lines[name].get(p.at, 0) + n
+    return lines
+
+
+def depth_series(stats: Stats) -> dict[str, dict[datetime, int]]:
+    lines: dict[str, dict[datetime, int]] = {"waiting": {}, "running": {}}
+    for series in stats.queue_depth:
+        for p in series.points:
+            lines["waiting"][p.at] = lines["waiting"].get(p.at, 0) + p.waiting
+            lines["running"][p.at] = lines["running"].get(p.at, 0) + p.running
+    return lines
