@@ -144,6 +144,7 @@ def test_fields_fixed_at_start_up_are_held_and_named(make_orc: Callable[..., Orc
         "expire_approvals": ["worker_max_attempts"],
         "prune_checkpoints": ["worker_max_attempts"],
         "prune_finished": ["worker_max_attempts"],
+        "rollup_jobs": ["worker_max_attempts"],
     }
     assert held.queue_of("http_request") == "web"
     assert held.for_type("http_request").app_max_retries == 9  # the rest of the edit applies
