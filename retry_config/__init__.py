@@ -18,6 +18,7 @@ from retry_config.models import (
     JobRetryConfig,
     NoJitter,
     ProportionalJitter,
+    ScheduleConfig,
 )
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "NoJitter",
     "ProportionalJitter",
     "RetryConfig",
+    "ScheduleConfig",
     "built_in_types",
     "load",
     "parse",

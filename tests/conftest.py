@@ -95,7 +95,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TABLES = (
     "orc_job_events, orc_dead_letters, orc_jobs, procrastinate_events, "
     "procrastinate_periodic_defers, procrastinate_jobs, procrastinate_workers, orc_api_tokens, "
-    "orc_event_listeners"
+    "orc_event_listeners, orc_schedules"
 )
 
 

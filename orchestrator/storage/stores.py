@@ -14,6 +14,7 @@ from orchestrator.storage.jobs import JobStore
 from orchestrator.storage.listeners import ListenerStore
 from orchestrator.storage.liveness import LivenessStore
 from orchestrator.storage.runner import OnRefused, Queries
+from orchestrator.storage.schedules import ScheduleStore
 from orchestrator.storage.sessions import SessionStore
 from orchestrator.storage.tokens import TokenStore
 
@@ -31,6 +32,7 @@ class Stores:
     listeners: ListenerStore
     sessions: SessionStore
     dashboard: DashboardStore
+    schedules: ScheduleStore
 
     @classmethod
     def on(cls, pool: Pool, *, on_refused: OnRefused | None = None) -> Stores:
@@ -50,4 +52,5 @@ class Stores:
             listeners=ListenerStore(queries),
             sessions=SessionStore(queries),
             dashboard=DashboardStore(queries),
+            schedules=ScheduleStore(queries),
         )

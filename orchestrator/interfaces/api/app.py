@@ -64,6 +64,7 @@ def create_app(orc: Orchestrator) -> FastAPI:
         background = [
             asyncio.create_task(app.state.watch.run(), name="event watch"),
             asyncio.create_task(app.state.external.run(), name="external workers"),
+            asyncio.create_task(orc.scheduler().run(), name="schedules"),
         ]
         try:
             yield
