@@ -29,7 +29,8 @@ Where each part of the code is tested:
                               test_classification;
                               events and failures: test_events, test_failures, test_runtime;
                               degradation: test_degradation; principals (names, persons,
-                              the two-person rule across the upgrade): test_principals
+                              the two-person rule across the upgrade): test_principals;
+                              schedules' ticks, crontab files: test_schedule_ticks
     orchestrator/storage      submit and job keys: test_submit; tenants, end to end:
                               test_tenants; migrations: test_migrate; a rolling
                               deploy beside the previous release: test_rollout;
@@ -45,6 +46,8 @@ Where each part of the code is tested:
                               metrics: test_metrics; the lease contract by its effects
                               (heartbeats read back, a job kept past the zombie threshold,
                               in process and external): test_lease_contract
+    schedules                 firing once per tick (three worker processes), backfill, pause,
+                              listings, tenants, refusals: test_schedules
     orchestrator/services     sweep: test_liveness, test_timeouts; safety net, dead letters:
                               test_runtime; approvals and retention: test_approvals; a bad
                               row in a batch: test_passed_over; the maintenance lane:
