@@ -25,7 +25,7 @@ from starlette.staticfiles import StaticFiles
 
 from orchestrator.app import Orchestrator
 from orchestrator.domain.principals import Principal, Scope
-from orchestrator.interfaces.api import jobs, operations, parameters, problems, workers
+from orchestrator.interfaces.api import jobs, operations, parameters, problems, schedules, workers
 from orchestrator.interfaces.api.auth import Authenticator, authenticate
 from orchestrator.interfaces.api.watch import EventWatch
 from orchestrator.interfaces.ui import pages
@@ -89,7 +89,7 @@ def create_app(orc: Orchestrator) -> FastAPI:
     app.state.overview = pages.OverviewCache(pages.OVERVIEW_SECONDS)
     for kind, handler in problems.HANDLERS:
         app.add_exception_handler(kind, handler)
-    for router in (jobs.router, operations.router):
+    for router in (jobs.router, operations.router, schedules.router):
         app.include_router(router, responses=problems.ERRORS)
     app.include_router(workers.router)  # declares its own answers (no 404 for a report)
     app.include_router(pages.router)
