@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 from zoneinfo import ZoneInfo
 
 import psycopg
@@ -20,6 +21,7 @@ import pytest
 
 from orchestrator import JobContext, Orchestrator, Status
 from orchestrator.domain.errors import ConfigError, ScheduleNotFound
+from orchestrator.domain.schedules import MAX_TICKS
 from tests.support.harness import BASE_CONFIG, ROOT, WorkerRun, wait_for
 from tests.support.workers import WorkerProcess
 
@@ -254,3 +256,69 @@ def test_the_command_line_lists_pauses_and_resumes_and_refuses_without_a_traceba
         f"error: {tab}:3: schedule 'never': cron: malformed cron expression '0 7 * * 9': expected "
         "five fields (minute hour day month weekday), or six with seconds last\n"
     )
+
+
+async def test_a_pause_that_commits_between_the_read_and_the_firing_wins(
+    make_orc: MakeOrc, db: Db
+) -> None:
+    """The compare-and-set refuses a paused schedule too, and a check skips one it reads paused
+    (neither fired nor counted as lost)."""
+    orc = app(make_orc)
+    orc.schedule("held", "noop", cron="* * * * * *")
+    await orc.open()
+    await orc.stores.schedules.sync(orc.schedules.values())
+    await db.execute("UPDATE orc_schedules SET fire_after = now() - interval '5 seconds'")
+    [state] = await orc.stores.schedules.states(["held"])
+    await orc.pause_schedule("held", by="ops")
+    async with orc.stores.queries.transaction() as conn:
+        fired = await orc.stores.schedules.fire(
+            "held", seen=state.fire_after, tick=state.now, job_id=uuid4(), conn=conn
+        )
+    assert not fired
+    result = await orc.scheduler().run_once()
+    assert (result.fired, result.lost, result.wait) == (0, 0, None)
+    assert await runs(db, "held") == []
+    # pausing again keeps who paused it first
+    assert (await orc.pause_schedule("held", by="someone else")).paused_by == "ops"
+
+
+async def test_a_long_backfill_is_fired_a_thousand_ticks_at_a_time_without_waiting(
+    make_orc: MakeOrc, db: Db
+) -> None:
+    orc = app(make_orc)
+    orc.schedule("dense", "noop", cron="* * * * * *", backfill_seconds=3600)
+    await orc.open()
+    await orc.stores.schedules.sync(orc.schedules.values())
+    await db.execute("UPDATE orc_schedules SET fire_after = now() - interval '2 hours'")
+    first = await orc.scheduler().run_once()
+    assert (first.fired, first.wait) == (MAX_TICKS, 0.0)  # the next check comes at once
+    second = await orc.scheduler().run_once()
+    assert second.fired == MAX_TICKS
+    ticks = [run_at for _, run_at, _ in await runs(db, "dense")]
+    assert ticks == [ticks[0] + timedelta(seconds=n) for n in range(2 * MAX_TICKS)]
+
+
+async def test_definitions_are_written_only_where_new_or_changed(make_orc: MakeOrc, db: Db) -> None:
+    """A process starting with the same definitions writes nothing; one with a new expression
+    (a deploy) replaces the stored one and keeps where the schedule stands."""
+    old, new = app(make_orc), app(make_orc)
+    old.schedule("sync", "noop", cron="0 * * * *")
+    new.schedule("sync", "noop", cron="*/30 * * * *", tz="Europe/Paris")
+    await old.open()
+    await new.open()
+    query = "SELECT cron, tz, defined_at, fire_after, xmin::text FROM orc_schedules"
+    await old.stores.schedules.sync(old.schedules.values())
+    before = await (await db.execute(query)).fetchone()
+    await old.stores.schedules.sync(old.schedules.values())
+    assert await (await db.execute(query)).fetchone() == before  # not even rewritten
+    await new.stores.schedules.sync(new.schedules.values())
+    after = await (await db.execute(query)).fetchone()
+    assert before is not None and after is not None
+    assert after[:2] == ("*/30 * * * *", "Europe/Paris") and after[2] > before[2]
+    assert after[3] == before[3]
+
+
+async def test_a_scheduler_without_schedules_returns_at_once(make_orc: MakeOrc) -> None:
+    orc = app(make_orc)
+    await orc.open()
+    await asyncio.wait_for(orc.scheduler().run(), timeout=1)
