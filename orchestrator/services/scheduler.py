@@ -71,6 +71,9 @@ class Scheduler:
         self.runs = runs
         self.grace = grace
         self.max_sleep = max_sleep
+        #: name -> (the fire_after it was computed from, the next tick): a schedule whose row
+        #: has not moved and whose next tick is still ahead costs a check no cron arithmetic.
+        self._upcoming: dict[str, tuple[datetime, datetime]] = {}
 
     async def run(self) -> None:
         """Write the definitions, then fire each tick when it comes, until cancelled. A
@@ -103,18 +106,25 @@ class Scheduler:
         for state in await self.stores.schedules.states(self.schedules):
             if state.paused:
                 continue
+            known = self._upcoming.get(state.name)
+            if known is not None and known[0] == state.fire_after and known[1] > state.now:
+                wait = (known[1] - state.now).total_seconds() + 0.001
+                wake = wait if wake is None else min(wake, wait)
+                continue
             schedule = self.schedules[state.name]
             ticks = due_ticks(
                 schedule.options, after=state.fire_after, now=state.now, grace=self.grace
             )
-            if ticks and await self._fire(schedule, state.fire_after, ticks):
-                fired += len(ticks)
-            elif ticks:
-                lost += 1
+            moved = bool(ticks) and await self._fire(schedule, state.fire_after, ticks)
+            fired += len(ticks) if moved else 0
+            lost += 1 if ticks and not moved else 0
             if len(ticks) == MAX_TICKS:
                 wait = 0.0
             else:
                 upcoming = next_tick(schedule.options, max([state.now, *ticks]))
+                if not ticks or moved:  # where the row now stands, as this process left it
+                    self._upcoming[state.name] = (ticks[-1] if ticks else state.fire_after,
+                                                  upcoming)  # fmt: skip
                 # a millisecond past the tick: a process woken at it finds it due
                 wait = (upcoming - state.now).total_seconds() + 0.001
             wake = wait if wake is None else min(wake, wait)
