@@ -103,7 +103,9 @@ def test_without_backfill_only_the_ticks_within_the_grace_run_after_downtime() -
     assert due_ticks(every_minute, after=down_since, now=now.replace(second=0), grace=60) == [
         datetime(2026, 5, 1, 11, 59, tzinfo=UTC), datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
     ]  # fmt: skip
-    # at most `limit` at once, the oldest first
+    # at most 1,000 at once by default (job-types.md says so), or `limit`, the oldest first
+    hour_of_seconds = options("* * * * * *", backfill=3600)
+    assert len(due_ticks(hour_of_seconds, after=down_since, now=now, grace=0)) == 1000
     assert len(due_ticks(options("* * * * * *", backfill=3600), after=down_since, now=now,
                          grace=0, limit=5)) == 5  # fmt: skip
 
