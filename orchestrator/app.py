@@ -259,7 +259,7 @@ class Orchestrator:
         UTC), ``backfill_seconds``, ``payload``, ``tenant_id``, ``priority``, ``queue``,
         ``max_retries`` (retry_config.ScheduleConfig). A malformed expression or zone, or a
         name taken, is refused here (ConfigError naming it)."""
-        schedule = define(name, job_type, source=f"schedule {name!r}", cron=cron, **options)
+        schedule = define(name, job_type, source="orc.schedule", cron=cron, **options)
         self._add_schedule(schedule)
         return schedule
 

@@ -5,6 +5,7 @@ schedule refused wherever it is written."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
+from pydantic import BaseModel
 
 from orchestrator import JobContext, Orchestrator, Status
 from orchestrator.domain.errors import ConfigError, ScheduleNotFound
@@ -26,6 +28,12 @@ from tests.support.harness import BASE_CONFIG, ROOT, WorkerRun, wait_for
 from tests.support.workers import WorkerProcess
 
 MakeOrc = Callable[..., Orchestrator]
+
+
+class Count(BaseModel):
+    n: int
+
+
 Db = psycopg.AsyncConnection[Any]
 
 
@@ -132,6 +140,11 @@ async def test_after_downtime_only_the_ticks_within_the_backfill_window_run(
         assert after - minute < ticks[-1] <= after
         assert ticks[0] >= before - window and ticks[0] - minute < after - window
     assert result.fired == len(await runs(db, "filled")) + len(await runs(db, "unfilled"))
+    filled = {v.name: v for v in await orc.list_schedules()}["filled"]
+    cur = await db.execute(
+        "SELECT id FROM orc_jobs WHERE job_key = %s", ((await runs(db, "filled"))[-1][0],)
+    )
+    assert (await cur.fetchone()) == (filled.last_job_id,)  # the last tick's job
     again = await scheduler.run_once()
     assert again.fired == 0 and again.wait is not None and 0 < again.wait <= 60.001
 
@@ -203,7 +216,9 @@ async def test_a_tenants_schedule_is_neither_seen_nor_paused_by_another(
 def test_a_malformed_schedule_is_refused_at_definition(make_orc: MakeOrc, tmp_path: Path) -> None:
     """By the Python API, the decorator, the retry config and the crontab file, naming it."""
     orc = app(make_orc)
-    with pytest.raises(ConfigError, match="schedule 'x': cron: malformed cron expression '7 \\*'"):
+    with pytest.raises(
+        ConfigError, match=r"^orc.schedule: schedule 'x': cron: malformed cron expression '7 \*'"
+    ):
         orc.schedule("x", "noop", cron="7 *")
     with pytest.raises(ConfigError, match="job type 'digest': schedule 'digest': tz: unknown"):
         orc.job_type("digest", cron="0 7 * * *", tz="Europe/Nowhere")
@@ -279,6 +294,11 @@ async def test_a_pause_that_commits_between_the_read_and_the_firing_wins(
     assert not fired
     result = await orc.scheduler().run_once()
     assert (result.fired, result.lost, result.wait) == (0, 0, None)
+    # nothing to wait for: a running scheduler sleeps its longest and checks again
+    running = asyncio.create_task(orc.scheduler().run())
+    await asyncio.sleep(0.3)
+    assert not running.done()
+    running.cancel()
     assert await runs(db, "held") == []
     # pausing again keeps who paused it first
     assert (await orc.pause_schedule("held", by="someone else")).paused_by == "ops"
@@ -324,3 +344,64 @@ async def test_a_scheduler_without_schedules_returns_at_once(make_orc: MakeOrc) 
     orc = app(make_orc)
     await orc.open()
     await asyncio.wait_for(orc.scheduler().run(), timeout=1)
+
+
+async def test_a_scheduler_rides_through_a_lost_connection(
+    make_orc: MakeOrc, db: Db, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its connections killed under it, a scheduler logs a warning, checks again soon, and
+    fires the ticks it missed meanwhile (within the grace): none is lost."""
+    orc = app(make_orc, schedule_check_seconds=0.2)
+    orc.schedule("steady", "noop", cron="* * * * * *")
+    await orc.open()
+    running = asyncio.create_task(orc.scheduler().run())
+    try:
+        await wait_for(lambda: _count(db, "steady", 1))
+        with caplog.at_level(logging.WARNING, logger="orchestrator.services.scheduler"):
+
+            async def warned() -> bool:
+                await db.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+                await asyncio.sleep(0.3)
+                return "checking again in 0.2 s" in caplog.text
+
+            await wait_for(warned, timeout=20)
+            ticks = len(await runs(db, "steady"))
+            await wait_for(lambda: _count(db, "steady", ticks + 2))
+    finally:
+        running.cancel()
+    found = [run_at for _, run_at, _ in await runs(db, "steady")]
+    assert found == [found[0] + timedelta(seconds=n) for n in range(len(found))]
+
+
+@pytest.mark.logs_errors("schedules: the check failed")
+async def test_a_check_that_fails_is_logged_and_tried_again(
+    make_orc: MakeOrc, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run its type refuses (here a payload that does not fit, on an application whose
+    definition nobody checked) fails the check, which is logged as an error and tried again."""
+    orc = app(make_orc, schedule_check_seconds=0.2)
+
+    @orc.job_type("counted")
+    async def counted(ctx: JobContext, payload: Count) -> None:
+        return None
+
+    orc.schedule("broken", "counted", cron="* * * * * *", payload={"n": "many"})
+    await orc.open()
+    with caplog.at_level(logging.ERROR, logger="orchestrator.services.scheduler"):
+        running = asyncio.create_task(orc.scheduler().run())
+
+        async def failed_twice() -> bool:
+            return caplog.text.count("schedules: the check failed") >= 2
+
+        await wait_for(failed_twice, timeout=10)
+        assert not running.done()
+        running.cancel()
+    with pytest.raises(ConfigError, match=r"orc\.schedule: schedule 'broken': invalid payload"):
+        orc.check_definition()  # what a worker or serve would have said before starting
+
+
+async def _count(db: Db, name: str, at_least: int) -> bool:
+    return len(await runs(db, name)) >= at_least

@@ -841,6 +841,7 @@ SELECT d.name, d.job_type, d.cron, d.tz, d.tenant_id, d.backfill_seconds
 SELECT name, fire_after, paused_at IS NOT NULL AS paused, statement_timestamp() AS now
   FROM orc_schedules
  WHERE name = ANY (%(names)s)
+ ORDER BY name
 
 -- fire_schedule --
 -- The compare-and-set of a firing: the schedule moves past its last fired tick only if no other
