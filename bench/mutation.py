@@ -96,6 +96,8 @@ TARGETS = {
             "tests/test_schedules.py::test_a_long_backfill_is_fired_a_thousand_ticks_at_a_time_without_waiting",
             "tests/test_schedules.py::test_a_scheduler_without_schedules_returns_at_once",
             "tests/test_schedules.py::test_the_listing_shows_the_next_and_last_run_and_a_pause_holds_the_ticks",
+            "tests/test_schedules.py::test_a_scheduler_rides_through_a_lost_connection",
+            "tests/test_schedules.py::test_a_check_that_fails_is_logged_and_tried_again",
         ),
         timeout=180,
     ),
