@@ -140,13 +140,23 @@ async def test_after_downtime_only_the_ticks_within_the_backfill_window_run(
         assert after - minute < ticks[-1] <= after
         assert ticks[0] >= before - window and ticks[0] - minute < after - window
     assert result.fired == len(await runs(db, "filled")) + len(await runs(db, "unfilled"))
+    # it then sleeps until a millisecond past the next tick (the listing's), by the database's
+    # clock: read at some instant between `before` and `after`
+    next_tick = (await orc.list_schedules())[0].next_tick
+    assert next_tick is not None and result.wait is not None
+    assert (next_tick - after).total_seconds() + 0.001 <= result.wait
+    assert result.wait <= (next_tick - before).total_seconds() + 0.001
     filled = {v.name: v for v in await orc.list_schedules()}["filled"]
     cur = await db.execute(
         "SELECT id FROM orc_jobs WHERE job_key = %s", ((await runs(db, "filled"))[-1][0],)
     )
     assert (await cur.fetchone()) == (filled.last_job_id,)  # the last tick's job
-    again = await scheduler.run_once()
-    assert again.fired == 0 and again.wait is not None and 0 < again.wait <= 60.001
+    before = await db_now(db)
+    again = await scheduler.run_once()  # remembered: no cron arithmetic, the same wake-up
+    after = await db_now(db)
+    assert again.fired == 0 and again.wait is not None
+    assert (next_tick - after).total_seconds() + 0.001 <= again.wait
+    assert again.wait <= (next_tick - before).total_seconds() + 0.001
 
 
 async def test_the_listing_shows_the_next_and_last_run_and_a_pause_holds_the_ticks(
@@ -406,3 +416,15 @@ async def test_a_check_that_fails_is_logged_and_tried_again(
 
 async def _count(db: Db, name: str, at_least: int) -> bool:
     return len(await runs(db, name)) >= at_least
+
+
+async def test_a_paused_schedule_holds_only_itself(make_orc: MakeOrc, db: Db) -> None:
+    orc = app(make_orc)
+    orc.schedule("a_held", "noop", cron="* * * * * *")
+    orc.schedule("b_going", "noop", cron="* * * * * *")
+    await orc.open()
+    await orc.stores.schedules.sync(orc.schedules.values())
+    await orc.pause_schedule("a_held", by="ops")
+    await db.execute("UPDATE orc_schedules SET fire_after = now() - interval '3 seconds'")
+    assert (await orc.scheduler().run_once()).fired >= 3
+    assert await runs(db, "a_held") == [] and len(await runs(db, "b_going")) >= 3
