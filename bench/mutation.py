@@ -86,6 +86,27 @@ TARGETS = {
         ("tests/test_authorization.py", "tests/test_api.py"),
         timeout=300,
     ),
+    # the users' schedules: the due-tick rule, the crontab reader, the scheduler's firing
+    "schedules": Target(
+        "orchestrator/domain/schedules.py", ("tests/test_schedule_ticks.py",), timeout=120
+    ),
+    "crontab": Target(
+        "orchestrator/domain/crontab.py", ("tests/test_schedule_ticks.py",), timeout=120
+    ),
+    "scheduler": Target(
+        "orchestrator/services/scheduler.py",
+        (
+            "tests/test_schedules.py::test_after_downtime_only_the_ticks_within_the_backfill_window_run",
+            "tests/test_schedules.py::test_schedulers_racing_for_the_same_ticks_fire_each_once",
+            "tests/test_schedules.py::test_a_pause_that_commits_between_the_read_and_the_firing_wins",
+            "tests/test_schedules.py::test_a_long_backfill_is_fired_a_thousand_ticks_at_a_time_without_waiting",
+            "tests/test_schedules.py::test_a_scheduler_without_schedules_returns_at_once",
+            "tests/test_schedules.py::test_the_listing_shows_the_next_and_last_run_and_a_pause_holds_the_ticks",
+            "tests/test_schedules.py::test_a_scheduler_rides_through_a_lost_connection",
+            "tests/test_schedules.py::test_a_check_that_fails_is_logged_and_tried_again",
+        ),
+        timeout=180,
+    ),
     "ui-session": Target(
         "orchestrator/interfaces/ui/pages.py",
         (

@@ -42,6 +42,7 @@ from pydantic import (
 
 import retry_config
 from checkpoints import ApprovalGate, CheckpointStore
+from orchestrator.domain import crontab
 from orchestrator.domain.classification import Classifier
 from orchestrator.domain.degradation import Degrader, Fallback, TypeDegradation
 from orchestrator.domain.errors import (
@@ -60,6 +61,7 @@ from orchestrator.domain.job_types import JobType
 from orchestrator.domain.models import DeadLetter, Job, JobEvent, SubmitResult
 from orchestrator.domain.notices import Notifier
 from orchestrator.domain.rollups import Stats, stats, window
+from orchestrator.domain.schedules import Schedule, ScheduleView, define
 from orchestrator.domain.secrets import Secrets
 from orchestrator.domain.states import Status
 from orchestrator.domain.storable import Text, refusal
@@ -75,6 +77,7 @@ from orchestrator.services import maintenance
 from orchestrator.services.approvals import ApprovalDecisions
 from orchestrator.services.fleet import FleetMetrics
 from orchestrator.services.maintenance import Maintenance
+from orchestrator.services.scheduler import Scheduler
 from orchestrator.settings import Settings
 from orchestrator.storage import database
 from orchestrator.storage.database import Pool
@@ -150,6 +153,9 @@ class Orchestrator:
             name: JobType.external(name) for name in self.retry_config.external
         }
         self.classifiers: list[Classifier] = []
+        #: The schedules, by name: the retry config's, the crontab file's, then the code's.
+        self.schedules: dict[str, Schedule] = {}
+        self._schedules_of_config()
         self.secrets = Secrets(self.settings.secrets_dir)
         self.notifier = Notifier(
             submit_row=lambda job_type, payload: self._row(
@@ -182,14 +188,27 @@ class Orchestrator:
         *,
         fallback: Fallback | None = None,
         exhausted_message: str | None = None,
+        cron: str | None = None,
+        tz: str = "UTC",
+        backfill_seconds: int = 0,
+        tenant_id: str | None = None,
     ) -> Callable[[F], F]:
         """Register ``async def fn(ctx, payload) -> result`` as the job type ``name``.
 
         ``fallback(payload) -> content``: what a job of this type that FAILED for good keeps
         (logged and recorded) instead of a human being notified; ``exhausted_message``: what
         ``job.degraded`` and the human notification say when its transient failures spent the
-        retry budget (orchestrator.domain.degradation).
+        retry budget (orchestrator.domain.degradation). ``cron``: the type also runs by itself,
+        at each tick of this expression read in ``tz`` (a schedule named after the type, with
+        no payload, in ``tenant_id``; ``backfill_seconds``: ``schedule``'s). A malformed
+        expression or zone is refused here (ConfigError naming it).
         """
+        schedule = None
+        if cron is not None:
+            schedule = define(
+                name, name, source=f"job type {name!r}", cron=cron, tz=tz,
+                backfill_seconds=backfill_seconds, tenant_id=tenant_id,
+            )  # fmt: skip
 
         def decorate(fn: F) -> F:
             if name in self.retry_config.external:
@@ -199,6 +218,8 @@ class Orchestrator:
                 )
             if name in self.job_types:
                 raise ValueError(f"job type {name!r} is already registered")
+            if schedule is not None:
+                self._add_schedule(schedule)
             self.job_types[name] = JobType.from_function(
                 name, fn, fallback=fallback, exhausted_message=exhausted_message
             )
@@ -216,6 +237,7 @@ class Orchestrator:
         (check_config), and the notification targets are usable (ConfigError naming what is
         wrong)."""
         self.check_config(self.retry_config)
+        self._check_schedules()
         self.notifier.check()
 
     def check_config(self, config: RetryConfig) -> None:
@@ -248,10 +270,11 @@ class Orchestrator:
     def fixed_at_start(scope: str) -> frozenset[str]:
         """The fields of a scope (``[defaults]`` or a job type) that a reload leaves as they
         are, and a restart applies: the queues (the workers' lanes and the external types'
-        queues are chosen at start-up), ``external`` (its job types are declared then), and a
+        queues are chosen at start-up), ``external`` (its job types are declared then),
+        ``schedule`` (the schedules are defined when the application is built), and a
         maintenance service's ``worker_max_attempts`` (the retry strategy of its Procrastinate
         periodic task is fixed when the task is registered)."""
-        fixed = {"queue", "external"}
+        fixed = {"queue", "external", "schedule"}
         if scope in maintenance.NAMES:
             fixed.add("worker_max_attempts")
         return frozenset(fixed)
@@ -279,6 +302,110 @@ class Orchestrator:
     def _degradation_of(self, job_type: str) -> TypeDegradation:
         known = self.job_types.get(job_type)
         return known.degradation if known is not None else TypeDegradation()
+
+    # -- schedules (orchestrator.services.scheduler; docs/job-types.md, "Schedules") -------
+
+    def schedule(self, name: str, job_type: str, *, cron: str, **options: Any) -> Schedule:
+        """Run ``job_type`` at each tick of ``cron``: one ordinary job per tick, once in the
+        fleet, its job key ``schedule/<name>/<tick>``. ``options``: ``tz`` (IANA, default
+        UTC), ``backfill_seconds``, ``payload``, ``tenant_id``, ``priority``, ``queue``,
+        ``max_retries`` (retry_config.ScheduleConfig). A malformed expression or zone, or a
+        name taken, is refused here (ConfigError naming it)."""
+        schedule = define(name, job_type, source="orc.schedule", cron=cron, **options)
+        self._add_schedule(schedule)
+        return schedule
+
+    def _add_schedule(self, schedule: Schedule) -> None:
+        taken = self.schedules.get(schedule.name)
+        if taken is not None:
+            raise ConfigError(
+                f"{schedule.source}: schedule {schedule.name!r} is already defined ({taken.source})"
+            )
+        self.schedules[schedule.name] = schedule
+
+    def _schedules_of_config(self) -> None:
+        """The retry config's schedules (named after their types), then the crontab file's."""
+        config = self.retry_config
+        for name, options in config.schedules.items():
+            source = f"{config.path}: job type {name!r}"
+            self._add_schedule(Schedule(name=name, job_type=name, options=options, source=source))
+        path = self.settings.crontab
+        if path is None:
+            return
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read the crontab: {exc.strerror or exc}") from None
+        for schedule in crontab.parse(text, str(path)):
+            self._add_schedule(schedule)
+
+    def _check_schedules(self) -> None:
+        """Each schedule's run can be submitted: its job type is known, its payload valid."""
+        problems = []
+        for schedule in self.schedules.values():
+            try:
+                self._runs(schedule, [datetime.now(UTC)])
+            except OrchestratorError as exc:
+                problems.append(f"{schedule.source}: schedule {schedule.name!r}: {exc}")
+        if problems:
+            raise ConfigError("\n".join(problems))
+
+    def _runs(self, schedule: Schedule, ticks: list[datetime]) -> list[dict[str, Any]]:
+        """The job rows of ``schedule``'s runs at ``ticks``: each due at its tick."""
+        o = schedule.options
+        return [
+            self._row(
+                _spec(
+                    job_type=schedule.job_type, payload=o.payload, run_at=tick,
+                    priority=o.priority, queue=o.queue, max_retries=o.max_retries,
+                    tenant_id=o.tenant_id, job_key=schedule.job_key(tick),
+                    job_key_mode="unsafe_dedupe",
+                )
+            )
+            for tick in ticks
+        ]  # fmt: skip
+
+    def scheduler(self) -> Scheduler:
+        """The scheduler of this application's schedules (``run()`` until cancelled): every
+        worker and ``serve`` runs one."""
+        return Scheduler(
+            stores=self.stores, schedules=self.schedules, runs=self._runs,
+            grace=self.settings.schedule_grace_seconds,
+            max_sleep=self.settings.schedule_check_seconds,
+        )  # fmt: skip
+
+    async def list_schedules(self, *, tenants: Collection[str] | None = None) -> list[ScheduleView]:
+        """Every schedule, by name, with its last and next run; ``tenants``: only theirs. One
+        this application defines that no process has stored yet is shown as it will start."""
+        _storable(tenants=tenants)
+        views = await self.stores.schedules.list_schedules(tenants=tenants)
+        stored = {view.name for view in views}
+        now = datetime.now(UTC)
+        views += [
+            ScheduleView.defined(schedule, now)
+            for schedule in self.schedules.values()
+            if schedule.name not in stored
+            and (tenants is None or schedule.options.tenant_id in tenants)
+        ]
+        return sorted(views, key=lambda view: view.name)
+
+    async def pause_schedule(
+        self, name: str, *, by: str, tenants: Collection[str] | None = None
+    ) -> ScheduleView:
+        """Hold ``name``: no tick of it runs until it is resumed (ScheduleNotFound for one
+        unknown, or not of ``tenants``)."""
+        _storable(name=name, by=by, tenants=tenants)
+        await self.stores.schedules.sync(self.schedules.values())
+        return await self.stores.schedules.pause(name, by=by, tenants=tenants)
+
+    async def resume_schedule(
+        self, name: str, *, tenants: Collection[str] | None = None
+    ) -> ScheduleView:
+        """Let ``name`` run again from its next tick: the ticks it missed while paused never
+        run."""
+        _storable(name=name, tenants=tenants)
+        await self.stores.schedules.sync(self.schedules.values())
+        return await self.stores.schedules.resume(name, tenants=tenants)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -677,10 +804,13 @@ class Orchestrator:
             config_reload=self.config_reload(),
         )
         self.workers.append(worker)
+        scheduling = asyncio.create_task(self.scheduler().run(), name="schedules")
         try:
             await worker.run(install_signal_handlers=install_signal_handlers)
         finally:
             self.workers.remove(worker)
+            scheduling.cancel()
+            await asyncio.gather(scheduling, return_exceptions=True)
 
     async def run_exporter(self, *, port: int | None = None) -> None:
         """Serve the fleet's metrics (orchestrator.services.fleet) on ``port`` (the

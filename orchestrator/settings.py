@@ -244,6 +244,28 @@ class Settings(BaseSettings):
         30.0, gt=0, description="A Procrastinate worker silent this long is considered dead."
     )
 
+    # -- schedules (orchestrator.services.scheduler; docs/job-types.md, "Schedules") --
+    crontab: Path | None = Field(
+        None,
+        description="A crontab file in Graphile Worker's format whose lines are schedules"
+        " (docs/job-types.md); unset: none.",
+    )
+    schedule_grace_seconds: float = Field(
+        60.0,
+        ge=0,
+        le=86_400,
+        description="A tick missed by at most this long still runs, whatever the schedule's"
+        " backfill (a process woken late, a restart); older ones run only within the"
+        " schedule's backfill window.",
+    )
+    schedule_check_seconds: float = Field(
+        60.0,
+        gt=0,
+        le=3_600,
+        description="A scheduler sleeps until its next tick, and at most this long: how soon"
+        " a pause, a resume or a definition changed elsewhere is seen.",
+    )
+
     @field_validator(
         "safety_net_cron", "sweep_cron", "approvals_cron", "prune_cron", "retention_cron",
         "rollup_cron",

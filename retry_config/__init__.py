@@ -23,6 +23,7 @@ from retry_config.models import (
     JobRetryConfig,
     NoJitter,
     ProportionalJitter,
+    ScheduleConfig,
 )
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "NoJitter",
     "ProportionalJitter",
     "RetryConfig",
+    "ScheduleConfig",
     "built_in_types",
     "describe",
     "diff",

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from retry_config.models import JobRetryConfig
+from retry_config.models import JobRetryConfig, ScheduleConfig
 
 DEFAULT_PATH = Path(__file__).with_name("default.toml")
 _TOP_LEVEL = {"defaults", "job_types"}
@@ -57,6 +57,11 @@ class RetryConfig:
 
     def queue_of(self, job_type: str) -> str:
         return self.for_type(job_type).queue or job_type
+
+    @property
+    def schedules(self) -> dict[str, ScheduleConfig]:
+        """The schedules this file declares (``[job_types.<name>.schedule]``), by job type."""
+        return {name: c.schedule for name, c in self.job_types.items() if c.schedule is not None}
 
     @property
     def external(self) -> dict[str, str]:
@@ -129,10 +134,11 @@ def parse(raw: Mapping[str, Any], path: Path, *, version: str = "") -> RetryConf
     types_raw = _table(raw.get("job_types", {}), path, "[job_types]")
 
     problems: list[str] = []
-    if "external" in defaults_raw:
-        problems.append(
-            f"{path}: defaults: field 'external': set it per job type ([job_types.<name>])"
-        )
+    for per_type in ("external", "schedule"):
+        if per_type in defaults_raw:
+            problems.append(
+                f"{path}: defaults: field {per_type!r}: set it per job type ([job_types.<name>])"
+            )
     defaults = _validate(defaults_raw, path, "defaults", problems)
     job_types: dict[str, JobRetryConfig] = {}
     for name, entry in types_raw.items():

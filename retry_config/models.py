@@ -7,8 +7,11 @@ not a silently ignored setting.
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
+from zoneinfo import ZoneInfo
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from retry_config.schedule import CRON_FORMS, check_cron, zone
 
 #: No single step should take more than 10 minutes.
 DEFAULT_STEP_TIMEOUT_SECONDS = 600
@@ -80,6 +83,45 @@ class BackoffConfig(_Frozen):
         return self
 
 
+class ScheduleConfig(_Frozen):
+    """One schedule's options. Each tick submits one ordinary job of the schedule's type."""
+
+    cron: str = Field(description=f"When it fires: {CRON_FORMS}.")
+    tz: str = Field("UTC", description="The IANA time zone the expression is read in.")
+    backfill_seconds: int = Field(
+        0,
+        ge=0,
+        le=MAX_VALUE,
+        description="After downtime, the ticks missed within this many seconds still run "
+        "(Graphile Worker's backfillPeriod); older ones are skipped. 0: none beyond the "
+        "scheduler's grace (ORCHESTRATOR_SCHEDULE_GRACE_SECONDS).",
+    )
+    payload: Any = Field(None, description="Every run's payload.")
+    tenant_id: str | None = Field(
+        None, min_length=1, max_length=200, description="The tenant every run belongs to."
+    )
+    priority: int = Field(0, ge=-(2**31) + 1, le=2**31 - 1, description="Lower runs first.")
+    queue: str | None = Field(None, min_length=1, max_length=128, description="The type's own.")
+    max_retries: int | None = Field(
+        None, ge=0, le=MAX_VALUE, description="Application retries; unset: the type's."
+    )
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        return check_cron(value)
+
+    @field_validator("tz")
+    @classmethod
+    def _tz(cls, value: str) -> str:
+        zone(value)
+        return value
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return zone(self.tz)
+
+
 class JobRetryConfig(_Frozen):
     """Everything that governs retries and timeouts of one job type."""
 
@@ -147,6 +189,11 @@ class JobRetryConfig(_Frozen):
         description="Run by external workers over the HTTP API (task-claim, heartbeat, "
         "task-complete; docs/api.md), in any language; in-process workers never take its "
         "queue. Set per job type, not in [defaults].",
+    )
+    schedule: ScheduleConfig | None = Field(
+        None,
+        description="Run this type by itself on a cron schedule (docs/job-types.md, "
+        '"Schedules"): a schedule named after the type. Set per job type, not in [defaults].',
     )
 
     @model_validator(mode="after")

@@ -29,7 +29,8 @@ Where each part of the code is tested:
                               test_classification;
                               events and failures: test_events, test_failures, test_runtime;
                               degradation: test_degradation; principals (names, persons,
-                              the two-person rule across the upgrade): test_principals
+                              the two-person rule across the upgrade): test_principals;
+                              schedules' ticks, crontab files: test_schedule_ticks
     orchestrator/storage      submit and job keys: test_submit; tenants, end to end:
                               test_tenants; migrations: test_migrate; a rolling
                               deploy beside the previous release: test_rollout;
@@ -47,6 +48,8 @@ Where each part of the code is tested:
                               in process and external): test_lease_contract; retry config
                               reloads (worker and serve processes), config diff:
                               test_config_reload
+    schedules                 firing once per tick (three worker processes), backfill, pause,
+                              listings, tenants, refusals: test_schedules
     orchestrator/services     sweep: test_liveness, test_timeouts; safety net, dead letters:
                               test_runtime; approvals and checkpoint retention:
                               test_approvals; retention of finished jobs, the archive and
@@ -99,7 +102,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TABLES = (
     "orc_job_events, orc_dead_letters, orc_jobs, procrastinate_events, "
     "procrastinate_periodic_defers, procrastinate_jobs, procrastinate_workers, orc_api_tokens, "
-    "orc_event_listeners, orc_job_rollups, orc_queue_depth"
+    "orc_event_listeners, orc_job_rollups, orc_queue_depth, orc_schedules"
 )
 
 

@@ -58,12 +58,13 @@ FAR = "2099-01-01T00:00:00Z"
 
 #: What a path parameter names, by its name; an unknown name fails the table (give it objects).
 OBJECTS = {"job_id": "job", "dead_letter_id": "dead letter", "letter_id": "dead letter",
-           "approval_id": "approval"}  # fmt: skip
+           "approval_id": "approval", "schedule_name": "schedule"}  # fmt: skip
 NOT_FOUND = {"job": "JOB_NOT_FOUND", "dead letter": "DEAD_LETTER_NOT_FOUND",
-             "approval": "APPROVAL_NOT_FOUND"}  # fmt: skip
+             "approval": "APPROVAL_NOT_FOUND", "schedule": "SCHEDULE_NOT_FOUND"}  # fmt: skip
 #: The dashboard's forms naming their action in the path take the API's verbs (from its document).
 VERBS = {"action": "/api/v1/dead-letters/{dead_letter_id}/",
-         "decision": "/api/v1/approvals/{approval_id}/"}  # fmt: skip
+         "decision": "/api/v1/approvals/{approval_id}/",
+         "steer": "/api/v1/schedules/{schedule_name}/"}  # fmt: skip
 #: The dashboard's sign-in, the one part of it open to anyone.
 SIGN_IN = {("GET", "/ui/login"), ("POST", "/ui/login")}
 STRENGTH = [Scope.READ, Scope.SUBMIT, Scope.OPERATE, Scope.WORKER, Scope.ADMIN]
@@ -237,7 +238,8 @@ def test_the_rule_refuses_what_each_credential_lacks_and_allows_the_rest() -> No
 
 #: Read back after each refused request: none of them may change.
 STATE = ("orc_jobs", "orc_job_events", "orc_dead_letters", "orc_approvals", "orc_checkpoints",
-         "orc_side_effects", "orc_api_tokens", "orc_ui_sessions", "procrastinate_jobs")  # fmt: skip
+         "orc_side_effects", "orc_api_tokens", "orc_ui_sessions", "procrastinate_jobs",
+         "orc_schedules")  # fmt: skip
 SNAPSHOT = " UNION ALL ".join(
     f"SELECT '{table}', md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) "
     f"FROM {table} AS t"
@@ -260,7 +262,7 @@ class World:
     orc: Orchestrator
     callers: list[Caller]
     #: tenant -> kind -> its objects' ids
-    objects: dict[str, dict[str, list[UUID]]]
+    objects: dict[str, dict[str, list[Any]]]
     #: tenant -> the running external job's lease
     leases: dict[str, dict[str, Any]]
     verbs: dict[str, list[str]]
@@ -326,7 +328,7 @@ async def _world(orc: Orchestrator, server: ApiServer, db: psycopg.Connection[An
 
     setup = await token(tokens, "authz-setup", Scope.ADMIN)
     own = {t: await token(tokens, f"authz-{t}", Scope.ADMIN, tenants=[t]) for t in (MINE, THEIRS)}
-    objects: dict[str, dict[str, list[UUID]]] = {}
+    objects: dict[str, dict[str, list[Any]]] = {}
     for tenant in (MINE, THEIRS):
         submitted = await http.post(
             "/api/v1/jobs",
@@ -370,6 +372,7 @@ async def _world(orc: Orchestrator, server: ApiServer, db: psycopg.Connection[An
         objects[tenant]["dead letter"] = [letter.id for letter in letters]
         approvals = await orc.approvals(tenants=[tenant])
         objects[tenant]["approval"] = [UUID(str(a["id"])) for a in approvals]
+        objects[tenant]["schedule"] = [api_app.SCHEDULES[tenant]]  # stored by the server
         assert len(approvals) == 1 and await orc.job_steps(objects[tenant]["job"][1])
 
     # a worker token limited to a tenant, as a database written before the CLI refused it has

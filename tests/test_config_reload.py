@@ -133,11 +133,13 @@ def test_fields_fixed_at_start_up_are_held_and_named(make_orc: Callable[..., Orc
     new = parsed(
         "[defaults]\nworker_max_attempts = 7\n"
         "[job_types.http_request]\nqueue = 'other'\napp_max_retries = 9\n"
+        "[job_types.http_request.schedule]\ncron = '0 7 * * *'\n"
         "[job_types.sweep_zombies]\nworker_max_attempts = 5\n"
     )
     held, fixed = orc.hold_fixed(new, running)
+    assert held.for_type("http_request").schedule is None  # schedules: at the next start
     assert fixed == {
-        "http_request": ["queue"],
+        "http_request": ["queue", "schedule"],
         "sweep_zombies": ["worker_max_attempts"],
         # not named in either file: inherits [defaults]' 7, held at its start-up 3
         "retry_safety_net": ["worker_max_attempts"],

@@ -144,7 +144,7 @@ async def test_every_page_works_under_a_strict_content_security_policy(
     async with page.expect_response(lambda r: "/ui/fragments/overview" in r.url):
         pass  # the page's own script is live: its event stream says "changed", it re-reads
     for path in ("/ui", "/ui/jobs", f"/ui/jobs/{job_id}", "/ui/dead-letters", "/ui/approvals",
-                 "/ui/config"):  # fmt: skip
+                 "/ui/schedules", "/ui/config"):  # fmt: skip
         shown = await page.goto(f"{server.url}{path}")
         assert shown is not None and shown.ok
         assert_secured(await shown.all_headers())
@@ -369,6 +369,54 @@ async def test_a_tenant_s_token_never_sees_another_tenant_s_jobs(
     overview = await page.goto(f"{server.url}/ui")
     assert overview is not None and overview.ok
     assert await page.locator("[data-count='PENDING']").inner_text() == "1"
+    await page.context.close()
+
+
+async def test_schedules_show_their_next_and_last_run_and_pause_and_resume(
+    orc: Orchestrator, server: ApiServer, browser: Any, db: Any
+) -> None:
+    """The schedules page: each schedule's next run (counting down) and last run (its job);
+    an operator pauses one (with a confirmation) and resumes it; a tenant's token sees only its
+    tenant's schedules."""
+    orc.schedule("digest", "scripted", cron="0 7 * * *", tz="Europe/Paris",
+                 payload={"script": ["ok"]})  # fmt: skip
+    orc.schedule("minutely", "scripted", cron="* * * * *", backfill_seconds=120,
+                 payload={"script": ["ok"]}, tenant_id="a")  # fmt: skip
+    await orc.stores.schedules.sync(orc.schedules.values())
+    await db.execute("UPDATE orc_schedules SET fire_after = now() - interval '10 minutes'")
+    assert (await orc.scheduler().run_once()).fired >= 2  # the minutely's last two minutes
+    [last] = [v.last_job_id for v in await orc.list_schedules() if v.name == "minutely"]
+    page = await signed_in(browser, server, await token(orc.stores.tokens, "scheduler"))
+    page.on("dialog", accept)
+    await page.goto(f"{server.url}/ui/schedules")
+    digest, minutely = (
+        page.locator("tr[data-schedule='digest']"),
+        page.locator("tr[data-schedule='minutely']"),
+    )
+    assert "0 7 * * * (Europe/Paris)" in await digest.inner_text()
+    assert "never run" in await digest.locator(".last").inner_text()
+    assert re.search(r"in \d", await digest.locator(".next").inner_text())  # its countdown
+    assert await minutely.locator(".last a").get_attribute("href") == f"/ui/jobs/{last}"
+    await shot(page, "schedules")
+    await minutely.get_by_role("button", name="Pause").click()
+    await page.get_by_role("status").filter(has_text="minutely paused").wait_for()
+    assert await minutely.get_attribute("data-paused") == "yes"
+    assert "paused by token:scheduler" in await minutely.locator(".next").inner_text()
+    [view] = [v for v in await orc.list_schedules() if v.name == "minutely"]
+    assert view.paused and view.paused_by == "token:scheduler"
+    await minutely.get_by_role("button", name="Resume").click()
+    await page.get_by_role("status").filter(has_text="minutely resumed").wait_for()
+    assert await minutely.get_attribute("data-paused") == "no"
+    await page.context.close()
+    page = await signed_in(
+        browser, server, await token(orc.stores.tokens, "tenant-a", Scope.READ, tenants=["a"])
+    )
+    await page.goto(f"{server.url}/ui/schedules")
+    names = await page.locator("tr[data-schedule]").evaluate_all(
+        "rows => rows.map(r => r.dataset.schedule)"
+    )
+    assert names == ["minutely"]  # not the schedule without a tenant
+    assert await page.get_by_role("button", name="Pause").count() == 0  # read only
     await page.context.close()
 
 

@@ -14,6 +14,7 @@ OrchestratorError                  base; every subclass carries a stable ``code`
 ├── InvalidTransition              WF_STATE_TRANSITION_INVALID; nothing was changed
 ├── StaleLease                     a write from an attempt whose lease was superseded
 ├── DeadLetterError                a dead-letter action that does not apply
+├── ScheduleNotFound               no schedule of that name (or not of the caller's tenants)
 ├── MigrationError
 ├── SchemaOutdated                 the database is not migrated to this version
 ├── SchemaTooNew                   ... or migrated past it, incompatibly with this version
@@ -128,6 +129,14 @@ class ApprovalNotFound(ApprovalError):
 
     def __init__(self, approval_id: object) -> None:
         super().__init__(f"no approval with id {approval_id}")
+
+
+class ScheduleNotFound(OrchestratorError):
+    code = "SCHEDULE_NOT_FOUND"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"no schedule named {name!r}")
 
 
 class MigrationError(OrchestratorError):

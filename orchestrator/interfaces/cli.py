@@ -316,6 +316,23 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--reason", default="", required=action == "reject", help="why")
         cmd.set_defaults(handler=cmd_approvals_decide, action=action)
 
+    schedules = commands.add_parser(
+        "schedules", help="the schedules: list them (next and last run), pause or resume one"
+    )
+    schedules.set_defaults(handler=cmd_schedules_list)
+    actions = schedules.add_subparsers(dest="schedules_command", metavar="ACTION")
+    cmd = actions.add_parser("list", help="every schedule with its next and last run (default)")
+    cmd.set_defaults(handler=cmd_schedules_list)
+    for action in ("pause", "resume"):
+        cmd = actions.add_parser(
+            action, help="hold a schedule: none of its ticks runs" if action == "pause" else
+            "let a paused schedule run again from its next tick",
+        )  # fmt: skip
+        cmd.add_argument("name")
+        if action == "pause":
+            cmd.add_argument("--by", default=os.environ.get("USER", "cli"), help="who holds it")
+        cmd.set_defaults(handler=cmd_schedules_steer, action=action)
+
     cmd = commands.add_parser("demo", help="run the demo scenario, in a database of its own")
     cmd.add_argument(
         "--real-llm",
@@ -795,6 +812,30 @@ def cmd_approvals_decide(args: argparse.Namespace) -> int:
         else:
             await orc.reject(args.approval_id, by=cli_actor(args.by), reason=args.reason)
         print(f"{args.action}d {args.approval_id} (by {args.by})")
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_schedules_list(args: argparse.Namespace) -> int:
+    async def body(orc: Orchestrator) -> int:
+        views = await orc.list_schedules()
+        for view in views:
+            print(render.schedule_line(view))
+        if not views:
+            _nothing("no schedules")
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_schedules_steer(args: argparse.Namespace) -> int:
+    async def body(orc: Orchestrator) -> int:
+        if args.action == "pause":
+            view = await orc.pause_schedule(args.name, by=cli_actor(args.by))
+        else:
+            view = await orc.resume_schedule(args.name)
+        print(render.schedule_line(view))
         return 0
 
     return _run(args, body)

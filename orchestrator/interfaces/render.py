@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 from orchestrator.domain.models import DeadLetter, Job, JobEvent
 from orchestrator.domain.rollups import Stats
+from orchestrator.domain.schedules import ScheduleView
 from orchestrator.domain.states import Status
 from orchestrator.services.retention import RetentionResult
 from orchestrator.storage.rows import ApprovalRecord, StepRecord
@@ -94,6 +95,20 @@ def approval_line(a: ApprovalRecord) -> str:
         f"{a['id']}  job {a['job_id']}  step {a['step']}  {a['status']:<9} "
         f"expires {a['expires_at']:%Y-%m-%d %H:%M:%S}  {a['question']}{decided}"
     )
+
+
+def schedule_line(s: ScheduleView) -> str:
+    """A schedule: its name, type, expression and zone, its next run (or who paused it), its
+    last run and that run's job."""
+    when = f"{s.cron} ({s.tz})"
+    state = f"paused by {s.paused_by}" if s.paused else f"next {_utc(s.next_tick)}"
+    last = f"last {_utc(s.last_tick)} job {s.last_job_id}" if s.last_tick else "never run"
+    tenant = f"  tenant {s.tenant_id}" if s.tenant_id is not None else ""
+    return f"{s.name:<24} {s.job_type:<20} {when:<32} {state}  {last}{tenant}"
+
+
+def _utc(when: datetime | None) -> str:
+    return "-" if when is None else f"{when.astimezone(UTC):%Y-%m-%d %H:%M:%S}Z"
 
 
 def event_detail(event: JobEvent) -> str:

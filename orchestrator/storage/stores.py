@@ -17,6 +17,7 @@ from orchestrator.storage.liveness import LivenessStore
 from orchestrator.storage.retention import RetentionStore
 from orchestrator.storage.rollups import RollupStore
 from orchestrator.storage.runner import OnRefused, Queries
+from orchestrator.storage.schedules import ScheduleStore
 from orchestrator.storage.sessions import SessionStore
 from orchestrator.storage.tokens import TokenStore
 
@@ -37,6 +38,7 @@ class Stores:
     config_versions: ConfigVersionStore
     retention: RetentionStore
     rollups: RollupStore
+    schedules: ScheduleStore
 
     @classmethod
     def on(cls, pool: Pool, *, on_refused: OnRefused | None = None) -> Stores:
@@ -59,4 +61,5 @@ class Stores:
             config_versions=ConfigVersionStore(queries),
             retention=RetentionStore(queries),
             rollups=RollupStore(queries),
+            schedules=ScheduleStore(queries),
         )

@@ -1,7 +1,8 @@
 """The application ``orchestrator serve`` runs in the API tests: the scripted job types
 (tests/support/scripted.py), the agent job (approvals, steps), and ``external_echo``, an
 external job type that the Node.js worker (tests/support/external_worker.js) runs over the API.
-Settings come from the environment; its retry config is CONFIG."""
+Settings come from the environment; its retry config is CONFIG. Each of the authorization
+table's tenants has a schedule (SCHEDULES) that fires only on the first of January."""
 
 from __future__ import annotations
 
@@ -21,3 +22,8 @@ CONFIG = config_with(scripted.TABLE, agent_app.TABLE, TABLE)
 orc = Orchestrator(retry_config_path=CONFIG)
 scripted.register(orc)
 agent_app.register(orc)
+
+#: tenant -> its schedule's name (tests/test_authorization.py acts on them).
+SCHEDULES = {tenant: f"nightly-{tenant}" for tenant in ("tenant-a", "tenant-b")}
+for tenant, name in SCHEDULES.items():
+    orc.schedule(name, "scripted", cron="0 0 1 1 *", payload={"script": ["ok"]}, tenant_id=tenant)

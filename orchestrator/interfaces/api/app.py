@@ -25,7 +25,15 @@ from starlette.staticfiles import StaticFiles
 
 from orchestrator.app import Orchestrator
 from orchestrator.domain.principals import Principal, Scope
-from orchestrator.interfaces.api import jobs, operations, parameters, problems, stats, workers
+from orchestrator.interfaces.api import (
+    jobs,
+    operations,
+    parameters,
+    problems,
+    schedules,
+    stats,
+    workers,
+)
 from orchestrator.interfaces.api.auth import Authenticator, authenticate
 from orchestrator.interfaces.api.watch import EventWatch
 from orchestrator.interfaces.ui import pages
@@ -65,6 +73,7 @@ def create_app(orc: Orchestrator) -> FastAPI:
         background = [
             asyncio.create_task(app.state.watch.run(), name="event watch"),
             asyncio.create_task(app.state.external.run(), name="external workers"),
+            asyncio.create_task(orc.scheduler().run(), name="schedules"),
         ]
         reload = orc.config_reload()
         if reload is not None:  # what the API submits and reports follows the file's edits
@@ -96,7 +105,7 @@ def create_app(orc: Orchestrator) -> FastAPI:
     app.state.overview = pages.OverviewCache(pages.OVERVIEW_SECONDS)
     for kind, handler in problems.HANDLERS:
         app.add_exception_handler(kind, handler)
-    for router in (jobs.router, operations.router, stats.router):
+    for router in (jobs.router, operations.router, stats.router, schedules.router):
         app.include_router(router, responses=problems.ERRORS)
     app.include_router(workers.router)  # declares its own answers (no 404 for a report)
     app.include_router(pages.router)

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from orchestrator.app import JobSpec
 from orchestrator.domain.models import DeadLetter, Job, JobEvent, QueueStats
 from orchestrator.domain.policy import Budget, max_attempts
+from orchestrator.domain.schedules import ScheduleView
 from orchestrator.domain.storable import Text
 from orchestrator.runtime.external import ExternalTask
 from orchestrator.storage.rows import ApprovalRecord, StepRecord
@@ -80,6 +81,10 @@ class Requeued(BaseModel):
 
 class Approvals(BaseModel):
     approvals: list[ApprovalRecord]
+
+
+class Schedules(BaseModel):
+    schedules: list[ScheduleView]
 
 
 class Queues(BaseModel):

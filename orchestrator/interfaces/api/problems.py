@@ -41,6 +41,7 @@ STATUS: tuple[tuple[type[Exception], int], ...] = (
     (errors.JobNotFound, 404),
     (errors.DeadLetterNotFound, 404),
     (errors.ApprovalNotFound, 404),
+    (errors.ScheduleNotFound, 404),
     (errors.InvalidTransition, 409),
     (errors.StaleLease, 409),
     (errors.DeadLetterError, 409),

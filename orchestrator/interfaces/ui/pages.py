@@ -34,6 +34,7 @@ from orchestrator.domain.errors import (
     DeadLetterNotFound,
     JobNotFound,
     OrchestratorError,
+    ScheduleNotFound,
 )
 from orchestrator.domain.principals import Scope, Unauthorized
 from orchestrator.domain.states import Status
@@ -503,6 +504,39 @@ async def decide(
             "/ui/approvals", "rejected", orc.reject(approval_id, by=actor, reason=reason)
         )
     return _back("/ui/approvals", error=f"no such decision: {decision[:40]!r}")
+
+
+# -- schedules --------------------------------------------------------------------------------
+
+
+async def _schedules(orc: Orchestrator, session: Session) -> dict[str, Any]:
+    return {"schedules": await orc.list_schedules(tenants=session.principal.tenants)}
+
+
+@router.get("/schedules")
+async def schedules_page(request: Request, orc: Orc, session: Viewer) -> HTMLResponse:
+    return _page(request, "schedules.html", session, **await _schedules(orc, session))
+
+
+@router.get("/fragments/schedules")
+async def schedules_fragment(request: Request, orc: Orc, session: Viewer) -> HTMLResponse:
+    return _page(request, "_schedules.html", session, **await _schedules(orc, session))
+
+
+@router.post("/schedules/{schedule_name}/{steer}")
+async def steer_schedule(orc: Orc, session: Acting, schedule_name: str, steer: str) -> Response:
+    """Pause or resume; a schedule the session's tenants do not hold is not found (404)."""
+    tenants = session.principal.tenants
+    if schedule_name not in {s.name for s in await orc.list_schedules(tenants=tenants)}:
+        raise ScheduleNotFound(schedule_name)
+    match steer:
+        case "pause":
+            action = orc.pause_schedule(schedule_name, by=session.principal.actor, tenants=tenants)
+            return await _acted("/ui/schedules", f"{schedule_name} paused", action)
+        case "resume":
+            action = orc.resume_schedule(schedule_name, tenants=tenants)
+            return await _acted("/ui/schedules", f"{schedule_name} resumed", action)
+    return _back("/ui/schedules", error=f"no such action: {steer[:40]!r}")
 
 
 # -- the retry config -------------------------------------------------------------------------

@@ -1,0 +1,84 @@
+"""The schedules' rows (migration 0027): their definitions as the processes hold them, where
+each stands (its last fired tick), and whether an operator paused it."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from psycopg.types.json import Jsonb
+from pydantic import BaseModel, ConfigDict
+
+from orchestrator.domain.errors import ScheduleNotFound
+from orchestrator.domain.schedules import Schedule, ScheduleView
+from orchestrator.storage.database import Conn
+from orchestrator.storage.runner import Queries
+
+
+class ScheduleState(BaseModel):
+    """Where a schedule stands, for its scheduler: ticks after ``fire_after`` are due."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    name: str
+    fire_after: datetime
+    paused: bool
+    now: datetime
+
+
+class ScheduleStore:
+    def __init__(self, queries: Queries) -> None:
+        self.queries = queries
+
+    async def sync(self, schedules: Iterable[Schedule]) -> None:
+        """Write these definitions where new or changed (a new one is due from now on)."""
+        rows = [
+            {
+                "name": s.name, "job_type": s.job_type, "cron": s.options.cron,
+                "tz": s.options.tz, "tenant_id": s.options.tenant_id,
+                "backfill_seconds": s.options.backfill_seconds,
+            }
+            for s in schedules
+        ]  # fmt: skip
+        if rows:
+            await self.queries.execute("sync_schedules", {"schedules": Jsonb(rows)})
+
+    async def states(self, names: Collection[str]) -> list[ScheduleState]:
+        """Where each of these schedules stands, read in one statement."""
+        rows = await self.queries.rows("schedules_to_fire", {"names": list(names)})
+        return [ScheduleState.model_validate(row) for row in rows]
+
+    async def fire(
+        self, name: str, *, seen: datetime, tick: datetime, job_id: UUID, conn: Conn
+    ) -> bool:
+        """Move ``name`` past ``tick`` if it still stands at ``seen`` and is not paused (in
+        ``conn``'s transaction, with the runs' submit): whether this process fires it."""
+        params = {"name": name, "seen": seen, "tick": tick, "job_id": job_id}
+        return await self.queries.row("fire_schedule", params, conn) is not None
+
+    async def list_schedules(self, *, tenants: Collection[str] | None = None) -> list[ScheduleView]:
+        rows = await self.queries.rows("list_schedules", {"tenants": _list(tenants)})
+        return [ScheduleView.of(row) for row in rows]
+
+    async def pause(
+        self, name: str, *, by: str, tenants: Collection[str] | None = None
+    ) -> ScheduleView:
+        return await self._set("pause_schedule", name, {"by": by}, tenants)
+
+    async def resume(self, name: str, *, tenants: Collection[str] | None = None) -> ScheduleView:
+        return await self._set("resume_schedule", name, {}, tenants)
+
+    async def _set(
+        self, query: Any, name: str, params: dict[str, Any], tenants: Collection[str] | None
+    ) -> ScheduleView:
+        """ScheduleNotFound for a schedule not stored, or not of ``tenants``."""
+        row = await self.queries.row(query, {"name": name, "tenants": _list(tenants), **params})
+        if row is None:
+            raise ScheduleNotFound(name)
+        return ScheduleView.of(row)
+
+
+def _list(tenants: Collection[str] | None) -> list[str] | None:
+    return None if tenants is None else list(tenants)
