@@ -1152,7 +1152,6 @@ SELECT at,
    AND (%(tenants)s::text[] IS NULL OR tenant = ANY (%(tenants)s))
  GROUP BY 1, 2, 3
  ORDER BY 2, 3, 1
-=======
 -- == Schedules (orchestrator.services.scheduler; migration 0027) ================================
 
 -- sync_schedules --
