@@ -85,6 +85,7 @@ class Sample:
     seconds: float
     jobs_per_second: float
     tables: dict[str, dict[str, int]]
+    indexes: dict[str, int]
 
     @property
     def total_bytes(self) -> int:
@@ -102,6 +103,18 @@ async def tables(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> dict[str,
     ).fetchall()
     keys = ("table_bytes", "index_bytes", "live", "dead", "autovacuums", "autoanalyzes")
     return {str(r[0]): dict(zip(keys, (int(v) for v in r[1:]), strict=True)) for r in rows}
+
+
+async def indexes(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> dict[str, int]:
+    """Each index's size: which of them, if any, keeps growing once retention deletes."""
+    rows = await (
+        await conn.execute(
+            "SELECT indexrelname, pg_relation_size(indexrelid) FROM pg_stat_user_indexes "
+            "WHERE relname = ANY(%s) ORDER BY relname, indexrelname",
+            [list(TABLES)],
+        )
+    ).fetchall()
+    return {str(r[0]): int(r[1]) for r in rows if int(r[1]) > 1_000_000}
 
 
 async def unfinished(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> int:
@@ -142,7 +155,7 @@ async def feed(dsn: str, args: argparse.Namespace) -> list[Sample]:
             if submitted - live >= step * (len(samples) + 1):
                 now = time.perf_counter()
                 sample = Sample(len(samples) + 1, now - started, step / (now - last),
-                                await tables(conn))  # fmt: skip
+                                await tables(conn), await indexes(conn))  # fmt: skip
                 samples.append(sample)
                 last = now
                 print(json.dumps({"decile": sample.decile,
@@ -182,6 +195,10 @@ def report(samples: list[Sample], args: argparse.Namespace) -> None:
                 cells.append(f"{x['table_bytes'] / 1e6:.1f}/{x['index_bytes'] / 1e6:.1f}/"
                              f"{x['live']}/{x['dead']}/{x['autovacuums']}")  # fmt: skip
         print(f"  {name}: " + "  ".join(cells))
+    print("\nper index over 1 MB at each decile (MB):")
+    for name in samples[-1].indexes:
+        sizes = (f"{s.indexes[name] / 1e6:.1f}" if name in s.indexes else "-" for s in samples)
+        print(f"  {name}: " + " ".join(sizes))
     ratio = samples[-1].jobs_per_second / samples[0].jobs_per_second
     growth = samples[-1].total_bytes / samples[4].total_bytes
     print(f"\nthroughput last ÷ first decile: {ratio:.2f} (goal ≥ 0.9): "
