@@ -56,6 +56,7 @@ from orchestrator.domain.errors import (
     UnknownJobType,
 )
 from orchestrator.domain.failures import Failures
+from orchestrator.domain.flow import Flow, FlowKeyError, flow_of
 from orchestrator.domain.ids import uuid7
 from orchestrator.domain.job_types import JobType
 from orchestrator.domain.models import DeadLetter, Job, JobEvent, SubmitResult
@@ -84,7 +85,7 @@ from orchestrator.storage.database import Pool
 from orchestrator.storage.migrate import MigrationReport, migrate
 from orchestrator.storage.rows import ApprovalRecord, StepRecord
 from orchestrator.storage.stores import Stores
-from retry_config import MAX_VALUE, LiveConfig, RetryConfig
+from retry_config import MAX_VALUE, FlowLimit, LiveConfig, RetryConfig
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -123,6 +124,9 @@ class JobSpec(BaseModel):
     tenant_id: Text | None = Field(None, min_length=1, max_length=200)
     #: The W3C trace context the job continues: its trace id becomes the job's trace_id.
     traceparent: Traceparent | None = None
+    #: What the job costs in its limit's units (e.g. tokens; docs/flow-control.md); unset: its
+    #: type's estimate, or 1.
+    cost: int | None = Field(None, ge=0, le=MAX_VALUE)
 
     @model_validator(mode="after")
     def _one_trace(self) -> JobSpec:
@@ -192,6 +196,7 @@ class Orchestrator:
         tz: str = "UTC",
         backfill_seconds: int = 0,
         tenant_id: str | None = None,
+        cost: Callable[[Any], int] | None = None,
     ) -> Callable[[F], F]:
         """Register ``async def fn(ctx, payload) -> result`` as the job type ``name``.
 
@@ -201,7 +206,9 @@ class Orchestrator:
         retry budget (orchestrator.domain.degradation). ``cron``: the type also runs by itself,
         at each tick of this expression read in ``tz`` (a schedule named after the type, with
         no payload, in ``tenant_id``; ``backfill_seconds``: ``schedule``'s). A malformed
-        expression or zone is refused here (ConfigError naming it).
+        expression or zone is refused here (ConfigError naming it). ``cost(payload) -> int``:
+        a job's estimated cost in its limit's units, given its typed payload, when the submit
+        declares none (docs/flow-control.md).
         """
         schedule = None
         if cron is not None:
@@ -221,7 +228,7 @@ class Orchestrator:
             if schedule is not None:
                 self._add_schedule(schedule)
             self.job_types[name] = JobType.from_function(
-                name, fn, fallback=fallback, exhausted_message=exhausted_message
+                name, fn, fallback=fallback, exhausted_message=exhausted_message, cost=cost
             )
             return fn
 
@@ -502,19 +509,20 @@ class Orchestrator:
         trace_id: str | None = None,
         tenant_id: str | None = None,
         traceparent: str | None = None,
+        cost: int | None = None,
         connection: psycopg.AsyncConnection[Any] | None = None,
     ) -> UUID:
         """Submit one job and return its id. With ``connection``, the job is written inside
         that connection's open transaction and disappears if it rolls back. A submit the
         database rolls back in a conflict (a deadlock) is run again; inside ``connection``'s
         transaction it cannot be, and raises TransactionConflict: run the transaction again.
-        ``traceparent`` (W3C): the trace the job continues (docs/operations.md, "Traces")."""
+        ``traceparent`` (W3C): the trace the job continues (docs/operations.md, "Traces").
+        ``cost``: what it costs in its limit's units (docs/flow-control.md)."""
         spec = _spec(
             job_type=job_type, payload=payload, agent_id=agent_id, run_at=run_at,
             priority=priority, queue=queue, max_retries=max_retries, job_key=job_key,
             job_key_mode=job_key_mode, timeout_seconds=timeout_seconds, trace_id=trace_id,
-            tenant_id=tenant_id,
-            traceparent=traceparent,
+            tenant_id=tenant_id, traceparent=traceparent, cost=cost,
         )  # fmt: skip
         (job_id,) = await self.submit_many([spec], connection=connection)
         return job_id
@@ -550,9 +558,11 @@ class Orchestrator:
         job_type = self.job_types.get(spec.job_type)
         if job_type is None:
             raise UnknownJobType(spec.job_type, list(self.job_types))
-        config = self.retry_config.for_type(spec.job_type)
+        retry_config = self.retry_config
+        config = retry_config.for_type(spec.job_type)
         queue = self._queue_of(spec, job_type)
         payload = job_type.payload_json(spec.payload)
+        flow = _flow_of(spec, job_type, payload, retry_config.limit_of(spec.job_type))
         size = len(json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode())
         if size > self.settings.max_payload_bytes:
             raise InvalidPayload(
@@ -579,6 +589,10 @@ class Orchestrator:
             "tenant_id": spec.tenant_id,
             # Stored effective, so the claim can stamp the attempt's deadline (the backstop).
             "timeout_seconds": spec.timeout_seconds or config.job_timeout_seconds,
+            "flow_key": flow and flow.key,
+            "flow_limit": flow and flow.limit,
+            "flow_cost": flow and flow.cost,
+            "flow_share": flow and flow.share,
         }
 
     def _queue_of(self, spec: JobSpec, job_type: JobType) -> str:
@@ -912,6 +926,24 @@ def _tracing(settings: Settings, provider: TracerProvider | None) -> Tracing | N
             "'agent-orchestrator[otel]'"
         ) from None
     return Tracing(provider)
+
+
+def _flow_of(
+    spec: JobSpec, job_type: JobType, payload: Any, limit: tuple[str, FlowLimit] | None
+) -> Flow | None:
+    """The job's flow under its type's limit (None: no limit): its key rendered from the
+    payload (InvalidPayload naming the field the key needs), its cost declared or estimated."""
+    if limit is None:
+        return None
+    name, config = limit
+    cost = spec.cost if spec.cost is not None else job_type.cost_of(payload)
+    try:
+        return flow_of(
+            name, config, job_type=spec.job_type, tenant_id=spec.tenant_id,
+            agent_id=spec.agent_id, payload=payload, cost=cost,
+        )  # fmt: skip
+    except FlowKeyError as exc:
+        raise InvalidPayload(spec.job_type, str(exc)) from None
 
 
 def _spec(**options: Any) -> JobSpec:

@@ -1,6 +1,6 @@
-"""What an edit of the retry config changes: per scope (``[defaults]`` and each job type a file
-names), per field, old -> new. Pure, for ``orchestrator config diff`` and for the log line a
-reload writes per changed type.
+"""What an edit of the retry config changes: per scope (``[defaults]``, each job type a file
+names, and each ``[limits.<name>]``), per field, old -> new. Pure, for ``orchestrator config
+diff`` and for the log line a reload writes per changed type.
 
 A job type is compared by its effective config (``for_type``): a field it inherits from
 ``[defaults]`` changes with it, and a type whose table goes falls back to ``[defaults]``. The
@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from retry_config.loader import RetryConfig
-from retry_config.models import BackoffConfig, JobRetryConfig
+from retry_config.models import BackoffConfig, FlowLimit, JobRetryConfig
 
 #: The scope of the ``[defaults]`` table (brackets: no job type is named so).
 DEFAULTS = "[defaults]"
@@ -44,7 +44,17 @@ def diff(old: RetryConfig, new: RetryConfig) -> Changes:
         changed = {path: (a[path], b[path]) for path in a if a[path] != b[path]}
         if changed:
             changes[scope] = changed
+    for name in sorted({*old.limits, *new.limits}):
+        a, b = _limit_fields(old.limits.get(name)), _limit_fields(new.limits.get(name))
+        changed = {p: (a.get(p), b.get(p)) for p in sorted({*a, *b}) if a.get(p) != b.get(p)}
+        if changed:
+            changes[f"[limits.{name}]"] = changed
     return changes
+
+
+def _limit_fields(limit: FlowLimit | None) -> dict[str, Any]:
+    """A limit's fields as JSON values; none for a limit the file does not have."""
+    return {} if limit is None else limit.model_dump(mode="json")
 
 
 def fields_of(config: JobRetryConfig) -> dict[str, Any]:
@@ -77,7 +87,7 @@ def describe(changes: Changes) -> list[str]:
 
 
 def _scope(scope: str) -> str:
-    return scope if scope == DEFAULTS else f"job type {scope!r}"
+    return scope if scope.startswith("[") else f"job type {scope!r}"
 
 
 def shown(value: Any) -> str:

@@ -10,6 +10,10 @@ File shape::
     [job_types.http_request]        # merged over [defaults], field by field
     worker_max_attempts = 5
 
+    [limits.anthropic]              # fleet-wide limits per key (docs/flow-control.md)
+    key = "anthropic:{payload.model}"
+    concurrency = 20
+
 Any problem raises :class:`ConfigError` whose message names the file, the job type and the field,
 one line per problem (every problem is reported at once). A field set in ``[defaults]`` is
 reported against ``defaults`` only, not against every type that inherits it. Which job types a
@@ -30,10 +34,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from retry_config.models import JobRetryConfig, ScheduleConfig
+from retry_config.models import FlowLimit, JobRetryConfig, ScheduleConfig
 
 DEFAULT_PATH = Path(__file__).with_name("default.toml")
-_TOP_LEVEL = {"defaults", "job_types"}
+_TOP_LEVEL = {"defaults", "job_types", "limits"}
 
 
 class ConfigError(ValueError):
@@ -51,6 +55,13 @@ class RetryConfig:
     job_types: Mapping[str, JobRetryConfig] = field(default_factory=dict)
     #: The file's content hash (:func:`version_of`): which edit this is, whatever its mtime.
     version: str = ""
+    #: The fleet-wide limits (``[limits.<name>]``), by name (docs/flow-control.md).
+    limits: Mapping[str, FlowLimit] = field(default_factory=dict)
+
+    def limit_of(self, job_type: str) -> tuple[str, FlowLimit] | None:
+        """The limit a job type runs under, with its name, if any."""
+        name = self.for_type(job_type).limit
+        return None if name is None else (name, self.limits[name])
 
     def for_type(self, job_type: str) -> JobRetryConfig:
         return self.job_types.get(job_type, self.defaults)
@@ -128,13 +139,13 @@ def parse(raw: Mapping[str, Any], path: Path, *, version: str = "") -> RetryConf
     if unknown:
         raise ConfigError(
             f"{path}: unknown top-level key(s) {', '.join(map(repr, unknown))}; "
-            "expected [defaults] and [job_types.<name>]"
+            "expected [defaults], [job_types.<name>] and [limits.<name>]"
         )
     defaults_raw = _table(raw.get("defaults", {}), path, "[defaults]")
     types_raw = _table(raw.get("job_types", {}), path, "[job_types]")
 
     problems: list[str] = []
-    for per_type in ("external", "schedule"):
+    for per_type in ("external", "schedule", "limit"):
         if per_type in defaults_raw:
             problems.append(
                 f"{path}: defaults: field {per_type!r}: set it per job type ([job_types.<name>])"
@@ -147,9 +158,33 @@ def parse(raw: Mapping[str, Any], path: Path, *, version: str = "") -> RetryConf
         config = _validate(merged, path, f"job type {name!r}", problems, own=own)
         if config is not None:
             job_types[name] = config
-    if problems or defaults is None:
+    limits = _limits(_table(raw.get("limits", {}), path, "[limits]"), path, problems)
+    for name, config in job_types.items():
+        if config.limit is not None and limits is not None and config.limit not in limits:
+            close = difflib.get_close_matches(config.limit, list(limits), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            problems.append(
+                f"{path}: job type {name!r}: field 'limit': no [limits.{config.limit}]{hint}"
+            )
+    if problems or defaults is None or limits is None:
         raise ConfigError("\n".join(problems))
-    return RetryConfig(path=path, defaults=defaults, job_types=job_types, version=version)
+    return RetryConfig(
+        path=path, defaults=defaults, job_types=job_types, version=version, limits=limits
+    )
+
+
+def _limits(raw: Mapping[str, Any], path: Path, problems: list[str]) -> dict[str, FlowLimit] | None:
+    """The ``[limits.<name>]`` tables, or None with their problems added."""
+    limits: dict[str, FlowLimit] = {}
+    before = len(problems)
+    for name, entry in raw.items():
+        try:
+            limits[name] = FlowLimit.model_validate(_table(entry, path, f"[limits.{name}]"))
+        except ValidationError as exc:
+            for err in exc.errors(include_url=False):
+                loc = ".".join(str(p) for p in err["loc"]) or "(entry)"
+                problems.append(f"{path}: limit {name!r}: field {loc!r}: {err['msg']}")
+    return None if len(problems) > before else limits
 
 
 def _validate(

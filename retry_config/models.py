@@ -6,6 +6,7 @@ not a silently ignored setting.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo
 
@@ -122,6 +123,66 @@ class ScheduleConfig(_Frozen):
         return zone(self.tz)
 
 
+_KEY_FIELDS = ("job_type", "tenant", "agent")
+
+
+class FlowLimit(_Frozen):
+    """A fleet-wide limit (docs/flow-control.md): each key its template renders gets these
+    allowances, enforced at the claim, in the database."""
+
+    key: str = Field(
+        "{job_type}",
+        min_length=1,
+        max_length=200,
+        description="The key template: literal text and {job_type}, {tenant}, {agent}, "
+        '{payload.<field>} (e.g. "anthropic:{payload.model}"). Never put a secret in it.',
+    )
+    concurrency: int | None = Field(
+        None, gt=0, le=MAX_VALUE, description="The most jobs of one key running at once."
+    )
+    requests: int | None = Field(
+        None, gt=0, le=MAX_VALUE, description="Jobs (requests) one key may start per interval."
+    )
+    units: int | None = Field(
+        None,
+        gt=0,
+        le=MAX_VALUE,
+        description="Units (e.g. tokens) one key may spend per interval; a job's cost is "
+        "declared at submit or estimated by its type, and reconciled with what it used.",
+    )
+    interval_seconds: float = Field(
+        60, gt=0, le=86_400, description="The sliding window of requests and units."
+    )
+    share_by: Literal["tenant", "agent", "none"] = Field(
+        "tenant", description="Whose jobs share a key's capacity fairly when they wait."
+    )
+    weights: dict[str, Annotated[float, Field(gt=0, le=1_000)]] = Field(
+        default_factory=dict,
+        description="A share's weight (default 1): a share of weight 3 starts three jobs (or "
+        "units) for each one of a share of weight 1 while both wait.",
+    )
+
+    @field_validator("key")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        for name in re.findall(r"\{([^{}]*)\}", value):
+            if name in _KEY_FIELDS or re.fullmatch(r"payload(\.[A-Za-z0-9_-]+)+", name):
+                continue
+            raise ValueError(
+                f"unknown placeholder {{{name}}}: use {{job_type}}, {{tenant}}, {{agent}} or "
+                "{payload.<field>}"
+            )
+        if value.count("{") != value.count("}"):
+            raise ValueError("unbalanced braces in the key template")
+        return value
+
+    @model_validator(mode="after")
+    def _limits_something(self) -> FlowLimit:
+        if self.concurrency is None and self.requests is None and self.units is None:
+            raise ValueError("set at least one of concurrency, requests and units")
+        return self
+
+
 class JobRetryConfig(_Frozen):
     """Everything that governs retries and timeouts of one job type."""
 
@@ -194,6 +255,13 @@ class JobRetryConfig(_Frozen):
         None,
         description="Run this type by itself on a cron schedule (docs/job-types.md, "
         '"Schedules"): a schedule named after the type. Set per job type, not in [defaults].',
+    )
+    limit: str | None = Field(
+        None,
+        min_length=1,
+        max_length=100,
+        description="The name of the [limits.<name>] its jobs run under (docs/flow-control.md). "
+        "Set per job type, not in [defaults].",
     )
 
     @model_validator(mode="after")

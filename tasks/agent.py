@@ -36,6 +36,12 @@ class AgentRequest(Payload):
     max_tokens: int = Field(1024, gt=0)
 
 
+def estimated_tokens(request: AgentRequest) -> int:
+    """The first call's cost, in tokens: the prompt at about four characters a token, plus
+    ``max_tokens``. Each later call's usage is added as it is made (docs/flow-control.md)."""
+    return (len(request.prompt) + len(request.system or "")) // 4 + 1 + request.max_tokens
+
+
 class ToolCallRecord(BaseModel):
     step: int
     id: str
@@ -66,7 +72,7 @@ def register(orc: Orchestrator, tools: ToolRegistry = TOOLS) -> None:
                 )
             return self
 
-    @orc.job_type("run_agent")
+    @orc.job_type("run_agent", cost=estimated_tokens)
     async def run_agent(ctx: JobContext, request: Request) -> Transcript:
         offered = [tools.get(name).definition() for name in request.tools]
         start = Transcript(messages=[{"role": "user", "content": request.prompt}])

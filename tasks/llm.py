@@ -176,8 +176,18 @@ async def generate(ctx: JobContext, **params: Any) -> LlmResponse:
     return reply
 
 
+def estimated_tokens(request: LlmRequest) -> int:
+    """A call's cost before it is made, in tokens: its input at about four characters a token,
+    plus ``max_tokens`` (what the provider reserves for the output). Reconciled with the usage
+    the reply reports (docs/flow-control.md)."""
+    text = json.dumps([m.model_dump(mode="json") for m in request.messages]) + (
+        request.system or ""
+    )
+    return len(text) // 4 + 1 + request.max_tokens
+
+
 def register(orc: Orchestrator) -> None:
-    @orc.job_type("llm_generate")
+    @orc.job_type("llm_generate", cost=estimated_tokens)
     async def llm_generate(ctx: JobContext, request: LlmRequest) -> LlmResult:
         params = request.model_dump(mode="json", exclude_none=True, exclude={"output_schema"})
         return LlmResult.checked(await generate(ctx, **params), request.output_schema)

@@ -48,6 +48,9 @@ Where each part of the code is tested:
                               in process and external): test_lease_contract; retry config
                               reloads (worker and serve processes), config diff:
                               test_config_reload
+    flow control              limits per key enforced at the claim, pauses, fairness, worker
+                              processes against the local LLM server's rate limit:
+                              test_flow_control
     schedules                 firing once per tick (three worker processes), backfill, pause,
                               listings, tenants, refusals: test_schedules
     orchestrator/services     sweep: test_liveness, test_timeouts; safety net, dead letters:
@@ -102,7 +105,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TABLES = (
     "orc_job_events, orc_dead_letters, orc_jobs, procrastinate_events, "
     "procrastinate_periodic_defers, procrastinate_jobs, procrastinate_workers, orc_api_tokens, "
-    "orc_event_listeners, orc_job_rollups, orc_queue_depth, orc_schedules"
+    "orc_event_listeners, orc_job_rollups, orc_queue_depth, orc_schedules, orc_flow_keys, "
+    "orc_flow_limits, orc_flow_spends, orc_flow_shares"
 )
 
 

@@ -46,6 +46,15 @@ class Classified:
     code: str
     retry_after: float | None = None  # seconds the server (or the task) asked us to wait
 
+    @property
+    def throttled(self) -> bool:
+        """A provider's rate limit or overload (HTTP 429 or 529): what pauses a flow key
+        (docs/flow-control.md)."""
+        return self.code in THROTTLED
+
+
+#: The codes of a provider's rate limit or overload.
+THROTTLED = frozenset({"HTTP_429", "HTTP_529", "LLM_RATE_LIMITED", "LLM_OVERLOADED"})
 
 Classifier = Callable[[BaseException], Classified | None]
 

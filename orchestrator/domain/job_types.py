@@ -38,6 +38,8 @@ class JobType:
     fallback: Fallback | None = None
     #: What the human notification says when the type's transient failures spent its budget.
     exhausted_message: str | None = None
+    #: A job's estimated cost in its limit's units, from its typed payload (docs/flow-control.md).
+    cost: Callable[[Any], int] | None = None
 
     @classmethod
     def from_function(
@@ -47,6 +49,7 @@ class JobType:
         *,
         fallback: Fallback | None = None,
         exhausted_message: str | None = None,
+        cost: Callable[[Any], int] | None = None,
     ) -> JobType:
         if not NAME.match(name) or len(name) > MAX_NAME:
             raise ValueError(
@@ -69,6 +72,7 @@ class JobType:
             result=TypeAdapter(_resolve(annotations.get("return", Any), fn)),
             fallback=fallback,
             exhausted_message=exhausted_message,
+            cost=cost,
         )
 
     @classmethod
@@ -96,6 +100,12 @@ class JobType:
             raise InvalidPayload(self.name, _summary(exc)) from None
         except (TypeError, ValueError) as exc:  # not JSON (NotJson names the field)
             raise InvalidPayload(self.name, str(exc)) from None
+
+    def cost_of(self, payload: Any) -> int:
+        """A job's cost, estimated from its (valid, JSON) payload: the type's estimate, or 1."""
+        if self.cost is None:
+            return 1
+        return max(0, int(self.cost(self.parse_payload(payload))))
 
     def parse_payload(self, stored: Any) -> Any:
         """The typed payload for the task, from its stored JSON (may raise ValidationError)."""

@@ -10,6 +10,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator.domain.classification import ErrorClass
+from orchestrator.domain.flow import waiting_reason
 from orchestrator.domain.states import Status
 
 
@@ -89,6 +90,25 @@ class Job(_Row):
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    #: Its key, when its type runs under a limit, and its cost in the limit's units
+    #: (docs/flow-control.md).
+    flow_key: str | None = None
+    flow_cost: int | None = None
+    #: Why it has not started while it waits for capacity on its key (``waiting for capacity
+    #: on <key> (...)``); null when it does not wait for capacity.
+    waiting_for: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _waiting_for(cls, data: Any) -> Any:
+        """A row read with its waiter (``flow_blocked_on``, ``flow_paused_until``) says why
+        it waits, in the one sentence orchestrator.domain.flow shapes."""
+        if isinstance(data, dict) and data.get("flow_blocked_on") and data.get("flow_key"):
+            reason = waiting_reason(
+                data["flow_key"], data["flow_blocked_on"], data.get("flow_paused_until")
+            )
+            return {**data, "waiting_for": reason}
+        return data
 
 
 class JobEvent(_Row):
@@ -160,6 +180,8 @@ class Claim(JobState):
     #: When the job was first due: its submit, or the time it was submitted for.
     run_at: datetime
     traceparent: str | None = None  # where its attempt's span hangs (orchestrator.runtime.tracing)
+    #: Its flow control key, if its type runs under a limit: a 429 it meets pauses this key.
+    flow_key: str | None = None
 
     @property
     def fence(self) -> Fence:

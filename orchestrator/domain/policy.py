@@ -22,11 +22,15 @@ from retry_config import BackoffConfig
 class Layer(StrEnum):
     APP = "app"
     INFRA = "infra"
+    #: The provider paused the job's flow key with a hint (a 429 or 529): the job waits for
+    #: the pause with a new dispatch and no budget used, its call never having reached the
+    #: model (docs/flow-control.md).
+    PAUSE = "pause"
 
     @property
     def retries_used(self) -> int:
         """Application retries a retry at this layer uses: the infrastructure layer re-runs the
-        same dispatch, within its own budget of runs."""
+        same dispatch, within its own budget of runs; a pause uses none."""
         return 1 if self is Layer.APP else 0
 
 
@@ -65,12 +69,22 @@ class Fail:
 Verdict = Retry | Fail
 
 
+#: The longest a provider's hint holds a job back in one pause.
+MAX_PAUSE_MS = 86_400_000.0
+
+
 def decide(
     classified: Classified,
     budget: Budget,
     backoff: BackoffConfig,
     rng: random.Random | None = None,
+    *,
+    flow_key: str | None = None,
 ) -> Verdict:
+    """``flow_key``: the job's key under a limit, if any: a provider's rate limit or overload
+    with a hint then pauses the key, and the job waits for it without spending budget."""
+    if flow_key is not None and classified.throttled and classified.retry_after is not None:
+        return Retry(Layer.PAUSE, min(MAX_PAUSE_MS, max(0.0, classified.retry_after * 1_000)))
     match classified.error_class:
         case ErrorClass.TRANSIENT_INFRA:
             if graphile_retries_left(budget.run, budget.max_runs):
@@ -115,8 +129,8 @@ def max_attempts(attempt: int, budget: Budget, moment: Moment) -> int:
     failure on a dispatch's last run takes one; an infrastructure failure there is terminal).
     After a retry: the claim it leads to (an infrastructure retry keeps the cap; an application
     retry gives up the runs its dispatch had left). Only what is not a failure raises it (a
-    hand-back, an approval, a lost dispatch given anew, a keyed submit replacing a waiting job:
-    each gives the job a fresh dispatch).
+    hand-back, an approval, a lost dispatch given anew, a keyed submit replacing a waiting job,
+    a pause of its flow key: each gives the job a fresh dispatch).
     ``job.running`` is shaped in the claim's SQL, which states the claim's case as
     ``orc_max_attempts_v1`` (migration 0024); tests/test_max_attempts.py holds the two equal.
     """
@@ -128,6 +142,8 @@ def max_attempts(attempt: int, budget: Budget, moment: Moment) -> int:
         case Layer.APP:
             attempt += 1
             budget = replace(budget, run=1, retry_count=budget.retry_count + Layer.APP.retries_used)
+        case Layer.PAUSE:
+            attempt, budget = attempt + 1, replace(budget, run=1)
     runs_left = max(0, budget.max_runs - budget.run)
     retries_left = max(0, budget.max_retries - budget.retry_count)
     return attempt + runs_left + retries_left * budget.max_runs

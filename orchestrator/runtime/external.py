@@ -358,6 +358,7 @@ class ExternalRuns:
         await self.stores.config_versions.record(
             self.worker_id, worker=f"{self.host}/w{self.worker_id}", config=self.config
         )
+        await self.stores.flow.apply(self.config)  # its limits, once per version
 
     async def _registry_heartbeat(self) -> None:
         while True:

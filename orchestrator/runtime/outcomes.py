@@ -6,7 +6,9 @@ transaction (orchestrator.storage.dispatches):
 
     Completed    COMPLETED + job.completed; the dispatch succeeded (several at once: group commit)
     Retried      RETRY + job.failed + job.retry_scheduled; app layer: a new dispatch (this one
-                 succeeded); infra layer: Procrastinate re-runs this dispatch at next_retry_at
+                 succeeded); infra layer: Procrastinate re-runs this dispatch at next_retry_at;
+                 pause (a 429 with a hint on a flow key): as app, no budget used, and the key
+                 paused for the fleet in the same transaction
     Failed       dead letter, FAILED, degradation (orchestrator.domain.failures)
     HandedBack   PENDING + job.interrupted, a new dispatch, no budget used (drain)
     Waiting      nothing more (the step wrote WAITING_APPROVAL); the dispatch succeeded
@@ -38,7 +40,7 @@ from orchestrator.domain.states import Status
 from orchestrator.runtime.group_commit import GroupCommit
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.storage.database import OwnConnection
-from orchestrator.storage.dispatches import Completion, DispatchStore
+from orchestrator.storage.dispatches import Completion, DispatchStore, Throttle
 from orchestrator.storage.jobs import JobStore
 from retry_config import BackoffConfig
 
@@ -58,6 +60,8 @@ class Retried:
     last_error: dict[str, Any]
     failed_event: dict[str, Any]
     retry_event: dict[str, Any]
+    #: The provider behind the job's flow key throttled it (docs/flow-control.md).
+    throttle: Throttle | None = None
 
 
 @dataclass(frozen=True)
@@ -103,11 +107,16 @@ def of_failure(
     """The outcome of a failed attempt, whoever ran it (a worker of this process, or an
     external worker over the API): a retry at the layer the policy picks while the budget
     lasts, else the terminal failure."""
-    verdict = decide(classified, Budget.of(claim), backoff, rng)
+    verdict = decide(classified, Budget.of(claim), backoff, rng, flow_key=claim.flow_key)
     if isinstance(verdict, Fail):
         return terminal(claim, fault, classified, dispatch_id=dispatch_id, failures=failures)
     retry_at = datetime.now(UTC) + timedelta(milliseconds=verdict.delay_ms)
+    throttle = None
+    if claim.flow_key is not None and classified.throttled:
+        until = retry_at if verdict.layer is Layer.PAUSE else None
+        throttle = Throttle(claim.flow_key, until, f"{fault.code}: {fault.message}"[:500])
     return Retried(
+        throttle=throttle,
         layer=verdict.layer,
         next_retry_at=retry_at,
         last_error=events.last_error(
@@ -175,7 +184,7 @@ class OutcomeWriter:
                 written = await self.dispatches.retry(
                     claim, dispatch_id, layer=retried.layer, next_retry_at=retried.next_retry_at,
                     error=retried.last_error, failed_event=retried.failed_event,
-                    retry_event=retried.retry_event,
+                    retry_event=retried.retry_event, throttle=retried.throttle,
                 )  # fmt: skip
                 what = f"retry ({retried.layer})"
                 return await self._refused_unless(written, claim, Status.RETRY, what)

@@ -370,6 +370,7 @@ class Worker:
         await self.stores.config_versions.record(
             self.worker_id, worker=f"{HOST}/w{self.worker_id}", config=self.kit.config
         )
+        await self.stores.flow.apply(self.kit.config)  # its limits, once per version
 
     def _start(self, lane: Lane, dispatch: Dispatch) -> None:
         """Run the dispatch in a task of its own, in a slot of ``lane`` (free once its outcome

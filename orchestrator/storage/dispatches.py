@@ -2,7 +2,8 @@
 
 A dispatch (a ``procrastinate_jobs`` row) carries its application job's id and is locked on it.
 A worker's fetch takes dispatches and, in the same statement, claims their jobs
-(``orc_fetch_dispatches_v1``): a job is RUNNING exactly while one of its dispatches is doing.
+(``orc_fetch_dispatches_v3``): a job is RUNNING exactly while one of its dispatches is doing.
+A job under a limit whose key has no room is parked instead (docs/flow-control.md).
 Each attempt's outcome is written together with the end of the dispatch that ran it, in one
 transaction: completed and succeeded (``orc_complete_jobs_v1``), retried at the application
 layer with a new dispatch, re-run by Procrastinate at the infrastructure layer
@@ -66,6 +67,16 @@ class Dispatch:
 
 
 @dataclass(frozen=True)
+class Throttle:
+    """A provider's 429 or 529 on a flow key: it pauses until ``until`` (its hint), or, with
+    none, the key's rate halves (docs/flow-control.md)."""
+
+    key: str
+    until: datetime | None
+    reason: str
+
+
+@dataclass(frozen=True)
 class Completion:
     """A successful attempt's result, to be written with its dispatch's end."""
 
@@ -123,6 +134,7 @@ class DispatchStore:
                 "worker": worker,
                 "claimable": states.sources_of(Status.RUNNING),
                 "running": Status.RUNNING.value,
+                "task_prefix": TASK_PREFIX,
             },
         )
         return Claim.model_validate(row) if row else None
@@ -153,6 +165,7 @@ class DispatchStore:
                     "worker": worker,
                     "claimable": states.sources_of(Status.RUNNING),
                     "running": Status.RUNNING.value,
+                    "task_prefix": TASK_PREFIX,
                 },
                 conn,
             )
@@ -199,11 +212,14 @@ class DispatchStore:
         error: dict[str, Any],
         failed_event: dict[str, Any],
         retry_event: dict[str, Any],
+        throttle: Throttle | None = None,
     ) -> bool:
         """RETRY until ``next_retry_at``, lease released, ``job.failed`` and
         ``job.retry_scheduled``. The application layer counts a retry and gives the job a new
         dispatch (this one succeeded); the infrastructure layer has Procrastinate re-run this
-        dispatch at that time. False: refused (the dispatch ends failed)."""
+        dispatch at that time. A pause is retried as the application layer is, using no
+        budget. ``throttle``: the job's flow key is paused (or slowed) in the same transaction.
+        False: refused (the dispatch ends failed)."""
         params = {
             **_fence(claim, Status.RETRY),
             "retry_increment": layer.retries_used,
@@ -214,6 +230,12 @@ class DispatchStore:
         }
         async with self.queries.transaction() as conn:
             written = await self.queries.row("schedule_retry", params, conn) is not None
+            if written and throttle is not None:
+                await self.queries.row(
+                    "flow_throttled",
+                    {"key": throttle.key, "until": throttle.until, "reason": throttle.reason},
+                    conn,
+                )
             if written and layer is Layer.INFRA:
                 await self.queries.row(
                     "retry_dispatch", {"dispatch_id": dispatch_id, "retry_at": next_retry_at}, conn

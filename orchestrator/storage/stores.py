@@ -11,6 +11,7 @@ from orchestrator.storage.database import Pool
 from orchestrator.storage.dead_letters import DeadLetterStore
 from orchestrator.storage.dispatches import DispatchStore
 from orchestrator.storage.fleet import FleetStore
+from orchestrator.storage.flow import FlowStore
 from orchestrator.storage.jobs import JobStore
 from orchestrator.storage.listeners import ListenerStore
 from orchestrator.storage.liveness import LivenessStore
@@ -39,6 +40,7 @@ class Stores:
     retention: RetentionStore
     rollups: RollupStore
     schedules: ScheduleStore
+    flow: FlowStore
 
     @classmethod
     def on(cls, pool: Pool, *, on_refused: OnRefused | None = None) -> Stores:
@@ -62,4 +64,5 @@ class Stores:
             retention=RetentionStore(queries),
             rollups=RollupStore(queries),
             schedules=ScheduleStore(queries),
+            flow=FlowStore(queries),
         )

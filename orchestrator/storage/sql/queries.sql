@@ -92,21 +92,23 @@ SELECT orc_dispatch_v1(%(job_ids)s::uuid[], %(task_prefix)s) AS dispatched
 -- fetch_dispatches --
 -- The worker's fetch: Procrastinate's (leaving the `excluded` queues alone: external job
 -- types'), plus the claim of our job, for up to `limit` dispatches
--- (see orc_fetch_dispatches_v2, migration 0019); no row: nothing is due. It waits for no lock: a job another
--- transaction holds at that instant is left to claim_dispatch (args: claim_later).
+-- (see orc_fetch_dispatches_v3, migration 0029: a job whose key has no room is parked, not
+-- claimed, and the next dispatch fetched instead); no row: nothing is due. It waits for no lock:
+-- a job another transaction holds at that instant is left to claim_dispatch (args: claim_later).
 SELECT id, status, task_name, priority, lock, queueing_lock, args, scheduled_at, queue_name,
        attempts, worker_id
-  FROM orc_fetch_dispatches_v2(%(limit)s, %(queues)s::varchar[], %(excluded)s::varchar[],
+  FROM orc_fetch_dispatches_v3(%(limit)s, %(queues)s::varchar[], %(excluded)s::varchar[],
                                %(worker_id)s, %(task_prefix)s, %(worker)s, %(claimable)s,
                                %(running)s)
 
 -- claim_dispatch --
 -- The claim a fetch left for later (its job was locked at that instant), made now: it waits for
 -- the job row, the only lock it takes. No row: the dispatch has gone stale meanwhile (its job
--- was replaced, cancelled or claimed), and its worker ends it.
-SELECT * FROM orc_claim_v1(%(job_id)s, %(dispatch_id)s, %(run)s,
+-- was replaced, cancelled or claimed, or it was parked for want of capacity on its key), and
+-- its worker ends it.
+SELECT * FROM orc_claim_v2(%(job_id)s, %(dispatch_id)s, %(run)s,
                            %(worker)s::text || '/w' || %(worker_id)s::text, %(claimable)s,
-                           %(running)s)
+                           %(running)s, %(task_prefix)s)
 
 -- complete_jobs --
 -- Success, for several attempts at once ([{ord, job_id, lease_token, result, event,
@@ -194,7 +196,12 @@ SELECT id, procrastinate_cancel_job_v1(procrastinate_job_id, true, false) AS pro
 SELECT status, lease_token FROM orc_jobs WHERE id = %(job_id)s
 
 -- get_job --
-SELECT * FROM orc_jobs WHERE id = %(job_id)s
+-- With what it waits for, when it waits for capacity (docs/flow-control.md).
+SELECT j.*, w.blocked_on AS flow_blocked_on, k.paused_until AS flow_paused_until
+  FROM orc_jobs AS j
+  LEFT JOIN orc_flow_waiters AS w ON w.job_id = j.id
+  LEFT JOIN orc_flow_keys AS k ON k.key = w.key
+ WHERE j.id = %(job_id)s
 
 -- job_events --
 SELECT id, job_id, kind, at, payload FROM orc_job_events WHERE job_id = %(job_id)s ORDER BY id
@@ -202,13 +209,17 @@ SELECT id, job_id, kind, at, payload FROM orc_job_events WHERE job_id = %(job_id
 -- list_jobs --
 -- Newest first (ids are UUIDv7, so id order is creation order); a tenant's through
 -- orc_jobs_tenant_id. A key is per tenant: without a tenant, every tenant's job with it.
-SELECT * FROM orc_jobs
- WHERE (%(status)s::text IS NULL OR status = %(status)s)
-   AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s)
-   AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
-   AND (%(job_key)s::text IS NULL OR job_key = %(job_key)s)
- ORDER BY id DESC
- LIMIT %(limit)s
+SELECT j.*, w.blocked_on AS flow_blocked_on, k.paused_until AS flow_paused_until
+  FROM (SELECT * FROM orc_jobs
+         WHERE (%(status)s::text IS NULL OR status = %(status)s)
+           AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s)
+           AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
+           AND (%(job_key)s::text IS NULL OR job_key = %(job_key)s)
+         ORDER BY id DESC
+         LIMIT %(limit)s) AS j
+  LEFT JOIN orc_flow_waiters AS w ON w.job_id = j.id
+  LEFT JOIN orc_flow_keys AS k ON k.key = w.key
+ ORDER BY j.id DESC
 
 -- soonest_due --
 -- For the worker's wake-up timer: seconds until the next waiting job is due (null: none), and
@@ -240,6 +251,9 @@ SELECT j.id, j.procrastinate_job_id, p.status AS procrastinate_status
             AND (w.id IS NULL
                  OR w.last_heartbeat < now() - make_interval(secs => %(stalled_seconds)s))))
    AND j.id <> ALL (%(passed_over)s::uuid[])
+   -- A job parked for capacity has no dispatch on purpose (its key's pump gives it one).
+   AND NOT EXISTS (SELECT FROM orc_flow_waiters AS f
+                    WHERE f.job_id = j.id AND f.dispatched_at IS NULL)
  ORDER BY coalesce(j.next_retry_at, j.run_at)
  LIMIT %(limit)s
    FOR UPDATE OF j SKIP LOCKED
@@ -876,7 +890,8 @@ SELECT id, job_id, kind, at, payload FROM orc_job_events
 -- page_jobs --
 -- Jobs newest first (ids are UUIDv7: id order is creation order), after a cursor (the last id
 -- of the previous page), with the API's filters; tenants: a principal's tenants (null: any).
-SELECT * FROM orc_jobs
+SELECT j.*, w.blocked_on AS flow_blocked_on, k.paused_until AS flow_paused_until
+  FROM (SELECT * FROM orc_jobs
  WHERE (%(before)s::uuid IS NULL OR id < %(before)s)
    AND (%(status)s::text IS NULL OR status = %(status)s)
    AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s)
@@ -887,7 +902,10 @@ SELECT * FROM orc_jobs
    AND (%(created_after)s::timestamptz IS NULL OR created_at >= %(created_after)s)
    AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s)
  ORDER BY id DESC
- LIMIT %(limit)s
+ LIMIT %(limit)s) AS j
+  LEFT JOIN orc_flow_waiters AS w ON w.job_id = j.id
+  LEFT JOIN orc_flow_keys AS k ON k.key = w.key
+ ORDER BY j.id DESC
 
 -- queue_stats --
 -- Per queue: jobs by status (unfinished), due and waiting, and the age of the oldest waiting
@@ -1209,3 +1227,100 @@ UPDATE orc_schedules
        paused_at = NULL, paused_by = NULL
  WHERE name = %(name)s AND (%(tenants)s::text[] IS NULL OR tenant_id = ANY (%(tenants)s))
 RETURNING *, statement_timestamp() AS now
+
+-- == Flow control (docs/flow-control.md; migration 0029) =========================================
+
+-- sync_flow_limits --
+-- The limits of the config in effect ([{name, concurrency, requests, units, interval_seconds,
+-- weights}]), written by each process that applies one; a limit that changed, and the keys
+-- under it that have waiters, are pumped (a raised limit frees capacity at once).
+WITH given AS (
+    SELECT * FROM jsonb_to_recordset(%(limits)s::jsonb)
+        AS g (name text, concurrency integer, requests integer, units bigint,
+              interval_seconds double precision, weights jsonb)
+), changed AS (
+    INSERT INTO orc_flow_limits AS l (name, concurrency, requests, units, interval_seconds,
+                                      weights)
+    SELECT name, concurrency, requests, units, interval_seconds, coalesce(weights, '{}')
+      FROM given
+    ON CONFLICT (name) DO UPDATE
+       SET concurrency = EXCLUDED.concurrency, requests = EXCLUDED.requests,
+           units = EXCLUDED.units, interval_seconds = EXCLUDED.interval_seconds,
+           weights = EXCLUDED.weights, updated_at = now()
+     WHERE (l.concurrency, l.requests, l.units, l.interval_seconds, l.weights)
+           IS DISTINCT FROM (EXCLUDED.concurrency, EXCLUDED.requests, EXCLUDED.units,
+                             EXCLUDED.interval_seconds, EXCLUDED.weights)
+    RETURNING name
+)
+SELECT name FROM changed
+
+-- pump_flow_keys --
+-- Hand free capacity to the waiters of these keys (null: of every key with a waiter and none on
+-- its way: the safety net's sweep, and after limits change). How many got a dispatch.
+SELECT coalesce(sum(orc_flow_pump_v1(k.key)), 0)::integer AS dispatched
+  FROM (SELECT DISTINCT w.key FROM orc_flow_waiters AS w
+         WHERE w.dispatched_at IS NULL
+           AND (%(keys)s::text[] IS NULL OR w.key = ANY (%(keys)s))
+           AND NOT EXISTS (SELECT FROM orc_flow_waiters AS d
+                            WHERE d.key = w.key AND d.dispatched_at IS NOT NULL
+                              AND d.dispatched_at > now() - make_interval(secs => %(stale_seconds)s))
+         ORDER BY w.key) AS k
+
+-- flow_keys --
+-- Every key: its limit, what runs and waits on it, what it spent in its window, its pause.
+SELECT k.key, k.limit_name, k.paused_until, k.pause_reason, k.paused_by, k.throttled,
+       orc_flow_factor_v1(k, l) AS rate_factor,
+       l.concurrency, l.requests, l.units, l.interval_seconds,
+       (SELECT count(*) FROM orc_jobs AS j
+         WHERE j.flow_key = k.key AND j.status = 'RUNNING' AND j.flow_key IS NOT NULL)::integer
+           AS running,
+       (SELECT count(*) FROM orc_flow_waiters AS w WHERE w.key = k.key)::integer AS waiting,
+       (SELECT coalesce(sum(s.requests), 0) FROM orc_flow_spends AS s
+         WHERE s.key = k.key AND s.at > now() - make_interval(secs => l.interval_seconds))::bigint
+           AS requests_used,
+       (SELECT coalesce(sum(s.units), 0) FROM orc_flow_spends AS s
+         WHERE s.key = k.key AND s.at > now() - make_interval(secs => l.interval_seconds))::bigint
+           AS units_used
+  FROM orc_flow_keys AS k
+  LEFT JOIN orc_flow_limits AS l ON l.name = k.limit_name
+ WHERE (%(key)s::text IS NULL OR k.key = %(key)s)
+ ORDER BY k.key
+
+-- pause_flow_key --
+-- An operator pauses a key until a time: no job of it starts before then.
+UPDATE orc_flow_keys
+   SET paused_until = %(until)s, pause_reason = %(reason)s, paused_by = %(by)s
+ WHERE key = %(key)s
+RETURNING key
+
+-- resume_flow_key --
+-- An operator lifts a key's pause (and resets its adaptive rate): its waiters go at once.
+WITH lifted AS (
+    UPDATE orc_flow_keys
+       SET paused_until = NULL, pause_reason = NULL, paused_by = NULL,
+           rate_factor = 1, factor_at = now()
+     WHERE key = %(key)s
+    RETURNING key
+)
+SELECT key, orc_flow_pump_v1(key) AS dispatched FROM lifted
+
+-- flow_throttled --
+-- The provider behind a key answered 429 or 529: paused until the hint, or its rate halved.
+SELECT orc_flow_throttled_v1(%(key)s, %(until)s, %(reason)s)
+
+-- flow_spend --
+-- What an admitted job's calls really used: its reservation corrected to the call's usage
+-- (first call), or a later call's request and units added, so the window tracks real spending.
+WITH reserved AS (
+    UPDATE orc_flow_spends AS s
+       SET units = %(units)s
+     WHERE s.id = (SELECT max(id) FROM orc_flow_spends
+                    WHERE job_id = %(job_id)s AND key = %(key)s)
+       AND %(first)s
+    RETURNING s.id
+)
+INSERT INTO orc_flow_spends (key, job_id, requests, units)
+SELECT %(key)s, %(job_id)s, 1, %(units)s
+ WHERE (NOT %(first)s OR NOT EXISTS (SELECT FROM reserved))
+   AND EXISTS (SELECT FROM orc_flow_keys AS k JOIN orc_flow_limits AS l ON l.name = k.limit_name
+                WHERE k.key = %(key)s AND (l.requests IS NOT NULL OR l.units IS NOT NULL))

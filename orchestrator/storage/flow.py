@@ -1,0 +1,121 @@
+"""Flow control's storage (migration 0029; docs/flow-control.md): the limits in effect, the
+keys with their pauses, and what a key's jobs spend. The claim itself enforces the limits, in
+the fetch's statement (``orc_flow_gate_v1``); this store is what the rest of the fleet says to
+it: a config applied, a provider's 429, an operator's pause, a call's real usage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from psycopg.types.json import Jsonb
+
+from orchestrator.storage.database import Conn
+from orchestrator.storage.runner import Queries
+from retry_config import LiveConfig, RetryConfig
+
+
+class FlowKeyNotFound(LookupError):
+    """No job of this key has been claimed yet (or the name is misspelt)."""
+
+    code = "FLOW_KEY_NOT_FOUND"
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"flow key {key!r} not found")
+        self.key = key
+
+
+@dataclass(frozen=True)
+class FlowKey:
+    """A key as it stands: its limit, what runs and waits on it, its window's spending, its
+    pause and its adaptive rate."""
+
+    key: str
+    limit_name: str
+    concurrency: int | None
+    requests: int | None
+    units: int | None
+    interval_seconds: float | None
+    running: int
+    waiting: int
+    requests_used: int
+    units_used: int
+    rate_factor: float | None
+    throttled: int
+    paused_until: datetime | None
+    pause_reason: str | None
+    paused_by: str | None
+
+    def paused(self, now: datetime) -> bool:
+        return self.paused_until is not None and self.paused_until > now
+
+
+class FlowStore:
+    def __init__(self, queries: Queries) -> None:
+        self.queries = queries
+        self._synced: str | None = None
+
+    async def apply(self, config: LiveConfig) -> list[str]:
+        """Write the limits of the config in effect, once per version this process applies;
+        the names of those that changed (their keys' waiters are handed any capacity freed)."""
+        current = config.current
+        if self._synced == current.version and current.version:
+            return []
+        changed = await self.sync(current)
+        self._synced = current.version
+        return changed
+
+    async def sync(self, config: RetryConfig) -> list[str]:
+        limits = [
+            {"name": name, **limit.model_dump(include={"concurrency", "requests", "units",
+                                                       "interval_seconds", "weights"})}
+            for name, limit in config.limits.items()
+        ]  # fmt: skip
+        async with self.queries.transaction() as conn:
+            rows = await self.queries.rows("sync_flow_limits", {"limits": Jsonb(limits)}, conn)
+            if rows:
+                await self.pump(None, conn)
+        return [row["name"] for row in rows]
+
+    async def pump(self, keys: Sequence[str] | None, conn: Conn | None = None) -> int:
+        """Hand free capacity to the waiters of ``keys`` (None: every key with a waiter and
+        none on its way for a minute): how many got a dispatch."""
+        row = await self.queries.row(
+            "pump_flow_keys",
+            {"keys": list(keys) if keys is not None else None, "stale_seconds": 60},
+            conn,
+        )
+        return int(row["dispatched"]) if row else 0
+
+    async def keys(self, key: str | None = None) -> list[FlowKey]:
+        rows = await self.queries.rows("flow_keys", {"key": key})
+        return [FlowKey(**row) for row in rows]
+
+    async def get(self, key: str) -> FlowKey:
+        found = await self.keys(key)
+        if not found:
+            raise FlowKeyNotFound(key)
+        return found[0]
+
+    async def pause(self, key: str, *, until: datetime, reason: str, by: str) -> None:
+        """No job of ``key`` starts before ``until``."""
+        params = {"key": key, "until": until, "reason": reason, "by": by}
+        if await self.queries.row("pause_flow_key", params) is None:
+            raise FlowKeyNotFound(key)
+
+    async def resume(self, key: str) -> int:
+        """Lift the key's pause (and its adaptive rate reduction): how many waiters go now."""
+        row = await self.queries.row("resume_flow_key", {"key": key})
+        if row is None:
+            raise FlowKeyNotFound(key)
+        return int(row["dispatched"])
+
+    async def spend(self, key: str, job_id: UUID, *, units: int, first: bool) -> None:
+        """A call of ``job_id`` used ``units``: the first call corrects its job's reservation,
+        a later one adds a request and its units to the key's window."""
+        params: dict[str, Any] = {"key": key, "job_id": job_id, "units": units, "first": first}
+        await self.queries.execute("flow_spend", params)

@@ -1,0 +1,63 @@
+"""The flow-control tests' application (docs/flow-control.md): ``hold`` jobs that run for a
+while under a concurrency limit, ``tick`` jobs under a rate limit, and the built-in
+``llm_generate`` under a per-model limit, for in-process workers and worker processes
+(``--app tests.support.flow_app:orc``). Settings come from the environment; its retry config
+is CONFIG, or one of its own given by ORCHESTRATOR_RETRY_CONFIG."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pydantic import BaseModel
+
+from orchestrator import JobContext, Orchestrator
+from tasks import llm
+from tests.support.harness import config_with
+
+TABLE = """
+[limits.held]
+key = "hold:{payload.pool}"
+concurrency = 2
+
+[limits.ticks]
+key = "{job_type}"
+requests = 5
+interval_seconds = 1
+
+[limits.anthropic]
+key = "anthropic:{payload.model}"
+concurrency = 4
+share_by = "tenant"
+
+[job_types.hold]
+limit = "held"
+
+[job_types.tick]
+limit = "ticks"
+
+[job_types.llm_generate]
+limit = "anthropic"
+app_max_retries = 2
+"""
+CONFIG = config_with(TABLE)
+
+
+class Hold(BaseModel):
+    pool: str = "a"
+    seconds: float = 0.3
+
+
+def register(orc: Orchestrator) -> None:
+    @orc.job_type("hold")
+    async def hold(ctx: JobContext, payload: Hold) -> None:
+        await asyncio.sleep(payload.seconds)
+
+    @orc.job_type("tick")
+    async def tick(ctx: JobContext, payload: None) -> None:
+        return None
+
+    llm.register(orc)
+
+
+orc = Orchestrator()
+register(orc)
