@@ -22,7 +22,7 @@ import random
 import signal
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
@@ -56,7 +56,7 @@ from orchestrator.domain.errors import (
     UnknownJobType,
 )
 from orchestrator.domain.failures import Failures
-from orchestrator.domain.flow import Flow, FlowKeyError, flow_of
+from orchestrator.domain.flow import Flow, FlowKey, FlowKeyError, flow_of
 from orchestrator.domain.ids import uuid7
 from orchestrator.domain.job_types import JobType
 from orchestrator.domain.models import DeadLetter, Job, JobEvent, SubmitResult
@@ -413,6 +413,32 @@ class Orchestrator:
         _storable(name=name, tenants=tenants)
         await self.stores.schedules.sync(self.schedules.values())
         return await self.stores.schedules.resume(name, tenants=tenants)
+
+    # -- flow control (docs/flow-control.md) ------------------------------------------------
+
+    async def flow_keys(self, key: str | None = None) -> list[FlowKey]:
+        """Every flow key (or ``key``): its limit, running and waiting jobs, its window's
+        spending, its pause and adaptive rate."""
+        _storable(key=key)
+        return await self.stores.flow.keys(key)
+
+    async def pause_flow_key(
+        self, key: str, *, seconds: float, reason: str = "", by: str = "api"
+    ) -> FlowKey:
+        """No job of ``key`` starts for ``seconds`` (FlowKeyNotFound for an unknown key)."""
+        _storable(key=key, reason=reason, by=by)
+        if not 0 < seconds <= 86_400 * 30:
+            raise InvalidArgument(f"seconds: {seconds:g} is not in (0, 2592000]")
+        until = datetime.now(UTC) + timedelta(seconds=seconds)
+        await self.stores.flow.pause(key, until=until, reason=reason or "paused", by=by)
+        return await self.stores.flow.get(key)
+
+    async def resume_flow_key(self, key: str) -> FlowKey:
+        """Lift ``key``'s pause, a provider's or an operator's, and its adaptive slow-down:
+        its waiting jobs start at once, as its limits allow."""
+        _storable(key=key)
+        await self.stores.flow.resume(key)
+        return await self.stores.flow.get(key)
 
     # -- lifecycle -------------------------------------------------------------------------
 

@@ -58,9 +58,12 @@ FAR = "2099-01-01T00:00:00Z"
 
 #: What a path parameter names, by its name; an unknown name fails the table (give it objects).
 OBJECTS = {"job_id": "job", "dead_letter_id": "dead letter", "letter_id": "dead letter",
-           "approval_id": "approval", "schedule_name": "schedule"}  # fmt: skip
+           "approval_id": "approval", "schedule_name": "schedule", "key": "flow key"}  # fmt: skip
 NOT_FOUND = {"job": "JOB_NOT_FOUND", "dead letter": "DEAD_LETTER_NOT_FOUND",
-             "approval": "APPROVAL_NOT_FOUND", "schedule": "SCHEDULE_NOT_FOUND"}  # fmt: skip
+             "approval": "APPROVAL_NOT_FOUND", "schedule": "SCHEDULE_NOT_FOUND",
+             "flow key": "FLOW_KEY_NOT_FOUND"}  # fmt: skip
+#: Shared by the whole fleet: refused to a token limited to tenants (docs/flow-control.md).
+FLEET = ("/api/v1/flow/", "/ui/flow/{key}")
 #: The dashboard's forms naming their action in the path take the API's verbs (from its document).
 VERBS = {"action": "/api/v1/dead-letters/{dead_letter_id}/",
          "decision": "/api/v1/approvals/{approval_id}/",
@@ -127,6 +130,8 @@ def expected(op: Operation, credential: Credential, tenant: str) -> Refused | No
         return Refused(403, "FORBIDDEN")
     if needed is Scope.WORKER and credential.tenants is not None:
         return Refused(403, "FORBIDDEN")  # a worker runs every tenant's jobs
+    if op.path.startswith(FLEET) and credential.tenants is not None:
+        return Refused(403, "FORBIDDEN")  # a key's counts and pause cover every tenant
     if op.objects and not credential.sees(tenant):
         return Refused(404, NOT_FOUND[op.objects[0]])
     if op.takes_tenant and not credential.sees(tenant):
@@ -228,6 +233,9 @@ def test_the_rule_refuses_what_each_credential_lacks_and_allows_the_rest() -> No
     assert expected(page, nobody, MINE) == SIGN_IN_FIRST
     assert expected(page, Credential("s", frozenset({Scope.SUBMIT})), MINE) == SIGN_IN_FIRST
     assert expected(page, limited, THEIRS) == Refused(404, "JOB_NOT_FOUND")
+    key = Operation("GET", "/api/v1/flow/keys", Scope.READ, (), False, False)
+    assert expected(key, limited, MINE) == Refused(403, "FORBIDDEN")
+    assert expected(key, reader, MINE) is None
     # every operation refuses someone and allows someone
     for op in OPERATIONS:
         answers = {expected(op, c, MINE) for c in (nobody, reader, admin, limited)}
@@ -239,7 +247,7 @@ def test_the_rule_refuses_what_each_credential_lacks_and_allows_the_rest() -> No
 #: Read back after each refused request: none of them may change.
 STATE = ("orc_jobs", "orc_job_events", "orc_dead_letters", "orc_approvals", "orc_checkpoints",
          "orc_side_effects", "orc_api_tokens", "orc_ui_sessions", "procrastinate_jobs",
-         "orc_schedules")  # fmt: skip
+         "orc_schedules", "orc_flow_keys")  # fmt: skip
 SNAPSHOT = " UNION ALL ".join(
     f"SELECT '{table}', md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) "
     f"FROM {table} AS t"
@@ -300,7 +308,7 @@ async def world(dsn: str) -> AsyncIterator[World]:
         db.execute(
             "TRUNCATE orc_job_events, orc_dead_letters, orc_jobs, procrastinate_events, "
             "procrastinate_periodic_defers, procrastinate_jobs, procrastinate_workers, "
-            "orc_api_tokens, orc_event_listeners RESTART IDENTITY CASCADE"
+            "orc_api_tokens, orc_event_listeners, orc_flow_keys RESTART IDENTITY CASCADE"
         )
         orc = Orchestrator(settings=settings_for_tests(), dsn=dsn, retry_config_path=api_app.CONFIG)
         scripted.register(orc)
@@ -373,6 +381,12 @@ async def _world(orc: Orchestrator, server: ApiServer, db: psycopg.Connection[An
         approvals = await orc.approvals(tenants=[tenant])
         objects[tenant]["approval"] = [UUID(str(a["id"])) for a in approvals]
         objects[tenant]["schedule"] = [api_app.SCHEDULES[tenant]]  # stored by the server
+        # a flow key its jobs use (keys are fleet-wide: only an unlimited token sees them)
+        db.execute(
+            "INSERT INTO orc_flow_keys (key, limit_name, task_prefix) VALUES (%s, 'l', 'orc.')",
+            (f"authz-key-{tenant}",),
+        )
+        objects[tenant]["flow key"] = [f"authz-key-{tenant}"]
         assert len(approvals) == 1 and await orc.job_steps(objects[tenant]["job"][1])
 
     # a worker token limited to a tenant, as a database written before the CLI refused it has

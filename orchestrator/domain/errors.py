@@ -139,6 +139,16 @@ class ScheduleNotFound(OrchestratorError):
         super().__init__(f"no schedule named {name!r}")
 
 
+class FlowKeyNotFound(OrchestratorError):
+    """No job of this key has reached a claim yet (or the name is misspelt)."""
+
+    code = "FLOW_KEY_NOT_FOUND"
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"no flow key named {key!r}")
+
+
 class MigrationError(OrchestratorError):
     code = "MIGRATION_FAILED"
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict
+
 from retry_config.models import FlowLimit
 
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
@@ -98,3 +100,28 @@ def waiting_reason(key: str, blocked_on: Blocked, paused_until: datetime | None)
     if blocked_on == "paused" and paused_until is not None:
         what = f"paused until {paused_until.isoformat(timespec='seconds')}"
     return f"waiting for capacity on {key} ({what})"
+
+
+class FlowKey(BaseModel):
+    """A key as it stands: its limit, its jobs running and waiting, what its window spent, its
+    pause and its adaptive rate (1: full; a 429 without a hint halves it)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    key: str
+    limit_name: str
+    concurrency: int | None
+    requests: int | None
+    units: int | None
+    interval_seconds: float | None
+    running: int
+    waiting: int
+    requests_used: int
+    units_used: int
+    rate_factor: float | None
+    #: 429s and 529s its provider answered, since the key was first used.
+    throttled: int
+    paused_until: datetime | None
+    pause_reason: str | None
+    #: ``provider`` (a 429's hint) or the operator who paused it.
+    paused_by: str | None

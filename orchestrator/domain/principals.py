@@ -74,6 +74,12 @@ class Principal:
         if not self.allows(scope):
             raise Forbidden(f"token {self.name!r} lacks the {scope.value!r} scope")
 
+    def require_fleet(self, what: str) -> None:
+        """Refuse a principal limited to tenants what is shared by the whole fleet (``what``),
+        such as flow keys: their counts and pauses cover every tenant's jobs."""
+        if self.tenants is not None:
+            raise Forbidden(f"token {self.name!r} is limited to tenants; {what} are fleet-wide")
+
     def sees(self, tenant_id: str | None) -> bool:
         """Whether a job of ``tenant_id`` is this principal's to see or act on. A principal
         limited to tenants sees no job without a tenant."""

@@ -333,6 +333,26 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--by", default=os.environ.get("USER", "cli"), help="who holds it")
         cmd.set_defaults(handler=cmd_schedules_steer, action=action)
 
+    flow = commands.add_parser(
+        "flow",
+        help="flow control: the keys (limits, running, waiting, pauses); pause or resume one",
+    )
+    flow.set_defaults(handler=cmd_flow_list)
+    actions = flow.add_subparsers(dest="flow_command", metavar="ACTION")
+    cmd = actions.add_parser("list", help="every key with its use, waiters and pause (default)")
+    cmd.set_defaults(handler=cmd_flow_list)
+    cmd = actions.add_parser("pause", help="no job of a key starts for a while")
+    cmd.add_argument("key")
+    cmd.add_argument(
+        "--for", dest="seconds", type=_seconds, required=True, help="how long: 90, 30s, 10m, 2h"
+    )
+    cmd.add_argument("--reason", default="", help="why")
+    cmd.add_argument("--by", default=os.environ.get("USER", "cli"), help="who pauses it")
+    cmd.set_defaults(handler=cmd_flow_steer, action="pause")
+    cmd = actions.add_parser("resume", help="lift a key's pause: its waiting jobs start at once")
+    cmd.add_argument("key")
+    cmd.set_defaults(handler=cmd_flow_steer, action="resume")
+
     cmd = commands.add_parser("demo", help="run the demo scenario, in a database of its own")
     cmd.add_argument(
         "--real-llm",
@@ -691,6 +711,7 @@ def _config_shown(
         "version": config.version,
         "defaults": config.defaults.model_dump(mode="json"),
         "job_types": {n: c.model_dump(mode="json") for n, c in config.job_types.items()},
+        "limits": {n: limit.model_dump(mode="json") for n, limit in config.limits.items()},
     }
 
 
@@ -836,6 +857,47 @@ def cmd_schedules_steer(args: argparse.Namespace) -> int:
         else:
             view = await orc.resume_schedule(args.name)
         print(render.schedule_line(view))
+        return 0
+
+    return _run(args, body)
+
+
+def _seconds(text: str) -> float:
+    """A duration: seconds, or a number with s, m, h or d."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = (text[:-1], units[text[-1]]) if text[-1:] in units else (text, 1)
+    try:
+        value = float(number) * unit
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a duration: {text!r} (e.g. 90, 30s, 10m, 2h)"
+        ) from None
+    if not 0 < value <= 86_400 * 30:
+        raise argparse.ArgumentTypeError(f"{text!r} is not between 0 and 30 days")
+    return value
+
+
+def cmd_flow_list(args: argparse.Namespace) -> int:
+    async def body(orc: Orchestrator) -> int:
+        keys = await orc.flow_keys()
+        for key in keys:
+            print(render.flow_key_line(key))
+        if not keys:
+            _nothing("no flow keys (no job under a limit has been claimed yet)")
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_flow_steer(args: argparse.Namespace) -> int:
+    async def body(orc: Orchestrator) -> int:
+        if args.action == "pause":
+            key = await orc.pause_flow_key(
+                args.key, seconds=args.seconds, reason=args.reason, by=cli_actor(args.by)
+            )
+        else:
+            key = await orc.resume_flow_key(args.key)
+        print(render.flow_key_line(key))
         return 0
 
     return _run(args, body)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+from orchestrator.domain.flow import FlowKey
 from orchestrator.domain.models import DeadLetter, Job, JobEvent
 from orchestrator.domain.rollups import Stats
 from orchestrator.domain.schedules import ScheduleView
@@ -32,6 +33,8 @@ def describe(job: Job, events: list[JobEvent], steps: list[StepRecord] | None = 
         lines.append(
             f"  next retry at {job.next_retry_at.isoformat()} ({_in(job.next_retry_at, now)})"
         )
+    if job.waiting_for is not None:
+        lines.append(f"  {job.waiting_for}")
     if job.last_error is not None:
         e = job.last_error
         lines.append(f"  last error: [{e.classification.value} {e.code}] {first_line(e.message)}")
@@ -51,11 +54,30 @@ def describe(job: Job, events: list[JobEvent], steps: list[StepRecord] | None = 
 def job_line(job: Job) -> str:
     tenant = f"  tenant {job.tenant_id}" if job.tenant_id is not None else ""
     key = f"  key {job.job_key} rev {job.revision}" if job.job_key is not None else ""
+    waiting = f"  {job.waiting_for}" if job.waiting_for is not None else ""
     return (
         f"{job.id}  {job.job_type:<20} {job.status.value:<10} attempt {job.attempt:<3} "
         f"retries {job.retry_count}/{job.max_retries}  {job.created_at:%Y-%m-%d %H:%M:%S}"
-        f"{tenant}{key}"
+        f"{tenant}{key}{waiting}"
     )
+
+
+def flow_key_line(k: FlowKey) -> str:
+    """A flow key: its limit and use, its waiting jobs, its pause or slow-down."""
+    parts = [f"{k.key:<32} limit {k.limit_name}"]
+    if k.concurrency is not None:
+        parts.append(f"running {k.running}/{k.concurrency}")
+    window = f"{k.interval_seconds:g}s" if k.interval_seconds is not None else "-"
+    if k.requests is not None:
+        parts.append(f"requests {k.requests_used}/{k.requests} per {window}")
+    if k.units is not None:
+        parts.append(f"units {k.units_used}/{k.units} per {window}")
+    parts.append(f"waiting {k.waiting}")
+    if k.paused_until is not None and k.paused_until > datetime.now(UTC):
+        parts.append(f"PAUSED until {_utc(k.paused_until)} by {k.paused_by}: {k.pause_reason}")
+    if k.rate_factor is not None and k.rate_factor < 1:
+        parts.append(f"rate x{k.rate_factor:.2f} (429s without a hint)")
+    return "  ".join(parts)
 
 
 def dead_letter_line(letter: DeadLetter) -> str:
@@ -145,6 +167,8 @@ def event_detail(event: JobEvent) -> str:
             return f"step {p['step']}" + (" (final)" if p.get("final") else "")
         case "job.zombie_detected":
             return f"attempt {p['attempt']} on {p['worker']}: {p['reason']}"
+        case "job.waiting_for_capacity":
+            return f"on {p['key']} ({p['waiting_on']})"
         case "job.waiting_approval":
             return f"step {p['step']}: {p['question']}"
         case "job.approved" | "job.rejected" | "job.approval_expired":

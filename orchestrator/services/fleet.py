@@ -57,6 +57,21 @@ ZOMBIES = Spec(
     "orchestrator_zombies", "gauge", (),
     "RUNNING jobs whose heartbeat is older than the zombie threshold (not swept yet).",
 )  # fmt: skip
+FLOW_PAUSED = Spec(
+    "orchestrator_flow_key_paused", "gauge", ("key",),
+    "1 while the flow key is paused (a provider's 429/529 hint, or an operator), else 0.",
+)  # fmt: skip
+FLOW_WAITING = Spec(
+    "orchestrator_flow_waiting_jobs", "gauge", ("key",),
+    "Jobs waiting for capacity on the flow key (PENDING or RETRY, no attempt spent).",
+)  # fmt: skip
+FLOW_RUNNING = Spec(
+    "orchestrator_flow_running_jobs", "gauge", ("key",), "Jobs of the flow key running now."
+)
+FLOW_RATE = Spec(
+    "orchestrator_flow_rate_factor", "gauge", ("key",),
+    "The flow key's adaptive rate: 1 in full, halved by each 429 without a hint.",
+)  # fmt: skip
 FLEET_UP = Spec("orchestrator_fleet_up", "gauge", (), "1 when the last scrape read the database.")
 SCRAPE_DURATION = Spec(
     "orchestrator_fleet_scrape_duration_seconds", "gauge", (),
@@ -64,7 +79,7 @@ SCRAPE_DURATION = Spec(
 )  # fmt: skip
 FLEET_METRICS = (
     JOBS, RETRYING_RATIO, QUEUE_DEPTH, QUEUE_OLDEST_AGE, DEAD_LETTERS, APPROVALS_WAITING, ZOMBIES,
-    FLEET_UP, SCRAPE_DURATION,
+    FLOW_PAUSED, FLOW_WAITING, FLOW_RUNNING, FLOW_RATE, FLEET_UP, SCRAPE_DURATION,
 )  # fmt: skip
 
 
@@ -137,6 +152,15 @@ class FleetMetrics:
         yield letters
         yield _value(APPROVALS_WAITING, rows.approvals)
         yield _value(ZOMBIES, rows.zombies)
+        flow = {
+            spec: _family(spec) for spec in (FLOW_PAUSED, FLOW_WAITING, FLOW_RUNNING, FLOW_RATE)
+        }
+        for row in rows.flow:
+            flow[FLOW_PAUSED].add_metric([row["key"]], 1.0 if row["paused"] else 0.0)
+            flow[FLOW_WAITING].add_metric([row["key"]], row["waiting"])
+            flow[FLOW_RUNNING].add_metric([row["key"]], row["running"])
+            flow[FLOW_RATE].add_metric([row["key"]], float(row["rate_factor"]))
+        yield from flow.values()
 
     def _bounded(self, counts: dict[tuple[str, ...], int]) -> dict[tuple[str, ...], int]:
         """The counts with every tenant (the last label) past the ``max_tenants`` largest

@@ -4,7 +4,7 @@ grouped counts, read in one snapshot so that they agree with each other."""
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator.domain.models import QueueStats
 from orchestrator.domain.states import Status
@@ -18,6 +18,8 @@ class FleetRows:
     dead_letters: list[Row]  # state, tenant, n
     approvals: int  # waiting for a decision
     zombies: int  # RUNNING with a heartbeat older than the threshold
+    #: key, paused (bool), running, waiting, rate_factor: the flow keys (docs/flow-control.md)
+    flow: list[Row] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class FleetStore:
                 {"running": Status.RUNNING.value, "threshold": zombie_threshold},
                 conn,
             )
+            flow = await self.queries.rows("fleet_flow", None, conn)
         assert counts is not None
         return FleetRows(
             jobs=jobs,
@@ -52,6 +55,7 @@ class FleetStore:
             dead_letters=dead_letters,
             approvals=counts["approvals"],
             zombies=counts["zombies"],
+            flow=flow,
         )
 
     async def unfinished(self, *, zombie_threshold: float) -> Unfinished:

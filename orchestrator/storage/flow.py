@@ -7,51 +7,17 @@ it: a config applied, a provider's 429, an operator's pause, a call's real usage
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
+from orchestrator.domain.errors import FlowKeyNotFound
+from orchestrator.domain.flow import FlowKey
 from orchestrator.storage.database import Conn
 from orchestrator.storage.runner import Queries
 from retry_config import LiveConfig, RetryConfig
-
-
-class FlowKeyNotFound(LookupError):
-    """No job of this key has been claimed yet (or the name is misspelt)."""
-
-    code = "FLOW_KEY_NOT_FOUND"
-
-    def __init__(self, key: str) -> None:
-        super().__init__(f"flow key {key!r} not found")
-        self.key = key
-
-
-@dataclass(frozen=True)
-class FlowKey:
-    """A key as it stands: its limit, what runs and waits on it, its window's spending, its
-    pause and its adaptive rate."""
-
-    key: str
-    limit_name: str
-    concurrency: int | None
-    requests: int | None
-    units: int | None
-    interval_seconds: float | None
-    running: int
-    waiting: int
-    requests_used: int
-    units_used: int
-    rate_factor: float | None
-    throttled: int
-    paused_until: datetime | None
-    pause_reason: str | None
-    paused_by: str | None
-
-    def paused(self, now: datetime) -> bool:
-        return self.paused_until is not None and self.paused_until > now
 
 
 class FlowStore:
@@ -93,7 +59,7 @@ class FlowStore:
 
     async def keys(self, key: str | None = None) -> list[FlowKey]:
         rows = await self.queries.rows("flow_keys", {"key": key})
-        return [FlowKey(**row) for row in rows]
+        return [FlowKey.model_validate(row) for row in rows]
 
     async def get(self, key: str) -> FlowKey:
         found = await self.keys(key)

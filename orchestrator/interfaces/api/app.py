@@ -26,6 +26,7 @@ from starlette.staticfiles import StaticFiles
 from orchestrator.app import Orchestrator
 from orchestrator.domain.principals import Principal, Scope
 from orchestrator.interfaces.api import (
+    flow,
     jobs,
     operations,
     parameters,
@@ -105,7 +106,7 @@ def create_app(orc: Orchestrator) -> FastAPI:
     app.state.overview = pages.OverviewCache(pages.OVERVIEW_SECONDS)
     for kind, handler in problems.HANDLERS:
         app.add_exception_handler(kind, handler)
-    for router in (jobs.router, operations.router, stats.router, schedules.router):
+    for router in (jobs.router, operations.router, stats.router, schedules.router, flow.router):
         app.include_router(router, responses=problems.ERRORS)
     app.include_router(workers.router)  # declares its own answers (no 404 for a report)
     app.include_router(pages.router)

@@ -11,6 +11,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.app import JobSpec
+from orchestrator.domain.flow import FlowKey
 from orchestrator.domain.models import DeadLetter, Job, JobEvent, QueueStats
 from orchestrator.domain.policy import Budget, max_attempts
 from orchestrator.domain.schedules import ScheduleView
@@ -87,6 +88,15 @@ class Schedules(BaseModel):
     schedules: list[ScheduleView]
 
 
+class FlowKeys(BaseModel):
+    keys: list[FlowKey]
+
+
+class FlowPause(_In):
+    seconds: float = Field(gt=0, le=86_400 * 30, description="How long no job of the key starts.")
+    reason: Text = Field("", max_length=500)
+
+
 class Queues(BaseModel):
     queues: list[QueueStats]
 
@@ -100,6 +110,9 @@ class RetryConfigView(BaseModel):
     version: str = Field(
         description="The version (content hash) of the file this server runs: it reloads the"
         " file when it changes, and keeps this version when the new one is refused."
+    )
+    limits: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="The fleet-wide limits, by name (docs/flow-control.md)."
     )
 
 

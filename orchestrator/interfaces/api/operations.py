@@ -141,6 +141,7 @@ async def retry_config(orc: Orc, caller: Reader) -> RetryConfigView:
             name: config.for_type(name).model_dump(mode="json")
             for name in sorted({*orc.job_types, *config.job_types})
         },
+        limits={name: limit.model_dump(mode="json") for name, limit in config.limits.items()},
     )
 
 

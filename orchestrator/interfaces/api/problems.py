@@ -42,6 +42,7 @@ STATUS: tuple[tuple[type[Exception], int], ...] = (
     (errors.DeadLetterNotFound, 404),
     (errors.ApprovalNotFound, 404),
     (errors.ScheduleNotFound, 404),
+    (errors.FlowKeyNotFound, 404),
     (errors.InvalidTransition, 409),
     (errors.StaleLease, 409),
     (errors.DeadLetterError, 409),

@@ -539,6 +539,32 @@ async def steer_schedule(orc: Orc, session: Acting, schedule_name: str, steer: s
     return _back("/ui/schedules", error=f"no such action: {steer[:40]!r}")
 
 
+# -- flow control -----------------------------------------------------------------------------
+
+
+async def _flow(orc: Orchestrator, session: Session) -> dict[str, Any]:
+    """The keys, to a session of every tenant: their counts cover every tenant's jobs."""
+    fleet = session.principal.tenants is None
+    return {"fleet": fleet, "keys": await orc.flow_keys() if fleet else []}
+
+
+@router.get("/flow")
+async def flow_page(request: Request, orc: Orc, session: Viewer) -> HTMLResponse:
+    return _page(request, "flow.html", session, **await _flow(orc, session))
+
+
+@router.get("/fragments/flow")
+async def flow_fragment(request: Request, orc: Orc, session: Viewer) -> HTMLResponse:
+    return _page(request, "_flow.html", session, **await _flow(orc, session))
+
+
+@router.post("/flow/{key}/resume")
+async def resume_flow_key(orc: Orc, session: Acting, key: str) -> Response:
+    """Lift a key's pause and slow-down; a session limited to tenants is refused (403)."""
+    session.principal.require_fleet("flow keys")
+    return await _acted("/ui/flow", f"{key} resumed", orc.resume_flow_key(key))
+
+
 # -- the retry config -------------------------------------------------------------------------
 
 
@@ -549,6 +575,7 @@ async def config_page(request: Request, orc: Orc, session: Viewer) -> HTMLRespon
     return _page(
         request, "config.html", session,
         types=[(name, config.for_type(name)) for name in types],
+        limits=sorted(config.limits.items()),
         app_schedule=views.app_schedule, infra_schedule=views.infra_schedule,
     )  # fmt: skip
 

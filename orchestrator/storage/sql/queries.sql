@@ -833,6 +833,21 @@ SELECT (SELECT count(*) FROM orc_approvals WHERE status = 'pending') AS approval
            AND heartbeat_at < now() - make_interval(secs => %(threshold)s)) AS zombies
 
 
+-- fleet_flow --
+-- The flow keys for the exporter: paused or not, running and waiting jobs, the adaptive rate.
+-- Keys that are paused, slowed or have waiters first; at most 200 (the series stay bounded).
+SELECT k.key, coalesce(k.paused_until > now(), false) AS paused,
+       (SELECT count(*) FROM orc_jobs AS j
+         WHERE j.flow_key = k.key AND j.status = 'RUNNING' AND j.flow_key IS NOT NULL)::integer
+           AS running,
+       (SELECT count(*) FROM orc_flow_waiters AS w WHERE w.key = k.key)::integer AS waiting,
+       coalesce(orc_flow_factor_v1(k, l), 1) AS rate_factor
+  FROM orc_flow_keys AS k
+  LEFT JOIN orc_flow_limits AS l ON l.name = k.limit_name
+ ORDER BY coalesce(k.paused_until > now(), false) DESC,
+          EXISTS (SELECT FROM orc_flow_waiters AS w WHERE w.key = k.key) DESC, k.key
+ LIMIT 200
+
 -- == The HTTP API (orchestrator serve) ===========================================================
 
 -- lock_token_names --
