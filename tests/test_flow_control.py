@@ -4,12 +4,15 @@ processes and the local LLM server's rate limit in the tests further down)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
+import pytest
 
+from demo import llm_server as llm
 from orchestrator import Orchestrator
+from orchestrator.domain.errors import FlowKeyNotFound
 from tests.support import flow_app
 from tests.support.harness import WorkerRun, wait_for
 
@@ -59,3 +62,160 @@ async def test_a_key_never_runs_more_than_its_concurrency_and_waiting_jobs_say_w
     for job_id in ids:
         job = await orc.get_job(job_id)
         assert job.status.value == "COMPLETED" and job.attempt == 1 and job.waiting_for is None
+
+
+async def running_times(orc: Orchestrator, job_ids: list[Any]) -> list[float]:
+    """When each job's attempts were claimed (its job.running events), in epoch seconds."""
+    times = []
+    for job_id in job_ids:
+        times += [e.at.timestamp() for e in await orc.job_events(job_id) if e.kind == "job.running"]
+    return sorted(times)
+
+
+async def test_a_key_starts_no_more_than_its_requests_in_any_window(
+    make_orc: Callable[..., Orchestrator],
+) -> None:
+    orc = flow_orc(make_orc)
+    await orc.open()
+    ids = [await orc.submit("tick") for _ in range(13)]  # 5 per second: three windows
+    async with WorkerRun(orc, concurrency=10) as run:
+        await run.until_finished(*ids, timeout=20)
+    starts = await running_times(orc, ids)
+    assert len(starts) == 13  # one claim each: none was refused a start after its claim
+    # (claims are stamped a moment after their admission: 10 ms of slack for the stamps)
+    in_any_second = max(sum(1 for t in starts if s <= t < s + 0.99) for s in starts)
+    assert in_any_second == 5, [round(t - starts[0], 4) for t in starts]
+    assert starts[-1] - starts[0] >= 2.0  # the 11th start waited for the window to slide twice
+    for job_id in ids:
+        job = await orc.get_job(job_id)
+        assert (job.attempt, job.retry_count, job.waiting_for) == (1, 0, None)
+
+
+async def test_cancelled_jobs_give_their_capacity_back_and_leave_the_line(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    orc = flow_orc(make_orc)
+    await orc.open()
+    long = [await orc.submit("hold", {"pool": "c", "seconds": 30}) for _ in range(2)]
+    waiting = [await orc.submit("hold", {"pool": "c", "seconds": 0.1}) for _ in range(2)]
+    async with WorkerRun(orc, concurrency=10) as run:
+
+        async def parked() -> bool:
+            jobs = [await orc.get_job(j) for j in waiting]
+            return all(j.waiting_for for j in jobs) and await running_of(db, "hold:c") == 2
+
+        await wait_for(parked)
+        await orc.cancel(waiting[1], reason="not needed")  # it leaves the line
+        cur = await db.execute("SELECT count(*) FROM orc_flow_waiters")
+        assert await cur.fetchone() == (1,)
+        await orc.cancel(long[0], reason="takes too long")  # its slot goes to the one waiting
+        await run.until_finished(waiting[0], timeout=10)
+        await orc.cancel(long[1], reason="done with the test")
+        await run.until_finished(*long, timeout=10)
+    assert (await orc.get_job(waiting[0])).status.value == "COMPLETED"
+    assert (await orc.get_job(waiting[1])).status.value == "CANCELLED"
+
+
+async def test_tenants_sharing_a_key_get_their_weighted_shares(
+    make_orc: Callable[..., Orchestrator],
+) -> None:
+    """``weights = { heavy = 3 }``: while both wait, heavy starts three jobs for each of light's,
+    though light's jobs were all submitted after heavy's."""
+    orc = flow_orc(make_orc)
+    await orc.open()
+    heavy = [await orc.submit("fair", tenant_id="heavy") for _ in range(60)]
+    light = [await orc.submit("fair", tenant_id="light") for _ in range(60)]
+    async with WorkerRun(orc, concurrency=10) as run:
+        await run.until_finished(*heavy, *light, timeout=60)
+    starts = sorted(
+        [(t, "heavy") for t in await running_times(orc, heavy)]
+        + [(t, "light") for t in await running_times(orc, light)]
+    )
+    first_light = next(i for i, (_, who) in enumerate(starts) if who == "light")
+    last_heavy = max(i for i, (_, who) in enumerate(starts) if who == "heavy")
+    contended = [who for _, who in starts[first_light : last_heavy + 1]]
+    share = contended.count("heavy") / len(contended)
+    assert len(contended) > 40
+    assert 0.75 * 0.9 <= share <= 0.75 * 1.1, (share, len(contended))
+
+
+KEY = "sk-test-flow-0123456789"
+
+
+@pytest.fixture
+def model_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[llm.LocalLLM]:
+    with llm.serve(api_key=KEY) as server:
+        monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.url)
+        yield server
+
+
+def ask(model: str) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 50}
+
+
+async def test_a_429_with_a_hint_pauses_the_key_for_every_job_and_spends_no_budget(
+    make_orc: Callable[..., Orchestrator], model_server: llm.LocalLLM
+) -> None:
+    model_server.script("m", [llm.Status(429, "rate_limit_error", retry_after="2"), llm.Text("ok")])
+    model_server.script("other", [llm.Text("ok")])
+    orc = flow_orc(make_orc)
+    await orc.open()
+    first = await orc.submit("llm_generate", ask("m"))
+    async with WorkerRun(orc, concurrency=10) as run:
+
+        async def paused() -> bool:
+            keys = await orc.flow_keys("anthropic:m")
+            return bool(keys) and keys[0].paused_until is not None
+
+        await wait_for(paused)
+        [key] = await orc.flow_keys("anthropic:m")
+        assert key.paused_by == "provider" and key.throttled == 1
+        assert key.pause_reason and "LLM_RATE_LIMITED" in key.pause_reason
+        later = [await orc.submit("llm_generate", ask("m")) for _ in range(3)]
+        elsewhere = await orc.submit("llm_generate", ask("other"))  # another key runs on
+        await run.until_finished(elsewhere, timeout=5)
+        for job_id in later:
+            job = await orc.get_job(job_id)
+            assert job.waiting_for is not None and job.waiting_for.startswith(
+                "waiting for capacity on anthropic:m (paused until "
+            )
+            assert job.attempt == 0
+        assert model_server.requests["m"] == 1  # nobody called the model while it was paused
+        await run.until_finished(first, *later, timeout=15)
+    assert model_server.requests["m"] == 5  # the first twice, each later one once
+    job, events = await orc.get_job(first), await orc.job_events(first)
+    assert (job.status.value, job.retry_count, job.attempt) == ("COMPLETED", 0, 2)
+    [failed] = [e.payload for e in events if e.kind == "job.failed"]
+    assert failed["layer"] == "pause" and failed["error"]["code"] == "LLM_RATE_LIMITED"
+    for job_id in later:
+        job = await orc.get_job(job_id)
+        assert (job.status.value, job.attempt, job.retry_count) == ("COMPLETED", 1, 0)
+    [key] = await orc.flow_keys("anthropic:m")
+    assert key.waiting == 0 and key.running == 0
+
+
+async def test_an_operator_pauses_a_key_and_lifts_the_pause(
+    make_orc: Callable[..., Orchestrator], model_server: llm.LocalLLM
+) -> None:
+    orc = flow_orc(make_orc)
+    await orc.open()
+    warm = await orc.submit("llm_generate", ask("m"))  # the key exists once a job was claimed
+    async with WorkerRun(orc, concurrency=10) as run:
+        await run.until_finished(warm)
+        key = await orc.pause_flow_key(
+            "anthropic:m", seconds=600, reason="provider incident", by="ops"
+        )
+        assert key.paused_by == "ops" and key.pause_reason == "provider incident"
+        held = [await orc.submit("llm_generate", ask("m")) for _ in range(2)]
+
+        async def waiting() -> bool:
+            return all([(await orc.get_job(j)).waiting_for for j in held])
+
+        await wait_for(waiting)
+        assert model_server.requests["m"] == 1
+        lifted = await orc.resume_flow_key("anthropic:m")
+        assert lifted.paused_until is None
+        await run.until_finished(*held, timeout=5)  # woken by the resume, not a 10-minute wait
+    with pytest.raises(FlowKeyNotFound):
+        await orc.resume_flow_key("anthropic:nope")

@@ -29,11 +29,20 @@ key = "anthropic:{payload.model}"
 concurrency = 4
 share_by = "tenant"
 
+[limits.shared]
+key = "shared"
+concurrency = 2
+share_by = "tenant"
+weights = { heavy = 3 }
+
 [job_types.hold]
 limit = "held"
 
 [job_types.tick]
 limit = "ticks"
+
+[job_types.fair]
+limit = "shared"
 
 [job_types.llm_generate]
 limit = "anthropic"
@@ -55,6 +64,10 @@ def register(orc: Orchestrator) -> None:
     @orc.job_type("tick")
     async def tick(ctx: JobContext, payload: None) -> None:
         return None
+
+    @orc.job_type("fair")
+    async def fair(ctx: JobContext, payload: None) -> None:
+        await asyncio.sleep(0.02)
 
     llm.register(orc)
 

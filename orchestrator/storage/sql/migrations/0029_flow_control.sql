@@ -68,7 +68,8 @@ CREATE TABLE orc_flow_spends (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     key text NOT NULL,
     job_id uuid,
-    at timestamptz NOT NULL DEFAULT now(),
+    -- The instant of the decision (not of the transaction: a fetch may wait for the key's lock).
+    at timestamptz NOT NULL DEFAULT clock_timestamp(),
     requests integer NOT NULL,
     units bigint NOT NULL
 );
@@ -122,7 +123,7 @@ DECLARE
     used_units bigint;
     cost bigint;
 BEGIN
-    IF k.paused_until > now() THEN
+    IF k.paused_until > clock_timestamp() THEN
         blocked := 'paused'; wake := k.paused_until;
         RETURN;
     END IF;
@@ -143,7 +144,7 @@ BEGIN
     SELECT coalesce(sum(s.requests), 0), coalesce(sum(s.units), 0)
       INTO used_requests, used_units
       FROM orc_flow_spends AS s
-     WHERE s.key = k.key AND s.at > now() - make_interval(secs => lim.interval_seconds);
+     WHERE s.key = k.key AND s.at > clock_timestamp() - make_interval(secs => lim.interval_seconds);
     IF lim.requests IS NOT NULL THEN
         allowed := greatest(1, floor(lim.requests * factor));
         IF used_requests + p_held + 1 > allowed THEN
@@ -153,11 +154,11 @@ BEGIN
               FROM (SELECT s.at, sum(s.requests) OVER (ORDER BY s.at, s.id) AS slid
                       FROM orc_flow_spends AS s
                      WHERE s.key = k.key
-                       AND s.at > now() - make_interval(secs => lim.interval_seconds)) AS w
+                       AND s.at > clock_timestamp() - make_interval(secs => lim.interval_seconds)) AS w
              WHERE w.slid >= used_requests + p_held + 1 - allowed
              ORDER BY w.at
              LIMIT 1;
-            wake := coalesce(wake, now() + make_interval(secs => lim.interval_seconds));
+            wake := coalesce(wake, clock_timestamp() + make_interval(secs => lim.interval_seconds));
             RETURN;
         END IF;
     END IF;
@@ -170,11 +171,11 @@ BEGIN
               FROM (SELECT s.at, sum(s.units) OVER (ORDER BY s.at, s.id) AS slid
                       FROM orc_flow_spends AS s
                      WHERE s.key = k.key
-                       AND s.at > now() - make_interval(secs => lim.interval_seconds)) AS w
+                       AND s.at > clock_timestamp() - make_interval(secs => lim.interval_seconds)) AS w
              WHERE w.slid >= used_units + p_held_cost + cost - allowed
              ORDER BY w.at
              LIMIT 1;
-            wake := coalesce(wake, now() + make_interval(secs => lim.interval_seconds));
+            wake := coalesce(wake, clock_timestamp() + make_interval(secs => lim.interval_seconds));
             RETURN;
         END IF;
     END IF;
@@ -322,7 +323,7 @@ BEGIN
         DELETE FROM orc_flow_waiters WHERE job_id = j.id;
         RETURN NULL;
     END IF;
-    IF k.paused_until > now() THEN
+    IF k.paused_until > clock_timestamp() THEN
         blocked := 'paused';
     ELSIF waiter.dispatched_at IS NULL
           AND EXISTS (SELECT FROM orc_flow_waiters AS w
@@ -344,7 +345,7 @@ BEGIN
         IF lim.requests IS NOT NULL OR lim.units IS NOT NULL THEN
             DELETE FROM orc_flow_spends AS s
              WHERE s.key = j.flow_key
-               AND s.at <= now() - make_interval(secs => lim.interval_seconds);
+               AND s.at <= clock_timestamp() - make_interval(secs => lim.interval_seconds);
             INSERT INTO orc_flow_spends (key, job_id, requests, units)
             VALUES (j.flow_key, j.id, 1, least(coalesce(j.flow_cost, 1), coalesce(lim.units, 2^62)));
         END IF;
