@@ -14,7 +14,7 @@ from demo import llm_server as llm
 from orchestrator import Orchestrator
 from orchestrator.domain.errors import FlowKeyNotFound
 from tests.support import flow_app
-from tests.support.harness import WorkerRun, wait_for
+from tests.support.harness import WorkerRun, run_safety_net, wait_for
 
 
 def flow_orc(make_orc: Callable[..., Orchestrator], **settings: Any) -> Orchestrator:
@@ -219,3 +219,92 @@ async def test_an_operator_pauses_a_key_and_lifts_the_pause(
         await run.until_finished(*held, timeout=5)  # woken by the resume, not a 10-minute wait
     with pytest.raises(FlowKeyNotFound):
         await orc.resume_flow_key("anthropic:nope")
+
+
+async def test_a_429_without_a_hint_halves_the_key_s_rate_which_recovers_gradually(
+    make_orc: Callable[..., Orchestrator],
+    model_server: llm.LocalLLM,
+    db: psycopg.AsyncConnection[Any],
+) -> None:
+    """The documented rule (docs/flow-control.md, "Adaptive rate"): each 429 or 529 without a
+    hint halves the key's rate factor (down to 1/64), and it recovers by 0.1 per interval
+    without one. The factor scales the key's concurrency, requests and units."""
+    model_server.script("m", [llm.Status(429, "rate_limit_error"), llm.Text("ok")])
+    orc = flow_orc(make_orc)
+    await orc.open()
+    job_id = await orc.submit("llm_generate", ask("m"))
+    async with WorkerRun(orc, concurrency=10) as run:
+        await run.until_finished(job_id)
+    job = await orc.get_job(job_id)
+    assert (job.status.value, job.retry_count) == ("COMPLETED", 1)  # no hint: a retry spent
+    [key] = await orc.flow_keys("anthropic:m")
+    assert key.paused_until is None and key.throttled == 1
+    assert key.rate_factor is not None and 0.5 <= key.rate_factor < 0.51
+
+    async def factor(intervals_ago: float, stored: float) -> float:
+        await db.execute(
+            "UPDATE orc_flow_keys SET rate_factor = %s,"
+            " factor_at = now() - make_interval(secs => 60 * %s) WHERE key = 'anthropic:m'",
+            (stored, intervals_ago),
+        )
+        [key] = await orc.flow_keys("anthropic:m")
+        assert key.rate_factor is not None
+        return key.rate_factor
+
+    assert await factor(2.5, 0.5) == pytest.approx(0.75, abs=0.01)  # +0.1 per interval
+    assert await factor(20, 0.5) == 1.0  # never above the limit
+    for _ in range(8):  # halving stops at 1/64
+        await db.execute("SELECT orc_flow_throttled_v1('anthropic:m', NULL, 'test')")
+    assert await factor(0, 1 / 64) == pytest.approx(1 / 64, abs=0.001)
+    cur = await db.execute("SELECT rate_factor FROM orc_flow_keys WHERE key = 'anthropic:m'")
+    assert await cur.fetchone() == (1 / 64,)
+
+
+async def test_a_slowed_key_runs_fewer_jobs_at_once(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    orc = flow_orc(make_orc)
+    await orc.open()
+    warm = await orc.submit("hold", {"pool": "s", "seconds": 0.05})
+    async with WorkerRun(orc, concurrency=10) as run:
+        await run.until_finished(warm)
+        await db.execute("SELECT orc_flow_throttled_v1('hold:s', NULL, 'test')")  # 2 -> 1
+        ids = [await orc.submit("hold", {"pool": "s", "seconds": 0.2}) for _ in range(4)]
+        seen: list[int] = []
+
+        async def done() -> bool:
+            seen.append(await running_of(db, "hold:s"))
+            return all([(await orc.get_job(j)).finished_at for j in ids])
+
+        await wait_for(done, timeout=15)
+    assert max(seen) == 1
+
+
+async def test_the_safety_net_wakes_a_line_whose_wake_up_was_lost(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    """A line with waiters and none on its way, and free capacity (here: the dispatch sent for
+    it deleted by hand), is woken by the next run of the retry safety net."""
+    orc = flow_orc(make_orc)
+    await orc.open()
+    ids = [await orc.submit("hold", {"pool": "n", "seconds": 0.3}) for _ in range(3)]
+    async with WorkerRun(orc, concurrency=10) as run:
+
+        async def one_waits() -> bool:
+            return bool([j for j in ids if (await orc.get_job(j)).waiting_for])
+
+        await wait_for(one_waits)
+        # lose the wake-up: the jobs that finish do not hand their capacity on
+        await db.execute("ALTER TABLE orc_jobs DISABLE TRIGGER orc_jobs_flow_release")
+        try:
+            await wait_for(lambda: _running_none(db), timeout=10)
+        finally:
+            await db.execute("ALTER TABLE orc_jobs ENABLE TRIGGER orc_jobs_flow_release")
+        [waiting] = [j for j in ids if (await orc.get_job(j)).waiting_for]
+        assert (await orc.get_job(waiting)).finished_at is None
+        assert await run_safety_net(orc) == 1
+        await run.until_finished(*ids, timeout=10)
+
+
+async def _running_none(db: psycopg.AsyncConnection[Any]) -> bool:
+    return await running_of(db, "hold:n") == 0

@@ -5,6 +5,10 @@ by a worker that stopped heartbeating in Procrastinate's registry. The net settl
 worker's dispatch and gives the job a new one (``job.redispatched``), a batch per transaction. A
 job whose write the database refuses even alone is passed over
 (orchestrator.services.batches.PassedOver); the rest of its batch is dispatched.
+
+A job parked for capacity on a flow key has no dispatch on purpose; the net leaves it to its
+key, and hands the free capacity of any key whose line has waiters and none on its way to
+them: the backstop of a wake-up that was missed (docs/flow-control.md).
 """
 
 from __future__ import annotations
@@ -20,15 +24,18 @@ from orchestrator.storage.stores import Stores
 class SafetyNetResult:
     redispatched: int
     passed_over: int = 0
+    #: Jobs waiting for capacity on a flow key that a pump let go.
+    woken: int = 0
 
     @property
     def handled(self) -> int:
-        return self.redispatched + self.passed_over
+        return self.redispatched + self.passed_over + self.woken
 
     def sentence(self) -> str:
+        woken = f", waiting for capacity woken: {self.woken}" if self.woken else ""
         return (
             f"waiting jobs given a new dispatch: {self.redispatched}"
-            f"{passed_over_words(self.passed_over)}"
+            f"{passed_over_words(self.passed_over)}{woken}"
         )
 
 
@@ -61,7 +68,8 @@ class RetrySafetyNet:
             return done + refused
 
         await in_batches(batch, size=self.batch_size)
-        return SafetyNetResult(redispatched, len(passed_over.keys))
+        woken = await self.stores.flow.pump(None)
+        return SafetyNetResult(redispatched, len(passed_over.keys), woken)
 
     async def redispatch_batch(self, limit: int, passed_over: PassedOver) -> tuple[int, int]:
         """One transaction: (jobs redispatched, jobs passed over)."""

@@ -76,7 +76,7 @@ class FlowStore:
     async def resume(self, key: str) -> int:
         """Lift the key's pause (and its adaptive rate reduction): how many waiters go now."""
         row = await self.queries.row("resume_flow_key", {"key": key})
-        if row is None:
+        if row is None or row["dispatched"] is None:
             raise FlowKeyNotFound(key)
         return int(row["dispatched"])
 

@@ -1309,15 +1309,9 @@ UPDATE orc_flow_keys
 RETURNING key
 
 -- resume_flow_key --
--- An operator lifts a key's pause (and resets its adaptive rate): its waiters go at once.
-WITH lifted AS (
-    UPDATE orc_flow_keys
-       SET paused_until = NULL, pause_reason = NULL, paused_by = NULL,
-           rate_factor = 1, factor_at = now()
-     WHERE key = %(key)s
-    RETURNING key
-)
-SELECT key, orc_flow_pump_v1(key) AS dispatched FROM lifted
+-- An operator lifts a key's pause (and resets its adaptive rate): its waiters go at once
+-- (see orc_flow_resume_v1). dispatched null: no such key.
+SELECT orc_flow_resume_v1(%(key)s) AS dispatched
 
 -- flow_throttled --
 -- The provider behind a key answered 429 or 529: paused until the hint, or its rate halved.

@@ -241,6 +241,7 @@ DECLARE
     blocked text;
     wake timestamptz;
     now_ids uuid[] := '{}';
+    busy uuid[] := '{}';  -- waiters another transaction holds (a cancel): left for later
     weight double precision;
     floor_vtime double precision;
 BEGIN
@@ -256,15 +257,24 @@ BEGIN
           FROM orc_flow_shares AS s
          WHERE s.key = p_key
            AND EXISTS (SELECT FROM orc_flow_waiters AS w
-                        WHERE w.key = p_key AND w.share = s.share AND w.dispatched_at IS NULL)
+                        WHERE w.key = p_key AND w.share = s.share AND w.dispatched_at IS NULL
+                          AND w.job_id <> ALL (busy))
          ORDER BY s.vtime, s.share
          LIMIT 1;
         EXIT WHEN pick IS NULL;
         SELECT w.* INTO waiter
           FROM orc_flow_waiters AS w
          WHERE w.key = p_key AND w.share = pick AND w.dispatched_at IS NULL
+           AND w.job_id <> ALL (busy)
          ORDER BY w.seq
          LIMIT 1;
+        -- The key is locked before the job here (the gate locks them the other way round), so
+        -- a waiter another transaction holds is skipped rather than waited for.
+        PERFORM FROM orc_jobs AS j WHERE j.id = waiter.job_id FOR NO KEY UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            busy := busy || waiter.job_id;
+            CONTINUE;
+        END IF;
         blocked := NULL;
         wake := NULL;
         IF lim.name IS NOT NULL THEN  -- (a limit no longer configured holds nothing back)
@@ -570,6 +580,36 @@ CREATE TRIGGER orc_jobs_flow_leave
     FOR EACH ROW
     WHEN (OLD.flow_key IS NOT NULL AND NEW.finished_at IS NOT NULL AND OLD.finished_at IS NULL)
     EXECUTE FUNCTION orc_flow_leave_v1();
+
+-- An operator lifts a key's pause (and its adaptive slow-down). The waiter sent for the end of
+-- the pause comes back to the line (its future dispatch deleted), and the line goes now.
+-- NULL: no such key; else how many waiters got a dispatch.
+CREATE FUNCTION orc_flow_resume_v1(p_key text) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    scout record;
+BEGIN
+    UPDATE orc_flow_keys
+       SET paused_until = NULL, pause_reason = NULL, paused_by = NULL,
+           rate_factor = 1, factor_at = now()
+     WHERE key = p_key;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    FOR scout IN
+        SELECT j.id, j.procrastinate_job_id
+          FROM orc_flow_waiters AS w JOIN orc_jobs AS j ON j.id = w.job_id
+         WHERE w.key = p_key AND w.dispatched_at IS NOT NULL
+           FOR NO KEY UPDATE OF j SKIP LOCKED
+    LOOP
+        IF procrastinate_cancel_job_v1(scout.procrastinate_job_id, false, true) IS NOT NULL THEN
+            UPDATE orc_flow_waiters SET dispatched_at = NULL WHERE job_id = scout.id;
+            UPDATE orc_jobs SET procrastinate_job_id = NULL WHERE id = scout.id;
+        END IF;
+    END LOOP;
+    RETURN orc_flow_pump_v1(p_key);
+END;
+$$;
 
 -- A 429 or 529 from the provider behind a key. With the server's hint, the key pauses for the
 -- whole fleet until then; without one, its rate factor halves.
