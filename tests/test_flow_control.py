@@ -4,7 +4,12 @@ processes and the local LLM server's rate limit in the tests further down)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -14,7 +19,8 @@ from demo import llm_server as llm
 from orchestrator import Orchestrator
 from orchestrator.domain.errors import FlowKeyNotFound
 from tests.support import flow_app
-from tests.support.harness import WorkerRun, run_safety_net, wait_for
+from tests.support.harness import ROOT, WorkerRun, run_safety_net, wait_for
+from tests.support.workers import WorkerProcess
 
 
 def flow_orc(make_orc: Callable[..., Orchestrator], **settings: Any) -> Orchestrator:
@@ -308,3 +314,115 @@ async def test_the_safety_net_wakes_a_line_whose_wake_up_was_lost(
 
 async def _running_none(db: psycopg.AsyncConnection[Any]) -> bool:
     return await running_of(db, "hold:n") == 0
+
+
+# -- a rate-limit storm: worker processes against the local LLM server's limits -------------------
+
+STORM_LIMIT = 4  # jobs of the key running at once, fleet-wide
+#: Our allowance is a little above the server's, so that the server's 429s happen and pause.
+STORM = flow_app.config(f"concurrency = {STORM_LIMIT}\nrequests = 14\ninterval_seconds = 2")
+
+
+def cli(dsn: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "--app", "tests.support.flow_app:orc", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "DATABASE_URL": dsn, "ORCHESTRATOR_RETRY_CONFIG": str(STORM)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+async def test_a_storm_on_three_worker_processes_keeps_every_limit(
+    dsn: str, make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    """Three worker processes, 60 jobs of two tenants on one key, the server allowing 12 requests
+    per 2 s with 429 + Retry-After beyond. Sampled from the database all along, the key never runs
+    more than its limit; the server's 429s pause the key for every worker until their hint; no
+    waiting job spends an attempt or budget; the tenants get even shares; a worker killed
+    mid-call gives its jobs' capacity back once they are swept; an operator's pause holds new
+    jobs until it is lifted."""
+    with llm.serve(
+        api_key=KEY, requests_per_window=12, window_seconds=2.0
+    ) as server, contextlib.ExitStack() as workers:  # fmt: skip
+        server.script("storm", [llm.Text("a slow but steady answer", chunks=4, every=0.1)])
+        env = {"ORCHESTRATOR_RETRY_CONFIG": STORM, "ANTHROPIC_BASE_URL": server.url,
+               "ANTHROPIC_API_KEY": KEY}  # fmt: skip
+        procs = [
+            workers.enter_context(WorkerProcess(dsn, "tests.support.flow_app:orc", **env))
+            for _ in range(3)
+        ]
+        orc = make_orc(retry_config=STORM)
+        flow_app.register(orc)
+        await orc.open()
+        tenants = ["a"] * 30 + ["b"] * 30
+        ids = [await orc.submit("llm_generate", ask("storm"), tenant_id=t) for t in tenants]
+        seen: list[int] = []
+        killed = False
+
+        async def finished() -> bool:
+            nonlocal killed
+            seen.append(await running_of(db, "anthropic:storm"))
+            if not killed and await _running_on(db, procs[0].pid):
+                procs[0].process.kill()  # mid-call: its jobs are zombies until swept
+                killed = True
+            cur = await db.execute(
+                "SELECT count(*) FROM orc_jobs WHERE id = ANY(%s) AND finished_at IS NULL", (ids,)
+            )
+            row = await cur.fetchone()
+            return row is not None and row[0] == 0
+
+        await wait_for(finished, timeout=90, interval=0.02)
+        assert killed and max(seen) == STORM_LIMIT and len(seen) > 100
+        assert server.rate_limited > 0  # the storm happened
+
+        starts: list[tuple[float, str]] = []
+        for job_id, tenant in zip(ids, tenants, strict=True):
+            job, events = await orc.get_job(job_id), await orc.job_events(job_id)
+            assert job.status.value == "COMPLETED"
+            kinds = [e.kind for e in events]
+            failed = [e.payload for e in events if e.kind == "job.failed"]
+            if "job.zombie_detected" not in kinds:  # the killed worker's jobs were retried
+                assert job.retry_count == 0 and all(f["layer"] == "pause" for f in failed)
+                assert job.attempt == 1 + len(failed)  # waiting spent no attempt
+            starts += [(e.at.timestamp(), tenant) for e in events if e.kind == "job.running"]
+            pauses = [e for e in events if e.kind == "job.failed" and e.payload["layer"] == "pause"]
+            for pause in pauses:  # nobody started a job of the key while it was paused
+                [until] = [
+                    datetime.fromisoformat(e.payload["available_at"]).timestamp()
+                    for e in events
+                    if e.kind == "job.retry_scheduled" and e.id > pause.id
+                ][:1]
+                begun = pause.at.timestamp() + 0.2  # (a claim decided just before it)
+                during = [t for t, _ in starts if begun < t < until - 0.05]
+                assert during == [], (pause.payload["error"], during)
+        starts.sort()
+        first_b = next(i for i, (_, t) in enumerate(starts) if t == "b")
+        last_a = max(i for i, (_, t) in enumerate(starts) if t == "a")
+        contended = [t for _, t in starts[first_b : last_a + 1]]
+        assert 0.45 <= contended.count("a") / len(contended) <= 0.55, contended
+
+        # an operator pauses the key (the CLI), new jobs wait, the resume lets them go
+        assert "PAUSED" in cli(dsn, "flow", "pause", "anthropic:storm", "--for", "10m")
+        held = [await orc.submit("llm_generate", ask("storm"), tenant_id="a") for _ in range(3)]
+
+        async def waiting() -> bool:
+            return all([(await orc.get_job(j)).waiting_for for j in held])
+
+        await wait_for(waiting, timeout=15)
+        assert "anthropic:storm" in cli(dsn, "flow")
+        cli(dsn, "flow", "resume", "anthropic:storm")
+        await wait_for(lambda: _all_finished(orc, held), timeout=15)
+
+
+async def _running_on(db: psycopg.AsyncConnection[Any], pid: int) -> bool:
+    cur = await db.execute(
+        "SELECT count(*) FROM orc_jobs WHERE status = 'RUNNING' AND locked_by LIKE %s",
+        (f"%/{pid}/%",),
+    )
+    row = await cur.fetchone()
+    return row is not None and row[0] > 0
+
+
+async def _all_finished(orc: Orchestrator, ids: list[Any]) -> bool:
+    return all([(await orc.get_job(j)).finished_at is not None for j in ids])

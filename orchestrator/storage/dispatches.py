@@ -230,7 +230,7 @@ class DispatchStore:
         }
         async with self.queries.transaction() as conn:
             written = await self.queries.row("schedule_retry", params, conn) is not None
-            if written and throttle is not None:
+            if throttle is not None:  # after the job's lock (the lock order: job, then key)
                 await self.queries.row(
                     "flow_throttled",
                     {"key": throttle.key, "until": throttle.until, "reason": throttle.reason},

@@ -2,11 +2,12 @@
 while under a concurrency limit, ``tick`` jobs under a rate limit, and the built-in
 ``llm_generate`` under a per-model limit, for in-process workers and worker processes
 (``--app tests.support.flow_app:orc``). Settings come from the environment; its retry config
-is CONFIG, or one of its own given by ORCHESTRATOR_RETRY_CONFIG."""
+is CONFIG, or ``config(...)``'s, given by ORCHESTRATOR_RETRY_CONFIG."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from pydantic import BaseModel
 
@@ -26,8 +27,8 @@ interval_seconds = 1
 
 [limits.anthropic]
 key = "anthropic:{payload.model}"
-concurrency = 4
 share_by = "tenant"
+@ANTHROPIC@
 
 [limits.shared]
 key = "shared"
@@ -48,7 +49,14 @@ limit = "shared"
 limit = "anthropic"
 app_max_retries = 2
 """
-CONFIG = config_with(TABLE)
+
+
+def config(anthropic: str = "concurrency = 4") -> Path:
+    """The tests' retry config with these allowances for the ``anthropic`` limit."""
+    return config_with(TABLE.replace("@ANTHROPIC@", anthropic))
+
+
+CONFIG = config()
 
 
 class Hold(BaseModel):
