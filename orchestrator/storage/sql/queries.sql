@@ -1318,18 +1318,6 @@ SELECT orc_flow_resume_v1(%(key)s) AS dispatched
 SELECT orc_flow_throttled_v1(%(key)s, %(until)s, %(reason)s)
 
 -- flow_spend --
--- What an admitted job's calls really used: its reservation corrected to the call's usage
--- (first call), or a later call's request and units added, so the window tracks real spending.
-WITH reserved AS (
-    UPDATE orc_flow_spends AS s
-       SET units = %(units)s
-     WHERE s.id = (SELECT max(id) FROM orc_flow_spends
-                    WHERE job_id = %(job_id)s AND key = %(key)s)
-       AND %(first)s
-    RETURNING s.id
-)
-INSERT INTO orc_flow_spends (key, job_id, requests, units)
-SELECT %(key)s, %(job_id)s, 1, %(units)s
- WHERE (NOT %(first)s OR NOT EXISTS (SELECT FROM reserved))
-   AND EXISTS (SELECT FROM orc_flow_keys AS k JOIN orc_flow_limits AS l ON l.name = k.limit_name
-                WHERE k.key = %(key)s AND (l.requests IS NOT NULL OR l.units IS NOT NULL))
+-- What an admitted job's call really used (see orc_flow_spend_v1): its reservation corrected
+-- (the first call), or a later call's request and units added.
+SELECT orc_flow_spend_v1(%(key)s, %(job_id)s, %(units)s, %(first)s)

@@ -60,6 +60,10 @@ CREATE TABLE orc_flow_keys (
     pause_reason text,
     paused_by text,
     throttled integer NOT NULL DEFAULT 0,      -- 429s and 529s reported for this key
+    -- The sums of its spends still in the window (kept as spends come and go, so a claim reads
+    -- two numbers, not the window's rows).
+    window_requests bigint NOT NULL DEFAULT 0,
+    window_units bigint NOT NULL DEFAULT 0,
     created_at timestamptz NOT NULL DEFAULT now()
 );
 
@@ -141,10 +145,8 @@ BEGIN
     IF lim.requests IS NULL AND lim.units IS NULL THEN
         RETURN;
     END IF;
-    SELECT coalesce(sum(s.requests), 0), coalesce(sum(s.units), 0)
-      INTO used_requests, used_units
-      FROM orc_flow_spends AS s
-     WHERE s.key = k.key AND s.at > clock_timestamp() - make_interval(secs => lim.interval_seconds);
+    used_requests := k.window_requests;  -- as of the last expiry (orc_flow_expire_v1)
+    used_units := k.window_units;
     IF lim.requests IS NOT NULL THEN
         allowed := greatest(1, floor(lim.requests * factor));
         IF used_requests + p_held + 1 > allowed THEN
@@ -179,6 +181,76 @@ BEGIN
             RETURN;
         END IF;
     END IF;
+END;
+$$;
+
+-- The key's spends that slid out of its window go, and its window's sums with them. The key
+-- is locked by the caller; its row as it is now.
+CREATE FUNCTION orc_flow_expire_v1(k orc_flow_keys, lim orc_flow_limits) RETURNS orc_flow_keys
+LANGUAGE plpgsql AS $$
+DECLARE
+    gone_requests bigint;
+    gone_units bigint;
+BEGIN
+    IF lim.requests IS NULL AND lim.units IS NULL THEN
+        RETURN k;
+    END IF;
+    WITH gone AS (
+        DELETE FROM orc_flow_spends AS s
+         WHERE s.key = k.key
+           AND s.at <= clock_timestamp() - make_interval(secs => lim.interval_seconds)
+        RETURNING s.requests, s.units
+    )
+    SELECT sum(g.requests), sum(g.units) INTO gone_requests, gone_units FROM gone AS g;
+    IF gone_requests IS NOT NULL THEN
+        UPDATE orc_flow_keys
+           SET window_requests = greatest(0, window_requests - gone_requests),
+               window_units = greatest(0, window_units - gone_units)
+         WHERE key = k.key
+        RETURNING * INTO k;
+    END IF;
+    RETURN k;
+END;
+$$;
+
+-- A job's spend in its key's window: recorded with the window's sums.
+CREATE FUNCTION orc_flow_record_spend_v1(
+    p_key text, p_job_id uuid, p_requests integer, p_units bigint
+) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO orc_flow_spends (key, job_id, requests, units)
+    VALUES (p_key, p_job_id, p_requests, p_units);
+    UPDATE orc_flow_keys
+       SET window_requests = window_requests + p_requests, window_units = window_units + p_units
+     WHERE key = p_key;
+$$;
+
+-- What an admitted job's call really used (`p_units`): the first call corrects the job's
+-- reservation, a later one (an agent's next turn) adds a request and its units. Nothing for a
+-- key without requests or units.
+CREATE FUNCTION orc_flow_spend_v1(p_key text, p_job_id uuid, p_units bigint, p_first boolean)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    reserved orc_flow_spends;
+BEGIN
+    PERFORM FROM orc_flow_keys AS k JOIN orc_flow_limits AS l ON l.name = k.limit_name
+      WHERE k.key = p_key AND (l.requests IS NOT NULL OR l.units IS NOT NULL)
+        FOR UPDATE OF k;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF p_first THEN
+        SELECT * INTO reserved FROM orc_flow_spends
+         WHERE job_id = p_job_id AND key = p_key ORDER BY id DESC LIMIT 1;
+    END IF;
+    IF reserved.id IS NULL THEN
+        PERFORM orc_flow_record_spend_v1(p_key, p_job_id, 1, p_units);
+        RETURN;
+    END IF;
+    UPDATE orc_flow_spends SET units = p_units WHERE id = reserved.id;
+    UPDATE orc_flow_keys SET window_units = greatest(0, window_units + p_units - reserved.units)
+     WHERE key = p_key;
 END;
 $$;
 
@@ -250,6 +322,9 @@ BEGIN
         RETURN 0;
     END IF;
     SELECT * INTO lim FROM orc_flow_limits WHERE name = k.limit_name;
+    IF lim.name IS NOT NULL THEN
+        k := orc_flow_expire_v1(k, lim);
+    END IF;
     SELECT count(*), coalesce(sum(w.cost), 0) INTO held, held_cost
       FROM orc_flow_waiters AS w WHERE w.key = p_key AND w.dispatched_at IS NOT NULL;
     FOR i IN 1 .. 500 LOOP  -- bounded: a later release or the safety net pumps the rest
@@ -333,6 +408,7 @@ BEGIN
         DELETE FROM orc_flow_waiters WHERE job_id = j.id;
         RETURN NULL;
     END IF;
+    k := orc_flow_expire_v1(k, lim);
     IF k.paused_until > clock_timestamp() THEN
         blocked := 'paused';
     ELSIF waiter.dispatched_at IS NULL
@@ -353,11 +429,9 @@ BEGIN
     END IF;
     IF blocked IS NULL THEN
         IF lim.requests IS NOT NULL OR lim.units IS NOT NULL THEN
-            DELETE FROM orc_flow_spends AS s
-             WHERE s.key = j.flow_key
-               AND s.at <= clock_timestamp() - make_interval(secs => lim.interval_seconds);
-            INSERT INTO orc_flow_spends (key, job_id, requests, units)
-            VALUES (j.flow_key, j.id, 1, least(coalesce(j.flow_cost, 1), coalesce(lim.units, 2^62)));
+            PERFORM orc_flow_record_spend_v1(
+                j.flow_key, j.id, 1, least(coalesce(j.flow_cost, 1)::bigint, lim.units)
+            );
         END IF;
         IF waiter.job_id IS NOT NULL THEN
             DELETE FROM orc_flow_waiters WHERE job_id = j.id;
