@@ -1,0 +1,294 @@
+"""A rate-limit storm, with flow control off and on, in one run; and what a limit costs a no-op.
+
+Storm: ``--jobs`` (2,000) ``llm_generate`` jobs of two tenants (tenant a's all submitted before
+tenant b's, the worst case for first-come-first-served), three worker processes (concurrency 10
+each, the built-in job types of ``tasks.app``), and the local LLM server (demo/llm_server.py)
+allowing ``--rpm`` requests and ``--tpm`` tokens per ``--window`` seconds, with 429 +
+Retry-After beyond. The same jobs run twice on a fresh database:
+
+- **off**: today's per-job backoff: the default retry config's ``llm_generate`` (5 application
+  retries, 5 s times 3 up to 300 s, full jitter; the server's Retry-After honoured, capped);
+- **on**: the same type under ``[limits.anthropic]`` with the server's allowances less
+  ``--headroom`` (5 %: the provider sees each request a moment after its claim).
+
+For each it prints: 429s received as a share of the calls (goal with it on: ≤ 1 %), the rate
+achieved ÷ the rate allowed over the same span (a sliding window admits at most ``rpm`` at once
+and ``rpm`` per window after: ``rpm · (span / window + 1)``; goal ≥ 0.9), each tenant's share of
+the starts while both waited (goal with it on: 50 % ± 10 %), the jobs that failed, and the wall
+time.
+
+No-op: ``--noop-jobs`` no-op jobs, one worker process (concurrency 10), drained with no limit,
+then under a limit that never binds (concurrency 1,000 and 10,000,000 requests per minute, one
+key): jobs/s each, and their ratio (goal ≥ 0.9), median of ``--rounds``.
+
+    ./dev bench flow_control [--jobs 2000] [--rpm 1200] [--window 10] [--noop-jobs 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.common import fresh_database, machine, quiet_orchestrator, server_version
+from demo import llm_server as llm
+from orchestrator import JobContext, Orchestrator, Settings
+from retry_config import DEFAULT_PATH
+
+KEY = "sk-bench-flow-0123456789"
+MODEL = "bench-model"
+TENANTS = ("a", "b")
+PROMPT = "Summarise the quarterly report in one sentence please"  # 9 words
+MAX_TOKENS = 100
+
+
+def storm_config(on: bool, rpm: int, tpm: int, window: float, headroom: float) -> Path:
+    """The default retry config; with ``on``, llm_generate under a limit of the server's
+    allowances less the headroom."""
+    text = DEFAULT_PATH.read_text()
+    if on:
+        text = text.replace(
+            "[job_types.llm_generate]\n", '[job_types.llm_generate]\nlimit = "anthropic"\n'
+        )
+        text += (
+            f'\n[limits.anthropic]\nkey = "anthropic:{{payload.model}}"\n'
+            f"requests = {int(rpm * (1 - headroom))}\nunits = {int(tpm * (1 - headroom))}\n"
+            f'interval_seconds = {window}\nshare_by = "tenant"\n'
+        )
+    path = Path(tempfile.mkdtemp()) / "retry_config.toml"
+    path.write_text(text)
+    return path
+
+
+def workers(dsn: str, config: Path, env: dict[str, str], n: int, app: str) -> list[Any]:
+    environment = {
+        **os.environ, **env, "DATABASE_URL": dsn, "ORCHESTRATOR_RETRY_CONFIG": str(config),
+        "ORCHESTRATOR_HEALTH_PORT": "0",
+    }  # fmt: skip
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "--app", app, "worker"],
+            env=environment,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(n)
+    ]
+
+
+def stop(processes: list[Any]) -> None:
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@dataclass(frozen=True)
+class StormResult:
+    mode: str
+    calls: int
+    rate_limited: int
+    completed: int
+    failed: int
+    span: float  # first claim to last finish, seconds
+    allowed: float  # requests the server allowed over that span
+    shares: dict[str, float]
+    wall: float
+
+    def line(self) -> str:
+        share = " ".join(f"{t} {v:.1%}" for t, v in sorted(self.shares.items()))
+        return (
+            f"flow control {self.mode:>3}: 429s {self.rate_limited}/{self.calls} calls "
+            f"({self.rate_limited / max(1, self.calls):.1%}); "
+            f"achieved {self.completed / self.span:.1f} jobs/s / allowed {self.allowed / self.span:.1f}/s = "
+            f"{self.completed / self.allowed:.2f}; tenants while both waited: {share}; "
+            f"failed {self.failed}; wall {self.wall:.1f}s"
+        )
+
+
+async def submit_storm(dsn: str, jobs: int) -> None:
+    orc = Orchestrator(settings=Settings(), dsn=dsn)
+    from tasks import llm as llm_task
+
+    llm_task.register(orc)
+    async with orc:
+        specs = [
+            {"job_type": "llm_generate", "tenant_id": tenant,
+             "payload": {"model": MODEL, "max_tokens": MAX_TOKENS,
+                         "messages": [{"role": "user", "content": PROMPT}]}}
+            for tenant in TENANTS for _ in range(jobs // 2)
+        ]  # fmt: skip
+        for start in range(0, len(specs), 500):
+            await orc.submit_many(specs[start : start + 500])
+
+
+async def storm_outcome(dsn: str) -> tuple[int, int, float, dict[str, float]]:
+    """(completed, failed, span, each tenant's share of the starts while both waited)."""
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'COMPLETED'),"
+            " count(*) FILTER (WHERE status = 'FAILED'),"
+            " extract(epoch FROM max(finished_at) - min(started_at)) FROM orc_jobs"
+        )
+        completed, failed, span = await cur.fetchone() or (0, 0, 0.0)
+        cur = await conn.execute(
+            "SELECT j.tenant_id FROM orc_job_events AS e JOIN orc_jobs AS j ON j.id = e.job_id"
+            " WHERE e.kind = 'job.running' ORDER BY e.at"
+        )
+        starts = [row[0] for row in await cur.fetchall()]
+    first_b = starts.index("b") if "b" in starts else 0
+    last_a = len(starts) - 1 - starts[::-1].index("a") if "a" in starts else len(starts)
+    both = starts[first_b : last_a + 1] or starts
+    shares = {t: both.count(t) / len(both) for t in TENANTS}
+    return completed, failed, float(span or 0.0), shares
+
+
+def storm(mode: str, args: argparse.Namespace) -> StormResult:
+    with fresh_database("orc_bench_flow") as dsn, llm.serve(
+        api_key=KEY, requests_per_window=args.rpm, tokens_per_window=args.tpm,
+        window_seconds=args.window,
+    ) as server:  # fmt: skip
+        server.script(MODEL, [llm.Text("The quarter went well.")])
+        asyncio.run(submit_storm(dsn, args.jobs))
+        config = storm_config(mode == "on", args.rpm, args.tpm, args.window, args.headroom)
+        env = {"ANTHROPIC_BASE_URL": server.url, "ANTHROPIC_API_KEY": KEY}
+        started = time.perf_counter()
+        processes = workers(dsn, config, env, 3, "tasks.app:orc")
+        try:
+            deadline = started + args.timeout
+            while asyncio.run(unfinished(dsn)) and time.perf_counter() < deadline:
+                time.sleep(0.5)
+        finally:
+            wall = time.perf_counter() - started
+            stop(processes)
+        completed, failed, span, shares = asyncio.run(storm_outcome(dsn))
+        allowed = args.rpm * (span / args.window + 1)
+        stats = server.stats()
+        return StormResult(
+            mode, stats["total"], server.rate_limited, completed, failed, span, allowed,
+            shares, wall,
+        )  # fmt: skip
+
+
+async def unfinished(dsn: str) -> int:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute("SELECT count(*) FROM orc_jobs WHERE finished_at IS NULL")
+        row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+
+# -- a no-op under a limit that never binds ---------------------------------------------------
+
+NOOP_LIMIT = """
+[limits.free]
+key = "free"
+concurrency = 1000
+requests = 10000000
+interval_seconds = 60
+
+[job_types.noop]
+limit = "free"
+"""
+
+
+def noop_app(dsn: str, config: Path | None = None) -> Orchestrator:
+    orc = Orchestrator(settings=Settings(), dsn=dsn, retry_config_path=config)
+
+    @orc.job_type("noop")
+    async def noop(ctx: JobContext, payload: int) -> None:
+        return None
+
+    return orc
+
+
+async def fill_noop(dsn: str, n: int, config: Path | None) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            "TRUNCATE orc_job_events, orc_jobs, procrastinate_jobs, procrastinate_events,"
+            " orc_flow_keys, orc_flow_spends RESTART IDENTITY CASCADE"
+        )
+    async with noop_app(dsn, config) as orc:
+        for start in range(0, n, 1000):
+            await orc.submit_many(
+                {"job_type": "noop", "payload": i} for i in range(start, min(n, start + 1000))
+            )
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("ANALYZE orc_jobs; ANALYZE orc_job_events; ANALYZE procrastinate_jobs")
+
+
+async def drain_noop(dsn: str, config: str | None) -> float:
+    quiet_orchestrator()
+    async with noop_app(dsn, Path(config) if config else None) as orc:
+        started = time.perf_counter()
+        await orc.run_worker(concurrency=10, wait=False, install_signal_handlers=False)
+        return time.perf_counter() - started
+
+
+def noop_rounds(args: argparse.Namespace) -> tuple[float, float]:
+    limited = Path(tempfile.mkdtemp()) / "retry_config.toml"
+    limited.write_text(DEFAULT_PATH.read_text() + NOOP_LIMIT)
+    rates: dict[str, list[float]] = {"none": [], "limit": []}
+    with fresh_database("orc_bench_flow_noop") as dsn:
+        for round_no in range(1, args.rounds + 1):
+            for side, config in (("none", None), ("limit", limited)):
+                asyncio.run(fill_noop(dsn, args.noop_jobs, config))
+                command = [sys.executable, "-m", "bench.flow_control", "--drain", dsn]
+                if config is not None:
+                    command += ["--config", str(config)]
+                out = subprocess.run(command, capture_output=True, text=True, check=True)
+                seconds = float(out.stdout.strip().splitlines()[-1])
+                rates[side].append(args.noop_jobs / seconds)
+                print(f"  round {round_no} no-op, {side:>5}: {rates[side][-1]:7.0f} jobs/s")
+    return statistics.median(rates["none"]), statistics.median(rates["limit"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=2_000)
+    parser.add_argument("--rpm", type=int, default=200, help="requests per window")
+    parser.add_argument("--tpm", type=int, default=24_000, help="tokens per window")
+    parser.add_argument("--window", type=float, default=10.0, help="seconds")
+    parser.add_argument("--headroom", type=float, default=0.05)
+    parser.add_argument("--timeout", type=float, default=900.0, help="per storm, seconds")
+    parser.add_argument("--noop-jobs", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--skip-storm", action="store_true")
+    parser.add_argument("--drain")  # child process: drain the no-op jobs of this database
+    parser.add_argument("--config")
+    args = parser.parse_args()
+    if args.drain:
+        print(asyncio.run(drain_noop(args.drain, args.config)))
+        return
+    with fresh_database("orc_bench_flow_probe") as dsn:
+        print(f"machine: {machine()}, PostgreSQL {asyncio.run(server_version(dsn))}")
+    if not args.skip_storm:
+        print(
+            f"storm: {args.jobs} llm_generate jobs of tenants a then b, 3 worker processes "
+            f"(concurrency 10), the local server allowing {args.rpm} requests and {args.tpm} "
+            f"tokens per {args.window:g} s ({args.rpm * 60 / args.window:.0f} requests/min), "
+            f"429 + Retry-After beyond; limit at {1 - args.headroom:.0%} of that"
+        )
+        for mode in ("off", "on"):
+            print(storm(mode, args).line(), flush=True)
+    none, limit = noop_rounds(args)
+    print(
+        f"no-op throughput (median of {args.rounds}): no limit {none:.0f} jobs/s, a limit that "
+        f"never binds {limit:.0f} jobs/s; ratio {limit / none:.2f} (goal >= 0.9)"
+    )
+
+
+if __name__ == "__main__":
+    main()
