@@ -113,7 +113,8 @@ class StormResult:
         return (
             f"flow control {self.mode:>3}: 429s {self.rate_limited}/{self.calls} calls "
             f"({self.rate_limited / max(1, self.calls):.1%}); "
-            f"achieved {self.completed / self.span:.1f} jobs/s / allowed {self.allowed / self.span:.1f}/s = "
+            f"achieved {self.completed / self.span:.1f} jobs/s / "
+            f"allowed {self.allowed / self.span:.1f}/s = "
             f"{self.completed / self.allowed:.2f}; tenants while both waited: {share}; "
             f"failed {self.failed}; wall {self.wall:.1f}s"
         )
