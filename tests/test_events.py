@@ -54,6 +54,16 @@ async def status_is(orc: Orchestrator, job_id: UUID, status: Status) -> None:
     await wait_for(there)
 
 
+CAPPED = """
+[limits.one]
+key = "one"
+concurrency = 1
+
+[job_types.capped]
+limit = "one"
+"""
+
+
 @log_guard.fails_jobs("APPROVAL_EXPIRED", "HTTP_400")
 @pytest.mark.logs_errors(r"sweep_zombies: job \S+ could not be handled, .*: refused by the test")
 async def test_every_event_kind_has_the_documented_keys(
@@ -62,7 +72,7 @@ async def test_every_event_kind_has_the_documented_keys(
     service: MessageService,
 ) -> None:
     orc = make_orc(
-        retry_config=config_with(scripted.TABLE, agent_app.TABLE),
+        retry_config=config_with(scripted.TABLE, agent_app.TABLE, CAPPED),
         heartbeat_interval=60,  # none in the test's time: a heartbeat set back stays stale
         drain_seconds=0.2,
         safety_net_grace_seconds=0,
@@ -72,6 +82,10 @@ async def test_every_event_kind_has_the_documented_keys(
 
     @orc.job_type("hang")
     async def hang(ctx: JobContext, payload: None) -> None:
+        await RELEASE.setdefault(ctx.job_id, asyncio.Event()).wait()
+
+    @orc.job_type("capped")  # one at a time (CAPPED): the second waits for capacity
+    async def capped(ctx: JobContext, payload: None) -> None:
         await RELEASE.setdefault(ctx.job_id, asyncio.Event()).wait()
 
     later = datetime.now(UTC) + timedelta(hours=1)
@@ -105,6 +119,16 @@ async def test_every_event_kind_has_the_documented_keys(
             await decide(approval["id"], by="alice", reason="checked")
         await asyncio.sleep(0.3)
         assert (await orc.maintenance.approval_expiry.run_once()).expired == 1
+        # under a limit of one: the second job waits for capacity, then runs
+        one_at_a_time = [await orc.submit("capped", None) for _ in range(2)]
+
+        async def parked() -> bool:
+            return any([(await orc.get_job(j)).waiting_for for j in one_at_a_time])
+
+        await wait_for(parked)
+        for job_id in one_at_a_time:
+            RELEASE.setdefault(job_id, asyncio.Event()).set()
+        await worker.until_finished(*one_at_a_time)
         # a running job gives its key to a new one; then it goes stale and is swept
         running = await orc.submit("hang", None, job_key="h")
         await status_is(orc, running, Status.RUNNING)
