@@ -145,7 +145,7 @@ async def test_every_page_works_under_a_strict_content_security_policy(
     async with page.expect_response(lambda r: "/ui/fragments/overview" in r.url):
         pass  # the page's own script is live: its event stream says "changed", it re-reads
     for path in ("/ui", "/ui/jobs", f"/ui/jobs/{job_id}", "/ui/dead-letters", "/ui/approvals",
-                 "/ui/schedules", "/ui/config"):  # fmt: skip
+                 "/ui/schedules", "/ui/flow", "/ui/config"):  # fmt: skip
         shown = await page.goto(f"{server.url}{path}")
         assert shown is not None and shown.ok
         assert_secured(await shown.all_headers())
@@ -418,6 +418,48 @@ async def test_schedules_show_their_next_and_last_run_and_pause_and_resume(
     )
     assert names == ["minutely"]  # not the schedule without a tenant
     assert await page.get_by_role("button", name="Pause").count() == 0  # read only
+    await page.context.close()
+
+
+async def test_the_flow_page_shows_a_paused_key_and_its_waiting_jobs_until_resumed(
+    orc: Orchestrator, server: ApiServer, browser: Any
+) -> None:
+    """A paused key (its pause, who, why; its waiting jobs counted), a job that waits for it
+    saying so in the jobs list and on its page, the operator's Resume, and a tenant's token,
+    which sees no key (keys cover every tenant's jobs) but its own job's reason."""
+    first = await orc.submit("metered", {"model": "m"}, tenant_id="a")
+    async with WorkerRun(orc):
+        await wait_for(lambda: _status(orc, first, Status.COMPLETED))  # the key exists now
+        await orc.pause_flow_key("provider:m", seconds=600, reason="provider incident", by="ops")
+        held = await orc.submit("metered", {"model": "m"}, tenant_id="a")
+
+        async def waiting() -> bool:
+            return (await orc.get_job(held)).waiting_for is not None
+
+        await wait_for(waiting)
+        page = await signed_in(browser, server, await token(orc.stores.tokens, "flow-ops"))
+        page.on("dialog", accept)
+        await page.goto(f"{server.url}/ui/flow")
+        key = page.locator("tr[data-key='provider:m']")
+        assert await key.get_attribute("data-paused") == "yes"
+        state = await key.locator(".key-state").inner_text()
+        assert "paused" in state and "by ops: provider incident" in state
+        assert await key.locator(".waiting").inner_text() == "1"
+        await shot(page, "flow")
+        await page.goto(f"{server.url}/ui/jobs/{held}")
+        reason = await page.locator("#job-waiting-for").inner_text()
+        assert reason.startswith("waiting for capacity on provider:m (paused until ")
+        await page.goto(f"{server.url}/ui/flow")
+        await key.get_by_role("button", name="Resume").click()
+        await page.get_by_role("status").filter(has_text="provider:m resumed").wait_for()
+        await wait_for(lambda: _status(orc, held, Status.COMPLETED))
+        await page.context.close()
+    page = await signed_in(
+        browser, server, await token(orc.stores.tokens, "flow-a", Scope.READ, tenants=["a"])
+    )
+    await page.goto(f"{server.url}/ui/flow")
+    assert await page.locator("tr[data-key]").count() == 0
+    assert "fleet" in await page.locator("main").inner_text()
     await page.context.close()
 
 

@@ -1,6 +1,7 @@
 """The application the dashboard tests serve and run: the scripted and agent job types, and
 ``paced``, whose first attempt is rate limited with a retry 4 s later and whose second runs for
-a moment, so a browser sees its countdown, then RUNNING, then COMPLETED."""
+a moment, so a browser sees its countdown, then RUNNING, then COMPLETED; and ``metered``, under
+a flow-control limit (one at a time per model), for the Flow page."""
 
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ TABLE = """
 [job_types.paced]
 app_max_retries = 2
 backoff = { base_ms = 4000, cap_ms = 4000, multiplier = 1, jitter = "none" }
+
+[limits.provider]
+key = "provider:{payload.model}"
+concurrency = 1
+
+[job_types.metered]
+limit = "provider"
 """
 CONFIG = config_with(scripted.TABLE, agent_app.TABLE, TABLE)
 
@@ -32,6 +40,10 @@ def register(orc: Orchestrator) -> None:
             raise RateLimited("429 Too Many Requests")
         await asyncio.sleep(1.5)
         return {"attempt": ctx.attempt}
+
+    @orc.job_type("metered")
+    async def metered(ctx: JobContext, payload: dict[str, str]) -> None:
+        return None
 
 
 orc = Orchestrator(retry_config_path=CONFIG)
