@@ -21,8 +21,36 @@ Without a script the answer depends only on the request, so an interrupted agent
 uninterrupted one see the same turns: with ``tools``, ``agent_steps`` tool calls (inputs built
 from the tools' schemas), then a text that summarises the tool results; without, an echo.
 
+Rate-limit mode (off unless a limit is given; one allowance for the whole server, as for one API
+key, all models together): at most ``requests_per_window`` requests and ``tokens_per_window``
+tokens accepted in any sliding window of ``window_seconds`` (60 by default), and at most
+``max_concurrent`` requests in flight (from their acceptance until their reply, a whole stream,
+has been sent). A request's tokens are its input tokens as the server reports them in ``usage``
+(the words of its messages' text; the system prompt and tools are not counted) plus its
+``max_tokens``: output is counted up front at its most, as Anthropic's limiter does, and never
+refunded. The limits are checked after the key and the body's validity (a 401 or 400 is not
+counted) and before the script: an accepted request counts even if its script answers an error.
+A request beyond the allowance gets a 429 ``rate_limit_error`` in the API's error shape with
+``retry-after``: whole seconds, rounded up, until it would fit (until the oldest requests leave
+the window; 1 s for a concurrency refusal); ``retry-after-ms`` too only with
+``retry_after_ms=True``. A refused request does not count against the window. A request larger
+than ``tokens_per_window`` on its own could never fit: a 400 ``invalid_request_error``.
+
+Every reply to ``/v1/messages`` in this mode (a success, a scripted error, a 429) carries
+``anthropic-ratelimit-requests-{limit,remaining,reset}`` (with a request limit) and
+``anthropic-ratelimit-tokens-{limit,remaining,reset}`` (with a token limit): ``remaining`` what
+the window still allows after this request, ``reset`` (RFC 3339) when the oldest request counted
+leaves the window and frees its request and tokens (now when none is counted).
+
+Stats (``GET /_stats``, and properties): requests by model and in all, and ``accepted`` (by the
+limits: every request that got past them, all of them when no limit is set), ``rate_limited``
+(429s sent by the limits, not scripted ones), ``max_in_flight`` (the most requests in flight at
+once) and ``accepted_tokens`` (tokens of the accepted requests, counted as above).
+
     with serve(api_key="k") as llm: ...                      # in process, a background thread
+    with serve(requests_per_window=10, tokens_per_window=5_000, window_seconds=2) as llm: ...
     python -m demo.llm_server --port 0 --chunks 20 --chunk-every 0.5
+    python -m demo.llm_server --rpm 50 --tpm 40000 --window 60 --max-concurrent 8
 """
 
 from __future__ import annotations
@@ -31,13 +59,16 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import re
 import signal
 import threading
+import time
 from asyncio import StreamReader, StreamWriter
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from http.client import responses
 from typing import Any, TypedDict, Unpack
 
@@ -90,6 +121,11 @@ class Options(TypedDict, total=False):
     chunk_every: float
     agent_steps: int
     api_key: str | None
+    requests_per_window: int | None
+    tokens_per_window: int | None
+    window_seconds: float
+    max_concurrent: int | None
+    retry_after_ms: bool
 
 
 @dataclass
@@ -100,6 +136,93 @@ class _Answer:
     every: float = 0.0
     cut_after: int | None = None  # Stall / StreamError: text deltas sent before the cut
     error_type: str | None = None  # StreamError: the SSE error sent at the cut
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    accepted: bool
+    wait: float  # refused: seconds until the request would fit
+    headers: dict[str, str]
+
+
+class _Window:
+    """The rate-limit mode's sliding window (see the module's docstring); not thread-safe: the
+    server's lock guards it."""
+
+    def __init__(
+        self,
+        requests: int | None,
+        tokens: int | None,
+        seconds: float,
+        concurrent: int | None,
+    ) -> None:
+        for name, value in (("requests_per_window", requests), ("tokens_per_window", tokens),
+                            ("max_concurrent", concurrent)):  # fmt: skip
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        if not seconds > 0:
+            raise ValueError(f"window_seconds must be > 0, got {seconds}")
+        self.requests, self.tokens, self.seconds = requests, tokens, seconds
+        self.concurrent = concurrent
+        self.entries: deque[tuple[float, int]] = deque()  # (accepted at, tokens), oldest first
+        self.in_window = 0  # tokens of the entries
+        self.in_flight = 0
+
+    @property
+    def limited(self) -> bool:
+        return self.requests is not None or self.tokens is not None or self.concurrent is not None
+
+    def too_large(self, cost: int) -> bool:
+        return self.tokens is not None and cost > self.tokens
+
+    def admit(self, cost: int, now: float) -> _Verdict:
+        while self.entries and self.entries[0][0] <= now - self.seconds:
+            self.in_window -= self.entries.popleft()[1]
+        wait = 0.0
+        if self.requests is not None and len(self.entries) >= self.requests:
+            wait = max(wait, self._frees_at(len(self.entries) - self.requests, now))
+        if self.tokens is not None and self.in_window + cost > self.tokens:
+            excess, freed = self.in_window + cost - self.tokens, 0
+            for index, (_, tokens) in enumerate(self.entries):
+                freed += tokens
+                if freed >= excess:
+                    wait = max(wait, self._frees_at(index, now))
+                    break
+        busy = self.concurrent is not None and self.in_flight >= self.concurrent
+        accepted = wait == 0 and not busy
+        if accepted:
+            self.entries.append((now, cost))
+            self.in_window += cost
+            self.in_flight += 1
+        return _Verdict(accepted, max(wait, 1.0 if busy else 0.0), self._headers(now))
+
+    def _frees_at(self, index: int, now: float) -> float:
+        """Seconds until the ``index``-th oldest entry leaves the window."""
+        return max(self.entries[index][0] + self.seconds - now, 1e-3)
+
+    def _headers(self, now: float) -> dict[str, str]:
+        reset = _rfc3339(self._frees_at(0, now) if self.entries else 0.0)
+        headers: dict[str, str] = {}
+        if self.requests is not None:
+            headers |= {
+                "anthropic-ratelimit-requests-limit": str(self.requests),
+                "anthropic-ratelimit-requests-remaining": str(
+                    max(0, self.requests - len(self.entries))
+                ),
+                "anthropic-ratelimit-requests-reset": reset,
+            }
+        if self.tokens is not None:
+            headers |= {
+                "anthropic-ratelimit-tokens-limit": str(self.tokens),
+                "anthropic-ratelimit-tokens-remaining": str(max(0, self.tokens - self.in_window)),
+                "anthropic-ratelimit-tokens-reset": reset,
+            }
+        return headers
+
+
+def _rfc3339(seconds_from_now: float) -> str:
+    when = datetime.fromtimestamp(time.time() + seconds_from_now, UTC)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class LocalLLM:
@@ -113,13 +236,23 @@ class LocalLLM:
         chunk_every: float = 0.0,
         agent_steps: int = 3,
         api_key: str | None = None,
+        requests_per_window: int | None = None,
+        tokens_per_window: int | None = None,
+        window_seconds: float = 60.0,
+        max_concurrent: int | None = None,
+        retry_after_ms: bool = False,
     ) -> None:
         self.url = ""
         self._port, self._chunks, self._every = port, chunks, chunk_every
         self._agent_steps, self._api_key = agent_steps, api_key
+        self._window = _Window(
+            requests_per_window, tokens_per_window, window_seconds, max_concurrent
+        )
+        self._send_retry_after_ms = retry_after_ms
         self._lock = threading.Lock()
         self._requests: Counter[str] = Counter()
         self._total = 0
+        self._accepted = self._rate_limited = self._max_in_flight = self._accepted_tokens = 0
         self._last: dict[str, Json] = {}
         self._scripts: dict[str, list[Reply]] = {}
         self._server: asyncio.Server | None = None
@@ -136,6 +269,42 @@ class LocalLLM:
         """All requests to /v1/messages, including those without a readable model."""
         with self._lock:
             return self._total
+
+    @property
+    def accepted(self) -> int:
+        """Requests that got past the rate limits (all valid ones when none is set)."""
+        with self._lock:
+            return self._accepted
+
+    @property
+    def rate_limited(self) -> int:
+        """429s sent by the rate limits (scripted ones apart)."""
+        with self._lock:
+            return self._rate_limited
+
+    @property
+    def max_in_flight(self) -> int:
+        """The most accepted requests in flight at once so far."""
+        with self._lock:
+            return self._max_in_flight
+
+    @property
+    def accepted_tokens(self) -> int:
+        """Tokens of the accepted requests: input tokens + max_tokens each."""
+        with self._lock:
+            return self._accepted_tokens
+
+    def stats(self) -> Json:
+        """What ``GET /_stats`` answers."""
+        with self._lock:
+            return {
+                "total": self._total,
+                "by_model": dict(self._requests),
+                "accepted": self._accepted,
+                "rate_limited": self._rate_limited,
+                "max_in_flight": self._max_in_flight,
+                "accepted_tokens": self._accepted_tokens,
+            }
 
     def last_body(self, model: str) -> Json:
         with self._lock:
@@ -184,9 +353,7 @@ class LocalLLM:
         keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
         path = target.partition("?")[0]
         if (method, path) == ("GET", "/_stats"):
-            with self._lock:
-                stats = {"total": self._total, "by_model": dict(self._requests)}
-            return await _send_json(writer, 200, stats, keep)
+            return await _send_json(writer, 200, self.stats(), keep)
         if (method, path) != ("POST", "/v1/messages"):
             return await _send_error(writer, Status(404, "not_found_error", f"no {path}"), keep)
         return await self._messages(headers, body, reader, writer, keep)
@@ -217,19 +384,62 @@ class LocalLLM:
         if problem := _problem(body):
             return await _send_error(writer, Status(400, "invalid_request_error", problem), keep)
         assert isinstance(body, dict) and isinstance(model, str)
+        input_tokens = _words(_text(body["messages"]))
+        cost = input_tokens + body["max_tokens"]
+        window = self._window
+        if window.too_large(cost):
+            problem = (
+                f"this request's {cost} tokens (input + max_tokens) exceed the "
+                f"{window.tokens} tokens allowed per window: it can never fit"
+            )
+            return await _send_error(writer, Status(400, "invalid_request_error", problem), keep)
+        with self._lock:
+            verdict = window.admit(cost, time.monotonic())
+            if not verdict.accepted:
+                self._rate_limited += 1
+            else:
+                self._accepted += 1
+                self._accepted_tokens += cost
+                self._max_in_flight = max(self._max_in_flight, window.in_flight)
+        if not verdict.accepted:
+            limited = Status(
+                429,
+                "rate_limit_error",
+                "rate limit exceeded: this request would exceed the allowance of the window",
+                retry_after=str(math.ceil(verdict.wait)),
+                retry_after_ms=str(math.ceil(verdict.wait * 1_000))
+                if self._send_retry_after_ms
+                else None,
+            )
+            return await _send_error(writer, limited, keep, verdict.headers)
+        try:
+            return await self._reply(body, model, number, input_tokens, verdict.headers,
+                                     reader, writer, keep)  # fmt: skip
+        finally:
+            with self._lock:
+                window.in_flight -= 1
+
+    async def _reply(
+        self,
+        body: Json,
+        model: str,
+        number: int,
+        input_tokens: int,
+        headers: dict[str, str],
+        reader: StreamReader,
+        writer: StreamWriter,
+        keep: bool,
+    ) -> bool:
         with self._lock:
             script = self._scripts.get(model)
             reply = (script.pop(0) if len(script) > 1 else script[0]) if script else None
         if isinstance(reply, Status):
-            return await _send_error(writer, reply, keep)
+            return await _send_error(writer, reply, keep, headers)
         answer = self._answer(reply, body, number)
         said = [
             b["text"] if b["type"] == "text" else json.dumps(b["input"]) for b in answer.content
         ]
-        usage = {
-            "input_tokens": _words(_text(body["messages"])),
-            "output_tokens": _words(" ".join(said)),
-        }
+        usage = {"input_tokens": input_tokens, "output_tokens": _words(" ".join(said))}
         message: Json = {
             "id": f"msg_{number}",
             "type": "message",
@@ -241,14 +451,15 @@ class LocalLLM:
             "usage": usage,
         }
         if body.get("stream") is True:
-            return await _stream(reader, writer, message, answer, keep)
+            return await _stream(reader, writer, message, answer, keep, headers)
         if answer.cut_after is None:
-            return await _send_json(writer, 200, message, keep)
+            return await _send_json(writer, 200, message, keep, headers)
         if answer.error_type is None:  # a stall: never answer
             await _until_eof(reader)
             return False
         status = _STATUS_OF.get(answer.error_type, 500)
-        return await _send_error(writer, Status(status, answer.error_type, "stream failed"), keep)
+        failed = Status(status, answer.error_type, "stream failed")
+        return await _send_error(writer, failed, keep, headers)
 
     def _answer(self, reply: Reply | None, body: Json, number: int) -> _Answer:
         match reply:
@@ -393,8 +604,9 @@ async def _stream(
     message: Json,
     answer: _Answer,
     keep: bool,
+    headers: dict[str, str],
 ) -> bool:
-    head = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+    head = {"content-type": "text/event-stream", "cache-control": "no-cache", **headers}
     writer.write(_head(200, {**head, "transfer-encoding": "chunked"}, keep))
     sent = 0
     for wait, event in _events(message, answer):
@@ -445,9 +657,11 @@ async def _send_json(
     return keep
 
 
-async def _send_error(writer: StreamWriter, error: Status, keep: bool) -> bool:
+async def _send_error(
+    writer: StreamWriter, error: Status, keep: bool, headers: dict[str, str] | None = None
+) -> bool:
     retry = {"retry-after": error.retry_after, "retry-after-ms": error.retry_after_ms}
-    headers = {name: value for name, value in retry.items() if value is not None}
+    headers = (headers or {}) | {name: value for name, value in retry.items() if value is not None}
     body = _error_body(error.error_type, error.message)
     return await _send_json(writer, error.status, body, keep, headers)
 
@@ -492,8 +706,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chunk-every", type=float, default=0.0, help="seconds between deltas")
     parser.add_argument("--agent-steps", type=int, default=3, help="tool calls before the end")
     parser.add_argument("--api-key", default=None, help="the key to require")
+    limits = parser.add_argument_group("rate limits (off unless one is given)")
+    limits.add_argument("--rpm", type=int, default=None, dest="requests_per_window",
+                        help="requests accepted per window")  # fmt: skip
+    limits.add_argument("--tpm", type=int, default=None, dest="tokens_per_window",
+                        help="tokens (input + max_tokens) accepted per window")  # fmt: skip
+    limits.add_argument("--window", type=float, default=60.0, dest="window_seconds",
+                        help="the sliding window, in seconds (default 60)")  # fmt: skip
+    limits.add_argument("--max-concurrent", type=int, default=None,
+                        help="requests in flight at once")  # fmt: skip
+    limits.add_argument("--retry-after-ms", action="store_true",
+                        help="send retry-after-ms with retry-after on a 429")  # fmt: skip
     args = parser.parse_args(argv)
-    asyncio.run(_run(LocalLLM(**vars(args))))
+    try:
+        llm = LocalLLM(**vars(args))
+    except ValueError as exc:
+        parser.error(str(exc))
+    asyncio.run(_run(llm))
 
 
 if __name__ == "__main__":

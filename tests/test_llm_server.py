@@ -9,6 +9,7 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import anthropic
@@ -32,6 +33,8 @@ from demo.llm_server import (
     ToolUse,
     serve,
 )
+from demo.llm_server import main as server_main
+from orchestrator.domain.classification import classify, ratelimit_reset
 
 KEY = "test-key"
 HELLO: list[MessageParam] = [{"role": "user", "content": "hello there"}]
@@ -392,7 +395,14 @@ async def test_counting(client: anthropic.AsyncAnthropic, llm: LocalLLM) -> None
     assert llm.last_body("steady")["messages"] == HELLO
     async with httpx.AsyncClient(base_url=llm.url) as http:
         stats = (await http.get("/_stats")).json()
-    assert stats == {"total": 5, "by_model": {"flaky": 3, "steady": 2}}
+    assert stats == {
+        "total": 5,
+        "by_model": {"flaky": 3, "steady": 2},
+        "accepted": 4,  # the wrong key's request never reached the limits
+        "rate_limited": 0,
+        "max_in_flight": 1,
+        "accepted_tokens": 4 * (2 + 100),
+    }
 
 
 async def test_as_a_process() -> None:
@@ -408,7 +418,8 @@ async def test_as_a_process() -> None:
         async with make_client(url) as sdk:
             assert (await ask_streaming(sdk, "p")).content[0].type == "text"
         async with httpx.AsyncClient(base_url=url) as http:
-            assert (await http.get("/_stats")).json() == {"total": 1, "by_model": {"p": 1}}
+            stats = (await http.get("/_stats")).json()
+            assert (stats["total"], stats["by_model"], stats["accepted"]) == (1, {"p": 1}, 1)
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 5) == 0
     finally:
@@ -427,3 +438,181 @@ async def test_concurrent_streams() -> None:
     assert len({m.id for m in messages}) == 200
     assert busy.total == 200
     assert elapsed < 10  # one after another would take 200 x 0.1 s
+
+
+# -- the rate-limit mode ------------------------------------------------------------------------
+
+ASK = 2 + 100  # HELLO's input tokens + max_tokens: what one ask() costs against the window
+
+
+async def ask_raw(client: anthropic.AsyncAnthropic, model: str = "m") -> httpx2.Headers:
+    raw = await client.messages.with_raw_response.create(
+        model=model, max_tokens=100, messages=HELLO
+    )
+    assert (await raw.parse()).content[0].type == "text"
+    return raw.headers
+
+
+async def refused(client: anthropic.AsyncAnthropic) -> anthropic.RateLimitError:
+    with pytest.raises(anthropic.RateLimitError) as info:
+        await ask(client)
+    return info.value
+
+
+def _reset_in(value: str) -> float:
+    return (datetime.fromisoformat(value) - datetime.now(UTC)).total_seconds()
+
+
+async def test_requests_per_window_with_retry_after_and_the_ratelimit_headers() -> None:
+    with serve(requests_per_window=3, window_seconds=2) as llm:
+        async with make_client(llm.url) as sdk:
+            remaining = []
+            for _ in range(3):
+                headers = await ask_raw(sdk)
+                assert headers["anthropic-ratelimit-requests-limit"] == "3"
+                assert 0 < _reset_in(headers["anthropic-ratelimit-requests-reset"]) <= 2
+                assert "anthropic-ratelimit-tokens-limit" not in headers  # no token limit set
+                remaining.append(headers["anthropic-ratelimit-requests-remaining"])
+            assert remaining == ["2", "1", "0"]
+            error = await refused(sdk)
+            assert error.body == {
+                "type": "error",
+                "error": {
+                    "type": "rate_limit_error",
+                    "message": "rate limit exceeded: this request would exceed the allowance "
+                    "of the window",
+                },
+            }
+            headers = error.response.headers
+            assert headers["retry-after"] == "2"  # whole seconds, rounded up
+            assert "retry-after-ms" not in headers
+            assert headers["anthropic-ratelimit-requests-remaining"] == "0"
+            # What the orchestrator reads of it: a rate limit, the header's hint.
+            classified = classify(error)
+            assert (classified.throttle, classified.retry_after) == ("rate_limited", 2)
+            assert 0 < (ratelimit_reset(headers) or 0) <= 2
+            await asyncio.sleep(2.05)
+            await ask(sdk)  # the window slid past the first three
+        assert (llm.accepted, llm.rate_limited, llm.accepted_tokens) == (4, 1, 4 * ASK)
+        assert llm.total == 5
+
+
+async def test_a_refused_request_does_not_count_and_the_window_slides() -> None:
+    with serve(requests_per_window=2, window_seconds=1.5) as llm:
+        async with make_client(llm.url) as sdk:
+            started = time.monotonic()
+            await ask(sdk)
+            await asyncio.sleep(0.6)
+            await ask(sdk)
+            for _ in range(5):
+                await refused(sdk)
+            # The first request leaves the window 1.5 s after it was accepted; the refused
+            # ones never entered it, so exactly one request fits then.
+            await asyncio.sleep(max(0.0, started + 1.55 - time.monotonic()))
+            await ask(sdk)
+            error = await refused(sdk)
+            # The next slot frees when the second request leaves, about 0.5 s from now.
+            assert error.response.headers["retry-after"] == "1"
+        assert (llm.accepted, llm.rate_limited) == (3, 6)
+
+
+async def test_tokens_per_window_count_input_and_max_tokens() -> None:
+    with serve(tokens_per_window=2 * ASK + 50, window_seconds=60) as llm:
+        async with make_client(llm.url) as sdk:
+            first = await ask_raw(sdk)
+            second = await ask_raw(sdk)
+            assert first["anthropic-ratelimit-tokens-limit"] == str(2 * ASK + 50)
+            assert first["anthropic-ratelimit-tokens-remaining"] == str(ASK + 50)
+            assert second["anthropic-ratelimit-tokens-remaining"] == "50"
+            assert "anthropic-ratelimit-requests-limit" not in first
+            error = await refused(sdk)
+            assert 58 <= int(error.response.headers["retry-after"]) <= 60
+            # A smaller request still fits in what is left.
+            small = await sdk.messages.create(model="m", max_tokens=48, messages=HELLO)
+            assert small.usage.input_tokens == 2
+            with pytest.raises(anthropic.BadRequestError, match="can never fit"):
+                await sdk.messages.create(model="m", max_tokens=4 * ASK, messages=HELLO)
+        assert (llm.accepted, llm.rate_limited) == (3, 1)
+        assert llm.accepted_tokens == 2 * ASK + 50
+
+
+async def test_retry_after_ms_only_when_asked() -> None:
+    with serve(requests_per_window=1, window_seconds=1.5, retry_after_ms=True) as llm:
+        async with make_client(llm.url) as sdk:
+            await ask(sdk)
+            headers = (await refused(sdk)).response.headers
+            assert headers["retry-after"] == "2"
+            assert 1_000 < int(headers["retry-after-ms"]) <= 1_500
+
+
+async def test_max_concurrent_refuses_requests_beyond_the_cap() -> None:
+    with serve(max_concurrent=2, chunks=5, chunk_every=0.1) as llm:
+        async with make_client(llm.url) as sdk:
+            results = await asyncio.gather(
+                *(ask_streaming(sdk) for _ in range(6)), return_exceptions=True
+            )
+            limited = [r for r in results if isinstance(r, anthropic.RateLimitError)]
+            assert len(limited) == 4
+            assert all(r.response.headers["retry-after"] == "1" for r in limited)
+            assert sum(isinstance(r, Message) for r in results) == 2
+            await ask_streaming(sdk)  # the slots came back with the replies
+        assert (llm.max_in_flight, llm.accepted, llm.rate_limited) == (2, 3, 4)
+
+
+async def test_scripted_errors_under_limits_count_and_carry_the_headers() -> None:
+    with serve(requests_per_window=5, tokens_per_window=10_000) as llm:
+        llm.script("m", [Status(529, "overloaded_error"), Text("fine")])
+        async with make_client(llm.url) as sdk:
+            with pytest.raises(anthropic.OverloadedError) as info:
+                await ask(sdk)
+            headers = info.value.response.headers
+            assert headers["anthropic-ratelimit-requests-remaining"] == "4"
+            assert headers["anthropic-ratelimit-tokens-remaining"] == str(10_000 - ASK)
+            assert classify(info.value).throttle == "overloaded"
+            streamed = await ask_streaming(sdk)
+            assert streamed.content[0].type == "text"
+        assert (llm.accepted, llm.rate_limited) == (2, 0)
+
+
+def test_limits_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="requests_per_window must be at least 1"):
+        LocalLLM(requests_per_window=0)
+    with pytest.raises(ValueError, match="window_seconds must be > 0"):
+        LocalLLM(window_seconds=0)
+
+
+def test_the_cli_refuses_a_bad_limit_without_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        server_main(["--rpm", "0"])
+    assert info.value.code == 2
+    assert "requests_per_window must be at least 1, got 0" in capsys.readouterr().err
+
+
+async def test_the_cli_limits() -> None:
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "demo.llm_server", "--port", "0", "--rpm", "2", "--tpm", "1000",
+          "--window", "30", "--max-concurrent", "4"),
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        url = (await asyncio.wait_for(process.stdout.readline(), 10)).decode().split()[-1]
+        async with make_client(url) as sdk:
+            headers = await ask_raw(sdk)
+            assert headers["anthropic-ratelimit-tokens-remaining"] == str(1000 - ASK)
+            await ask(sdk)
+            assert 28 <= int((await refused(sdk)).response.headers["retry-after"]) <= 30
+        async with httpx.AsyncClient(base_url=url) as http:
+            stats = (await http.get("/_stats")).json()
+        assert {k: stats[k] for k in ("accepted", "rate_limited", "max_in_flight")} == {
+            "accepted": 2, "rate_limited": 1, "max_in_flight": 1,
+        }  # fmt: skip
+        assert stats["accepted_tokens"] == 2 * ASK
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 5) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
