@@ -164,8 +164,8 @@ async def generate(ctx: JobContext, **params: Any) -> LlmResponse:
                     pass
                 final = await stream.get_final_message()
         reply = LlmResponse.model_validate(final.model_dump(mode="json"))
-    except BaseException:
-        ctx.record_llm_call(model, ok=False)
+    except BaseException as exc:
+        ctx.record_llm_call(model, ok=False, failure=ctx.classify(exc))
         raise
     usage = reply.usage
     ctx.record_llm_call(  # under the model asked for, as a failed call is

@@ -298,9 +298,15 @@ async def test_llm_streams_and_keeps_usage(orc: Orchestrator, model_server: llm.
 async def test_llm_calls_and_their_tokens_are_counted_by_the_model_asked_for(
     orc: Orchestrator, model_server: llm.LocalLLM
 ) -> None:
-    model_server.script("m", [llm.Status(429, "rate_limit_error"), llm.Text("fine now")])
+    model_server.script(
+        "m",
+        [llm.Status(429, "rate_limit_error"), llm.Status(529, "overloaded_error"),
+         llm.Text("fine now"), llm.Status(400, "invalid_request_error")],
+    )  # fmt: skip
     job_id = await run(orc, "llm_generate", ask("m"))
     usage = (await orc.get_job(job_id)).result["usage"]
+    refused = await orc.get_job(await run(orc, "llm_generate", ask("m")))
+    assert refused.status is Status.FAILED
     body, _ = await orc.metrics.exposition("")
     found = exposition.samples(body.decode())
 
@@ -310,7 +316,8 @@ async def test_llm_calls_and_their_tokens_are_counted_by_the_model_asked_for(
     def tokens(kind: str) -> float:
         return exposition.value(found, "orchestrator_llm_tokens_total", model="m", kind=kind)
 
-    assert (calls("error"), calls("ok")) == (1, 1)
+    outcomes = ("rate_limited", "overloaded", "error", "ok")
+    assert [calls(outcome) for outcome in outcomes] == [1, 1, 1, 1]
     assert (tokens("input"), tokens("output")) == (usage["input_tokens"], usage["output_tokens"])
     assert usage["output_tokens"] > 0
     assert KEY not in body.decode()  # no secret in the metrics

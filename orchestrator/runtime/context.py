@@ -13,9 +13,10 @@ import httpx
 
 from checkpoints import ApprovalGate, Ledger, StepClock, Steps
 from checkpoints.ledger import Call, Reconcile
+from orchestrator.domain.classification import Classified, classify
 from orchestrator.domain.secrets import Secrets
 from orchestrator.runtime.calls import call_limit
-from orchestrator.runtime.metrics import Metrics
+from orchestrator.runtime.metrics import LlmOutcome, Metrics
 from retry_config import JobRetryConfig
 
 if TYPE_CHECKING:
@@ -68,15 +69,23 @@ class JobContext:
         client: C = self._shared(key, make)
         return client
 
+    def classify(self, exc: BaseException) -> Classified:
+        """How the attempt would classify ``exc`` (the application's classifiers first), e.g.
+        to tell a provider's rate limit or overload (``.throttled``) from other failures."""
+        return classify(exc, self._ledger.classifiers)
+
     def record_llm_call(
-        self, model: str, *, ok: bool, input_tokens: int = 0, output_tokens: int = 0,
-        cache_read_tokens: int = 0, cache_creation_tokens: int = 0,
+        self, model: str, *, ok: bool, failure: Classified | None = None, input_tokens: int = 0,
+        output_tokens: int = 0, cache_read_tokens: int = 0, cache_creation_tokens: int = 0,
     ) -> None:  # fmt: skip
         """Count one LLM call made by the task and its tokens, as the provider reported them
         (``orchestrator_llm_calls_total``, ``orchestrator_llm_tokens_total``): the built-in
-        ``llm_generate`` does; a task calling a model through its own client can too."""
+        ``llm_generate`` does; a task calling a model through its own client can too. A failed
+        call's ``failure`` (``ctx.classify(exc)``) counts a rate limit as ``rate_limited`` and an
+        overload as ``overloaded``; any other failure, or none given, is ``error``."""
+        outcome: LlmOutcome = "ok" if ok else (failure and failure.throttle) or "error"
         self._metrics.llm_call(
-            model, ok=ok,
+            model, outcome=outcome,
             tokens={"input": input_tokens, "output": output_tokens,
                     "cache_read": cache_read_tokens, "cache_creation": cache_creation_tokens},
         )  # fmt: skip
