@@ -13,6 +13,7 @@ import httpx
 
 from checkpoints import ApprovalGate, Ledger, StepClock, Steps
 from checkpoints.ledger import Call, Reconcile
+from orchestrator.domain import events
 from orchestrator.domain.classification import Classified, classify
 from orchestrator.domain.secrets import Secrets
 from orchestrator.runtime.calls import call_limit
@@ -89,6 +90,15 @@ class JobContext:
             tokens={"input": input_tokens, "output": output_tokens,
                     "cache_read": cache_read_tokens, "cache_creation": cache_creation_tokens},
         )  # fmt: skip
+
+    async def record_model_fallback(
+        self, from_model: str, to_model: str, failure: Classified, *, step: int | None = None
+    ) -> None:
+        """Record in the job's events (``job.model_fallback``) that an LLM call moved from
+        ``from_model`` to ``to_model`` after ``failure``; fenced by the attempt's lease (a
+        superseded attempt raises StaleLease)."""
+        payload = events.model_fallback(from_model, to_model, failure, step=step)
+        await self._ledger.store.record_event(self._ledger.fence, "job.model_fallback", payload)
 
     def call_limit(self, tool: str | None = None) -> AbstractAsyncContextManager[None]:
         """Bound one call (a tool run, a subprocess...) by the type's limit for ``tool``
