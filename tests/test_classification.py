@@ -357,6 +357,9 @@ def test_every_source_reads_the_reset_headers_and_the_body() -> None:
     assert classify(sdk) == Classified(APP, "LLM_RATE_LIMITED", retry_after=3)
     from_headers = classify(_anthropic_with_body(anthropic.RateLimitError, 429, None, **reset))
     assert from_headers.retry_after is not None and 55 < from_headers.retry_after <= 60
+    # An error event inside a stream that began with 200: its body's hint, not the headers'.
+    in_stream = _anthropic_with_body(anthropic.APIStatusError, 200, in_body, **reset)
+    assert classify(in_stream) == Classified(APP, "LLM_RATE_LIMITED", retry_after=3)
     # An unread streamed response has no body to read: no hint, no error.
     unread = httpx.Response(429, request=request, stream=httpx.ByteStream(b"{}"))
     assert (
@@ -426,7 +429,11 @@ header_names = st.sampled_from(
        for part in ("limit", "remaining", "reset")]
 )  # fmt: skip
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=10),
     lambda inner: (
         st.lists(inner, max_size=3)
         | st.dictionaries(st.sampled_from(["retry_after", "error", "type"]), inner, max_size=3)

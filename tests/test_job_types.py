@@ -855,3 +855,33 @@ def test_the_fallback_rule() -> None:
         assert fallback_reason(Classified(app, code, retry_after=0.5), 0) == "rate_limited"
     for code in ("LLM_UNAVAILABLE", "HTTP_503", "STREAM_STALLED", "LLM_TIMEOUT"):
         assert fallback_reason(Classified(app, code, retry_after=600), 30) is None
+
+
+async def test_llm_generate_waits_out_the_rate_limit_of_the_local_server(
+    orc: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server's rate-limit mode, end to end: the second call in the window gets a 429 whose
+    # retry-after the job honours, and it is counted as rate_limited.
+    with llm.serve(api_key=KEY, requests_per_window=1, window_seconds=3) as limited:
+        monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", limited.url)
+        async with WorkerRun(orc) as worker:
+            first = await orc.submit("llm_generate", ask("m"))
+            await worker.until_finished(first)
+            second = await orc.submit("llm_generate", ask("m"))
+            await worker.until_finished(second, timeout=20)
+        assert (limited.accepted, limited.rate_limited) == (2, 1)
+    job, events = await orc.get_job(second), await orc.job_events(second)
+    assert job.status is Status.COMPLETED and job.attempt == 2
+    # retry-after: the whole seconds until the first call leaves the 3 s window (3, or 2 on a
+    # slow machine that took over a second to start the second job)
+    [failure] = failures(events)
+    assert failure[:3] == ("TRANSIENT_APP", "LLM_RATE_LIMITED", "app")
+    assert failure[3] in (2000.0, 3000.0)
+    body, _ = await orc.metrics.exposition("")
+    found = exposition.samples(body.decode())
+    calls = exposition.value(found, "orchestrator_llm_calls_total", model="m", outcome="ok")
+    limited_calls = exposition.value(
+        found, "orchestrator_llm_calls_total", model="m", outcome="rate_limited"
+    )
+    assert (calls, limited_calls) == (2, 1)

@@ -177,7 +177,9 @@ def _from_anthropic(exc: BaseException) -> Classified | None:
     if isinstance(exc, anthropic.APIStatusError):
         if exc.status_code < 300:
             error_class, code = _STREAM_ERROR_TYPES.get(exc.type or "", (INFRA, "LLM_STREAM_ERROR"))
-            return Classified(error_class, code)
+            # only the event's body can hint: the headers are the stream's, sent before it
+            hint = body_retry_after(exc.body) if error_class is APP else None
+            return Classified(error_class, code, retry_after=hint)
         table = _from_table(exc, _anthropic_table(), exc.body)
         return table or _from_status(exc.status_code, exc.response, exc.body)
     return _from_table(exc, _anthropic_table()) or Classified(INFRA, "LLM_ERROR")
