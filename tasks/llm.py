@@ -219,7 +219,7 @@ async def generate_with_fallback(
         try:
             reply = await generate(ctx, **{**params, "model": current})
         except Exception as exc:
-            if following is None or ctx.should_abort():
+            if following is None:
                 raise
             failure = ctx.classify(exc)
             if fallback_reason(failure, ctx.config.fallback_after_seconds) is None:
