@@ -885,3 +885,26 @@ async def test_llm_generate_waits_out_the_rate_limit_of_the_local_server(
         found, "orchestrator_llm_calls_total", model="m", outcome="rate_limited"
     )
     assert (calls, limited_calls) == (2, 1)
+
+
+async def test_run_agent_resumed_after_a_fallback_keeps_the_reply_and_the_model_of_the_ledger(
+    falling_back: Orchestrator, model_server: llm.LocalLLM
+) -> None:
+    # Step 2 falls back from a to b, b's reply is committed in the ledger, then the step fails
+    # (its tool overran) before its checkpoint: the resumed step takes b's reply from the
+    # ledger (asking nobody again) and records b as the model that answered it, although the
+    # last checkpoint still said a; step 3 asks b.
+    query = str(uuid4())
+    model_server.script(
+        "a", [llm.ToolUse("lookup", {"query": "q"}), llm.Status(529, "overloaded_error")]
+    )
+    model_server.script("b", [llm.ToolUse("slow_once", {"query": query}), llm.Text("Done.")])
+    task = {"prompt": "look it up", "model": "a", "tools": ["lookup", "slow_once"]}
+    job_id = await run(falling_back, "run_agent", task)
+    job, events = await falling_back.get_job(job_id), await falling_back.job_events(job_id)
+    assert job.status is Status.COMPLETED and job.result["answer"] == "Done."
+    assert failures(events) == [("TRANSIENT_APP", "CALL_TIMEOUT", "app", 50.0)]
+    assert fallbacks(events) == [("a", "b", "overloaded", "LLM_OVERLOADED", None, 2)]
+    assert [(t["step"], t["model"]) for t in job.result["turns"]] == [(1, "a"), (2, "b"), (3, "b")]
+    assert [model_server.requests[m] for m in "abc"] == [2, 2, 0]
+    assert job_types_app.SLOW_ONCE_CALLS[query] == 2
