@@ -101,6 +101,12 @@ class CheckpointStore:
         if row is None or not row["saved"]:
             raise StaleLease(fence.job_id, fence.lease_token)
 
+    async def record_event(self, fence: Fence, kind: str, payload: dict[str, Any]) -> None:
+        """An event about the attempt's own work (shaped in orchestrator.domain.events)."""
+        params = {**_fenced(fence), "kind": kind, "payload": Jsonb(payload)}
+        if not await self.queries.rows("record_attempt_event", params):
+            raise StaleLease(fence.job_id, fence.lease_token)
+
     async def prune(self, *, older_than_seconds: float, limit: int) -> int:
         """Delete up to ``limit`` checkpoint rows and ``limit`` ledger rows of jobs finished
         more than ``older_than_seconds`` ago; returns the larger of the two counts."""

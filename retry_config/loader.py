@@ -212,6 +212,9 @@ def _sets(table: Mapping[str, Any], loc: list[Any]) -> bool:
     """Whether ``table`` itself sets the field at ``loc`` (or a table that holds it)."""
     value: Any = table
     for part in loc:
+        if isinstance(value, list) and isinstance(part, int) and 0 <= part < len(value):
+            value = value[part]  # an item of a list field (fallback_models)
+            continue
         if not isinstance(value, Mapping) or part not in value:
             return False
         value = value[part]

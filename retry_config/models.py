@@ -227,6 +227,21 @@ class JobRetryConfig(_Frozen):
         default_factory=dict,
         description="Per-tool call limits; other calls use call_timeout_ms.",
     )
+    fallback_models: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        default_factory=list,
+        max_length=20,
+        description="llm_generate and run_agent: the models a call moves to, in this order, "
+        "when its model is overloaded (529) or rate-limited (429) with a hint longer than "
+        "fallback_after_seconds, within the same attempt; each model is tried at most once per "
+        "call. Empty: no fallback.",
+    )
+    fallback_after_seconds: float = Field(
+        30,
+        ge=0,
+        le=MAX_VALUE,
+        description="A rate limit (429) whose server hint is longer than this moves the call to "
+        "the next of fallback_models; a shorter one, or none, is retried on the same model.",
+    )
     queue: str | None = Field(
         None, min_length=1, max_length=128, description="Procrastinate queue; the type's name."
     )

@@ -10,6 +10,13 @@ checkpoint. The loop ends when the model stops asking for tools; reaching ``max_
 PERMANENT (``AGENT_STEP_LIMIT``). A tool the model names but the job did not offer, or arguments
 that do not fit, go back to the model as an error result (it can correct itself); a tool output
 that does not fit the tool's model is INVALID_OUTPUT.
+
+Model fallback (tasks/llm.py, the type's ``fallback_models``): a step's LLM call that moves to a
+fallback model keeps it: the agent stays on the model it switched to for the rest of the job,
+resumed attempts included (the transcript from then on is that model's), and falls further down
+the same list if that one fails in turn; it never goes back up. Each checkpointed turn records
+which model answered (``Transcript.turns``), so a resumed agent starts its next step with the
+last turn's model.
 """
 
 # No `from __future__ import annotations`: the job type's payload model is a local class, read
@@ -22,7 +29,7 @@ from typing import Any, Self
 from pydantic import BaseModel, Field, model_validator
 
 from orchestrator import JobContext, Orchestrator, PermanentError
-from tasks.llm import LlmResponse, Usage, generate
+from tasks.llm import LlmResponse, Usage, fallback_chain, generate_with_fallback
 from tasks.payload import Payload
 from tasks.tools import TOOLS, ToolRegistry
 
@@ -51,10 +58,16 @@ class ToolCallRecord(BaseModel):
     error: str | None = None
 
 
+class Turn(BaseModel):
+    step: int
+    model: str  # the model that answered the step, by the name it was asked by
+
+
 class Transcript(BaseModel):
     """The state each step checkpoints, and the job's result."""
 
     messages: list[dict[str, Any]]
+    turns: list[Turn] = Field(default_factory=list)  # one per step: which model answered
     tool_calls: list[ToolCallRecord] = Field(default_factory=list)
     steps: int = 0
     answer: str | None = None  # the model's last text, once it stopped asking for tools
@@ -79,16 +92,17 @@ def register(orc: Orchestrator, tools: ToolRegistry = TOOLS) -> None:
         steps = ctx.steps(Transcript, initial=start, max_steps=request.max_steps)
         async for step in steps:
             before = step.state
+            model = before.turns[-1].model if before.turns else request.model
             params: dict[str, Any] = {
-                "model": request.model,
+                "model": model,
                 "max_tokens": request.max_tokens,
                 "messages": before.messages,
                 **({"system": request.system} if request.system else {}),
                 **({"tools": offered} if offered else {}),
             }
+            ask = functools.partial(_ask, ctx, params, request.model, step.number)
             reply: LlmResponse = await step.effect(
-                "llm", functools.partial(_ask, ctx, params), key="llm", idempotent=True,
-                result_type=LlmResponse, commit_now=True,
+                "llm", ask, key="llm", idempotent=True, result_type=LlmResponse, commit_now=True,
             )  # fmt: skip
             calls: list[ToolCallRecord] = []
             results: list[dict[str, Any]] = []
@@ -109,6 +123,7 @@ def register(orc: Orchestrator, tools: ToolRegistry = TOOLS) -> None:
             await step.checkpoint(
                 Transcript(
                     messages=messages,
+                    turns=[*before.turns, Turn(step=step.number, model=reply.answered_by or model)],
                     tool_calls=[*before.tool_calls, *calls],
                     steps=step.number,
                     answer=None if uses else reply.text,
@@ -125,8 +140,16 @@ def register(orc: Orchestrator, tools: ToolRegistry = TOOLS) -> None:
         return transcript
 
 
-async def _ask(ctx: JobContext, params: dict[str, Any], invocation_id: str) -> LlmResponse:
-    return await generate(ctx, **params)
+async def _ask(
+    ctx: JobContext, params: dict[str, Any], requested: str, step: int, invocation_id: str
+) -> LlmResponse:
+    """The step's call, on ``params["model"]`` (the model the agent is on), falling back to the
+    models after it in ``[requested, *fallback_models]`` (all of those others if the config no
+    longer names it)."""
+    chain = fallback_chain(requested, ctx.config.fallback_models)
+    model = params["model"]
+    rest = chain[chain.index(model) + 1 :] if model in chain else chain
+    return await generate_with_fallback(ctx, fallback=rest, step=step, **params)
 
 
 async def _call(

@@ -13,6 +13,15 @@ request gives an ``output_schema`` (a JSON Schema, checked at submit), its text 
 that the schema accepts; the parsed value is the result's ``output``. A reply that does not fit
 is INVALID_OUTPUT, terminal, its text kept in the job's ``last_error``.
 
+Model fallback (the type's ``fallback_models`` and ``fallback_after_seconds``): when the model is
+overloaded (529, or an ``overloaded_error`` inside the stream) or rate-limited (429) with a
+server hint longer than ``fallback_after_seconds``, the call moves at once, within the same
+attempt, to the next model of ``[model, *fallback_models]``; each model is tried at most once per
+call, and once the list is spent the last error propagates and is classified as usual. Each move
+is a ``job.model_fallback`` event; each call is counted under its own model; the reply's
+``answered_by`` names the model that answered, as asked (``model`` is the name the provider
+answered with). A new attempt starts again from the requested model.
+
 The API key is the secret ``ANTHROPIC_API_KEY`` (environment or mounted secret); the endpoint
 is ``ANTHROPIC_BASE_URL`` when set (the bundled local server, a proxy), else Anthropic's.
 With tracing on, the call has a span, ``chat <model>`` (docs/operations.md, "Traces").
@@ -22,12 +31,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, computed_field, field_validator
 
-from orchestrator import InvalidOutput, JobContext, Orchestrator
+from orchestrator import Classified, InvalidOutput, JobContext, Orchestrator
 from orchestrator.runtime.calls import within_gaps
 from tasks.payload import Payload
 
@@ -78,6 +88,9 @@ class LlmResponse(BaseModel):
     content: list[dict[str, Any]]
     stop_reason: str | None
     usage: Usage
+    #: The model that answered, by the name it was asked by (after any fallback); None for a
+    #: reply kept before fallbacks existed.
+    answered_by: str | None = None
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -164,8 +177,8 @@ async def generate(ctx: JobContext, **params: Any) -> LlmResponse:
                     pass
                 final = await stream.get_final_message()
         reply = LlmResponse.model_validate(final.model_dump(mode="json"))
-    except BaseException:
-        ctx.record_llm_call(model, ok=False)
+    except BaseException as exc:
+        ctx.record_llm_call(model, ok=False, failure=ctx.classify(exc))
         raise
     usage = reply.usage
     ctx.record_llm_call(  # under the model asked for, as a failed call is
@@ -186,8 +199,51 @@ def estimated_tokens(request: LlmRequest) -> int:
     return len(text) // 4 + 1 + request.max_tokens
 
 
+def fallback_chain(model: str, fallback: Sequence[str]) -> list[str]:
+    """The models a call may try, in order: ``model``, then ``fallback``, each once."""
+    return list(dict.fromkeys([model, *fallback]))
+
+
+def fallback_reason(failure: Classified, after_seconds: float) -> str | None:
+    """Why a failed call moves to the next model (``overloaded``, ``rate_limited``), or None
+    when it does not: an overload always moves it; a rate limit only when the server's hint is
+    longer than ``after_seconds`` (without a hint it is retried on the same model)."""
+    if failure.throttle == "overloaded":
+        return "overloaded"
+    if failure.throttle == "rate_limited" and (failure.retry_after or 0) > after_seconds:
+        return "rate_limited"
+    return None
+
+
+async def generate_with_fallback(
+    ctx: JobContext, *, fallback: Sequence[str] | None = None, step: int | None = None,
+    **params: Any,
+) -> LlmResponse:  # fmt: skip
+    """:func:`generate` on ``params["model"]``, moving to the next model of ``fallback`` (the
+    type's ``fallback_models`` when None) as the module says, each move recorded with the
+    agent's ``step`` if any; the reply's ``answered_by`` names the model that answered."""
+    models = fallback_chain(
+        str(params.get("model")), ctx.config.fallback_models if fallback is None else fallback
+    )
+    for current, following in zip(models, [*models[1:], None], strict=True):
+        try:
+            reply = await generate(ctx, **{**params, "model": current})
+        except Exception as exc:
+            if following is None:
+                raise
+            failure = ctx.classify(exc)
+            if fallback_reason(failure, ctx.config.fallback_after_seconds) is None:
+                raise
+            ctx.log.warning("model %s is %s: moving to %s", current, failure.throttle, following)
+            await ctx.record_model_fallback(current, following, failure, step=step)
+            continue
+        return reply.model_copy(update={"answered_by": current})
+    raise AssertionError("the loop returns or raises")  # pragma: no cover
+
+
 def register(orc: Orchestrator) -> None:
     @orc.job_type("llm_generate", cost=estimated_tokens)
     async def llm_generate(ctx: JobContext, request: LlmRequest) -> LlmResult:
         params = request.model_dump(mode="json", exclude_none=True, exclude={"output_schema"})
-        return LlmResult.checked(await generate(ctx, **params), request.output_schema)
+        reply = await generate_with_fallback(ctx, **params)
+        return LlmResult.checked(reply, request.output_schema)

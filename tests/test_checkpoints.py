@@ -285,6 +285,9 @@ async def test_a_stale_attempt_cannot_checkpoint_or_commit(
         sent = await effect("k1", "x", idempotent=False, reconcile=lambda i: find(service.url, i),
                             commit_now=False)  # fmt: skip
         assert sent["text"] == "x"
+        await ledger.store.record_event(ledger.fence, "job.model_fallback", {"from": "a"})
+        written = [e for e in await orc.job_events(job_id) if e.kind == "job.model_fallback"]
+        assert [e.payload for e in written] == [{"from": "a"}]  # while the lease is its own
         # The job is handed to another attempt (a sweep, a redispatch) ...
         await db.execute(
             "UPDATE orc_jobs SET lease_token = gen_random_uuid() WHERE id = %s", (job_id,)
@@ -297,7 +300,11 @@ async def test_a_stale_attempt_cannot_checkpoint_or_commit(
             await ledger.checkpoint(1, {"log": ["step 1"]}, final=False)
         with pytest.raises(StaleLease):
             await effect("k2", "y", idempotent=True, reconcile=None, commit_now=True)
+        with pytest.raises(StaleLease):  # nor an event about its work (job.model_fallback)
+            await ledger.store.record_event(ledger.fence, "job.model_fallback", {"from": "a"})
         steps = await orc.job_steps(job_id)
+        kinds = [e.kind for e in await orc.job_events(job_id)]
+    assert kinds.count("job.model_fallback") == 1  # the stale one wrote nothing
     assert [(s["kind"], s["invocation_id"], s["status"]) for s in steps] == [
         ("side_effect", f"{job_id}.1.k1", "pending")  # left for the next attempt to reconcile
     ]

@@ -3,6 +3,7 @@
 import asyncio
 import errno
 import socket
+from datetime import UTC, datetime, timedelta
 
 import anthropic
 import httpx
@@ -13,10 +14,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.domain.classification import (
+    RATE_LIMITS,
     Classified,
     ErrorClass,
+    body_retry_after,
     classify,
     classify_http_status,
+    ratelimit_reset,
+    retry_hint,
 )
 from orchestrator.domain.errors import InvalidOutput, PermanentError, RetryLater
 
@@ -239,3 +244,252 @@ def test_classification_is_total(exc: BaseException) -> None:
     assert result.error_class in FAILURES
     assert result.code
     assert result.retry_after is None or result.retry_after >= 0
+
+
+# -- rate-limit hints and throttling ----------------------------------------------------------
+
+NOW = datetime(2026, 11, 26, 12, 0, 0, tzinfo=UTC)
+
+
+def _rfc3339(seconds: float) -> str:
+    return (NOW + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
+
+
+def test_hint_precedence_retry_after_ms_then_retry_after_then_resets_then_body() -> None:
+    resets = {
+        "anthropic-ratelimit-requests-remaining": "0",
+        "anthropic-ratelimit-requests-reset": _rfc3339(7),
+    }
+    body = {"error": {"type": "rate_limit_error", "retry_after": 9}}
+    every = {"retry-after-ms": "1500", "retry-after": "4", **resets}
+    assert retry_hint(every, body, now=NOW) == 1.5
+    assert retry_hint({"retry-after": "4", **resets}, body, now=NOW) == 4
+    assert retry_hint(resets, body, now=NOW) == 7
+    assert retry_hint({}, body, now=NOW) == 9
+    assert retry_hint({}, None, now=NOW) is None
+    # An unreadable value gives way to the next source.
+    assert retry_hint({"retry-after-ms": "soon", "retry-after": "4"}, now=NOW) == 4
+    assert retry_hint({"retry-after": "whenever", **resets}, now=NOW) == 7
+    bad_reset = {"anthropic-ratelimit-tokens-reset": "tomorrow"}
+    assert retry_hint(bad_reset, {"retry_after": 2}, now=NOW) == 2
+
+
+def test_the_latest_reset_among_the_exhausted_limits() -> None:
+    headers = {
+        "anthropic-ratelimit-requests-remaining": "0",
+        "anthropic-ratelimit-requests-reset": _rfc3339(5),
+        "anthropic-ratelimit-tokens-remaining": "0",
+        "anthropic-ratelimit-tokens-reset": _rfc3339(30),
+        # Room left: not why the request was refused, however late its reset.
+        "anthropic-ratelimit-input-tokens-remaining": "4000",
+        "anthropic-ratelimit-input-tokens-reset": _rfc3339(90),
+        # No remaining reported: counted as exhausted.
+        "anthropic-ratelimit-output-tokens-reset": _rfc3339(12),
+    }
+    assert ratelimit_reset(headers, now=NOW) == 30
+    del headers["anthropic-ratelimit-tokens-reset"]
+    assert ratelimit_reset(headers, now=NOW) == 12
+    assert ratelimit_reset({"anthropic-ratelimit-requests-reset": _rfc3339(-3)}, now=NOW) == 0
+    offset = {"anthropic-ratelimit-tokens-reset": "2026-11-26T13:00:02+01:00"}
+    assert ratelimit_reset(offset, now=NOW) == 2
+    naive = {"anthropic-ratelimit-tokens-reset": "2026-11-26T12:00:06"}  # read as UTC
+    assert ratelimit_reset(naive, now=NOW) == 6
+    room = {
+        "anthropic-ratelimit-requests-remaining": "3",
+        "anthropic-ratelimit-requests-reset": _rfc3339(5),
+    }
+    assert ratelimit_reset(room, now=NOW) is None
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"type": "error", "error": {"type": "rate_limit_error", "retry_after": 3}}, 3),
+        ({"retry_after": 2.5}, 2.5),
+        ({"retry_after": "4"}, 4),
+        ({"error": {"retry_after": 1}, "retry_after": 8}, 1),  # the error object's first
+        ({"error": {"message": "slow down"}, "retry_after": 8}, 8),
+        ({"error": "text", "retry_after": 8}, 8),
+        ({"retry_after": -5}, 0),
+        ({"retry_after": True}, None),
+        ({"retry_after": None}, None),
+        ({"retry_after": "NaN"}, None),
+        ({"retry_after": float("inf")}, None),
+        ({"retry_after": [3]}, None),
+        ("retry_after: 3", None),
+        ([{"retry_after": 3}], None),
+        (None, None),
+    ],
+)
+def test_retry_after_in_the_body(body: object, expected: float | None) -> None:
+    assert body_retry_after(body) == expected
+
+
+def _httpx2_status_error(
+    status: int, headers: dict[str, str] | None = None, json: object = None
+) -> httpx2.HTTPStatusError:
+    response = httpx2.Response(status, headers=headers, json=json, request=ANTHROPIC_REQUEST)
+    return httpx2.HTTPStatusError("boom", request=ANTHROPIC_REQUEST, response=response)
+
+
+def _anthropic_with_body(
+    cls: type[anthropic.APIStatusError], status: int, body: object, **headers: str
+) -> BaseException:
+    response = httpx2.Response(status, headers=headers, json=body, request=ANTHROPIC_REQUEST)
+    return cls("error", response=response, body=body)
+
+
+def test_every_source_reads_the_reset_headers_and_the_body() -> None:
+    in_body = {"type": "error", "error": {"type": "rate_limit_error", "retry_after": 3}}
+    reset = {
+        "anthropic-ratelimit-tokens-remaining": "0",
+        "anthropic-ratelimit-tokens-reset": (datetime.now(UTC) + timedelta(seconds=60)).isoformat(),
+    }
+    request = httpx.Request("POST", "http://127.0.0.1/v1/messages")
+    raw = httpx.HTTPStatusError(
+        "boom", request=request, response=httpx.Response(429, json=in_body, request=request)
+    )
+    assert classify(raw) == Classified(APP, "HTTP_429", retry_after=3)
+    assert classify(_httpx2_status_error(529, json=in_body)) == Classified(
+        APP, "HTTP_529", retry_after=3
+    )
+    sdk = _anthropic_with_body(anthropic.RateLimitError, 429, in_body)
+    assert classify(sdk) == Classified(APP, "LLM_RATE_LIMITED", retry_after=3)
+    from_headers = classify(_anthropic_with_body(anthropic.RateLimitError, 429, None, **reset))
+    assert from_headers.retry_after is not None and 55 < from_headers.retry_after <= 60
+    # An error event inside a stream that began with 200: its body's hint, not the headers'.
+    in_stream = _anthropic_with_body(anthropic.APIStatusError, 200, in_body, **reset)
+    assert classify(in_stream) == Classified(APP, "LLM_RATE_LIMITED", retry_after=3)
+    # An unread streamed response has no body to read: no hint, no error.
+    unread = httpx.Response(429, request=request, stream=httpx.ByteStream(b"{}"))
+    assert (
+        classify(httpx.HTTPStatusError("x", request=request, response=unread)).retry_after is None
+    )
+
+
+THROTTLED = [
+    (_httpx_status_error(429), "rate_limited"),
+    (_httpx_status_error(529), "overloaded"),
+    (_httpx2_status_error(429), "rate_limited"),
+    (_httpx2_status_error(529), "overloaded"),
+    (_anthropic(anthropic.RateLimitError, 429), "rate_limited"),
+    (_anthropic(anthropic.OverloadedError, 529), "overloaded"),
+    (_anthropic(anthropic.APIStatusError, 429), "rate_limited"),
+    (_anthropic(anthropic.APIStatusError, 529), "overloaded"),
+    (_anthropic_with_body(anthropic.APIStatusError, 200,
+                          {"error": {"type": "overloaded_error"}}), "overloaded"),
+    (_anthropic_with_body(anthropic.APIStatusError, 200,
+                          {"error": {"type": "rate_limit_error"}}), "rate_limited"),
+    (type("ToolError", (Exception,), {"status_code": 429})(), "rate_limited"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("exc", "throttle"), THROTTLED)
+def test_rate_limits_and_overloads_are_throttled(exc: BaseException, throttle: str) -> None:
+    classified = classify(exc)
+    assert classified.throttled
+    assert classified.throttle == throttle
+    assert classified.error_class is APP
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        _httpx_status_error(503),
+        _httpx_status_error(408),
+        _httpx_status_error(500),
+        _httpx_status_error(400),
+        _httpx2_status_error(503),
+        _anthropic(anthropic.ServiceUnavailableError, 503),
+        _anthropic(anthropic.InternalServerError, 500),
+        _anthropic(anthropic.AuthenticationError, 401),
+        anthropic.APITimeoutError(request=ANTHROPIC_REQUEST),
+        anthropic.APIConnectionError(request=ANTHROPIC_REQUEST),
+        httpx.ReadTimeout("r", request=REQ),
+        RetryLater(3),
+        TimeoutError(),
+        ValueError("429"),
+    ],
+)
+def test_other_failures_are_not_throttled(exc: BaseException) -> None:
+    classified = classify(exc)
+    assert not classified.throttled
+    assert classified.throttle is None
+
+
+header_values = st.one_of(
+    st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=30),
+    st.integers(-(10**6), 10**6).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(str),
+    st.integers(-3600, 3600).map(lambda s: _rfc3339(s)),
+)
+header_names = st.sampled_from(
+    ["retry-after", "retry-after-ms"]
+    + [f"anthropic-ratelimit-{limit}-{part}" for limit in RATE_LIMITS
+       for part in ("limit", "remaining", "reset")]
+)  # fmt: skip
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=10),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["retry_after", "error", "type"]), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@given(st.dictionaries(header_names, header_values), json_values)
+def test_hints_are_total_and_never_negative(headers: dict[str, str], body: object) -> None:
+    hint = retry_hint(headers, body, now=NOW)
+    assert hint is None or (hint >= 0 and hint == hint and hint != float("inf"))
+
+
+@given(st.dictionaries(header_names, header_values), json_values,
+       st.floats(0, 1e6), st.floats(0, 1e6))  # fmt: skip
+def test_a_readable_header_hint_always_wins(
+    headers: dict[str, str], body: object, millis: float, seconds: float
+) -> None:
+    assert retry_hint({**headers, "retry-after-ms": repr(millis)}, body, now=NOW) == millis / 1_000
+    without_ms = {k: v for k, v in headers.items() if k != "retry-after-ms"}
+    assert retry_hint({**without_ms, "retry-after": repr(seconds)}, body, now=NOW) == seconds
+
+
+@given(st.lists(st.tuples(st.sampled_from(RATE_LIMITS), st.integers(0, 5),
+                          st.integers(-100, 3600)), max_size=4), json_values)  # fmt: skip
+def test_resets_win_over_the_body_and_name_the_latest_exhausted(
+    limits: list[tuple[str, int, int]], body: object
+) -> None:
+    headers: dict[str, str] = {}
+    for limit, remaining, seconds in limits:
+        headers[f"anthropic-ratelimit-{limit}-remaining"] = str(remaining)
+        headers[f"anthropic-ratelimit-{limit}-reset"] = _rfc3339(seconds)
+    exhausted = {
+        limit: seconds
+        for limit, remaining, seconds in limits
+        if headers[f"anthropic-ratelimit-{limit}-remaining"] == "0"
+        and headers[f"anthropic-ratelimit-{limit}-reset"] == _rfc3339(seconds)
+    }
+    if exhausted:
+        assert retry_hint(headers, body, now=NOW) == max(0, max(exhausted.values()))
+    else:
+        assert retry_hint(headers, body, now=NOW) == body_retry_after(body)
+
+
+@given(st.integers(100, 599), st.dictionaries(header_names, header_values), json_values)
+def test_throttled_exactly_for_429_and_529(
+    status: int, headers: dict[str, str], body: object
+) -> None:
+    for exc in (
+        _httpx_status_error(status, headers),
+        _httpx2_status_error(status, headers),
+        _anthropic_with_body(anthropic.APIStatusError, status, body, **headers)
+        if status >= 300 else _httpx_status_error(status, headers),
+    ):  # fmt: skip
+        classified = classify(exc)
+        assert classified.throttled is (status in (429, 529))
+        if classified.error_class is not APP:
+            assert classified.retry_after is None

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+import httpx
 import psycopg
 import pytest
 
@@ -88,6 +89,16 @@ async def test_every_event_kind_has_the_documented_keys(
     async def capped(ctx: JobContext, payload: None) -> None:
         await RELEASE.setdefault(ctx.job_id, asyncio.Event()).wait()
 
+    @orc.job_type("fall_back")
+    async def fall_back(ctx: JobContext, payload: None) -> None:
+        # what tasks/llm.py writes when a model is overloaded (its end-to-end tests:
+        # tests/test_job_types.py); here, only the event's keys
+        request = httpx.Request("POST", "http://127.0.0.1/v1/messages")
+        overloaded = httpx.HTTPStatusError(
+            "overloaded", request=request, response=httpx.Response(529, request=request)
+        )
+        await ctx.record_model_fallback("a", "b", ctx.classify(overloaded), step=None)
+
     later = datetime.now(UTC) + timedelta(hours=1)
     async with orc:
         # a waiting job whose dispatch is lost: the safety net gives it a new one
@@ -109,6 +120,7 @@ async def test_every_event_kind_has_the_documented_keys(
             await orc.submit("scripted", {"script": script})
             for script in (["ok"], ["app", "ok"], ["infra", "ok"], ["permanent"])
         ]
+        done.append(await orc.submit("fall_back", None))
         gated = {"service": service.url, "approval_at": 1}
         approved, rejected = [await orc.submit("agent", gated) for _ in range(2)]
         expired = await orc.submit("agent", {**gated, "approval_expires_in": 0.2})

@@ -13,6 +13,7 @@ import hmac
 import json
 import signal
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -22,6 +23,7 @@ import pytest
 from demo import llm_server as llm
 from orchestrator import InvalidPayload, Orchestrator, Status
 from orchestrator.domain.models import JobEvent
+from orchestrator.interfaces.render import event_detail
 from tests.support import exposition, http_peers, job_types_app
 from tests.support.external import MessageService, message_service
 from tests.support.harness import ROOT, WorkerRun, finished
@@ -298,9 +300,15 @@ async def test_llm_streams_and_keeps_usage(orc: Orchestrator, model_server: llm.
 async def test_llm_calls_and_their_tokens_are_counted_by_the_model_asked_for(
     orc: Orchestrator, model_server: llm.LocalLLM
 ) -> None:
-    model_server.script("m", [llm.Status(429, "rate_limit_error"), llm.Text("fine now")])
+    model_server.script(
+        "m",
+        [llm.Status(429, "rate_limit_error"), llm.Status(529, "overloaded_error"),
+         llm.Text("fine now"), llm.Status(400, "invalid_request_error")],
+    )  # fmt: skip
     job_id = await run(orc, "llm_generate", ask("m"))
     usage = (await orc.get_job(job_id)).result["usage"]
+    refused = await orc.get_job(await run(orc, "llm_generate", ask("m")))
+    assert refused.status is Status.FAILED
     body, _ = await orc.metrics.exposition("")
     found = exposition.samples(body.decode())
 
@@ -310,7 +318,8 @@ async def test_llm_calls_and_their_tokens_are_counted_by_the_model_asked_for(
     def tokens(kind: str) -> float:
         return exposition.value(found, "orchestrator_llm_tokens_total", model="m", kind=kind)
 
-    assert (calls("error"), calls("ok")) == (1, 1)
+    outcomes = ("rate_limited", "overloaded", "error", "ok")
+    assert [calls(outcome) for outcome in outcomes] == [1, 1, 1, 1]
     assert (tokens("input"), tokens("output")) == (usage["input_tokens"], usage["output_tokens"])
     assert usage["output_tokens"] > 0
     assert KEY not in body.decode()  # no secret in the metrics
@@ -608,7 +617,8 @@ async def test_run_agent_killed_in_step_2_resumes_there_without_repeating_a_tool
             assert job.status is Status.COMPLETED, second.output()[-3000:]
         steps = await orc.job_steps(job_id)
         events = await orc.job_events(job_id)
-    assert job.result == expected  # the same transcript as the uninterrupted twin
+    # The same transcript as the uninterrupted twin (but for the model's name in its turns).
+    assert job.result == expected | {"turns": [{"step": n, "model": "agent"} for n in range(1, 5)]}
     # Step 2's reply was committed when it arrived: the resumed step asked nothing again.
     assert model_server.requests["agent"] == 4
     step2 = f"{job_id}.2.tool1"
@@ -670,3 +680,231 @@ async def test_run_agent_terminal_failures(
     assert job.status is Status.FAILED and failures(events) == [failure]
     assert model_server.requests["m"] == 1
     assert events[-1].kind == "job.degraded" and events[-1].payload["action"] == "notify_human"
+
+
+# -- model fallback (llm_generate, run_agent) ---------------------------------------------------
+
+FALLBACK = 'fallback_models = ["b", "c"]\nfallback_after_seconds = 5\n'
+
+
+@pytest.fixture
+def falling_back(
+    make_orc: Callable[..., Orchestrator], peers: http_peers.Peers, tmp_path: Path
+) -> Orchestrator:
+    """The job-type tests' orchestrator with fallback models b then c for both LLM types."""
+    text = CONFIG.read_text()
+    for table in ("[job_types.llm_generate]\n", "[job_types.run_agent]\n"):
+        assert table in text
+        text = text.replace(table, table + FALLBACK)
+    config = tmp_path / "fallback.toml"
+    config.write_text(text)
+    target = {"channel": "webhook", "url": f"{peers.url}/hooks/{ESCALATE_TO}"}
+    made = make_orc(retry_config=config, escalation_target=target)
+    job_types_app.register(made)
+    return made
+
+
+def fallbacks(events: list[JobEvent]) -> list[tuple[Any, ...]]:
+    return [
+        (e.payload["from"], e.payload["to"], e.payload["reason"], e.payload["code"],
+         e.payload["retry_after"], e.payload["step"])
+        for e in events
+        if e.kind == "job.model_fallback"
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("trouble", "reason", "code", "hint"),
+    [(llm.Status(529, "overloaded_error"), "overloaded", "LLM_OVERLOADED", None),
+     (llm.StreamError("overloaded_error"), "overloaded", "LLM_OVERLOADED", None),
+     (llm.Status(429, "rate_limit_error", retry_after="60"), "rate_limited",
+      "LLM_RATE_LIMITED", 60)],
+    ids=["529", "overloaded-mid-stream", "429-past-the-threshold"],
+)  # fmt: skip
+async def test_llm_generate_falls_back_to_the_next_model_within_the_attempt(
+    falling_back: Orchestrator,
+    model_server: llm.LocalLLM,
+    trouble: Any,
+    reason: str,
+    code: str,
+    hint: float | None,
+) -> None:
+    model_server.script("a", [trouble])
+    model_server.script("b", [llm.Text("from b")])
+    job_id = await run(falling_back, "llm_generate", ask("a"))
+    job, events = await falling_back.get_job(job_id), await falling_back.job_events(job_id)
+    assert job.status is Status.COMPLETED and job.attempt == 1
+    assert job.result["text"] == "from b"
+    assert (job.result["model"], job.result["answered_by"]) == ("b", "b")
+    assert failures(events) == []
+    assert fallbacks(events) == [("a", "b", reason, code, hint, None)]
+    [moved] = [e for e in events if e.kind == "job.model_fallback"]
+    shown = f", hint {hint}s" if hint else ""
+    assert event_detail(moved) == f"a {reason} ({code}{shown}): now b"  # as `status` shows it
+    assert kinds(events) == ["job.created", "job.running", "job.model_fallback", "job.completed"]
+    assert (model_server.requests["a"], model_server.requests["b"]) == (1, 1)
+    assert model_server.requests["c"] == 0
+    body, _ = await falling_back.metrics.exposition("")
+    found = exposition.samples(body.decode())
+    throttle = "overloaded" if reason == "overloaded" else "rate_limited"
+    assert exposition.value(found, "orchestrator_llm_calls_total", model="a", outcome=throttle) == 1
+    assert exposition.value(found, "orchestrator_llm_calls_total", model="b", outcome="ok") == 1
+
+
+@pytest.mark.parametrize(
+    ("trouble", "code", "backoff"),
+    [(llm.Status(429, "rate_limit_error", retry_after="2"), "LLM_RATE_LIMITED", 2000.0),
+     (llm.Status(429, "rate_limit_error"), "LLM_RATE_LIMITED", 50.0),
+     (llm.Status(503, "api_error"), "LLM_UNAVAILABLE", 50.0),
+     (llm.Stall(after_chunks=1), "STREAM_STALLED", 50.0)],
+    ids=["429-within-the-threshold", "429-without-a-hint", "503", "stalled"],
+)  # fmt: skip
+async def test_llm_generate_stays_on_its_model_for_other_failures(
+    falling_back: Orchestrator,
+    model_server: llm.LocalLLM,
+    trouble: Any,
+    code: str,
+    backoff: float,
+) -> None:
+    model_server.script("a", [trouble, llm.Text("from a")])
+    job_id = await run(falling_back, "llm_generate", ask("a"))
+    job, events = await falling_back.get_job(job_id), await falling_back.job_events(job_id)
+    assert job.status is Status.COMPLETED and job.result["answered_by"] == "a"
+    assert failures(events) == [("TRANSIENT_APP", code, "app", backoff)]
+    assert fallbacks(events) == []
+    assert model_server.requests["b"] == 0
+
+
+async def test_llm_generate_tries_each_model_once_then_fails_as_before(
+    falling_back: Orchestrator, model_server: llm.LocalLLM
+) -> None:
+    overloaded = llm.Status(529, "overloaded_error")
+    model_server.script("a", [overloaded, llm.Text("a again")])
+    model_server.script("b", [overloaded])
+    model_server.script("c", [llm.Status(429, "rate_limit_error", retry_after="60")])
+    job_id = await run(falling_back, "llm_generate", ask("a"))
+    job, events = await falling_back.get_job(job_id), await falling_back.job_events(job_id)
+    # The list spent, c's rate limit is the attempt's failure; the next attempt starts at a.
+    assert job.status is Status.COMPLETED and job.result["answered_by"] == "a"
+    assert fallbacks(events) == [
+        ("a", "b", "overloaded", "LLM_OVERLOADED", None, None),
+        ("b", "c", "overloaded", "LLM_OVERLOADED", None, None),
+    ]
+    assert failures(events) == [("TRANSIENT_APP", "LLM_RATE_LIMITED", "app", 3000.0)]
+    assert [model_server.requests[m] for m in "abc"] == [2, 1, 1]
+
+
+async def test_llm_generate_never_falls_back_on_a_permanent_error(
+    falling_back: Orchestrator, model_server: llm.LocalLLM
+) -> None:
+    model_server.script("a", [llm.Status(400, "invalid_request_error")])
+    job_id = await run(falling_back, "llm_generate", ask("a"))
+    job, events = await falling_back.get_job(job_id), await falling_back.job_events(job_id)
+    assert job.status is Status.FAILED
+    assert failures(events) == [("PERMANENT", "LLM_BAD_REQUEST", None, None)]
+    assert fallbacks(events) == [] and model_server.requests["b"] == 0
+
+
+async def test_run_agent_keeps_the_model_it_fell_back_to_across_steps_and_attempts(
+    falling_back: Orchestrator, model_server: llm.LocalLLM, service: MessageService
+) -> None:
+    def tool(text: str) -> llm.ToolUse:
+        return llm.ToolUse("send_message", {"text": text})
+
+    overloaded = llm.Status(529, "overloaded_error")
+    model_server.script("a", [tool("one"), overloaded])
+    model_server.script("b", [tool("two"), overloaded, llm.Text("Told them.")])
+    model_server.script("c", [overloaded])
+    job_id = await run(falling_back, "run_agent", agent_task("a"))
+    job, events = await falling_back.get_job(job_id), await falling_back.job_events(job_id)
+    assert job.status is Status.COMPLETED and job.result["answer"] == "Told them."
+    # Step 1 on a; step 2 moved to b; step 3 found b then c overloaded: the attempt failed and
+    # the next one resumed step 3 on b (the transcript's model), never going back to a.
+    assert fallbacks(events) == [
+        ("a", "b", "overloaded", "LLM_OVERLOADED", None, 2),
+        ("b", "c", "overloaded", "LLM_OVERLOADED", None, 3),
+    ]
+    assert failures(events) == [("TRANSIENT_APP", "LLM_OVERLOADED", "app", 50.0)]
+    moved = next(e for e in events if e.kind == "job.model_fallback")
+    assert event_detail(moved) == "step 2: a overloaded (LLM_OVERLOADED): now b"
+    assert [(t["step"], t["model"]) for t in job.result["turns"]] == [(1, "a"), (2, "b"), (3, "b")]
+    assert [model_server.requests[m] for m in "abc"] == [2, 3, 1]
+    assert service.deliveries == {f"{job_id}.1.tool1": 1, f"{job_id}.2.tool1": 1}
+    # The transcript sent to b at step 3 is the one a and b built, as the model saw it.
+    sent = model_server.last_body("b")["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "user", "assistant", "user"]
+    steps = await falling_back.job_steps(job_id)
+    checkpoints = [(s["step"], s["attempt"]) for s in steps if s["kind"] == "checkpoint"]
+    assert checkpoints == [(1, 1), (2, 1), (3, 2)]
+
+
+def test_the_fallback_rule() -> None:
+    from orchestrator import Classified, ErrorClass
+    from tasks.llm import fallback_chain, fallback_reason
+
+    app = ErrorClass.TRANSIENT_APP
+    assert fallback_chain("a", ["b", "a", "c", "b"]) == ["a", "b", "c"]
+    assert fallback_chain("a", []) == ["a"]
+    for code in ("LLM_OVERLOADED", "HTTP_529"):
+        assert fallback_reason(Classified(app, code), 30) == "overloaded"
+        assert fallback_reason(Classified(app, code, retry_after=1), 30) == "overloaded"
+    for code in ("LLM_RATE_LIMITED", "HTTP_429"):
+        assert fallback_reason(Classified(app, code, retry_after=31), 30) == "rate_limited"
+        assert fallback_reason(Classified(app, code, retry_after=30), 30) is None
+        assert fallback_reason(Classified(app, code), 30) is None  # no hint: same model
+        assert fallback_reason(Classified(app, code, retry_after=0.5), 0) == "rate_limited"
+    for code in ("LLM_UNAVAILABLE", "HTTP_503", "STREAM_STALLED", "LLM_TIMEOUT"):
+        assert fallback_reason(Classified(app, code, retry_after=600), 30) is None
+
+
+async def test_llm_generate_waits_out_the_rate_limit_of_the_local_server(
+    orc: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server's rate-limit mode, end to end: the second call in the window gets a 429 whose
+    # retry-after the job honours, and it is counted as rate_limited.
+    with llm.serve(api_key=KEY, requests_per_window=1, window_seconds=3) as limited:
+        monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", limited.url)
+        async with WorkerRun(orc) as worker:
+            first = await orc.submit("llm_generate", ask("m"))
+            await worker.until_finished(first)
+            second = await orc.submit("llm_generate", ask("m"))
+            await worker.until_finished(second, timeout=20)
+        assert (limited.accepted, limited.rate_limited) == (2, 1)
+    job, events = await orc.get_job(second), await orc.job_events(second)
+    assert job.status is Status.COMPLETED and job.attempt == 2
+    # retry-after: the whole seconds until the first call leaves the 3 s window (3, or 2 on a
+    # slow machine that took over a second to start the second job)
+    [failure] = failures(events)
+    assert failure[:3] == ("TRANSIENT_APP", "LLM_RATE_LIMITED", "app")
+    assert failure[3] in (2000.0, 3000.0)
+    body, _ = await orc.metrics.exposition("")
+    found = exposition.samples(body.decode())
+    calls = exposition.value(found, "orchestrator_llm_calls_total", model="m", outcome="ok")
+    limited_calls = exposition.value(
+        found, "orchestrator_llm_calls_total", model="m", outcome="rate_limited"
+    )
+    assert (calls, limited_calls) == (2, 1)
+
+
+async def test_run_agent_resumed_after_a_fallback_keeps_the_reply_and_the_model_of_the_ledger(
+    falling_back: Orchestrator, model_server: llm.LocalLLM
+) -> None:
+    # Step 2 falls back from a to b, b's reply is committed in the ledger, then the step fails
+    # (its tool overran) before its checkpoint: the resumed step takes b's reply from the
+    # ledger (asking nobody again) and records b as the model that answered it, although the
+    # last checkpoint still said a; step 3 asks b.
+    query = str(uuid4())
+    model_server.script(
+        "a", [llm.ToolUse("lookup", {"query": "q"}), llm.Status(529, "overloaded_error")]
+    )
+    model_server.script("b", [llm.ToolUse("slow_once", {"query": query}), llm.Text("Done.")])
+    task = {"prompt": "look it up", "model": "a", "tools": ["lookup", "slow_once"]}
+    job_id = await run(falling_back, "run_agent", task)
+    job, events = await falling_back.get_job(job_id), await falling_back.job_events(job_id)
+    assert job.status is Status.COMPLETED and job.result["answer"] == "Done."
+    assert failures(events) == [("TRANSIENT_APP", "CALL_TIMEOUT", "app", 50.0)]
+    assert fallbacks(events) == [("a", "b", "overloaded", "LLM_OVERLOADED", None, 2)]
+    assert [(t["step"], t["model"]) for t in job.result["turns"]] == [(1, "a"), (2, "b"), (3, "b")]
+    assert [model_server.requests[m] for m in "abc"] == [2, 2, 0]
+    assert job_types_app.SLOW_ONCE_CALLS[query] == 2

@@ -500,15 +500,15 @@ async def test_requests_per_window_with_retry_after_and_the_ratelimit_headers() 
 async def test_a_refused_request_does_not_count_and_the_window_slides() -> None:
     with serve(requests_per_window=2, window_seconds=1.5) as llm:
         async with make_client(llm.url) as sdk:
-            started = time.monotonic()
             await ask(sdk)
+            first_done = time.monotonic()  # the first was accepted before this
             await asyncio.sleep(0.6)
             await ask(sdk)
             for _ in range(5):
                 await refused(sdk)
             # The first request leaves the window 1.5 s after it was accepted; the refused
             # ones never entered it, so exactly one request fits then.
-            await asyncio.sleep(max(0.0, started + 1.55 - time.monotonic()))
+            await asyncio.sleep(max(0.0, first_done + 1.55 - time.monotonic()))
             await ask(sdk)
             error = await refused(sdk)
             # The next slot frees when the second request leaves, about 0.5 s from now.

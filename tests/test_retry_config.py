@@ -126,6 +126,12 @@ def test_types_override_defaults_field_by_field(tmp_path: Path) -> None:
          ["job type 't'", "tool_timeouts_ms.kubectl (700000) must be <= the step timeout (600000 ms)"]),
         ("[job_types.t]\ntool_timeouts_ms = { kubectl = -5 }\n",
          ["job type 't'", "field 'tool_timeouts_ms.kubectl'", "greater than 0"]),
+        ("[job_types.llm_generate]\nfallback_models = [\"b\", \"\"]\n",
+         ["job type 'llm_generate'", "field 'fallback_models.1'", "at least 1 character"]),
+        ("[job_types.llm_generate]\nfallback_models = \"b\"\n",
+         ["job type 'llm_generate'", "field 'fallback_models'", "valid list"]),
+        ("[job_types.llm_generate]\nfallback_after_seconds = -1\n",
+         ["job type 'llm_generate'", "field 'fallback_after_seconds'", "greater than or equal to 0"]),
         ("[job_type.t]\n", ["unknown top-level key(s) 'job_type'"]),
         ("job_types = 3\n", ["[job_types] must be a table"]),
         ("[job_types\n", ["not valid TOML"]),
@@ -181,6 +187,18 @@ def test_tools_have_their_own_call_limits_and_the_rest_use_the_call_timeout() ->
     assert config.call_timeout("file_write") == 10
     assert config.call_timeout("browser_navigate") == 120
     assert config.call_timeout("grep") == config.call_timeout() == 120
+
+
+def test_fallback_models_are_off_by_default_and_set_per_type(tmp_path: Path) -> None:
+    default = retry_config.load()
+    assert default.for_type("llm_generate").fallback_models == []
+    assert default.for_type("run_agent").fallback_after_seconds == 30
+    path = write(
+        tmp_path,
+        '[job_types.llm_generate]\nfallback_models = ["b", "c"]\nfallback_after_seconds = 2.5\n',
+    )
+    config = retry_config.load(path).for_type("llm_generate")
+    assert (config.fallback_models, config.fallback_after_seconds) == (["b", "c"], 2.5)
 
 
 def test_tool_limits_merge_over_the_defaults(tmp_path: Path) -> None:

@@ -8,6 +8,22 @@
 
 :func:`classify` is total: it never raises and never answers ``VALID`` for an exception.
 User classifiers run first, in registration order; the first non-``None`` answer wins.
+
+A TRANSIENT_APP failure carries the server's hint when it gave one (:func:`retry_hint`), read in
+this order, the first present wins:
+
+1. ``retry-after-ms`` (milliseconds; the SDK's header), then ``retry-after`` (seconds or an
+   HTTP-date);
+2. the ``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-reset`` headers (RFC
+   3339): the latest reset among the exhausted limits (``-remaining`` 0, or not reported), as
+   seconds from now;
+3. a ``retry_after`` field (seconds) in the JSON error body, in its ``error`` object or at its
+   top level.
+
+:attr:`Classified.throttled` is True exactly for a provider's rate limit (429) or overload (529):
+the status of an HTTP error (httpx, httpx2, the anthropic SDK's RateLimitError, OverloadedError or
+APIStatusError), or the same error type sent inside a stream; :attr:`Classified.throttle` says
+which (``rate_limited`` or ``overloaded``), as the LLM calls metric's outcome does.
 """
 
 from __future__ import annotations
@@ -16,12 +32,14 @@ import asyncio
 import errno
 import functools
 import logging
+import math
 import socket
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pydantic
@@ -47,14 +65,25 @@ class Classified:
     retry_after: float | None = None  # seconds the server (or the task) asked us to wait
 
     @property
+    def throttle(self) -> Throttle | None:
+        """``rate_limited`` (429), ``overloaded`` (529), or None for any other failure."""
+        return _THROTTLES.get(self.code)
+
+    @property
     def throttled(self) -> bool:
-        """A provider's rate limit or overload (HTTP 429 or 529): what pauses a flow key
-        (docs/flow-control.md)."""
-        return self.code in THROTTLED
+        """A provider's rate limit or overload: what pauses a key rather than a job."""
+        return self.code in _THROTTLES
 
 
-#: The codes of a provider's rate limit or overload.
-THROTTLED = frozenset({"HTTP_429", "HTTP_529", "LLM_RATE_LIMITED", "LLM_OVERLOADED"})
+Throttle = Literal["rate_limited", "overloaded"]
+#: The codes of a provider's rate limit and overload, whichever source classified them.
+_THROTTLES: dict[str, Throttle] = {
+    "HTTP_429": "rate_limited",
+    "LLM_RATE_LIMITED": "rate_limited",
+    "HTTP_529": "overloaded",
+    "LLM_OVERLOADED": "overloaded",
+}
+
 
 Classifier = Callable[[BaseException], Classified | None]
 
@@ -148,8 +177,11 @@ def _from_anthropic(exc: BaseException) -> Classified | None:
     if isinstance(exc, anthropic.APIStatusError):
         if exc.status_code < 300:
             error_class, code = _STREAM_ERROR_TYPES.get(exc.type or "", (INFRA, "LLM_STREAM_ERROR"))
-            return Classified(error_class, code)
-        return _from_table(exc, _anthropic_table()) or _from_status(exc.status_code, exc.response)
+            # only the event's body can hint: the headers are the stream's, sent before it
+            hint = body_retry_after(exc.body) if error_class is APP else None
+            return Classified(error_class, code, retry_after=hint)
+        table = _from_table(exc, _anthropic_table(), exc.body)
+        return table or _from_status(exc.status_code, exc.response, exc.body)
     return _from_table(exc, _anthropic_table()) or Classified(INFRA, "LLM_ERROR")
 
 
@@ -158,6 +190,8 @@ def _from_httpx2(exc: BaseException) -> Classified | None:
     httpx2 = sys.modules.get("httpx2")
     if httpx2 is None or not isinstance(exc, httpx2.HTTPError | httpx2.InvalidURL):
         return None
+    if isinstance(exc, httpx2.HTTPStatusError):
+        return _from_status(exc.response.status_code, exc.response, _json_body(exc.response))
     return _from_table(exc, _httpx_table(httpx2)) or Classified(INFRA, "HTTP_ERROR")
 
 
@@ -190,7 +224,7 @@ def _builtin(exc: BaseException) -> Classified:
         case asyncio.CancelledError():
             return Classified(APP, "CANCELLED")  # drain or abort: an AbortError in the design
         case httpx.HTTPStatusError():
-            return _from_status(exc.response.status_code, exc.response)
+            return _from_status(exc.response.status_code, exc.response, _json_body(exc.response))
         case httpx.HTTPError() | httpx.InvalidURL():
             return _from_table(exc, _HTTPX) or Classified(INFRA, "HTTP_ERROR")
     sdk = _from_anthropic(exc) or _from_httpx2(exc)
@@ -207,25 +241,28 @@ def _builtin(exc: BaseException) -> Classified:
             return _from_errno(exc.errno)
     status = _status_attribute(exc)
     if status is not None:
-        return _from_status(status, getattr(exc, "response", None))
+        response = getattr(exc, "response", None)
+        return _from_status(status, response, getattr(exc, "body", None))
     return Classified(INFRA, f"UNKNOWN:{type(exc).__name__}")
 
 
 def _from_table(
-    exc: BaseException, table: tuple[tuple[type[BaseException], ErrorClass, str], ...]
+    exc: BaseException,
+    table: tuple[tuple[type[BaseException], ErrorClass, str], ...],
+    body: object = None,
 ) -> Classified | None:
     for cls, error_class, code in table:
         if isinstance(exc, cls):
-            hint = _retry_after(getattr(exc, "response", None)) if error_class is APP else None
+            hint = _hint(getattr(exc, "response", None), body) if error_class is APP else None
             return Classified(error_class, code, retry_after=hint)
     return None
 
 
-def _from_status(status: int, response: Any) -> Classified:
+def _from_status(status: int, response: Any, body: object = None) -> Classified:
     error_class = classify_http_status(status)
     if error_class is ErrorClass.VALID:  # an exception carrying a 2xx: nothing we understand
         return Classified(INFRA, f"HTTP_{status}")
-    hint = _retry_after(response) if error_class is APP else None
+    hint = _hint(response, body) if error_class is APP else None
     return Classified(error_class, f"HTTP_{status}", retry_after=hint)
 
 
@@ -244,15 +281,86 @@ def _status_attribute(exc: BaseException) -> int | None:
     return None
 
 
-def _retry_after(response: Any) -> float | None:
+def _hint(response: Any, body: object) -> float | None:
     headers = getattr(response, "headers", None)
     if headers is None or not hasattr(headers, "get"):
+        headers = {}
+    return retry_hint(headers, body)
+
+
+def _json_body(response: Any) -> object:
+    """The JSON body of an error response that was read (a streamed one may not be)."""
+    try:
+        return response.json()
+    except Exception:  # not read, not JSON: no hint there
         return None
-    millis = headers.get("retry-after-ms")
+
+
+#: The limits whose ``anthropic-ratelimit-<limit>-reset`` header says when they refill.
+RATE_LIMITS = ("requests", "tokens", "input-tokens", "output-tokens")
+
+
+def retry_hint(
+    headers: Mapping[str, str], body: object = None, *, now: datetime | None = None
+) -> float | None:
+    """Seconds the server asked us to wait, from a response's ``headers`` (case-insensitive, as
+    httpx gives them; a plain dict needs lower-case names) and its JSON ``body``, in the module's
+    documented precedence; None when it gave no usable hint. Never negative."""
+    millis = _number(headers.get("retry-after-ms"))
     if millis is not None:
-        try:
-            return max(0.0, float(millis) / 1_000)
-        except ValueError:
-            pass
+        return max(0.0, millis / 1_000)
     value = headers.get("retry-after")
-    return parse_retry_after(value) if isinstance(value, str) else None
+    if isinstance(value, str) and (seconds := parse_retry_after(value)) is not None:
+        return seconds
+    resets = ratelimit_reset(headers, now=now)
+    if resets is not None:
+        return resets
+    return body_retry_after(body)
+
+
+def ratelimit_reset(headers: Mapping[str, str], *, now: datetime | None = None) -> float | None:
+    """Seconds until the latest ``anthropic-ratelimit-*-reset`` among the exhausted limits (its
+    ``-remaining`` 0 or absent); None without one."""
+    latest: datetime | None = None
+    for limit in RATE_LIMITS:
+        reset = headers.get(f"anthropic-ratelimit-{limit}-reset")
+        if not isinstance(reset, str):
+            continue
+        remaining = _number(headers.get(f"anthropic-ratelimit-{limit}-remaining"))
+        if remaining is not None and remaining > 0:
+            continue  # this limit has room: it is not why we were refused
+        try:
+            when = datetime.fromisoformat(reset.strip())
+        except ValueError:
+            continue
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        if latest is None or when > latest:
+            latest = when
+    if latest is None:
+        return None
+    return max(0.0, (latest - (now or datetime.now(UTC))).total_seconds())
+
+
+def body_retry_after(body: object) -> float | None:
+    """A ``retry_after`` (seconds) in a JSON error body: ``{"error": {"retry_after": 3}}`` first,
+    else at the top level."""
+    if not isinstance(body, dict):
+        return None
+    error = body.get("error")
+    for where in (error if isinstance(error, dict) else {}, body):
+        seconds = _number(where.get("retry_after"))
+        if seconds is not None:
+            return max(0.0, seconds)
+    return None
+
+
+def _number(value: object) -> float | None:
+    """A finite number, from a number or a numeric string (not a bool); None otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None

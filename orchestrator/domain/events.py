@@ -30,6 +30,8 @@ attempt (stored as its lease token, read out as a one-way digest of it: :func:`s
     job.redispatched     {lost_procrastinate_job_id, lost_procrastinate_status}
     job.zombie_detected  {attempt, worker, last_heartbeat, threshold_seconds, reason}
     job.checkpointed     {step, final, effects_committed}
+    job.model_fallback   {from, to, reason, code, retry_after, step}  an LLM call moved to the
+                         next model of the type's fallback_models (written by the attempt)
     job.waiting_approval {approval_id, step, question, expires_at, notice_job_id}
     job.approved | job.rejected | job.approval_expired   {approval_id, step, decided_by, reason,
                                                           on_reject}
@@ -281,6 +283,22 @@ def checkpointed(step: int, *, final: bool) -> dict[str, Any]:
     """``job.checkpointed`` (the SQL that saves the checkpoint adds ``effects_committed``, the
     ledger entries that statement committed)."""
     return {"step": step, "final": final}
+
+
+def model_fallback(
+    from_model: str, to_model: str, failure: Classified, *, step: int | None
+) -> dict[str, Any]:
+    """``job.model_fallback``: an LLM call of the attempt moved from ``from_model`` to
+    ``to_model`` after ``failure`` (``reason``: ``overloaded`` or ``rate_limited``, with the
+    server's hint in seconds if it gave one); ``step``: the agent's step, null outside steps."""
+    return {
+        "from": from_model,
+        "to": to_model,
+        "reason": failure.throttle,
+        "code": failure.code,
+        "retry_after": failure.retry_after,
+        "step": step,
+    }
 
 
 def waiting_approval(

@@ -165,6 +165,10 @@ def event_detail(event: JobEvent) -> str:
             return f"attempt {p['attempt']} on {p['worker']}: {p['reason']}"
         case "job.checkpointed":
             return f"step {p['step']}" + (" (final)" if p.get("final") else "")
+        case "job.model_fallback":
+            where = f"step {p['step']}: " if p.get("step") is not None else ""
+            hint = f", hint {p['retry_after']:g}s" if p.get("retry_after") is not None else ""
+            return f"{where}{p['from']} {p['reason']} ({p['code']}{hint}): now {p['to']}"
         case "job.zombie_detected":
             return f"attempt {p['attempt']} on {p['worker']}: {p['reason']}"
         case "job.waiting_for_capacity":

@@ -13,9 +13,11 @@ import httpx
 
 from checkpoints import ApprovalGate, Ledger, StepClock, Steps
 from checkpoints.ledger import Call, Reconcile
+from orchestrator.domain import events
+from orchestrator.domain.classification import Classified, classify
 from orchestrator.domain.secrets import Secrets
 from orchestrator.runtime.calls import call_limit
-from orchestrator.runtime.metrics import Metrics
+from orchestrator.runtime.metrics import LlmOutcome, Metrics
 from retry_config import JobRetryConfig
 
 if TYPE_CHECKING:
@@ -68,18 +70,35 @@ class JobContext:
         client: C = self._shared(key, make)
         return client
 
+    def classify(self, exc: BaseException) -> Classified:
+        """How the attempt would classify ``exc`` (the application's classifiers first), e.g.
+        to tell a provider's rate limit or overload (``.throttled``) from other failures."""
+        return classify(exc, self._ledger.classifiers)
+
     def record_llm_call(
-        self, model: str, *, ok: bool, input_tokens: int = 0, output_tokens: int = 0,
-        cache_read_tokens: int = 0, cache_creation_tokens: int = 0,
+        self, model: str, *, ok: bool, failure: Classified | None = None, input_tokens: int = 0,
+        output_tokens: int = 0, cache_read_tokens: int = 0, cache_creation_tokens: int = 0,
     ) -> None:  # fmt: skip
         """Count one LLM call made by the task and its tokens, as the provider reported them
         (``orchestrator_llm_calls_total``, ``orchestrator_llm_tokens_total``): the built-in
-        ``llm_generate`` does; a task calling a model through its own client can too."""
+        ``llm_generate`` does; a task calling a model through its own client can too. A failed
+        call's ``failure`` (``ctx.classify(exc)``) counts a rate limit as ``rate_limited`` and an
+        overload as ``overloaded``; any other failure, or none given, is ``error``."""
+        outcome: LlmOutcome = "ok" if ok else (failure and failure.throttle) or "error"
         self._metrics.llm_call(
-            model, ok=ok,
+            model, outcome=outcome,
             tokens={"input": input_tokens, "output": output_tokens,
                     "cache_read": cache_read_tokens, "cache_creation": cache_creation_tokens},
         )  # fmt: skip
+
+    async def record_model_fallback(
+        self, from_model: str, to_model: str, failure: Classified, *, step: int | None = None
+    ) -> None:
+        """Record in the job's events (``job.model_fallback``) that an LLM call moved from
+        ``from_model`` to ``to_model`` after ``failure``; fenced by the attempt's lease (a
+        superseded attempt raises StaleLease)."""
+        payload = events.model_fallback(from_model, to_model, failure, step=step)
+        await self._ledger.store.record_event(self._ledger.fence, "job.model_fallback", payload)
 
     def call_limit(self, tool: str | None = None) -> AbstractAsyncContextManager[None]:
         """Bound one call (a tool run, a subprocess...) by the type's limit for ``tool``

@@ -100,8 +100,11 @@ MAINTENANCE_ROWS = Spec(
 )  # fmt: skip
 LLM_CALLS = Spec(
     "orchestrator_llm_calls_total", "counter", ("model", "outcome"),
-    "LLM calls made by job types.",
+    "LLM calls made by job types, by outcome: ok, rate_limited (the provider's 429),"
+    " overloaded (its 529) or error (any other failure).",
 )  # fmt: skip
+#: The outcomes of an LLM call, as ``orchestrator_llm_calls_total`` counts them.
+LlmOutcome = Literal["ok", "error", "rate_limited", "overloaded"]
 LLM_TOKENS = Spec(
     "orchestrator_llm_tokens_total", "counter", ("model", "kind"),
     "Tokens of the LLM calls made by job types, as the provider counted them.",
@@ -230,15 +233,17 @@ class Metrics:
             if count:
                 self.maintenance_rows.labels(service, action).inc(count)
 
-    def llm_call(self, model: str, *, ok: bool, tokens: dict[str, int] | None = None) -> None:
-        """One LLM call to the model a job asked for; ``tokens``: kind (input, output,
-        cache_read, cache_creation) -> count."""
+    def llm_call(
+        self, model: str, *, outcome: LlmOutcome, tokens: dict[str, int] | None = None
+    ) -> None:
+        """One LLM call to the model a job asked for, and how it ended; ``tokens``: kind (input,
+        output, cache_read, cache_creation) -> count."""
         if model not in self._models:
             if len(self._models) < MAX_MODELS:
                 self._models.add(model)
             else:
                 model = OTHER_MODEL
-        self.llm_calls.labels(model, "ok" if ok else "error").inc()
+        self.llm_calls.labels(model, outcome).inc()
         for kind, count in (tokens or {}).items():
             if count:
                 self.llm_tokens.labels(model, kind).inc(count)
@@ -339,7 +344,9 @@ class NoMetrics(Metrics):
     def maintenance_run(self, service: str, rows: dict[str, int] | None) -> None:
         pass
 
-    def llm_call(self, model: str, *, ok: bool, tokens: dict[str, int] | None = None) -> None:
+    def llm_call(
+        self, model: str, *, outcome: LlmOutcome, tokens: dict[str, int] | None = None
+    ) -> None:
         pass
 
     def config_applied(self, version: str) -> None:

@@ -82,6 +82,17 @@ async def denied(ctx: JobContext, args: Query, invocation_id: str) -> Answer:
     raise PermissionError(errno.EACCES, "Permission denied", "/etc/shadow")
 
 
+SLOW_ONCE_CALLS: dict[str, int] = {}
+
+
+@TOOLS.tool("slow_once", description="Too slow the first time.", idempotent=True, timeout_ms=200)
+async def slow_once(ctx: JobContext, args: Query, invocation_id: str) -> Answer:
+    SLOW_ONCE_CALLS[args.query] = SLOW_ONCE_CALLS.get(args.query, 0) + 1
+    if SLOW_ONCE_CALLS[args.query] == 1:
+        await asyncio.sleep(5)  # past its 200 ms limit: the step fails, to be resumed
+    return Answer(answer=f"answer to {args.query}")
+
+
 FLAKY_CALLS: dict[str, int] = {}
 
 

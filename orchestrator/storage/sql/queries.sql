@@ -291,6 +291,15 @@ SELECT (e.event ->> 'job_id')::uuid, e.event ->> 'kind', e.event -> 'payload'
   FROM jsonb_array_elements(%(events)s) WITH ORDINALITY AS e (event, n)
  ORDER BY e.n
 
+-- record_attempt_event --
+-- An event an attempt writes about its own work (job.model_fallback), fenced by its lease: a
+-- superseded attempt writes nothing (no row returned).
+INSERT INTO orc_job_events (job_id, kind, payload)
+SELECT j.id, %(kind)s, %(payload)s
+  FROM orc_jobs AS j
+ WHERE j.id = %(job_id)s AND j.lease_token = %(lease_token)s AND j.status = %(running)s
+RETURNING job_id
+
 -- record_maintenance_failures --
 -- job.maintenance_failed for each job a maintenance service could not handle ([{job_id,
 -- payload}]), unless the job's latest event already says the same: a row refused at every run
