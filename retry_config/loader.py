@@ -10,6 +10,9 @@ File shape::
     [job_types.http_request]        # merged over [defaults], field by field
     worker_max_attempts = 5
 
+    [token_budgets."acme"]          # a tenant's token budget per period (retry_config.budgets)
+    tokens = 1000000
+
 Any problem raises :class:`ConfigError` whose message names the file, the job type and the field,
 one line per problem (every problem is reported at once). A field set in ``[defaults]`` is
 reported against ``defaults`` only, not against every type that inherits it. Which job types a
@@ -30,10 +33,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from retry_config.budgets import TokenBudget, parse_budgets
 from retry_config.models import JobRetryConfig, ScheduleConfig
 
 DEFAULT_PATH = Path(__file__).with_name("default.toml")
-_TOP_LEVEL = {"defaults", "job_types"}
+_TOP_LEVEL = {"defaults", "job_types", "token_budgets"}
 
 
 class ConfigError(ValueError):
@@ -51,6 +55,8 @@ class RetryConfig:
     job_types: Mapping[str, JobRetryConfig] = field(default_factory=dict)
     #: The file's content hash (:func:`version_of`): which edit this is, whatever its mtime.
     version: str = ""
+    #: Token budgets by tenant (``[token_budgets."<tenant>"]``).
+    token_budgets: Mapping[str, TokenBudget] = field(default_factory=dict)
 
     def for_type(self, job_type: str) -> JobRetryConfig:
         return self.job_types.get(job_type, self.defaults)
@@ -128,7 +134,7 @@ def parse(raw: Mapping[str, Any], path: Path, *, version: str = "") -> RetryConf
     if unknown:
         raise ConfigError(
             f"{path}: unknown top-level key(s) {', '.join(map(repr, unknown))}; "
-            "expected [defaults] and [job_types.<name>]"
+            "expected [defaults], [job_types.<name>] and [token_budgets.<tenant>]"
         )
     defaults_raw = _table(raw.get("defaults", {}), path, "[defaults]")
     types_raw = _table(raw.get("job_types", {}), path, "[job_types]")
@@ -147,9 +153,12 @@ def parse(raw: Mapping[str, Any], path: Path, *, version: str = "") -> RetryConf
         config = _validate(merged, path, f"job type {name!r}", problems, own=own)
         if config is not None:
             job_types[name] = config
+    budgets = parse_budgets(raw.get("token_budgets", {}), path, problems)
     if problems or defaults is None:
         raise ConfigError("\n".join(problems))
-    return RetryConfig(path=path, defaults=defaults, job_types=job_types, version=version)
+    return RetryConfig(
+        path=path, defaults=defaults, job_types=job_types, version=version, token_budgets=budgets
+    )
 
 
 def _validate(

@@ -63,6 +63,8 @@ from orchestrator.runtime.outcomes import (
     of_failure,
     terminal,
 )
+from orchestrator.runtime.usage import Accounting
+from orchestrator.storage.usage import UsageStore
 from retry_config import JobRetryConfig, LiveConfig
 
 if TYPE_CHECKING:
@@ -89,6 +91,7 @@ class Toolkit:
     rng: random.Random
     metrics: Metrics
     tracing: Tracing | None = None
+    usage: UsageStore | None = None  # token accounting (None: calls are only counted)
 
 
 class Attempt:
@@ -181,6 +184,14 @@ class Attempt:
             _metrics=kit.metrics,
             _step_clock=self.step_spans or self.step_clock,
             _tracing=kit.tracing,
+            _accounting=None
+            if kit.usage is None
+            else Accounting(
+                claim,
+                kit.usage,
+                kit.metrics,
+                lambda tenant: kit.config.current.token_budgets.get(tenant),
+            ),
         )
 
     async def _run(self) -> Outcome:

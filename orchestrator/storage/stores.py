@@ -20,6 +20,7 @@ from orchestrator.storage.runner import OnRefused, Queries
 from orchestrator.storage.schedules import ScheduleStore
 from orchestrator.storage.sessions import SessionStore
 from orchestrator.storage.tokens import TokenStore
+from orchestrator.storage.usage import UsageStore
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class Stores:
     retention: RetentionStore
     rollups: RollupStore
     schedules: ScheduleStore
+    usage: UsageStore
 
     @classmethod
     def on(cls, pool: Pool, *, on_refused: OnRefused | None = None) -> Stores:
@@ -62,4 +64,5 @@ class Stores:
             retention=RetentionStore(queries),
             rollups=RollupStore(queries),
             schedules=ScheduleStore(queries),
+            usage=UsageStore(queries),
         )

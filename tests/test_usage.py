@@ -1,0 +1,281 @@
+"""Token accounting and budgets (docs/configuration.md, "Token accounting and budgets"), end to
+end: the real worker runs ``llm_generate`` and ``run_agent`` against the local LLM server
+(demo/llm_server.py) through the real ``anthropic`` SDK, on the real database."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import psycopg
+import pytest
+
+from demo import llm_server as llm
+from orchestrator import Orchestrator, Status
+from orchestrator.domain.errors import InvalidArgument, SubmitError
+from tests.support import job_types_app
+from tests.support.external import MessageService, message_service
+from tests.support.harness import ROOT, WorkerRun
+
+CONFIG = ROOT / "tests" / "support" / "job_types.toml"
+KEY = "sk-test-usage-0123456789"
+#: A job failed for good with no escalation target configured: nobody notified, logged.
+NOBODY_NOTIFIED = pytest.mark.logs_errors(r"failed; no escalation target, nobody notified")
+
+
+@pytest.fixture
+def model_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[llm.LocalLLM]:
+    with llm.serve(api_key=KEY) as server:
+        monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.url)
+        yield server
+
+
+@pytest.fixture
+def service(monkeypatch: pytest.MonkeyPatch) -> Iterator[MessageService]:
+    with message_service() as svc:
+        monkeypatch.setenv("TEST_MESSAGE_SERVICE_URL", svc.url)
+        yield svc
+
+
+def config_with_budgets(tmp_path: Path, budgets: str) -> Path:
+    path = tmp_path / "retry_config.toml"
+    path.write_text(CONFIG.read_text(encoding="utf-8") + "\n" + budgets, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def orc(make_orc: Callable[..., Orchestrator], tmp_path: Path) -> Orchestrator:
+    # Tenant "capped" may spend 40 tokens a day; every other tenant has no budget.
+    path = config_with_budgets(tmp_path, '[token_budgets."capped"]\ntokens = 40\nperiod = "day"\n')
+    made = make_orc(retry_config=path)
+    job_types_app.register(made)
+    return made
+
+
+def ask(model: str, text: str = "hi", *, cached: str | None = None) -> dict[str, Any]:
+    content: Any = text
+    if cached is not None:  # a long prefix marked for prompt caching, then the question
+        content = [
+            {"type": "text", "text": cached, "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": text},
+        ]
+    return {"model": model, "max_tokens": 64, "messages": [{"role": "user", "content": content}]}
+
+
+async def run(orc: Orchestrator, *jobs: tuple[str, Any, dict[str, Any]]) -> list[UUID]:
+    """Submit the jobs one after the other, each run to its end before the next is submitted."""
+    ids = []
+    async with WorkerRun(orc) as worker:
+        for job_type, payload, options in jobs:
+            job_id = await orc.submit(job_type, payload, **options)
+            await worker.until_finished(job_id, timeout=20)
+            ids.append(job_id)
+    return ids
+
+
+async def usage_rows(db: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+    cur = await db.execute(
+        "SELECT job_id, attempt, tenant_id, agent_id, job_type, model, input_tokens,"
+        " output_tokens, cache_read_tokens, cache_creation_tokens FROM orc_llm_usage ORDER BY id"
+    )
+    return await cur.fetchall()
+
+
+async def test_each_call_is_recorded_for_its_job_with_its_cache_tokens(
+    orc: Orchestrator, model_server: llm.LocalLLM, db: psycopg.AsyncConnection[Any]
+) -> None:
+    prefix = "the long shared instructions " * 5  # 20 words, cached
+    first, second = await run(
+        orc,
+        ("llm_generate", ask("m", "one", cached=prefix), {"tenant_id": "t1", "agent_id": "a1"}),
+        ("llm_generate", ask("m", "two", cached=prefix), {"tenant_id": "t1", "agent_id": "a1"}),
+    )
+    rows = await usage_rows(db)
+    results = [(await orc.get_job(j)).result["usage"] for j in (first, second)]
+    # The first call wrote the prefix to the cache, the second read it; both as the SDK saw them.
+    assert [(r[8], r[9]) for r in rows] == [(0, 20), (20, 0)]
+    assert [
+        (r[6], r[7], r[8], r[9]) for r in rows
+    ] == [  # what each job's result says, exactly
+        (u["input_tokens"], u["output_tokens"], u["cache_read_input_tokens"] or 0,
+         u["cache_creation_input_tokens"] or 0)
+        for u in results
+    ]  # fmt: skip
+    assert [r[:6] for r in rows] == [
+        (first, 1, "t1", "a1", "llm_generate", "m"),
+        (second, 1, "t1", "a1", "llm_generate", "m"),
+    ]
+    usage = await orc.job_usage(first)
+    assert usage.token_budget is None and len(usage.calls) == 1
+    assert usage.total.total_tokens == sum(rows[0][6:10]) > 20
+    assert usage.calls[0].call_id.startswith("msg_")  # the provider's message id
+
+
+@NOBODY_NOTIFIED
+async def test_the_usage_of_a_call_stays_when_its_attempt_then_fails(
+    orc: Orchestrator, model_server: llm.LocalLLM, db: psycopg.AsyncConnection[Any]
+) -> None:
+    schema = {"type": "object"}  # the reply is plain text, not JSON: INVALID_OUTPUT, terminal
+    (job_id,) = await run(orc, ("llm_generate", ask("m") | {"output_schema": schema}, {}))
+    job = await orc.get_job(job_id)
+    assert job.status is Status.FAILED and job.last_error is not None
+    assert job.last_error.code == "OUTPUT_INVALID"
+    rows = await usage_rows(db)
+    assert len(rows) == 1 and rows[0][0] == job_id and rows[0][7] > 0  # the tokens were spent
+
+
+async def test_a_failed_call_records_no_usage_and_its_retry_records_its_own(
+    orc: Orchestrator, model_server: llm.LocalLLM, db: psycopg.AsyncConnection[Any]
+) -> None:
+    model_server.script("m", [llm.Status(429, "rate_limit_error"), llm.Text("fine now")])
+    (job_id,) = await run(orc, ("llm_generate", ask("m"), {}))
+    assert (await orc.get_job(job_id)).status is Status.COMPLETED
+    rows = await usage_rows(db)
+    assert [(r[0], r[1]) for r in rows] == [(job_id, 2)]  # the second attempt's call only
+
+
+async def test_a_call_is_written_once_however_often_its_write_is_tried(
+    orc: Orchestrator, model_server: llm.LocalLLM, db: psycopg.AsyncConnection[Any]
+) -> None:
+    (job_id,) = await run(orc, ("llm_generate", ask("m"), {}))
+    usage = await orc.job_usage(job_id)
+    (call,) = usage.calls
+    from orchestrator.storage.usage import CallUsage
+
+    again = CallUsage(
+        job_id=job_id, call_id=call.call_id, attempt=1, tenant_id=None, agent_id=None,
+        job_type="llm_generate", model="m", input_tokens=1, output_tokens=1,
+        cache_read_tokens=0, cache_creation_tokens=0,
+    )  # fmt: skip
+    async with orc:
+        assert await orc.stores.usage.record(again) is False
+    assert len(await usage_rows(db)) == 1
+
+
+async def test_totals_group_by_tenant_and_model_over_a_time_range(
+    orc: Orchestrator, model_server: llm.LocalLLM
+) -> None:
+    before = datetime.now(UTC)
+    ids = await run(
+        orc,
+        ("llm_generate", ask("m1", "a b c"), {"tenant_id": "t1", "agent_id": "x"}),
+        ("llm_generate", ask("m1", "a b"), {"tenant_id": "t1", "agent_id": "y"}),
+        ("llm_generate", ask("m2", "a"), {"tenant_id": "t1"}),
+        ("llm_generate", ask("m1", "a b c d"), {"tenant_id": "t2"}),
+        ("llm_generate", ask("m1", "z"), {}),
+    )
+    after = datetime.now(UTC)
+    async with orc:
+        totals = await orc.llm_usage(by="tenant,model", since=before, until=after)
+        by_agent = await orc.llm_usage(by=["agent"], tenant_id="t1", model="m1")
+        one = await orc.llm_usage(by=[], since=before)
+        mine = await orc.llm_usage(by="tenant", tenants=["t2"])
+        earlier = await orc.llm_usage(by="tenant", until=before)
+        later = await orc.llm_usage(by="tenant", since=after)
+        per_job = await orc.llm_usage(by="job", job_id=ids[0])
+    got = {(t.tenant_id, t.model): (t.calls, t.input_tokens) for t in totals}
+    # The echo's input is the words sent: 3 + 2 for (t1, m1).
+    assert got == {("t1", "m1"): (2, 5), ("t1", "m2"): (1, 1), ("t2", "m1"): (1, 4),
+                   (None, "m1"): (1, 1)}  # fmt: skip
+    assert all(t.agent_id is None and t.job_id is None for t in totals)  # not grouped by
+    assert {(t.agent_id, t.input_tokens) for t in by_agent} == {("x", 3), ("y", 2)}
+    assert len(one) == 1 and one[0].calls == 5 and one[0].input_tokens == 11
+    assert [(t.tenant_id, t.calls) for t in mine] == [("t2", 1)]
+    assert earlier == [] and later == []
+    assert [(t.job_id, t.calls) for t in per_job] == [(ids[0], 1)]
+
+
+async def test_bad_usage_queries_are_refused_naming_the_problem(orc: Orchestrator) -> None:
+    now = datetime.now(UTC)
+    async with orc:
+        with pytest.raises(InvalidArgument, match="cannot group usage by 'customer'"):
+            await orc.llm_usage(by="tenant,customer")
+        with pytest.raises(InvalidArgument, match="is not after since"):
+            await orc.llm_usage(since=now, until=now - timedelta(hours=1))
+        with pytest.raises(SubmitError, match="token_budget"):
+            await orc.submit("llm_generate", ask("m"), token_budget=0)
+
+
+@NOBODY_NOTIFIED
+async def test_a_job_past_its_token_budget_fails_permanently_before_its_next_call(
+    orc: Orchestrator, model_server: llm.LocalLLM, service: MessageService
+) -> None:
+    # run_agent asks the model once per step; the first reply alone spends the budget.
+    task = {"prompt": "tell the team", "model": "agent", "tools": ["send_message"]}
+    (job_id,) = await run(orc, ("run_agent", task, {"token_budget": 5}))
+    job, events = await orc.get_job(job_id), await orc.job_events(job_id)
+    assert job.status is Status.FAILED and job.last_error is not None
+    assert job.last_error.code == "TOKEN_BUDGET_EXHAUSTED"
+    assert job.last_error.classification == "PERMANENT"
+    assert "the job's token budget is spent" in job.last_error.message
+    assert model_server.requests["agent"] == 1  # step 2's call was never made
+    assert sorted(service.deliveries.values()) == [1]  # step 1's tool call was made, once
+    assert job.retry_count == 0 and job.attempt == 1  # not retried
+    assert [e.kind for e in events].count("job.dead_lettered") == 1
+    async with orc:
+        (letter,) = await orc.dead_letters()
+        usage = await orc.job_usage(job_id)
+    assert letter.job_id == job_id and letter.error.code == "TOKEN_BUDGET_EXHAUSTED"
+    assert usage.token_budget == 5 and usage.total.total_tokens >= 5 and len(usage.calls) == 1
+
+
+async def test_a_job_within_its_token_budget_completes(
+    orc: Orchestrator, model_server: llm.LocalLLM
+) -> None:
+    (job_id,) = await run(orc, ("llm_generate", ask("m"), {"token_budget": 1_000}))
+    assert (await orc.get_job(job_id)).status is Status.COMPLETED
+    async with orc:
+        assert (await orc.job_usage(job_id)).token_budget == 1_000
+
+
+@NOBODY_NOTIFIED
+async def test_a_tenant_past_its_budget_for_the_period_has_its_next_calls_refused(
+    orc: Orchestrator, model_server: llm.LocalLLM
+) -> None:
+    long = " ".join(["word"] * 30)  # 30 input tokens, and an echo of 31 output: over 40
+    first, second, other = await run(
+        orc,
+        ("llm_generate", ask("m", long), {"tenant_id": "capped"}),
+        ("llm_generate", ask("m"), {"tenant_id": "capped"}),
+        ("llm_generate", ask("m", long), {"tenant_id": "free"}),
+    )
+    assert (await orc.get_job(first)).status is Status.COMPLETED  # within it when it started
+    refused = await orc.get_job(second)
+    assert refused.status is Status.FAILED and refused.last_error is not None
+    assert refused.last_error.code == "TOKEN_BUDGET_EXHAUSTED"
+    assert "tenant 'capped''s token budget for this day" in refused.last_error.message
+    assert refused.attempt == 1 and refused.retry_count == 0
+    assert (await orc.get_job(other)).status is Status.COMPLETED  # another tenant: no budget
+    assert model_server.requests["m"] == 2  # the refused job never called the model
+
+
+async def test_a_jobs_usage_goes_when_retention_prunes_the_job(
+    make_orc: Callable[..., Orchestrator],
+    model_server: llm.LocalLLM,
+    db: psycopg.AsyncConnection[Any],
+    tmp_path: Path,
+) -> None:
+    # llm_generate's jobs go as soon as they finish; run_agent's are kept a day.
+    path = config_with_budgets(tmp_path, "")
+    path.write_text(
+        path.read_text().replace(
+            "[job_types.run_agent]\n", "[job_types.run_agent]\nretention_days = 1\n"
+        )
+    )
+    orc = make_orc(retry_config=path, job_retention_days=0)
+    job_types_app.register(orc)
+    agent = {"prompt": "hello", "model": "m"}  # no tools: one step, one call
+    _gone, kept = await run(
+        orc, ("llm_generate", ask("m"), {"token_budget": 100}), ("run_agent", agent, {})
+    )
+    await db.execute("UPDATE orc_rollup_watermark SET rolled_up_to = 'infinity'")
+    async with orc:
+        result = await orc.maintenance.run("prune_finished")
+    assert result.jobs == 1 and result.llm_usage == 1  # type: ignore[attr-defined]
+    assert [r[0] for r in await usage_rows(db)] == [kept]
+    cur = await db.execute("SELECT count(*) FROM orc_job_token_budgets")
+    assert (await cur.fetchone() or [None])[0] == 0
