@@ -10,13 +10,16 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+import httpx
 import psycopg
 import pytest
 
 from demo import llm_server as llm
 from orchestrator import Orchestrator, Status
 from orchestrator.domain.errors import InvalidArgument, SubmitError
+from orchestrator.domain.principals import Scope
 from tests.support import job_types_app
+from tests.support.api_server import ApiServer, token
 from tests.support.external import MessageService, message_service
 from tests.support.harness import ROOT, WorkerRun
 
@@ -279,3 +282,59 @@ async def test_a_jobs_usage_goes_when_retention_prunes_the_job(
     assert [r[0] for r in await usage_rows(db)] == [kept]
     cur = await db.execute("SELECT count(*) FROM orc_job_token_budgets")
     assert (await cur.fetchone() or [None])[0] == 0
+
+
+# -- the HTTP API --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(dsn: str) -> Iterator[ApiServer]:
+    with ApiServer(dsn) as running:
+        yield running
+
+
+async def test_the_api_answers_each_tenant_with_its_own_usage_only(
+    orc: Orchestrator, model_server: llm.LocalLLM, server: ApiServer
+) -> None:
+    before = datetime.now(UTC)
+    a_job, b_job = await run(
+        orc,
+        ("llm_generate", ask("model-a", "one two"), {"tenant_id": "acme"}),
+        ("llm_generate", ask("model-b", "one two three"), {"tenant_id": "globex"}),
+    )
+    async with orc:
+        everyone = await token(orc.stores.tokens, "usage-all", Scope.READ)
+        acme = await token(orc.stores.tokens, "usage-acme", Scope.READ, tenants=["acme"])
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+
+        async def get(path: str, secret: str, **params: str) -> httpx.Response:
+            return await client.get(
+                path, params=params, headers={"Authorization": f"Bearer {secret}"}
+            )
+
+        all_of_it = await get(
+            "/api/v1/usage", everyone, by="tenant,model", since=before.isoformat()
+        )
+        assert all_of_it.status_code == 200, all_of_it.text
+        got = {(t["tenant_id"], t["model"]): t["input_tokens"] for t in all_of_it.json()["totals"]}
+        assert got == {("acme", "model-a"): 2, ("globex", "model-b"): 3}
+        # The attacker holds acme's token: globex's usage is not summed in, whatever it asks.
+        for params in ({"by": "tenant,model"}, {"by": "job"}, {"by": ""},
+                       {"tenant_id": "globex"}, {"model": "model-b"}):  # fmt: skip
+            answer = await get("/api/v1/usage", acme, **params)
+            assert answer.status_code == 200, answer.text
+            assert "globex" not in answer.text and str(b_job) not in answer.text
+            assert "model-b" not in answer.text
+            totals = answer.json()["totals"]
+            assert sum(t["input_tokens"] for t in totals) == (
+                0 if "globex" in str(params) or "model-b" in str(params) else 2
+            )
+        mine = await get(f"/api/v1/jobs/{a_job}/usage", acme)
+        assert mine.status_code == 200 and mine.json()["total"]["input_tokens"] == 2
+        assert mine.json()["calls"][0]["model"] == "model-a"
+        theirs = await get(f"/api/v1/jobs/{b_job}/usage", acme)
+        assert theirs.status_code == 404 and theirs.json()["code"] == "JOB_NOT_FOUND"
+        bad = await get("/api/v1/usage", everyone, by="tenant,colour")
+        assert bad.status_code == 422 and "cannot group usage by 'colour'" in bad.json()["detail"]
+        naive = await get("/api/v1/usage", everyone, since="2026-01-01T00:00:00")
+        assert naive.status_code == 422 and "since" in naive.json()["detail"]

@@ -15,6 +15,7 @@ from orchestrator.domain.models import DeadLetter, Job, JobEvent, QueueStats
 from orchestrator.domain.policy import Budget, max_attempts
 from orchestrator.domain.schedules import ScheduleView
 from orchestrator.domain.storable import Text
+from orchestrator.domain.usage import UsageTotal
 from orchestrator.runtime.external import ExternalTask
 from orchestrator.storage.rows import ApprovalRecord, StepRecord
 
@@ -61,6 +62,15 @@ class Steps(BaseModel):
     """Checkpoints and side effects of the ledger (pending, committed, failed), in step order."""
 
     steps: list[StepRecord]
+
+
+class UsageTotals(BaseModel):
+    """LLM calls and tokens recorded in [since, until), grouped by ``by``, largest first."""
+
+    since: datetime | None
+    until: datetime | None
+    by: list[str]
+    totals: list[UsageTotal]
 
 
 class Reason(_In):
