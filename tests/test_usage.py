@@ -4,6 +4,11 @@ end: the real worker runs ``llm_generate`` and ``run_agent`` against the local L
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -338,3 +343,77 @@ async def test_the_api_answers_each_tenant_with_its_own_usage_only(
         assert bad.status_code == 422 and "cannot group usage by 'colour'" in bad.json()["detail"]
         naive = await get("/api/v1/usage", everyone, since="2026-01-01T00:00:00")
         assert naive.status_code == 422 and "since" in naive.json()["detail"]
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli(dsn: str) -> Callable[..., tuple[int, str, str]]:
+    """``orchestrator ARGS`` in a process of its own."""
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        environment = {**os.environ, "DATABASE_URL": dsn}
+        environment.pop("ORCHESTRATOR_RETRY_CONFIG", None)
+        done = subprocess.run(
+            [sys.executable, "-m", "orchestrator", *argv], env=environment,
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        return done.returncode, done.stdout, done.stderr
+
+    return run
+
+
+async def test_the_cli_prints_totals_grouped_over_a_range_and_a_jobs_usage(
+    orc: Orchestrator, model_server: llm.LocalLLM, cli: Callable[..., tuple[int, str, str]]
+) -> None:
+    prefix = "shared words to cache"  # 4 words
+    first, _, _ = await run(
+        orc,
+        (
+            "llm_generate",
+            ask("m1", "a b c", cached=prefix),
+            {"tenant_id": "t1", "token_budget": 500},
+        ),
+        ("llm_generate", ask("m1", "a b", cached=prefix), {"tenant_id": "t1"}),
+        ("llm_generate", ask("m2", "a"), {"tenant_id": "t2"}),
+    )
+    code, out, err = await asyncio.to_thread(cli, "usage", "--since", "1h", "--by", "tenant,model")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("LLM usage from ") and lines[0].endswith(" to now, by tenant, model")
+    assert lines[1].split() == ["tenant", "model", "calls", "input", "output", "cache", "read",
+                                "cache", "write", "total"]  # fmt: skip
+    rows = {tuple(line.split()[:2]): [int(n) for n in line.split()[2:]] for line in lines[2:-1]}
+    # t1, m1: two calls of 3 and 2 input words past the 4 cached ones, written then read.
+    t1 = rows[("t1", "m1")]
+    assert (t1[0], t1[1], t1[3], t1[4]) == (2, 5, 4, 4) and t1[5] == sum(t1[1:5])
+    assert rows[("t2", "m2")][:2] == [1, 1]
+    total = next(line for line in lines if line.startswith("all"))
+    assert [int(n) for n in total.split()[1:]][:2] == [3, 6]
+    code, out, err = await asyncio.to_thread(cli, "usage", "--by", "", "--model", "m9")
+    assert code == 0 and out.splitlines()[1] == "  no LLM call recorded in this range"
+    code, out, _ = await asyncio.to_thread(cli, "usage", "--by", "job", "--json", "--tenant", "t2")
+    assert code == 0 and [t["calls"] for t in json.loads(out)] == [1]
+    code, out, _ = await asyncio.to_thread(cli, "status", str(first))
+    assert code == 0
+    assert out.splitlines()[-1].startswith("LLM usage: 1 calls, ")
+    assert " of a budget of 500 (input 3, output " in out and "cache write 4)" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [(["usage", "--by", "tenant,colour"], "cannot group usage by 'colour'; group by any of job,"),
+     (["usage", "--since", "yesterday"], "or give an age such as 30m, 24h, 7d"),
+     (["usage", "--since", "2026-01-01T00:00:00"], "has no timezone"),
+     (["usage", "--since", "2h", "--until", "3h"], "is not after since"),
+     (["usage", "--job", "nope"], "not a job id: 'nope'"),
+     (["submit", "llm_generate", "--token-budget", "0"], "token_budget: Input should be greater than 0")],
+    ids=["group", "since", "naive", "range", "job", "budget"],
+)  # fmt: skip
+async def test_a_cli_mistake_is_one_line_without_a_traceback(
+    cli: Callable[..., tuple[int, str, str]], argv: list[str], problem: str, db: Any
+) -> None:
+    code, out, err = await asyncio.to_thread(cli, *argv)
+    assert (code, out) == (2, ""), err
+    assert problem in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2
