@@ -23,7 +23,8 @@ from demo import llm_server as llm
 from orchestrator import Orchestrator, Status
 from orchestrator.domain.errors import InvalidArgument, SubmitError
 from orchestrator.domain.principals import Scope
-from tests.support import job_types_app
+from orchestrator.services.fleet import FleetMetrics
+from tests.support import exposition, job_types_app
 from tests.support.api_server import ApiServer, token
 from tests.support.external import MessageService, message_service
 from tests.support.harness import ROOT, WorkerRun
@@ -417,3 +418,76 @@ async def test_a_cli_mistake_is_one_line_without_a_traceback(
     code, out, err = await asyncio.to_thread(cli, *argv)
     assert (code, out) == (2, ""), err
     assert problem in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2
+
+
+# -- the fleet exporter --------------------------------------------------------------------------
+
+
+async def test_the_exporter_shows_the_last_hours_tokens_by_tenant_model_and_kind(
+    orc: Orchestrator, model_server: llm.LocalLLM, db: psycopg.AsyncConnection[Any]
+) -> None:
+    prefix = "a cached prefix"  # 3 words
+    await run(
+        orc,
+        ("llm_generate", ask("m1", "a b", cached=prefix), {"tenant_id": "big"}),
+        ("llm_generate", ask("m1", "a b c", cached=prefix), {"tenant_id": "big"}),
+        ("llm_generate", ask("m2", "a"), {"tenant_id": "small"}),
+        ("llm_generate", ask("m2", "a"), {}),
+    )
+    # A call recorded two hours ago is outside the window.
+    await db.execute(
+        "INSERT INTO orc_llm_usage (job_id, call_id, attempt, tenant_id, job_type, model,"
+        " input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens, recorded_at)"
+        " SELECT job_id, 'old', 1, tenant_id, job_type, model, 1000, 1000, 0, 0,"
+        " now() - interval '2 hours' FROM orc_llm_usage WHERE tenant_id = 'big' LIMIT 1"
+    )
+    async with orc:
+        wide = FleetMetrics(orc.stores.fleet, zombie_threshold=300, max_tenants=10, min_interval=0)
+        narrow = FleetMetrics(orc.stores.fleet, zombie_threshold=300, max_tenants=1, min_interval=0)
+        found = exposition.samples((await wide.exposition(""))[0].decode())
+        bounded = exposition.samples((await narrow.exposition(""))[0].decode())
+
+    def tokens(where: dict[Any, float], tenant: str, model: str, kind: str) -> float:
+        return exposition.value(
+            where, "orchestrator_llm_tokens_recent", tenant=tenant, model=model, kind=kind
+        )
+
+    assert tokens(found, "big", "m1", "input") == 5
+    assert (
+        tokens(found, "big", "m1", "cache_creation"),
+        tokens(found, "big", "m1", "cache_read"),
+    ) == (3, 3)
+    assert tokens(found, "small", "m2", "input") == 1 and tokens(found, "", "m2", "input") == 1
+    # "Echo: a cached prefix a b" and "... a b c": 6 + 7, not the old call's 1000
+    assert tokens(found, "big", "m1", "output") == 13
+    # One tenant named at most: the rest are summed under _other.
+    assert tokens(bounded, "big", "m1", "input") == 5
+    assert tokens(bounded, "_other", "m2", "input") == 2
+    assert not [k for k in bounded if "small" in str(k)]
+
+
+async def test_the_exporter_names_the_most_used_models_and_sums_the_rest(
+    orc: Orchestrator, model_server: llm.LocalLLM, db: psycopg.AsyncConnection[Any]
+) -> None:
+    (job_id,) = await run(orc, ("llm_generate", ask("m"), {"tenant_id": "t"}))
+    async with orc:
+        own = (await orc.job_usage(job_id)).total.input_tokens
+    await db.execute(
+        "INSERT INTO orc_llm_usage (job_id, call_id, attempt, tenant_id, job_type, model,"
+        " input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens)"
+        " SELECT %s, 'c' || n, 1, 't', 'llm_generate', 'model-' || n, 100 + n, 0, 0, 0"
+        " FROM generate_series(1, 25) AS n",
+        (job_id,),
+    )
+    async with orc:
+        fleet = FleetMetrics(orc.stores.fleet, zombie_threshold=300, max_tenants=10, min_interval=0)
+        found = exposition.samples((await fleet.exposition(""))[0].decode())
+    models = {dict(k[1])["model"] for k in found if k[0] == "orchestrator_llm_tokens_recent"}
+    assert len(models) == 21 and "_other" in models
+    assert {f"model-{n}" for n in range(6, 26)} < models  # the 20 most used
+    assert (
+        exposition.value(
+            found, "orchestrator_llm_tokens_recent", tenant="t", model="_other", kind="input"
+        )
+        == sum(100 + n for n in range(1, 6)) + own
+    )

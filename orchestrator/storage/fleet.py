@@ -18,6 +18,9 @@ class FleetRows:
     dead_letters: list[Row]  # state, tenant, n
     approvals: int  # waiting for a decision
     zombies: int  # RUNNING with a heartbeat older than the threshold
+    #: tenant ("" for none), model, input, output, cache_read, cache_creation: the tokens of the
+    #: LLM calls recorded in the last ``llm_window`` seconds
+    llm_tokens: list[Row]
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,7 @@ class FleetStore:
     def __init__(self, queries: Queries) -> None:
         self.queries = queries
 
-    async def read(self, *, zombie_threshold: float) -> FleetRows:
+    async def read(self, *, zombie_threshold: float, llm_window: float = 3600) -> FleetRows:
         async with self.queries.transaction() as conn:
             await self.queries.execute("fleet_snapshot", None, conn)
             jobs = await self.queries.rows("fleet_jobs", None, conn)
@@ -40,6 +43,7 @@ class FleetStore:
                 conn,
             )
             dead_letters = await self.queries.rows("fleet_dead_letters", None, conn)
+            llm_tokens = await self.queries.rows("fleet_llm_tokens", {"window": llm_window}, conn)
             counts = await self.queries.row(
                 "fleet_counts",
                 {"running": Status.RUNNING.value, "threshold": zombie_threshold},
@@ -52,6 +56,7 @@ class FleetStore:
             dead_letters=dead_letters,
             approvals=counts["approvals"],
             zombies=counts["zombies"],
+            llm_tokens=llm_tokens,
         )
 
     async def unfinished(self, *, zombie_threshold: float) -> Unfinished:
