@@ -25,7 +25,7 @@ from orchestrator.domain.errors import InvalidArgument, SubmitError
 from orchestrator.domain.principals import Scope
 from orchestrator.services.fleet import FleetMetrics
 from tests.support import exposition, job_types_app
-from tests.support.api_server import ApiServer, token
+from tests.support.api_server import ApiServer, page_csrf, token
 from tests.support.external import MessageService, message_service
 from tests.support.harness import ROOT, WorkerRun
 
@@ -491,3 +491,40 @@ async def test_the_exporter_names_the_most_used_models_and_sums_the_rest(
         )
         == sum(100 + n for n in range(1, 6)) + own
     )
+
+
+# -- the dashboard -------------------------------------------------------------------------------
+
+
+async def test_the_dashboard_shows_a_tenants_own_usage_and_a_jobs_tokens(
+    orc: Orchestrator, model_server: llm.LocalLLM, server: ApiServer
+) -> None:
+    a_job, b_job = await run(
+        orc,
+        ("llm_generate", ask("model-a", "one two"), {"tenant_id": "acme", "token_budget": 900}),
+        ("llm_generate", ask("model-b", "one"), {"tenant_id": "globex"}),
+    )
+    async with orc:
+        acme = await token(orc.stores.tokens, "usage-ui-acme", Scope.READ, tenants=["acme"])
+
+    def browse() -> list[httpx.Response]:
+        with httpx.Client(base_url=server.url, timeout=10) as browser:
+            csrf = page_csrf(browser, "/ui/login")
+            signed = browser.post("/ui/login", data={"token": acme, "csrf": csrf})
+            assert signed.status_code == 303 and "error" not in signed.headers["location"]
+            return [
+                browser.get("/ui/usage", params={"range": "1h", "by": "tenant,model"}),
+                browser.get("/ui/usage", params={"range": "all", "by": "job"}),
+                browser.get(f"/ui/jobs/{a_job}"),
+                browser.get(f"/ui/jobs/{b_job}"),
+            ]
+
+    by_model, by_job, mine, theirs = await asyncio.to_thread(browse)
+    assert by_model.status_code == 200 and '<tr class="usage-row">' in by_model.text
+    rows = by_model.text.count('<tr class="usage-row">')
+    assert rows == 1 and "model-a" in by_model.text and "acme" in by_model.text
+    assert "globex" not in by_model.text and "model-b" not in by_model.text
+    assert f'href="/ui/jobs/{a_job}"' in by_job.text and str(b_job) not in by_job.text
+    assert mine.status_code == 200 and '<section class="llm-usage">' in mine.text
+    assert "tokens in 1 calls of a budget of 900" in mine.text and "model-a" in mine.text
+    assert "<h1>Not found</h1>" in theirs.text and "model-b" not in theirs.text
