@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import httpx
 import psycopg
@@ -528,3 +528,46 @@ async def test_the_dashboard_shows_a_tenants_own_usage_and_a_jobs_tokens(
     assert mine.status_code == 200 and '<section class="llm-usage">' in mine.text
     assert "tokens in 1 calls of a budget of 900" in mine.text and "model-a" in mine.text
     assert "<h1>Not found</h1>" in theirs.text and "model-b" not in theirs.text
+
+
+# -- the rollups ---------------------------------------------------------------------------------
+
+
+async def test_token_totals_outlive_the_usage_rows_in_the_rollups(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    """A job's tokens are rolled up with it (the minute it finished), so retention, which
+    deletes a job only once the rollups have counted it, takes its usage rows and leaves the
+    totals (GET /api/v1/stats, ``orc.stats``)."""
+    orc = make_orc(job_retention_days=0, rollup_settle_seconds=0)
+    jobs = [uuid4() for _ in range(3)]
+    for job_id, tenant in zip(jobs, ("acme", "acme", "globex"), strict=True):
+        await db.execute(  # finished two hours ago, as a worker leaves a job
+            "INSERT INTO orc_jobs (id, job_type, status, payload, queue, max_attempts,"
+            " max_retries, trace_id, tenant_id, started_at, finished_at) VALUES (%s,"
+            " 'llm_generate', 'COMPLETED', '{}', 'llm_generate', 1, 0, 't', %s,"
+            " now() - interval '2 hours 1 second', now() - interval '2 hours')",
+            (job_id, tenant),
+        )
+    for n, job_id in enumerate([jobs[0], jobs[0], jobs[1], jobs[2]]):
+        await db.execute(
+            "INSERT INTO orc_llm_usage (job_id, call_id, attempt, tenant_id, job_type, model,"
+            " input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens)"
+            " SELECT id, %s, 1, tenant_id, job_type, 'm', 10, 20, 30, 40 FROM orc_jobs"
+            " WHERE id = %s",
+            (f"call-{n}", job_id),
+        )
+    since = datetime.now(UTC) - timedelta(hours=3)
+    async with orc:
+        while (await orc.maintenance.rollup.run_once()).minutes:
+            pass
+        pruned = await orc.maintenance.run("prune_finished")
+        stats = await orc.stats(since=since, step=3600, by=["tenant"])
+        left = await orc.llm_usage(by=[])
+    assert pruned.jobs == 3 and pruned.llm_usage == 4  # type: ignore[attr-defined]
+    assert left == []  # the rows went with their jobs
+    points = {s.key["tenant"]: s.points for s in stats.jobs}
+    [acme], [globex] = points["acme"], points["globex"]
+    assert (acme.completed, acme.llm_calls, acme.input_tokens, acme.output_tokens,
+            acme.cache_read_tokens, acme.cache_creation_tokens) == (2, 3, 30, 60, 90, 120)  # fmt: skip
+    assert (globex.llm_calls, globex.input_tokens) == (1, 10)

@@ -1017,7 +1017,7 @@ WITH mark AS (
            coalesce(j.tenant_id, '') AS tenant, j.status,
            round(1000 * extract(epoch FROM j.finished_at - j.started_at))::bigint AS ms,
            EXISTS (SELECT 1 FROM orc_dead_letters AS d WHERE d.job_id = j.id) AS lettered,
-           r.app, r.infra
+           r.app, r.infra, u.calls, u.input, u.output, u.cache_read, u.cache_creation
       FROM span AS s
       JOIN orc_jobs AS j ON j.finished_at >= s.since AND j.finished_at < s.until
       CROSS JOIN LATERAL (
@@ -1025,13 +1025,20 @@ WITH mark AS (
                  count(*) FILTER (WHERE e.payload ->> 'layer' = 'infra') AS infra
             FROM orc_job_events AS e
            WHERE e.job_id = j.id AND e.kind = 'job.retry_scheduled') AS r
+      CROSS JOIN LATERAL (  -- its LLM calls (0030; orc_llm_usage's (job_id, call_id) index)
+          SELECT count(*) AS calls, coalesce(sum(l.input_tokens), 0) AS input,
+                 coalesce(sum(l.output_tokens), 0) AS output,
+                 coalesce(sum(l.cache_read_tokens), 0) AS cache_read,
+                 coalesce(sum(l.cache_creation_tokens), 0) AS cache_creation
+            FROM orc_llm_usage AS l WHERE l.job_id = j.id) AS u
 ), bucketed AS (
     SELECT f.*, width_bucket(f.ms, %(bounds)s::bigint[]) AS b FROM finished AS f
 ), rolled AS (
     INSERT INTO orc_job_rollups AS r (
         period, at, job_type, queue, tenant, completed, failed, cancelled, dead_lettered,
         app_retries, infra_retries, timed, duration_ms_sum, duration_ms_max,
-        lt_100ms, lt_500ms, lt_1s, lt_5s, lt_15s, lt_1min, lt_5min, lt_15min, lt_1h, ge_1h)
+        lt_100ms, lt_500ms, lt_1s, lt_5s, lt_15s, lt_1min, lt_5min, lt_15min, lt_1h, ge_1h,
+        llm_calls, input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens)
     SELECT 60, at, job_type, queue, tenant,
            count(*) FILTER (WHERE status = 'COMPLETED'),
            count(*) FILTER (WHERE status = 'FAILED'),
@@ -1042,7 +1049,8 @@ WITH mark AS (
            count(*) FILTER (WHERE b = 2), count(*) FILTER (WHERE b = 3),
            count(*) FILTER (WHERE b = 4), count(*) FILTER (WHERE b = 5),
            count(*) FILTER (WHERE b = 6), count(*) FILTER (WHERE b = 7),
-           count(*) FILTER (WHERE b = 8), count(*) FILTER (WHERE b = 9)
+           count(*) FILTER (WHERE b = 8), count(*) FILTER (WHERE b = 9),
+           sum(calls), sum(input), sum(output), sum(cache_read), sum(cache_creation)
       FROM bucketed
      GROUP BY at, job_type, queue, tenant
     ON CONFLICT (period, at, job_type, queue, tenant) DO UPDATE
@@ -1053,7 +1061,11 @@ WITH mark AS (
            duration_ms_max = excluded.duration_ms_max, lt_100ms = excluded.lt_100ms,
            lt_500ms = excluded.lt_500ms, lt_1s = excluded.lt_1s, lt_5s = excluded.lt_5s,
            lt_15s = excluded.lt_15s, lt_1min = excluded.lt_1min, lt_5min = excluded.lt_5min,
-           lt_15min = excluded.lt_15min, lt_1h = excluded.lt_1h, ge_1h = excluded.ge_1h
+           lt_15min = excluded.lt_15min, lt_1h = excluded.lt_1h, ge_1h = excluded.ge_1h,
+           llm_calls = excluded.llm_calls, input_tokens = excluded.input_tokens,
+           output_tokens = excluded.output_tokens,
+           cache_read_tokens = excluded.cache_read_tokens,
+           cache_creation_tokens = excluded.cache_creation_tokens
 ), moved AS (
     UPDATE orc_rollup_watermark SET rolled_up_to = s.until FROM span AS s
 )
@@ -1065,12 +1077,14 @@ SELECT s.since, s.until, (SELECT count(*) FROM finished) AS jobs FROM span AS s
 INSERT INTO orc_job_rollups AS r (
     period, at, job_type, queue, tenant, completed, failed, cancelled, dead_lettered,
     app_retries, infra_retries, timed, duration_ms_sum, duration_ms_max,
-    lt_100ms, lt_500ms, lt_1s, lt_5s, lt_15s, lt_1min, lt_5min, lt_15min, lt_1h, ge_1h)
+    lt_100ms, lt_500ms, lt_1s, lt_5s, lt_15s, lt_1min, lt_5min, lt_15min, lt_1h, ge_1h,
+    llm_calls, input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens)
 SELECT 3600, date_trunc('hour', at), job_type, queue, tenant, sum(completed), sum(failed),
        sum(cancelled), sum(dead_lettered), sum(app_retries), sum(infra_retries), sum(timed),
        sum(duration_ms_sum), max(duration_ms_max), sum(lt_100ms), sum(lt_500ms), sum(lt_1s),
        sum(lt_5s), sum(lt_15s), sum(lt_1min), sum(lt_5min), sum(lt_15min), sum(lt_1h),
-       sum(ge_1h)
+       sum(ge_1h), sum(llm_calls), sum(input_tokens), sum(output_tokens),
+       sum(cache_read_tokens), sum(cache_creation_tokens)
   FROM orc_job_rollups
  WHERE period = 60
    AND at >= date_trunc('hour', %(since)s::timestamptz)
@@ -1085,7 +1099,10 @@ ON CONFLICT (period, at, job_type, queue, tenant) DO UPDATE
        duration_ms_max = excluded.duration_ms_max, lt_100ms = excluded.lt_100ms,
        lt_500ms = excluded.lt_500ms, lt_1s = excluded.lt_1s, lt_5s = excluded.lt_5s,
        lt_15s = excluded.lt_15s, lt_1min = excluded.lt_1min, lt_5min = excluded.lt_5min,
-       lt_15min = excluded.lt_15min, lt_1h = excluded.lt_1h, ge_1h = excluded.ge_1h
+       lt_15min = excluded.lt_15min, lt_1h = excluded.lt_1h, ge_1h = excluded.ge_1h,
+       llm_calls = excluded.llm_calls, input_tokens = excluded.input_tokens,
+       output_tokens = excluded.output_tokens, cache_read_tokens = excluded.cache_read_tokens,
+       cache_creation_tokens = excluded.cache_creation_tokens
 
 -- sample_queue_depth --
 -- This minute's sample of each queue's and tenant's jobs due and waiting, and running (the
@@ -1134,7 +1151,10 @@ SELECT %(since)s::timestamptz
        sum(infra_retries) AS infra_retries, sum(timed) AS timed,
        sum(duration_ms_sum) AS duration_ms_sum, max(duration_ms_max) AS duration_ms_max,
        ARRAY[sum(lt_100ms), sum(lt_500ms), sum(lt_1s), sum(lt_5s), sum(lt_15s), sum(lt_1min),
-             sum(lt_5min), sum(lt_15min), sum(lt_1h), sum(ge_1h)] AS buckets
+             sum(lt_5min), sum(lt_15min), sum(lt_1h), sum(ge_1h)] AS buckets,
+       sum(llm_calls) AS llm_calls, sum(input_tokens) AS input_tokens,
+       sum(output_tokens) AS output_tokens, sum(cache_read_tokens) AS cache_read_tokens,
+       sum(cache_creation_tokens) AS cache_creation_tokens
   FROM orc_job_rollups
  WHERE period = %(period)s AND at >= %(since)s AND at < %(until)s
    AND (%(tenants)s::text[] IS NULL OR tenant = ANY (%(tenants)s))

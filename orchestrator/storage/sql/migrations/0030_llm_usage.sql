@@ -21,7 +21,14 @@
 -- (tenant_id, recorded_at) with the token counts included, for a tenant's budget check: an
 -- index-only range scan of the tenant's calls in the current period.
 --
--- Compatible with older workers: new tables only, which no older release reads or writes.
+-- orc_job_rollups gains the LLM calls and tokens of the jobs each row counts (0026's rollups:
+-- a job's usage is counted in the minute it finished, with its outcome), so token totals by job
+-- type, queue and tenant outlive the usage rows that retention deletes with their jobs (it
+-- deletes only jobs the rollups have counted). Added with a constant default: no rewrite of the
+-- table; rows rolled up before this migration count no tokens.
+--
+-- Compatible with older workers: new tables, which no older release reads or writes, and new
+-- columns with defaults, which the older rollup statement leaves alone.
 
 CREATE TABLE orc_llm_usage (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -48,3 +55,10 @@ CREATE TABLE orc_job_token_budgets (
     job_id uuid PRIMARY KEY REFERENCES orc_jobs (id) ON DELETE CASCADE,
     tokens bigint NOT NULL CHECK (tokens > 0)
 );
+
+ALTER TABLE orc_job_rollups
+    ADD COLUMN llm_calls bigint NOT NULL DEFAULT 0,
+    ADD COLUMN input_tokens bigint NOT NULL DEFAULT 0,
+    ADD COLUMN output_tokens bigint NOT NULL DEFAULT 0,
+    ADD COLUMN cache_read_tokens bigint NOT NULL DEFAULT 0,
+    ADD COLUMN cache_creation_tokens bigint NOT NULL DEFAULT 0;
