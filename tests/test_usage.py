@@ -19,6 +19,7 @@ import httpx
 import psycopg
 import pytest
 
+import retry_config
 from demo import llm_server as llm
 from orchestrator import Orchestrator, Status
 from orchestrator.domain.errors import InvalidArgument, SubmitError
@@ -571,3 +572,28 @@ async def test_token_totals_outlive_the_usage_rows_in_the_rollups(
     assert (acme.completed, acme.llm_calls, acme.input_tokens, acme.output_tokens,
             acme.cache_read_tokens, acme.cache_creation_tokens) == (2, 3, 30, 60, 90, 120)  # fmt: skip
     assert (globex.llm_calls, globex.input_tokens) == (1, 10)
+
+
+# -- the retry config's budgets ------------------------------------------------------------------
+
+
+def test_tenant_budgets_are_read_from_the_retry_config_and_checked(tmp_path: Path) -> None:
+    good = retry_config.parse(
+        {"token_budgets": {"acme": {"tokens": 500, "period": "hour"}, "globex": {"tokens": 9}}},
+        tmp_path / "c.toml",
+    )
+    assert {t: (b.tokens, b.period) for t, b in good.token_budgets.items()} == {
+        "acme": (500, "hour"), "globex": (9, "day"),
+    }  # fmt: skip
+    with pytest.raises(retry_config.ConfigError) as refused:
+        retry_config.parse(
+            {"token_budgets": {"acme": {"tokens": 0, "period": "week"}, "b": {"token": 5}}},
+            tmp_path / "c.toml",
+        )
+    lines = str(refused.value).splitlines()
+    assert any("token_budgets for tenant 'acme': field 'tokens'" in line for line in lines)
+    assert any("token_budgets for tenant 'acme': field 'period'" in line for line in lines)
+    assert any("tenant 'b': field 'token': Extra inputs" in line for line in lines)
+    assert all(line.startswith(f"{tmp_path / 'c.toml'}: ") for line in lines)
+    with pytest.raises(retry_config.ConfigError, match=r"\[token_budgets\] must be a table"):
+        retry_config.parse({"token_budgets": 5}, tmp_path / "c.toml")

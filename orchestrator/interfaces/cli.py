@@ -753,6 +753,7 @@ def _config_shown(
         "version": config.version,
         "defaults": config.defaults.model_dump(mode="json"),
         "job_types": {n: c.model_dump(mode="json") for n, c in config.job_types.items()},
+        "token_budgets": {t: b.model_dump(mode="json") for t, b in config.token_budgets.items()},
     }
 
 
