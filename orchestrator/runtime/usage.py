@@ -43,11 +43,12 @@ class Accounting:
         }  # fmt: skip
         if any(n < 0 for n in tokens.values()):
             raise ValueError(f"token counts cannot be negative: {tokens}")
-        usage = CallUsage(
-            job_id=claim.id, call_id=call_id or f"call-{uuid.uuid4()}", attempt=claim.attempt,
-            tenant_id=claim.tenant_id, agent_id=claim.agent_id, job_type=claim.job_type,
-            model=model, input_tokens=input_tokens, output_tokens=output_tokens,
-            cache_read_tokens=cache_read_tokens, cache_creation_tokens=cache_creation_tokens,
+        usage = CallUsage(  # the columns hold 200 characters: a longer name is cut, not lost
+            job_id=claim.id, call_id=(call_id or f"call-{uuid.uuid4()}")[:200],
+            attempt=claim.attempt, tenant_id=claim.tenant_id, agent_id=claim.agent_id,
+            job_type=claim.job_type, model=model[:200], input_tokens=input_tokens,
+            output_tokens=output_tokens, cache_read_tokens=cache_read_tokens,
+            cache_creation_tokens=cache_creation_tokens,
         )  # fmt: skip
         self.metrics.llm_call(model, ok=True, tokens=tokens)
         await until_written(f"job {claim.id}'s LLM usage", lambda: self.store.record(usage))
