@@ -282,7 +282,7 @@ async def test_a_jobs_usage_goes_when_retention_prunes_the_job(
     _gone, kept = await run(
         orc, ("llm_generate", ask("m"), {"token_budget": 100}), ("run_agent", agent, {})
     )
-    await db.execute("UPDATE orc_rollup_watermark SET rolled_up_to = 'infinity'")
+    await db.execute("UPDATE orc_rollup_watermark SET rolled_up_to = now() + interval '1 minute'")
     async with orc:
         result = await orc.maintenance.run("prune_finished")
     assert result.jobs == 1 and result.llm_usage == 1  # type: ignore[attr-defined]
