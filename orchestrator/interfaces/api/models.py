@@ -107,6 +107,10 @@ class RetryConfigView(BaseModel):
 
     defaults: dict[str, Any]
     job_types: dict[str, dict[str, Any]]
+    token_budgets: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="The token budget of each tenant the caller may see ({tokens, period}).",
+    )
     version: str = Field(
         description="The version (content hash) of the file this server runs: it reloads the"
         " file when it changes, and keeps this version when the new one is refused."
