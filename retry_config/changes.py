@@ -25,6 +25,8 @@ from retry_config.models import BackoffConfig, JobRetryConfig
 
 #: The scope of the ``[defaults]`` table (brackets: no job type is named so).
 DEFAULTS = "[defaults]"
+#: The scope of the tenants' token budgets (``tenant.tokens``, ``tenant.period``).
+TOKEN_BUDGETS = "[token_budgets]"
 
 #: field path -> (old value, new value), as JSON values.
 FieldChanges = dict[str, tuple[Any, Any]]
@@ -44,7 +46,19 @@ def diff(old: RetryConfig, new: RetryConfig) -> Changes:
         changed = {path: (a[path], b[path]) for path in a if a[path] != b[path]}
         if changed:
             changes[scope] = changed
+    a, b = _budgets(old), _budgets(new)
+    budgets = {p: (a.get(p), b.get(p)) for p in sorted({*a, *b}) if a.get(p) != b.get(p)}
+    if budgets:
+        changes[TOKEN_BUDGETS] = budgets
     return changes
+
+
+def _budgets(config: RetryConfig) -> dict[str, Any]:
+    return {
+        f"{tenant}.{name}": value
+        for tenant, budget in config.token_budgets.items()
+        for name, value in budget.model_dump(mode="json").items()
+    }
 
 
 def fields_of(config: JobRetryConfig) -> dict[str, Any]:
@@ -77,7 +91,7 @@ def describe(changes: Changes) -> list[str]:
 
 
 def _scope(scope: str) -> str:
-    return scope if scope == DEFAULTS else f"job type {scope!r}"
+    return scope if scope in (DEFAULTS, TOKEN_BUDGETS) else f"job type {scope!r}"
 
 
 def shown(value: Any) -> str:

@@ -597,3 +597,21 @@ def test_tenant_budgets_are_read_from_the_retry_config_and_checked(tmp_path: Pat
     assert all(line.startswith(f"{tmp_path / 'c.toml'}: ") for line in lines)
     with pytest.raises(retry_config.ConfigError, match=r"\[token_budgets\] must be a table"):
         retry_config.parse({"token_budgets": 5}, tmp_path / "c.toml")
+
+
+def test_an_edit_of_the_budgets_is_a_change_of_the_config(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    before = retry_config.parse({"token_budgets": {"acme": {"tokens": 5}}}, path)
+    after = retry_config.parse(
+        {"token_budgets": {"acme": {"tokens": 9}, "globex": {"tokens": 1, "period": "hour"}}}, path
+    )
+    changes = retry_config.diff(before, after)
+    assert changes == {
+        "[token_budgets]": {
+            "acme.tokens": (5, 9), "globex.period": (None, "hour"), "globex.tokens": (None, 1),
+        }
+    }  # fmt: skip
+    assert retry_config.describe(changes) == [
+        '[token_budgets]: acme.tokens 5 -> 9, globex.period unset -> "hour", globex.tokens unset -> 1'
+    ]
+    assert retry_config.diff(after, after) == {}

@@ -767,7 +767,7 @@ def cmd_config_diff(args: argparse.Namespace) -> int:
     changes = retry_config.diff(running, edited)
     _, fixed = orc.hold_fixed(edited, running)
     for scope, fields in changes.items():
-        print(scope if scope == retry_config.DEFAULTS else f"job type {scope!r}")
+        print(scope if scope.startswith("[") else f"job type {scope!r}")  # [defaults], ...
         for path, (old, new) in fields.items():
             restart = "  (fixed at start-up: applied at the next restart)"
             held = restart if path in fixed.get(scope, []) else ""
