@@ -24,6 +24,7 @@ from demo import llm_server as llm
 from orchestrator import Orchestrator, Status
 from orchestrator.domain.errors import InvalidArgument, SubmitError
 from orchestrator.domain.principals import Scope
+from orchestrator.services import archive
 from orchestrator.services.fleet import FleetMetrics
 from tests.support import exposition, job_types_app
 from tests.support.api_server import ApiServer, page_csrf, token
@@ -276,16 +277,19 @@ async def test_a_jobs_usage_goes_when_retention_prunes_the_job(
             "[job_types.run_agent]\n", "[job_types.run_agent]\nretention_days = 1\n"
         )
     )
-    orc = make_orc(retry_config=path, job_retention_days=0)
+    orc = make_orc(retry_config=path, job_retention_days=0, archive_dir=tmp_path / "archive")
     job_types_app.register(orc)
     agent = {"prompt": "hello", "model": "m"}  # no tools: one step, one call
-    _gone, kept = await run(
+    gone, kept = await run(
         orc, ("llm_generate", ask("m"), {"token_budget": 100}), ("run_agent", agent, {})
     )
     await db.execute("UPDATE orc_rollup_watermark SET rolled_up_to = now() + interval '1 minute'")
     async with orc:
         result = await orc.maintenance.run("prune_finished")
     assert result.jobs == 1 and result.llm_usage == 1  # type: ignore[attr-defined]
+    (line,) = archive.read(result.archive)  # type: ignore[attr-defined]
+    assert line["job"]["id"] == str(gone)  # archived whole, its usage too
+    assert [(u["job_id"], u["model"]) for u in line["llm_usage"]] == [(str(gone), "m")]
     assert [r[0] for r in await usage_rows(db)] == [kept]
     cur = await db.execute("SELECT count(*) FROM orc_job_token_budgets")
     assert (await cur.fetchone() or [None])[0] == 0
