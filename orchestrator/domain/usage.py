@@ -79,7 +79,7 @@ def groups_of(by: str | Iterable[str]) -> tuple[str, ...]:
     unknown = [n for n in names if n not in GROUPS]
     if unknown:
         raise InvalidArgument(
-            f"cannot group usage by {', '.join(map(repr, unknown))}; "
+            f"by: cannot group usage by {', '.join(map(repr, unknown))}; "
             f"group by any of {', '.join(GROUPS)}"
         )
     return tuple(dict.fromkeys(names))
