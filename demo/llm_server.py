@@ -17,6 +17,10 @@ Replies are scripted per model with ``llm.script(model, [...])``; the last one r
 - ``StreamError``: a stream that fails mid-way with an SSE ``error`` event, as the API does.
 - ``ToolUse``: one ``tool_use`` block, stop_reason "tool_use".
 
+Prompt caching is counted as the API counts it: the words of the content blocks up to the last
+one marked ``cache_control`` are ``cache_creation_input_tokens`` the first time that prefix is
+seen and ``cache_read_input_tokens`` after, not ``input_tokens``.
+
 Without a script the answer depends only on the request, so an interrupted agent run and an
 uninterrupted one see the same turns: with ``tools``, ``agent_steps`` tool calls (inputs built
 from the tools' schemas), then a text that summarises the tool results; without, an echo.
@@ -255,6 +259,7 @@ class LocalLLM:
         self._accepted = self._rate_limited = self._max_in_flight = self._accepted_tokens = 0
         self._last: dict[str, Json] = {}
         self._scripts: dict[str, list[Reply]] = {}
+        self._cached: set[str] = set()  # prompt prefixes written to the cache
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
 
@@ -439,7 +444,17 @@ class LocalLLM:
         said = [
             b["text"] if b["type"] == "text" else json.dumps(b["input"]) for b in answer.content
         ]
-        usage = {"input_tokens": input_tokens, "output_tokens": _words(" ".join(said))}
+        usage = {
+            "input_tokens": input_tokens,
+            "output_tokens": _words(" ".join(said)),
+        }
+        if prefix := _cached_prefix(body["messages"]):  # prompt caching, as the API counts it
+            with self._lock:
+                kind = "read" if prefix in self._cached else "creation"
+                self._cached.add(prefix)
+            cached = _words(prefix)
+            usage["input_tokens"] -= cached
+            usage[f"cache_{kind}_input_tokens"] = cached
         message: Json = {
             "id": f"msg_{number}",
             "type": "message",
@@ -547,6 +562,16 @@ def _text(content: object) -> str:
     if isinstance(content, dict):
         return _text(content.get("text", content.get("content", "")))
     return ""
+
+
+def _cached_prefix(messages: list[Any]) -> str:
+    """The text of the messages up to their last block marked ``cache_control`` ('': none)."""
+    blocks = [
+        b for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)
+        for b in m["content"]
+    ]  # fmt: skip
+    marked = [i for i, b in enumerate(blocks) if isinstance(b, dict) and b.get("cache_control")]
+    return _text(blocks[: marked[-1] + 1]) if marked else ""
 
 
 def _words(text: str) -> int:

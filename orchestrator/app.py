@@ -67,6 +67,7 @@ from orchestrator.domain.secrets import Secrets
 from orchestrator.domain.states import Status
 from orchestrator.domain.storable import Text, refusal
 from orchestrator.domain.traceparent import normalized, trace_id_of
+from orchestrator.domain.usage import JobUsage, UsageTotal, groups_of
 from orchestrator.runtime import logs, startup
 from orchestrator.runtime.attempt import Toolkit
 from orchestrator.runtime.config_reload import ConfigReload
@@ -85,6 +86,7 @@ from orchestrator.storage.database import Pool
 from orchestrator.storage.migrate import MigrationReport, migrate
 from orchestrator.storage.rows import ApprovalRecord, StepRecord
 from orchestrator.storage.stores import Stores
+from orchestrator.storage.usage import UsageFilters
 from retry_config import MAX_VALUE, FlowLimit, LiveConfig, RetryConfig
 
 if TYPE_CHECKING:
@@ -127,6 +129,9 @@ class JobSpec(BaseModel):
     #: What the job costs in its limit's units (e.g. tokens; docs/flow-control.md); unset: its
     #: type's estimate, or 1.
     cost: int | None = Field(None, ge=0, le=MAX_VALUE)
+    #: The most tokens the job's LLM calls may spend, all kinds counted; past it the next call
+    #: fails the job with TOKEN_BUDGET_EXHAUSTED (docs/configuration.md). None: no budget.
+    token_budget: int | None = Field(None, gt=0, le=2**63 - 1)
 
     @model_validator(mode="after")
     def _one_trace(self) -> JobSpec:
@@ -536,6 +541,7 @@ class Orchestrator:
         tenant_id: str | None = None,
         traceparent: str | None = None,
         cost: int | None = None,
+        token_budget: int | None = None,
         connection: psycopg.AsyncConnection[Any] | None = None,
     ) -> UUID:
         """Submit one job and return its id. With ``connection``, the job is written inside
@@ -543,12 +549,15 @@ class Orchestrator:
         database rolls back in a conflict (a deadlock) is run again; inside ``connection``'s
         transaction it cannot be, and raises TransactionConflict: run the transaction again.
         ``traceparent`` (W3C): the trace the job continues (docs/operations.md, "Traces").
-        ``cost``: what it costs in its limit's units (docs/flow-control.md)."""
+        ``cost``: what it costs in its limit's units (docs/flow-control.md).
+        ``token_budget``: the most tokens its LLM calls may spend (docs/configuration.md,
+        "Token accounting and budgets")."""
         spec = _spec(
             job_type=job_type, payload=payload, agent_id=agent_id, run_at=run_at,
             priority=priority, queue=queue, max_retries=max_retries, job_key=job_key,
             job_key_mode=job_key_mode, timeout_seconds=timeout_seconds, trace_id=trace_id,
             tenant_id=tenant_id, traceparent=traceparent, cost=cost,
+            token_budget=token_budget,
         )  # fmt: skip
         (job_id,) = await self.submit_many([spec], connection=connection)
         return job_id
@@ -572,13 +581,41 @@ class Orchestrator:
         rows = [self._row(spec) for spec in specs]
         if not rows:
             return []
+        budgets = [spec.token_budget for spec in specs]
         if self.tracing is None:
-            return await self.stores.jobs.submit(rows, connection)
+            return await self._submit_rows(rows, budgets, connection)
         chosen = [spec.trace_id is not None or spec.traceparent is not None for spec in specs]
         with self.tracing.submits(rows, chosen) as spans:
-            results = await self.stores.jobs.submit(rows, connection)
+            results = await self._submit_rows(rows, budgets, connection)
             self.tracing.submitted(spans, results)
         return results
+
+    async def _submit_rows(
+        self,
+        rows: list[dict[str, Any]],
+        budgets: list[int | None],
+        connection: psycopg.AsyncConnection[Any] | None,
+    ) -> list[SubmitResult]:
+        """The jobs, and the token budgets of those given one, in one transaction (a job a
+        keyed submit deduplicated keeps its own)."""
+        if all(b is None for b in budgets):
+            return await self.stores.jobs.submit(rows, connection)
+
+        async def with_budgets(conn: psycopg.AsyncConnection[Any]) -> list[SubmitResult]:
+            results = await self.stores.jobs.submit(rows, conn)
+            given = [
+                (r.job_id, b)
+                for r, b in zip(results, budgets, strict=True)
+                if b is not None and r.outcome != "deduplicated"
+            ]
+            if given:
+                ids, tokens = zip(*given, strict=True)
+                await self.stores.usage.set_budgets(ids, tokens, conn)
+            return results
+
+        if connection is not None:
+            return await with_budgets(connection)
+        return await self.stores.queries.in_transaction(with_budgets)
 
     def _row(self, spec: JobSpec) -> dict[str, Any]:
         job_type = self.job_types.get(spec.job_type)
@@ -798,6 +835,46 @@ class Orchestrator:
             await store.rolled_up_to(),
         )
 
+    async def llm_usage(
+        self,
+        *,
+        by: str | Sequence[str] = ("tenant", "model"),
+        since: datetime | None = None,
+        until: datetime | None = None,
+        tenant_id: str | None = None,
+        agent_id: str | None = None,
+        model: str | None = None,
+        job_type: str | None = None,
+        job_id: UUID | str | None = None,
+        tenants: Collection[str] | None = None,
+        limit: int = 1000,
+    ) -> list[UsageTotal]:
+        """LLM calls and their tokens recorded in ``[since, until)`` (either end open when
+        None), grouped by ``by`` (any of ``job``, ``tenant``, ``agent``, ``model``,
+        ``job_type``; none: one total), largest first, at most ``limit`` groups; narrowed by
+        the other arguments; ``tenants``: only these tenants' jobs (docs/configuration.md,
+        "Token accounting and budgets")."""
+        groups = groups_of(by)
+        _storable(
+            tenant_id=tenant_id, agent_id=agent_id, model=model, job_type=job_type,
+            tenants=tenants,
+        )  # fmt: skip
+        if since is not None and until is not None and until <= since:
+            raise InvalidArgument(f"until ({until.isoformat()}) is not after since")
+        if not 1 <= limit <= 100_000:
+            raise InvalidArgument(f"limit: {limit} is not between 1 and 100000")
+        filters = UsageFilters(
+            since=since, until=until, tenant_id=tenant_id, agent_id=agent_id, model=model,
+            job_type=job_type, job_id=_uuid(job_id) if job_id is not None else None,
+            tenants=frozenset(tenants) if tenants is not None else None,
+        )  # fmt: skip
+        return await self.stores.usage.totals(groups, filters, limit=limit)
+
+    async def job_usage(self, job_id: UUID | str) -> JobUsage:
+        """A job's LLM calls with their tokens, their total, and its token budget."""
+        job = await self.get_job(job_id)  # JobNotFound for no such job
+        return await self.stores.usage.of_job(job.id)
+
     # -- worker ----------------------------------------------------------------------------
 
     async def run_worker(
@@ -830,6 +907,8 @@ class Orchestrator:
                 rng=random.Random(),
                 metrics=self.metrics,
                 tracing=self.tracing,
+                usage=opened.stores.usage,
+                flow=opened.stores.flow,
             ),
             metrics=self.metrics,
             procrastinate_app=self.procrastinate,

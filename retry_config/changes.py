@@ -25,6 +25,8 @@ from retry_config.models import BackoffConfig, FlowLimit, JobRetryConfig
 
 #: The scope of the ``[defaults]`` table (brackets: no job type is named so).
 DEFAULTS = "[defaults]"
+#: The scope of the tenants' token budgets (``tenant.tokens``, ``tenant.period``).
+TOKEN_BUDGETS = "[token_budgets]"
 
 #: field path -> (old value, new value), as JSON values.
 FieldChanges = dict[str, tuple[Any, Any]]
@@ -49,12 +51,24 @@ def diff(old: RetryConfig, new: RetryConfig) -> Changes:
         changed = {p: (a.get(p), b.get(p)) for p in sorted({*a, *b}) if a.get(p) != b.get(p)}
         if changed:
             changes[f"[limits.{name}]"] = changed
+    a, b = _budgets(old), _budgets(new)
+    budgets = {p: (a.get(p), b.get(p)) for p in sorted({*a, *b}) if a.get(p) != b.get(p)}
+    if budgets:
+        changes[TOKEN_BUDGETS] = budgets
     return changes
 
 
 def _limit_fields(limit: FlowLimit | None) -> dict[str, Any]:
     """A limit's fields as JSON values; none for a limit the file does not have."""
     return {} if limit is None else limit.model_dump(mode="json")
+
+
+def _budgets(config: RetryConfig) -> dict[str, Any]:
+    return {
+        f"{tenant}.{name}": value
+        for tenant, budget in config.token_budgets.items()
+        for name, value in budget.model_dump(mode="json").items()
+    }
 
 
 def fields_of(config: JobRetryConfig) -> dict[str, Any]:

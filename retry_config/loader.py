@@ -14,6 +14,9 @@ File shape::
     key = "anthropic:{payload.model}"
     concurrency = 20
 
+    [token_budgets."acme"]          # a tenant's token budget per period (retry_config.budgets)
+    tokens = 1000000
+
 Any problem raises :class:`ConfigError` whose message names the file, the job type and the field,
 one line per problem (every problem is reported at once). A field set in ``[defaults]`` is
 reported against ``defaults`` only, not against every type that inherits it. Which job types a
@@ -34,10 +37,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from retry_config.budgets import TokenBudget, parse_budgets
 from retry_config.models import FlowLimit, JobRetryConfig, ScheduleConfig
 
 DEFAULT_PATH = Path(__file__).with_name("default.toml")
-_TOP_LEVEL = {"defaults", "job_types", "limits"}
+_TOP_LEVEL = {"defaults", "job_types", "limits", "token_budgets"}
 
 
 class ConfigError(ValueError):
@@ -55,6 +59,8 @@ class RetryConfig:
     job_types: Mapping[str, JobRetryConfig] = field(default_factory=dict)
     #: The file's content hash (:func:`version_of`): which edit this is, whatever its mtime.
     version: str = ""
+    #: Token budgets by tenant (``[token_budgets."<tenant>"]``).
+    token_budgets: Mapping[str, TokenBudget] = field(default_factory=dict)
     #: The fleet-wide limits (``[limits.<name>]``), by name (docs/flow-control.md).
     limits: Mapping[str, FlowLimit] = field(default_factory=dict)
 
@@ -139,7 +145,7 @@ def parse(raw: Mapping[str, Any], path: Path, *, version: str = "") -> RetryConf
     if unknown:
         raise ConfigError(
             f"{path}: unknown top-level key(s) {', '.join(map(repr, unknown))}; "
-            "expected [defaults], [job_types.<name>] and [limits.<name>]"
+            "expected [defaults], [job_types.<name>], [limits.<name>] and [token_budgets.<tenant>]"
         )
     defaults_raw = _table(raw.get("defaults", {}), path, "[defaults]")
     types_raw = _table(raw.get("job_types", {}), path, "[job_types]")
@@ -166,10 +172,16 @@ def parse(raw: Mapping[str, Any], path: Path, *, version: str = "") -> RetryConf
             problems.append(
                 f"{path}: job type {name!r}: field 'limit': no [limits.{config.limit}]{hint}"
             )
+    budgets = parse_budgets(raw.get("token_budgets", {}), path, problems)
     if problems or defaults is None or limits is None:
         raise ConfigError("\n".join(problems))
     return RetryConfig(
-        path=path, defaults=defaults, job_types=job_types, version=version, limits=limits
+        path=path,
+        defaults=defaults,
+        job_types=job_types,
+        version=version,
+        limits=limits,
+        token_budgets=budgets,
     )
 
 

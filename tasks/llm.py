@@ -164,8 +164,11 @@ def client(ctx: JobContext) -> anthropic.AsyncAnthropic:
 
 async def generate(ctx: JobContext, **params: Any) -> LlmResponse:
     """One streamed Messages call (``params`` as ``messages.stream`` takes them), under the
-    type's total and inter-chunk limits; counted with its tokens (``ctx.record_llm_call``); with
-    tracing, in a span of its own (the SDK's own span, when it makes one, is its child)."""
+    type's total and inter-chunk limits, once the token budgets allow it
+    (``ctx.check_token_budget``); its tokens recorded for the job (``ctx.record_llm_usage``) and
+    counted; with tracing, in a span of its own (the SDK's own span, when it makes one, is its
+    child)."""
+    await ctx.check_token_budget()  # TOKEN_BUDGET_EXHAUSTED (PERMANENT) once a budget is spent
     sdk = client(ctx)
     model = str(params.get("model"))
     call = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "anthropic",
@@ -181,10 +184,10 @@ async def generate(ctx: JobContext, **params: Any) -> LlmResponse:
         ctx.record_llm_call(model, ok=False, failure=ctx.classify(exc))
         raise
     usage = reply.usage
-    ctx.record_llm_call(  # under the model asked for, as a failed call is
-        model, ok=True, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+    await ctx.record_llm_usage(  # under the model asked for, as a failed call is
+        model, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
         cache_read_tokens=usage.cache_read_input_tokens or 0,
-        cache_creation_tokens=usage.cache_creation_input_tokens or 0,
+        cache_creation_tokens=usage.cache_creation_input_tokens or 0, call_id=reply.id,
     )  # fmt: skip
     return reply
 

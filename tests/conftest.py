@@ -71,6 +71,8 @@ Where each part of the code is tested:
                               operation and page x every credential): test_authorization
     logs and traces           test_logs, test_tracing
     tasks, demo               test_job_types, test_llm_server, test_demo
+    token accounting          usage recorded per call, totals, budgets, the API's tenant
+                              filter, the CLI, the exporter: test_usage
     retry_config              test_retry_config
     k8s/, docs/, the layout   test_k8s, test_docs, test_architecture; alert rules and
                               dashboard: test_monitoring; autoscaling: test_autoscaling

@@ -388,6 +388,14 @@ async def _world(orc: Orchestrator, server: ApiServer, db: psycopg.Connection[An
         )
         objects[tenant]["flow key"] = [f"authz-key-{tenant}"]
         assert len(approvals) == 1 and await orc.job_steps(objects[tenant]["job"][1])
+        # An LLM call of the tenant's job, as a worker records it: GET /api/v1/usage sums it
+        # for its own tenant only (its model names the tenant, a marker of its answers too).
+        db.execute(
+            "INSERT INTO orc_llm_usage (job_id, call_id, attempt, tenant_id, job_type, model,"
+            " input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens)"
+            " VALUES (%s, 'authz', 1, %s, 'agent', %s, 10, 5, 1, 2)",
+            (objects[tenant]["job"][1], tenant, f"model-of-{tenant}"),
+        )
 
     # a worker token limited to a tenant, as a database written before the CLI refused it has
     limited_worker = new_token()

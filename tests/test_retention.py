@@ -530,7 +530,7 @@ async def test_prune_dry_run_shows_what_would_go_and_prune_deletes_it(
         "  llm_generate  COMPLETED  2",
         "  run_agent     CANCELLED  1",
         "with them: 6 events, 0 checkpoints, 0 side effects, 0 approvals, 0 dead letters,"
-        " 3 dispatches, 0 dispatch events",
+        " 3 dispatches, 0 dispatch events, 0 llm usage",
         "aged out: 0 maintenance dispatches, 0 sessions, 0 event listeners, 0 revoked tokens",
     ]
     code, out, _ = await asyncio.to_thread(cli, "prune", "--dry-run")

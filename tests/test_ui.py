@@ -145,7 +145,7 @@ async def test_every_page_works_under_a_strict_content_security_policy(
     async with page.expect_response(lambda r: "/ui/fragments/overview" in r.url):
         pass  # the page's own script is live: its event stream says "changed", it re-reads
     for path in ("/ui", "/ui/jobs", f"/ui/jobs/{job_id}", "/ui/dead-letters", "/ui/approvals",
-                 "/ui/schedules", "/ui/flow", "/ui/config"):  # fmt: skip
+                 "/ui/schedules", "/ui/flow", "/ui/usage", "/ui/config"):  # fmt: skip
         shown = await page.goto(f"{server.url}{path}")
         assert shown is not None and shown.ok
         assert_secured(await shown.all_headers())

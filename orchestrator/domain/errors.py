@@ -29,6 +29,8 @@ OrchestratorError                  base; every subclass carries a stable ``code`
 JobSignal                          raised *by task code* to steer the outcome of an attempt
 ├── RetryLater(delay)              TRANSIENT_APP, retry after ``delay`` seconds (capped)
 ├── PermanentError                 PERMANENT: no retry at either layer
+│   └── TokenBudgetExhausted       TOKEN_BUDGET_EXHAUSTED: the job's or its tenant's token
+│                                  budget is spent (checked before each LLM call)
 └── InvalidOutput                  INVALID_OUTPUT: terminal, the output is kept in last_error
 """
 
@@ -235,6 +237,17 @@ class PermanentError(JobSignal):
     def __init__(self, message: str, *, code: str | None = None) -> None:
         self.code = code
         super().__init__(message)
+
+
+class TokenBudgetExhausted(PermanentError):
+    """Raised before an LLM call (``JobContext.check_token_budget``) once the job's own token
+    budget, or its tenant's for the current period, is spent: PERMANENT, dead-lettered, never
+    retried (docs/configuration.md, "Token accounting and budgets")."""
+
+    CODE = "TOKEN_BUDGET_EXHAUSTED"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code=self.CODE)
 
 
 class InvalidOutput(JobSignal):

@@ -174,6 +174,12 @@ class Point(_Model):
     app_retries: int
     infra_retries: int
     durations: Durations
+    #: The LLM calls of these jobs and their tokens (counted when each job finished).
+    llm_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_creation_tokens: int = 0
 
     @property
     def finished(self) -> int:
@@ -231,7 +237,11 @@ def stats(
             at=row["at"], completed=row["completed"], failed=row["failed"],
             cancelled=row["cancelled"], dead_lettered=row["dead_lettered"],
             app_retries=row["app_retries"], infra_retries=row["infra_retries"],
-            durations=durations,
+            durations=durations, llm_calls=row.get("llm_calls") or 0,
+            input_tokens=row.get("input_tokens") or 0,
+            output_tokens=row.get("output_tokens") or 0,
+            cache_read_tokens=row.get("cache_read_tokens") or 0,
+            cache_creation_tokens=row.get("cache_creation_tokens") or 0,
         ))  # fmt: skip
     depths: dict[tuple[Any, ...], list[DepthPoint]] = {}
     for row in depth:

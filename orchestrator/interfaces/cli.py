@@ -17,11 +17,12 @@ import importlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -214,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--timeout-seconds", type=int)
     cmd.add_argument("--agent-id")
     cmd.add_argument("--tenant", help="the tenant the job belongs to (default: none)")
+    cmd.add_argument(
+        "--token-budget", type=int, help="the most tokens its LLM calls may spend (default: none)"
+    )
     cmd.set_defaults(handler=cmd_submit)
 
     cmd = commands.add_parser("status", help="one job: state, counters, last error, history")
@@ -243,6 +247,28 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--tenant", help="only this tenant's jobs")
     cmd.add_argument("--json", action="store_true", help="print the API's JSON document")
     cmd.set_defaults(handler=cmd_stats)
+
+    cmd = commands.add_parser(
+        "usage", help="LLM calls and their tokens over a time range, grouped (token accounting)"
+    )
+    cmd.add_argument(
+        "--since", type=_since, help="start: ISO 8601 with a timezone, or an age (30m, 24h, 7d);"
+        " default: everything recorded",
+    )  # fmt: skip
+    cmd.add_argument("--until", type=_since, help="end, as --since (default: now)")
+    cmd.add_argument(
+        "--by", default="tenant,model",
+        help="group by any of job, tenant, agent, model, job_type (default tenant,model;"
+        " '' for one total)",
+    )  # fmt: skip
+    cmd.add_argument("--tenant", help="only this tenant's jobs")
+    cmd.add_argument("--agent", help="only this agent's jobs")
+    cmd.add_argument("--model", help="only calls to this model")
+    cmd.add_argument("--type", dest="job_type", help="only jobs of this type")
+    cmd.add_argument("--job", dest="job_id", help="only this job's calls")
+    cmd.add_argument("--limit", type=_whole(1, 100_000), default=1000, help="most groups shown")
+    cmd.add_argument("--json", action="store_true", help="print the totals as JSON")
+    cmd.set_defaults(handler=cmd_usage)
 
     cmd = commands.add_parser("cancel", help="cancel a job that has not finished")
     cmd.add_argument("job_id")
@@ -408,6 +434,23 @@ def _datetime(value: str) -> datetime:
     if parsed.tzinfo is None:
         raise argparse.ArgumentTypeError(f"{value!r} has no timezone (add Z or +00:00)")
     return parsed
+
+
+_AGE = re.compile(r"(\d+)([smhd])")
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _since(value: str) -> datetime:
+    """An ISO 8601 time with a timezone, or an age before now: ``30m``, ``24h``, ``7d``."""
+    if age := _AGE.fullmatch(value.strip()):
+        seconds = int(age.group(1)) * _AGE_UNITS[age.group(2)]
+        if seconds > 100 * 366 * 86400:
+            raise argparse.ArgumentTypeError(f"{value!r} is more than a hundred years ago")
+        return datetime.now(UTC) - timedelta(seconds=seconds)
+    try:
+        return _datetime(value)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; or give an age such as 30m, 24h, 7d") from None
 
 
 def load_app(path: str) -> Orchestrator:
@@ -581,7 +624,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             args.job_type, payload, run_at=args.run_at, priority=args.priority,
             queue=args.queue, max_retries=args.max_retries, job_key=args.job_key,
             job_key_mode=args.job_key_mode, timeout_seconds=args.timeout_seconds,
-            agent_id=args.agent_id, tenant_id=args.tenant,
+            agent_id=args.agent_id, tenant_id=args.tenant, token_budget=args.token_budget,
         )  # fmt: skip
         print(job_id)
         return 0
@@ -593,6 +636,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     async def body(orc: Orchestrator) -> int:
         job = await orc.get_job(args.job_id)
         print(render.describe(job, await orc.job_events(job.id), await orc.job_steps(job.id)))
+        usage = await orc.job_usage(job.id)
+        if usage.calls or usage.token_budget is not None:
+            print(render.job_usage_line(usage))
         return 0
 
     return _run(args, body)
@@ -635,6 +681,22 @@ def cmd_stats(args: argparse.Namespace) -> int:
             print(stats.model_dump_json(by_alias=True, indent=2))
         else:
             print("\n".join(render.stats_lines(stats)))
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_usage(args: argparse.Namespace) -> int:
+    async def body(orc: Orchestrator) -> int:
+        totals = await orc.llm_usage(
+            by=args.by, since=args.since, until=args.until, tenant_id=args.tenant,
+            agent_id=args.agent, model=args.model, job_type=args.job_type, job_id=args.job_id,
+            limit=args.limit,
+        )  # fmt: skip
+        if args.json:
+            print(json.dumps([t.model_dump(mode="json") for t in totals], indent=2))
+        else:
+            print("\n".join(render.usage_lines(totals, args.by, args.since, args.until)))
         return 0
 
     return _run(args, body)
@@ -712,6 +774,7 @@ def _config_shown(
         "defaults": config.defaults.model_dump(mode="json"),
         "job_types": {n: c.model_dump(mode="json") for n, c in config.job_types.items()},
         "limits": {n: limit.model_dump(mode="json") for n, limit in config.limits.items()},
+        "token_budgets": {t: b.model_dump(mode="json") for t, b in config.token_budgets.items()},
     }
 
 
@@ -725,7 +788,7 @@ def cmd_config_diff(args: argparse.Namespace) -> int:
     changes = retry_config.diff(running, edited)
     _, fixed = orc.hold_fixed(edited, running)
     for scope, fields in changes.items():
-        print(scope if scope == retry_config.DEFAULTS else f"job type {scope!r}")
+        print(scope if scope.startswith("[") else f"job type {scope!r}")  # [defaults], ...
         for path, (old, new) in fields.items():
             restart = "  (fixed at start-up: applied at the next restart)"
             held = restart if path in fixed.get(scope, []) else ""

@@ -11,6 +11,7 @@ from orchestrator.domain.models import DeadLetter, Job, JobEvent
 from orchestrator.domain.rollups import Stats
 from orchestrator.domain.schedules import ScheduleView
 from orchestrator.domain.states import Status
+from orchestrator.domain.usage import GROUPS, JobUsage, UsageTotal, groups_of
 from orchestrator.services.retention import RetentionResult
 from orchestrator.storage.rows import ApprovalRecord, StepRecord
 
@@ -229,7 +230,7 @@ def prune_lines(result: RetentionResult, *, dry_run: bool) -> list[str]:
     for (job_type, status), n in sorted(result.by_type.items()):
         lines.append(f"  {job_type:<{width}}  {status:<9}  {n}")
     kinds = ("events", "checkpoints", "side_effects", "approvals", "dead_letters", "dispatches",
-             "dispatch_events")  # fmt: skip
+             "dispatch_events", "llm_usage")  # fmt: skip
     lines.append("with them: " + _counts(result, kinds))
     bookkeeping = ("maintenance_dispatches", "sessions", "event_listeners", "revoked_tokens")
     lines.append("aged out: " + _counts(result, bookkeeping))
@@ -279,3 +280,59 @@ def _ms(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value:.0f} ms" if value < 10_000 else f"{value / 1000:.1f} s"
+
+
+_TOKEN_COLUMNS = ("calls", "input", "output", "cache read", "cache write", "total")
+
+
+def usage_lines(
+    totals: list[UsageTotal], by: str, since: datetime | None, until: datetime | None
+) -> list[str]:
+    """``orchestrator usage``: a line per group, its calls and tokens, and the sum of all."""
+    groups = groups_of(by)
+    when = (
+        f"from {since.isoformat() if since else 'the first call recorded'}"
+        f" to {until.isoformat() if until else 'now'}"
+    )
+    lines = [f"LLM usage {when}" + (f", by {', '.join(groups)}" if groups else "")]
+    if not totals:
+        return [*lines, "  no LLM call recorded in this range"]
+    keys = [[_group_value(t, g) for g in groups] for t in totals]
+    widths = [max(len(g), *(len(k[i]) for k in keys)) for i, g in enumerate(groups)]
+    head = [f"{g:<{w}}" for g, w in zip(groups, widths, strict=True)]
+    lines.append("  ".join([*head, *(f"{c:>11}" for c in _TOKEN_COLUMNS)]).rstrip())
+    for key, t in zip(keys, totals, strict=True):
+        cells = [f"{k:<{w}}" for k, w in zip(key, widths, strict=True)]
+        lines.append("  ".join([*cells, *(f"{n:>11}" for n in _token_cells(t))]))
+    if len(totals) > 1 and groups:
+        whole = UsageTotal(
+            calls=sum(t.calls for t in totals),
+            input_tokens=sum(t.input_tokens for t in totals),
+            output_tokens=sum(t.output_tokens for t in totals),
+            cache_read_tokens=sum(t.cache_read_tokens for t in totals),
+            cache_creation_tokens=sum(t.cache_creation_tokens for t in totals),
+        )
+        label = f"{'all':<{sum(widths) + 2 * (len(widths) - 1)}}"
+        lines.append("  ".join([label, *(f"{n:>11}" for n in _token_cells(whole))]))
+    return lines
+
+
+def _group_value(total: UsageTotal, group: str) -> str:
+    value = getattr(total, GROUPS[group])
+    return "(none)" if value is None else str(value)
+
+
+def _token_cells(t: UsageTotal) -> list[int]:
+    return [t.calls, t.input_tokens, t.output_tokens, t.cache_read_tokens,
+            t.cache_creation_tokens, t.total_tokens]  # fmt: skip
+
+
+def job_usage_line(usage: JobUsage) -> str:
+    """A job's LLM usage in one line (``orchestrator status``)."""
+    t = usage.total
+    budget = f" of a budget of {usage.token_budget}" if usage.token_budget is not None else ""
+    return (
+        f"LLM usage: {len(usage.calls)} calls, {t.total_tokens} tokens{budget} (input"
+        f" {t.input_tokens}, output {t.output_tokens}, cache read {t.cache_read_tokens}, cache"
+        f" write {t.cache_creation_tokens})"
+    )

@@ -63,6 +63,9 @@ from orchestrator.runtime.outcomes import (
     of_failure,
     terminal,
 )
+from orchestrator.runtime.usage import Accounting
+from orchestrator.storage.flow import FlowStore
+from orchestrator.storage.usage import UsageStore
 from retry_config import JobRetryConfig, LiveConfig
 
 if TYPE_CHECKING:
@@ -89,6 +92,8 @@ class Toolkit:
     rng: random.Random
     metrics: Metrics
     tracing: Tracing | None = None
+    usage: UsageStore | None = None  # token accounting (None: calls are only counted)
+    flow: FlowStore | None = None  # flow control's windows, which calls' usage reconciles
 
 
 class Attempt:
@@ -181,6 +186,15 @@ class Attempt:
             _metrics=kit.metrics,
             _step_clock=self.step_spans or self.step_clock,
             _tracing=kit.tracing,
+            _accounting=None
+            if kit.usage is None
+            else Accounting(
+                claim,
+                kit.usage,
+                kit.metrics,
+                lambda tenant: kit.config.current.token_budgets.get(tenant),
+                kit.flow,
+            ),
         )
 
     async def _run(self) -> Outcome:

@@ -22,6 +22,7 @@ from retry_config import JobRetryConfig
 
 if TYPE_CHECKING:
     from orchestrator.runtime.tracing import Tracing
+    from orchestrator.runtime.usage import Accounting
 
 C = TypeVar("C")
 S = TypeVar("S")
@@ -55,6 +56,7 @@ class JobContext:
     _step_clock: StepClock = field(repr=False)
     _metrics: Metrics = field(repr=False)
     _tracing: Tracing | None = field(repr=False)
+    _accounting: Accounting | None = field(default=None, repr=False)
 
     def should_abort(self) -> bool:
         """True once this attempt should stop: a drain, a cancel, its step overran, or its job
@@ -99,6 +101,35 @@ class JobContext:
         superseded attempt raises StaleLease)."""
         payload = events.model_fallback(from_model, to_model, failure, step=step)
         await self._ledger.store.record_event(self._ledger.fence, "job.model_fallback", payload)
+
+    async def record_llm_usage(
+        self, model: str, *, input_tokens: int = 0, output_tokens: int = 0,
+        cache_read_tokens: int = 0, cache_creation_tokens: int = 0, call_id: str | None = None,
+    ) -> None:  # fmt: skip
+        """Record one LLM call that returned, with its tokens as the provider reported them:
+        written at once for this job (its tenant, agent and type; totals and budgets read it),
+        and counted as ``record_llm_call(ok=True, ...)`` counts it. ``call_id`` (the provider's
+        message id) makes it written once however often it is tried; the built-in
+        ``llm_generate`` and ``run_agent`` call it, and a task calling a model through its own
+        client should too."""
+        if self._accounting is None:  # not run by a worker's attempt: count it only
+            self.record_llm_call(
+                model, ok=True, input_tokens=input_tokens, output_tokens=output_tokens,
+                cache_read_tokens=cache_read_tokens, cache_creation_tokens=cache_creation_tokens,
+            )  # fmt: skip
+            return
+        await self._accounting.record(
+            model, input_tokens=input_tokens, output_tokens=output_tokens,
+            cache_read_tokens=cache_read_tokens, cache_creation_tokens=cache_creation_tokens,
+            call_id=call_id,
+        )  # fmt: skip
+
+    async def check_token_budget(self) -> None:
+        """Before an LLM call: raise :class:`~orchestrator.domain.errors.TokenBudgetExhausted`
+        (PERMANENT, ``TOKEN_BUDGET_EXHAUSTED``) once the job's own token budget, or its
+        tenant's for the current period, is spent."""
+        if self._accounting is not None:
+            await self._accounting.check()
 
     def call_limit(self, tool: str | None = None) -> AbstractAsyncContextManager[None]:
         """Bound one call (a tool run, a subprocess...) by the type's limit for ``tool``

@@ -2,14 +2,17 @@
 
 Served by ``orchestrator exporter`` (one process: a worker's own /metrics counts what that worker
 did; the fleet is one set of rows, and every worker exporting it would multiply the queries and
-the series). One scrape is one read-only transaction of four grouped queries, each on indexes
+the series). One scrape is one read-only transaction of five grouped queries, each on indexes
 (orc_jobs_unfinished_counts, orc_jobs_pending_run_at, orc_jobs_retry_due,
-orc_jobs_running_heartbeat, orc_dead_letters_state_tenant, orc_approvals_pending_expiry):
-``bench/fleet_scrape.py`` times it at 1,000,000 jobs. A scrape within ``min_interval`` of the
+orc_jobs_running_heartbeat, orc_dead_letters_state_tenant, orc_approvals_pending_expiry,
+orc_llm_usage_recorded_at: the last hour's LLM calls): ``bench/fleet_scrape.py`` times it at
+1,000,000 jobs (before the LLM tokens were added; their read grows with the calls of the last
+hour, not with the jobs). A scrape within ``min_interval`` of the
 last one is answered from it, so several Prometheus replicas cost the database no more than one.
 
 Tenants are user data: past the ``max_tenants`` largest, the rest are summed under the tenant
-``_other``, so the series stay bounded.
+``_other``, so the series stay bounded; so are models (``orchestrator_llm_tokens_recent``: past
+the ``MAX_MODELS`` most used, under ``_other``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from prometheus_client.registry import Collector
 
 from orchestrator.domain.errors import DatabaseUnavailable, TransactionConflict
 from orchestrator.domain.metric_spec import Spec
+from orchestrator.domain.usage import KINDS
 from orchestrator.storage.fleet import FleetRows, FleetStore
+from orchestrator.storage.runner import Row
 
 OTHER_TENANTS = "_other"
 
@@ -72,6 +77,17 @@ FLOW_RATE = Spec(
     "orchestrator_flow_rate_factor", "gauge", ("key",),
     "The flow key's adaptive rate: 1 in full, halved by each 429 without a hint.",
 )  # fmt: skip
+#: The window the fleet's recent tokens are summed over (seconds).
+LLM_WINDOW = 3600
+#: Models the recent tokens are labelled with, the most used first; the rest under OTHER_MODELS
+#: (a model is a job's payload: user data).
+MAX_MODELS = 20
+OTHER_MODELS = "_other"
+LLM_TOKENS_RECENT = Spec(
+    "orchestrator_llm_tokens_recent", "gauge", ("tenant", "model", "kind"),
+    "Tokens of the LLM calls recorded in the last hour (orc_llm_usage), by the job's tenant, the"
+    " model and the kind (input, output, cache_read, cache_creation).",
+)  # fmt: skip
 FLEET_UP = Spec("orchestrator_fleet_up", "gauge", (), "1 when the last scrape read the database.")
 SCRAPE_DURATION = Spec(
     "orchestrator_fleet_scrape_duration_seconds", "gauge", (),
@@ -79,7 +95,8 @@ SCRAPE_DURATION = Spec(
 )  # fmt: skip
 FLEET_METRICS = (
     JOBS, RETRYING_RATIO, QUEUE_DEPTH, QUEUE_OLDEST_AGE, DEAD_LETTERS, APPROVALS_WAITING, ZOMBIES,
-    FLOW_PAUSED, FLOW_WAITING, FLOW_RUNNING, FLOW_RATE, FLEET_UP, SCRAPE_DURATION,
+    FLOW_PAUSED, FLOW_WAITING, FLOW_RUNNING, FLOW_RATE, LLM_TOKENS_RECENT, FLEET_UP,
+    SCRAPE_DURATION,
 )  # fmt: skip
 
 
@@ -118,7 +135,9 @@ class FleetMetrics:
         started = time.perf_counter()
         families: list[Metric] = []
         try:
-            rows = await self.store.read(zombie_threshold=self.zombie_threshold)
+            rows = await self.store.read(
+                zombie_threshold=self.zombie_threshold, llm_window=LLM_WINDOW
+            )
         except (DatabaseUnavailable, TransactionConflict):
             up = 0
         else:
@@ -161,6 +180,24 @@ class FleetMetrics:
             flow[FLOW_RUNNING].add_metric([row["key"]], row["running"])
             flow[FLOW_RATE].add_metric([row["key"]], float(row["rate_factor"]))
         yield from flow.values()
+        yield self._llm_tokens(rows.llm_tokens)
+
+    def _llm_tokens(self, rows: list[Row]) -> GaugeMetricFamily:
+        """The recent tokens by tenant, model and kind: the ``MAX_MODELS`` most used models
+        and the ``max_tenants`` largest tenants keep their names, the rest are summed."""
+        by_model: Counter[str] = Counter()
+        for r in rows:
+            by_model[r["model"]] += sum(r[kind] for kind in KINDS)
+        models = {model for model, _ in by_model.most_common(MAX_MODELS)}
+        counted: Counter[tuple[str, ...]] = Counter()
+        for r in rows:
+            model = r["model"] if r["model"] in models else OTHER_MODELS
+            for kind in KINDS:
+                counted[(model, kind, r["tenant"])] += r[kind]
+        family = _family(LLM_TOKENS_RECENT)
+        for (model, kind, tenant), n in sorted(self._bounded(dict(counted)).items()):
+            family.add_metric([tenant, model, kind], n)
+        return family
 
     def _bounded(self, counts: dict[tuple[str, ...], int]) -> dict[tuple[str, ...], int]:
         """The counts with every tenant (the last label) past the ``max_tenants`` largest

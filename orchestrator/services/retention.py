@@ -40,6 +40,7 @@ class RetentionResult:
     dead_letters: int = 0
     dispatches: int = 0
     dispatch_events: int = 0
+    llm_usage: int = 0
     maintenance_dispatches: int = 0
     sessions: int = 0
     event_listeners: int = 0

@@ -18,6 +18,9 @@ class FleetRows:
     dead_letters: list[Row]  # state, tenant, n
     approvals: int  # waiting for a decision
     zombies: int  # RUNNING with a heartbeat older than the threshold
+    #: tenant ("" for none), model, input, output, cache_read, cache_creation: the tokens of the
+    #: LLM calls recorded in the last ``llm_window`` seconds
+    llm_tokens: list[Row]
     #: key, paused (bool), running, waiting, rate_factor: the flow keys (docs/flow-control.md)
     flow: list[Row] = field(default_factory=list)
 
@@ -32,7 +35,7 @@ class FleetStore:
     def __init__(self, queries: Queries) -> None:
         self.queries = queries
 
-    async def read(self, *, zombie_threshold: float) -> FleetRows:
+    async def read(self, *, zombie_threshold: float, llm_window: float = 3600) -> FleetRows:
         async with self.queries.transaction() as conn:
             await self.queries.execute("fleet_snapshot", None, conn)
             jobs = await self.queries.rows("fleet_jobs", None, conn)
@@ -42,6 +45,7 @@ class FleetStore:
                 conn,
             )
             dead_letters = await self.queries.rows("fleet_dead_letters", None, conn)
+            llm_tokens = await self.queries.rows("fleet_llm_tokens", {"window": llm_window}, conn)
             counts = await self.queries.row(
                 "fleet_counts",
                 {"running": Status.RUNNING.value, "threshold": zombie_threshold},
@@ -56,6 +60,7 @@ class FleetStore:
             approvals=counts["approvals"],
             zombies=counts["zombies"],
             flow=flow,
+            llm_tokens=llm_tokens,
         )
 
     async def unfinished(self, *, zombie_threshold: float) -> Unfinished:

@@ -80,8 +80,9 @@ class FlowStore:
             raise FlowKeyNotFound(key)
         return int(row["dispatched"])
 
-    async def spend(self, key: str, job_id: UUID, *, units: int, first: bool) -> None:
-        """A call of ``job_id`` used ``units``: the first call corrects its job's reservation,
-        a later one adds a request and its units to the key's window."""
-        params: dict[str, Any] = {"key": key, "job_id": job_id, "units": units, "first": first}
+    async def spend(self, key: str, job_id: UUID, *, units: int) -> None:
+        """A call of ``job_id`` used ``units``: its first call since the job's admission
+        corrects the reservation made then, a later one adds a request and its units to the
+        key's window (orc_flow_spend_v1)."""
+        params: dict[str, Any] = {"key": key, "job_id": job_id, "units": units}
         await self.queries.execute("flow_spend", params)

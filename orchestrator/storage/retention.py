@@ -17,7 +17,7 @@ from orchestrator.storage.runner import Queries
 #: The rows that go with each job, by kind: the prune query's count columns.
 JOB_KINDS = (
     "events", "checkpoints", "side_effects", "approvals", "dead_letters", "dispatches",
-    "dispatch_events",
+    "dispatch_events", "llm_usage",
 )  # fmt: skip
 #: Bookkeeping that ages out, by kind: its query.
 BOOKKEEPING: dict[str, LiteralString] = {

@@ -21,6 +21,7 @@ from orchestrator.storage.runner import OnRefused, Queries
 from orchestrator.storage.schedules import ScheduleStore
 from orchestrator.storage.sessions import SessionStore
 from orchestrator.storage.tokens import TokenStore
+from orchestrator.storage.usage import UsageStore
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class Stores:
     rollups: RollupStore
     schedules: ScheduleStore
     flow: FlowStore
+    usage: UsageStore
 
     @classmethod
     def on(cls, pool: Pool, *, on_refused: OnRefused | None = None) -> Stores:
@@ -65,4 +67,5 @@ class Stores:
             rollups=RollupStore(queries),
             schedules=ScheduleStore(queries),
             flow=FlowStore(queries),
+            usage=UsageStore(queries),
         )

@@ -17,6 +17,17 @@ external = true
 app_max_retries = 3
 worker_max_attempts = 1
 job_timeout_seconds = 60
+
+# Token budgets of the tenants the API tests use, never reached: a token limited to one tenant
+# must not see another's (GET /api/v1/config, the dashboard's usage page).
+[token_budgets."tenant-a"]
+tokens = 100000000
+[token_budgets."tenant-b"]
+tokens = 100000000
+[token_budgets."acme"]
+tokens = 100000000
+[token_budgets."globex"]
+tokens = 100000000
 """
 CONFIG = config_with(scripted.TABLE, agent_app.TABLE, TABLE)
 orc = Orchestrator(retry_config_path=CONFIG)

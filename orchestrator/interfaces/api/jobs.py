@@ -1,5 +1,5 @@
-"""Jobs: submit (one, many, idempotent), read (one, a page, its events, its steps), cancel, wait
-for an outcome (a long-poll) and stream its events (Server-Sent Events).
+"""Jobs: submit (one, many, idempotent), read (one, a page, its events, its steps, its LLM
+usage), cancel, wait for an outcome (a long-poll) and stream its events (Server-Sent Events).
 
 A principal limited to tenants sees only their jobs: any other job, guessed id or not, is "not
 found", exactly as a job that does not exist.
@@ -24,6 +24,7 @@ from orchestrator.domain.errors import JobNotFound, SubmitError
 from orchestrator.domain.models import Job
 from orchestrator.domain.principals import Principal, Scope
 from orchestrator.domain.states import Status
+from orchestrator.domain.usage import JobUsage
 from orchestrator.interfaces.api.auth import Allowed
 from orchestrator.interfaces.api.models import (
     EventPage,
@@ -153,6 +154,14 @@ async def job_steps(job_id: UUID, orc: Orc, caller: Reader) -> Steps:
     """Its checkpoints and its side-effect ledger, in step order."""
     await visible_job(orc, caller, job_id)
     return Steps(steps=await orc.job_steps(job_id))
+
+
+@router.get("/jobs/{job_id}/usage")
+async def job_usage(job_id: UUID, orc: Orc, caller: Reader) -> JobUsage:
+    """Its LLM calls with their tokens (input, output, cache read, cache write), their total,
+    and its token budget (null: none)."""
+    await visible_job(orc, caller, job_id)
+    return await orc.job_usage(job_id)
 
 
 @router.post("/jobs/{job_id}/cancel")

@@ -16,6 +16,7 @@ from orchestrator.domain.models import DeadLetter, Job, JobEvent, QueueStats
 from orchestrator.domain.policy import Budget, max_attempts
 from orchestrator.domain.schedules import ScheduleView
 from orchestrator.domain.storable import Text
+from orchestrator.domain.usage import UsageTotal
 from orchestrator.runtime.external import ExternalTask
 from orchestrator.storage.rows import ApprovalRecord, StepRecord
 
@@ -64,6 +65,15 @@ class Steps(BaseModel):
     steps: list[StepRecord]
 
 
+class UsageTotals(BaseModel):
+    """LLM calls and tokens recorded in [since, until), grouped by ``by``, largest first."""
+
+    since: datetime | None
+    until: datetime | None
+    by: list[str]
+    totals: list[UsageTotal]
+
+
 class Reason(_In):
     reason: Text = Field("", max_length=2_000)
 
@@ -107,6 +117,10 @@ class RetryConfigView(BaseModel):
 
     defaults: dict[str, Any]
     job_types: dict[str, dict[str, Any]]
+    token_budgets: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="The token budget of each tenant the caller may see ({tokens, period}).",
+    )
     version: str = Field(
         description="The version (content hash) of the file this server runs: it reloads the"
         " file when it changes, and keeps this version when the new one is refused."

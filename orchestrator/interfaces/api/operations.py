@@ -142,6 +142,11 @@ async def retry_config(orc: Orc, caller: Reader) -> RetryConfigView:
             for name in sorted({*orc.job_types, *config.job_types})
         },
         limits={name: limit.model_dump(mode="json") for name, limit in config.limits.items()},
+        token_budgets={  # a tenant's name is its own: only the caller's tenants'
+            tenant: budget.model_dump(mode="json")
+            for tenant, budget in sorted(config.token_budgets.items())
+            if caller.sees(tenant)
+        },
     )
 
 

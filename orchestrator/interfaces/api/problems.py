@@ -52,6 +52,7 @@ STATUS: tuple[tuple[type[Exception], int], ...] = (
     (errors.SubmitError, 422),  # unknown job type, invalid payload, bad options
     (NotExternal, 422),
     (StatsQueryInvalid, 422),  # a range or step the rollups cannot answer
+    (errors.InvalidArgument, 422),  # an argument that cannot be used (a usage grouping)
     (errors.DatabaseUnavailable, 503),
     (errors.SchemaOutdated, 503),
 )

@@ -1,6 +1,7 @@
 """History: the jobs that finished per step and the queue depth, read from the rollups
 (migration 0026), so a range of days costs the same at any number of jobs, and outlives the jobs
-themselves. A principal limited to tenants gets only its tenants' numbers."""
+themselves; and the LLM calls' tokens over a time range (migration 0030). A principal limited to
+tenants gets only its tenants' numbers."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
+from pydantic import AwareDatetime
 
 from orchestrator.domain.principals import Principal, Scope
 from orchestrator.domain.rollups import Stats
+from orchestrator.domain.storable import Text
 from orchestrator.interfaces.api.auth import Allowed
 from orchestrator.interfaces.api.jobs import Orc
+from orchestrator.interfaces.api.models import UsageTotals
 
 router = APIRouter(prefix="/api/v1", tags=["fleet"])
 
@@ -37,3 +41,29 @@ async def stats(
         since=since, until=until, step=step, by=[d for d in by.split(",") if d],
         tenants=caller.tenants,
     )  # fmt: skip
+
+
+@router.get("/usage")
+async def usage(
+    orc: Orc,
+    caller: Reader,
+    since: AwareDatetime | None = None,
+    until: AwareDatetime | None = None,
+    by: Annotated[str, Query(max_length=100, pattern=r"^[a-z_]*(,[a-z_]+)*$")] = "tenant,model",
+    tenant_id: Annotated[Text | None, Query(min_length=1, max_length=200)] = None,
+    agent_id: Annotated[Text | None, Query(min_length=1, max_length=200)] = None,
+    model: Annotated[Text | None, Query(min_length=1, max_length=200)] = None,
+    job_type: Annotated[Text | None, Query(min_length=1, max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> UsageTotals:
+    """LLM calls and their tokens (input, output, cache read, cache write, and their sum)
+    recorded in [``since``, ``until``) (either end open when not given), grouped by ``by`` (a
+    comma-separated list of ``job``, ``tenant``, ``agent``, ``model``, ``job_type``; empty: one
+    total), largest first, narrowed by the other parameters. A principal limited to tenants
+    gets its tenants' usage only. 422 ARGUMENT_INVALID names a bad grouping or range."""
+    groups = [g for g in by.split(",") if g]
+    totals = await orc.llm_usage(
+        by=groups, since=since, until=until, tenant_id=tenant_id, agent_id=agent_id,
+        model=model, job_type=job_type, limit=limit, tenants=caller.tenants,
+    )  # fmt: skip
+    return UsageTotals(since=since, until=until, by=groups, totals=totals)

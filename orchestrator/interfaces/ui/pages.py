@@ -378,6 +378,7 @@ async def _job(orc: Orchestrator, session: Session, job_id: UUID) -> dict[str, A
         "steps": await orc.job_steps(job_id),
         "letter": await orc.stores.dead_letters.of_job(job_id),
         "config": orc.retry_config.for_type(job.job_type),
+        "usage": await orc.job_usage(job_id),
     }
 
 
@@ -563,6 +564,36 @@ async def resume_flow_key(orc: Orc, session: Acting, key: str) -> Response:
     """Lift a key's pause and slow-down; a session limited to tenants is refused (403)."""
     session.principal.require_fleet("flow keys")
     return await _acted("/ui/flow", f"{key} resumed", orc.resume_flow_key(key))
+
+
+# -- token accounting -------------------------------------------------------------------------
+
+#: The usage page's ranges: a name and its seconds back from now (None: everything recorded).
+USAGE_RANGES = {"1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400, "all": None}
+USAGE_GROUPINGS = ("tenant,model", "tenant", "model", "agent", "job_type", "tenant,agent", "job")
+
+
+@router.get("/usage")
+async def usage_page(request: Request, orc: Orc, session: Viewer) -> HTMLResponse:
+    """LLM calls and their tokens over a range, grouped; the session's tenants' only."""
+    q = request.query_params
+    chosen = q.get("range", "24h")
+    chosen = chosen if chosen in USAGE_RANGES else "24h"
+    by = q.get("by", "tenant,model")
+    by = by if by in USAGE_GROUPINGS else "tenant,model"
+    seconds = USAGE_RANGES[chosen]
+    since = datetime.now(UTC) - timedelta(seconds=seconds) if seconds is not None else None
+    totals = await orc.llm_usage(by=by, since=since, tenants=session.principal.tenants, limit=500)
+    groups = by.split(",")
+    return _page(
+        request, "usage.html", session, totals=totals, groups=groups, columns=[
+            (g, views.USAGE_COLUMN[g]) for g in groups], ranges=list(USAGE_RANGES),
+        chosen=chosen, by=by, groupings=USAGE_GROUPINGS, since=since,
+        budgets=sorted(
+            (t, b) for t, b in orc.retry_config.token_budgets.items()
+            if session.principal.sees(t)
+        ),
+    )  # fmt: skip
 
 
 # -- the retry config -------------------------------------------------------------------------

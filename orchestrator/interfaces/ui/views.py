@@ -249,3 +249,8 @@ def depth_series(stats: Stats) -> dict[str, dict[datetime, int]]:
             lines["waiting"][p.at] = lines["waiting"].get(p.at, 0) + p.waiting
             lines["running"][p.at] = lines["running"].get(p.at, 0) + p.running
     return lines
+
+
+#: The usage page's grouping columns: each group's heading.
+USAGE_COLUMN = {"job": "Job", "tenant": "Tenant", "agent": "Agent", "model": "Model",
+                "job_type": "Job type"}  # fmt: skip

@@ -577,7 +577,7 @@ DELETE FROM orc_side_effects AS e USING doomed AS d
 -- One batch of the retention of finished jobs (orchestrator.services.retention): at most
 -- %(limit)s jobs past their retention, deleted in this one statement with their dispatches
 -- (their Procrastinate events go by cascade) and, by cascade, their events, checkpoints, ledger
--- rows, approvals and reviewed dead letters. `candidates` is the whole rule of which jobs may go
+-- rows, approvals, reviewed dead letters, LLM usage and token budget (0030). `candidates` is the whole rule of which jobs may go
 -- (kept in this one place):
 -- * finished longer ago than the retention of its (type, status): `retention` pairs every job
 --   type present (a loose scan of orc_jobs_job_type_id, one probe per type) with each terminal
@@ -666,6 +666,7 @@ SELECT c.id, c.job_type, c.status,
        (SELECT count(*) FROM orc_approvals AS a WHERE a.job_id = c.id) AS approvals,
        (SELECT count(*) FROM orc_dead_letters AS l WHERE l.job_id = c.id) AS dead_letters,
        coalesce(r.n, 0) AS dispatches, coalesce(r.events, 0) AS dispatch_events,
+       (SELECT count(*) FROM orc_llm_usage AS u WHERE u.job_id = c.id) AS llm_usage,
        CASE WHEN %(archive)s THEN jsonb_build_object(
            'job', (SELECT to_jsonb(j) FROM orc_jobs AS j WHERE j.id = c.id),
            'events', coalesce((SELECT jsonb_agg(to_jsonb(e) ORDER BY e.id)
@@ -678,7 +679,9 @@ SELECT c.id, c.job_type, c.status,
                                     FROM orc_approvals AS a WHERE a.job_id = c.id), '[]'),
            'dead_letters', coalesce((SELECT jsonb_agg(to_jsonb(l) ORDER BY l.id)
                                        FROM orc_dead_letters AS l WHERE l.job_id = c.id), '[]'),
-           'dispatches', coalesce(r.archived, '[]'))
+           'dispatches', coalesce(r.archived, '[]'),
+           'llm_usage', coalesce((SELECT jsonb_agg(to_jsonb(u) ORDER BY u.id)
+                                    FROM orc_llm_usage AS u WHERE u.job_id = c.id), '[]'))
        END AS archived
   FROM candidates AS c
   LEFT JOIN dispatch_rows AS r ON r.lock = c.id::text
@@ -1056,7 +1059,7 @@ WITH mark AS (
            coalesce(j.tenant_id, '') AS tenant, j.status,
            round(1000 * extract(epoch FROM j.finished_at - j.started_at))::bigint AS ms,
            EXISTS (SELECT 1 FROM orc_dead_letters AS d WHERE d.job_id = j.id) AS lettered,
-           r.app, r.infra
+           r.app, r.infra, u.calls, u.input, u.output, u.cache_read, u.cache_creation
       FROM span AS s
       JOIN orc_jobs AS j ON j.finished_at >= s.since AND j.finished_at < s.until
       CROSS JOIN LATERAL (
@@ -1064,13 +1067,20 @@ WITH mark AS (
                  count(*) FILTER (WHERE e.payload ->> 'layer' = 'infra') AS infra
             FROM orc_job_events AS e
            WHERE e.job_id = j.id AND e.kind = 'job.retry_scheduled') AS r
+      CROSS JOIN LATERAL (  -- its LLM calls (0030; orc_llm_usage's (job_id, call_id) index)
+          SELECT count(*) AS calls, coalesce(sum(l.input_tokens), 0) AS input,
+                 coalesce(sum(l.output_tokens), 0) AS output,
+                 coalesce(sum(l.cache_read_tokens), 0) AS cache_read,
+                 coalesce(sum(l.cache_creation_tokens), 0) AS cache_creation
+            FROM orc_llm_usage AS l WHERE l.job_id = j.id) AS u
 ), bucketed AS (
     SELECT f.*, width_bucket(f.ms, %(bounds)s::bigint[]) AS b FROM finished AS f
 ), rolled AS (
     INSERT INTO orc_job_rollups AS r (
         period, at, job_type, queue, tenant, completed, failed, cancelled, dead_lettered,
         app_retries, infra_retries, timed, duration_ms_sum, duration_ms_max,
-        lt_100ms, lt_500ms, lt_1s, lt_5s, lt_15s, lt_1min, lt_5min, lt_15min, lt_1h, ge_1h)
+        lt_100ms, lt_500ms, lt_1s, lt_5s, lt_15s, lt_1min, lt_5min, lt_15min, lt_1h, ge_1h,
+        llm_calls, input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens)
     SELECT 60, at, job_type, queue, tenant,
            count(*) FILTER (WHERE status = 'COMPLETED'),
            count(*) FILTER (WHERE status = 'FAILED'),
@@ -1081,7 +1091,8 @@ WITH mark AS (
            count(*) FILTER (WHERE b = 2), count(*) FILTER (WHERE b = 3),
            count(*) FILTER (WHERE b = 4), count(*) FILTER (WHERE b = 5),
            count(*) FILTER (WHERE b = 6), count(*) FILTER (WHERE b = 7),
-           count(*) FILTER (WHERE b = 8), count(*) FILTER (WHERE b = 9)
+           count(*) FILTER (WHERE b = 8), count(*) FILTER (WHERE b = 9),
+           sum(calls), sum(input), sum(output), sum(cache_read), sum(cache_creation)
       FROM bucketed
      GROUP BY at, job_type, queue, tenant
     ON CONFLICT (period, at, job_type, queue, tenant) DO UPDATE
@@ -1092,7 +1103,11 @@ WITH mark AS (
            duration_ms_max = excluded.duration_ms_max, lt_100ms = excluded.lt_100ms,
            lt_500ms = excluded.lt_500ms, lt_1s = excluded.lt_1s, lt_5s = excluded.lt_5s,
            lt_15s = excluded.lt_15s, lt_1min = excluded.lt_1min, lt_5min = excluded.lt_5min,
-           lt_15min = excluded.lt_15min, lt_1h = excluded.lt_1h, ge_1h = excluded.ge_1h
+           lt_15min = excluded.lt_15min, lt_1h = excluded.lt_1h, ge_1h = excluded.ge_1h,
+           llm_calls = excluded.llm_calls, input_tokens = excluded.input_tokens,
+           output_tokens = excluded.output_tokens,
+           cache_read_tokens = excluded.cache_read_tokens,
+           cache_creation_tokens = excluded.cache_creation_tokens
 ), moved AS (
     UPDATE orc_rollup_watermark SET rolled_up_to = s.until FROM span AS s
 )
@@ -1104,12 +1119,14 @@ SELECT s.since, s.until, (SELECT count(*) FROM finished) AS jobs FROM span AS s
 INSERT INTO orc_job_rollups AS r (
     period, at, job_type, queue, tenant, completed, failed, cancelled, dead_lettered,
     app_retries, infra_retries, timed, duration_ms_sum, duration_ms_max,
-    lt_100ms, lt_500ms, lt_1s, lt_5s, lt_15s, lt_1min, lt_5min, lt_15min, lt_1h, ge_1h)
+    lt_100ms, lt_500ms, lt_1s, lt_5s, lt_15s, lt_1min, lt_5min, lt_15min, lt_1h, ge_1h,
+    llm_calls, input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens)
 SELECT 3600, date_trunc('hour', at), job_type, queue, tenant, sum(completed), sum(failed),
        sum(cancelled), sum(dead_lettered), sum(app_retries), sum(infra_retries), sum(timed),
        sum(duration_ms_sum), max(duration_ms_max), sum(lt_100ms), sum(lt_500ms), sum(lt_1s),
        sum(lt_5s), sum(lt_15s), sum(lt_1min), sum(lt_5min), sum(lt_15min), sum(lt_1h),
-       sum(ge_1h)
+       sum(ge_1h), sum(llm_calls), sum(input_tokens), sum(output_tokens),
+       sum(cache_read_tokens), sum(cache_creation_tokens)
   FROM orc_job_rollups
  WHERE period = 60
    AND at >= date_trunc('hour', %(since)s::timestamptz)
@@ -1124,7 +1141,10 @@ ON CONFLICT (period, at, job_type, queue, tenant) DO UPDATE
        duration_ms_max = excluded.duration_ms_max, lt_100ms = excluded.lt_100ms,
        lt_500ms = excluded.lt_500ms, lt_1s = excluded.lt_1s, lt_5s = excluded.lt_5s,
        lt_15s = excluded.lt_15s, lt_1min = excluded.lt_1min, lt_5min = excluded.lt_5min,
-       lt_15min = excluded.lt_15min, lt_1h = excluded.lt_1h, ge_1h = excluded.ge_1h
+       lt_15min = excluded.lt_15min, lt_1h = excluded.lt_1h, ge_1h = excluded.ge_1h,
+       llm_calls = excluded.llm_calls, input_tokens = excluded.input_tokens,
+       output_tokens = excluded.output_tokens, cache_read_tokens = excluded.cache_read_tokens,
+       cache_creation_tokens = excluded.cache_creation_tokens
 
 -- sample_queue_depth --
 -- This minute's sample of each queue's and tenant's jobs due and waiting, and running (the
@@ -1173,7 +1193,10 @@ SELECT %(since)s::timestamptz
        sum(infra_retries) AS infra_retries, sum(timed) AS timed,
        sum(duration_ms_sum) AS duration_ms_sum, max(duration_ms_max) AS duration_ms_max,
        ARRAY[sum(lt_100ms), sum(lt_500ms), sum(lt_1s), sum(lt_5s), sum(lt_15s), sum(lt_1min),
-             sum(lt_5min), sum(lt_15min), sum(lt_1h), sum(ge_1h)] AS buckets
+             sum(lt_5min), sum(lt_15min), sum(lt_1h), sum(ge_1h)] AS buckets,
+       sum(llm_calls) AS llm_calls, sum(input_tokens) AS input_tokens,
+       sum(output_tokens) AS output_tokens, sum(cache_read_tokens) AS cache_read_tokens,
+       sum(cache_creation_tokens) AS cache_creation_tokens
   FROM orc_job_rollups
  WHERE period = %(period)s AND at >= %(since)s AND at < %(until)s
    AND (%(tenants)s::text[] IS NULL OR tenant = ANY (%(tenants)s))
@@ -1252,8 +1275,7 @@ UPDATE orc_schedules
  WHERE name = %(name)s AND (%(tenants)s::text[] IS NULL OR tenant_id = ANY (%(tenants)s))
 RETURNING *, statement_timestamp() AS now
 
--- == Flow control (docs/flow-control.md; migration 0029) =========================================
-
+-- == Flow control (docs/flow-control.md; migration 0029) ==================================
 -- sync_flow_limits --
 -- The limits of the config in effect ([{name, concurrency, requests, units, interval_seconds,
 -- weights}]), written by each process that applies one; a limit that changed, and the keys
@@ -1328,5 +1350,96 @@ SELECT orc_flow_throttled_v1(%(key)s, %(until)s, %(reason)s)
 
 -- flow_spend --
 -- What an admitted job's call really used (see orc_flow_spend_v1): its reservation corrected
--- (the first call), or a later call's request and units added.
-SELECT orc_flow_spend_v1(%(key)s, %(job_id)s, %(units)s, %(first)s)
+-- (the first call since its admission), or a later call's request and units added.
+SELECT orc_flow_spend_v1(%(key)s, %(job_id)s, %(units)s)
+=======
+-- record_llm_usage --
+-- One LLM call's usage (migration 0030), written as soon as the call returned, with the job's
+-- tenant, agent and type. Written once per (job, call id): a try repeated after a lost
+-- acknowledgement changes nothing. Not fenced by the lease: the tokens were spent whoever holds
+-- the job now. Returns whether the row was written.
+INSERT INTO orc_llm_usage (job_id, call_id, attempt, tenant_id, agent_id, job_type, model,
+                           input_tokens, output_tokens, cache_read_tokens,
+                           cache_creation_tokens)
+VALUES (%(job_id)s, %(call_id)s, %(attempt)s, %(tenant_id)s, %(agent_id)s, %(job_type)s,
+        %(model)s, %(input_tokens)s, %(output_tokens)s, %(cache_read_tokens)s,
+        %(cache_creation_tokens)s)
+ON CONFLICT (job_id, call_id) DO NOTHING
+RETURNING id
+
+-- set_token_budgets --
+-- The token budgets of jobs just submitted (orchestrator.app: only submits that give one run
+-- it), in the submit's transaction: a replaced job takes the new budget.
+INSERT INTO orc_job_token_budgets (job_id, tokens)
+SELECT b.job_id, b.tokens
+  FROM unnest(%(job_ids)s::uuid[], %(tokens)s::bigint[]) AS b (job_id, tokens)
+ON CONFLICT (job_id) DO UPDATE SET tokens = excluded.tokens
+
+-- token_budget_state --
+-- What a budget check reads before an LLM call: the job's own budget (null: none) and the tokens
+-- its calls spent (orc_llm_usage's unique (job_id, call_id) index), and, when %(period)s is
+-- given ('hour' or 'day'), the tokens the job's tenant spent since the start of the current
+-- calendar period in UTC (an index-only range scan of orc_llm_usage_tenant_recorded_at).
+SELECT (SELECT b.tokens FROM orc_job_token_budgets AS b WHERE b.job_id = %(job_id)s)
+           AS job_budget,
+       (SELECT coalesce(sum(u.input_tokens + u.output_tokens + u.cache_read_tokens
+                            + u.cache_creation_tokens), 0)
+          FROM orc_llm_usage AS u WHERE u.job_id = %(job_id)s)::bigint AS job_spent,
+       CASE WHEN %(period)s::text IS NOT NULL THEN
+           (SELECT coalesce(sum(u.input_tokens + u.output_tokens + u.cache_read_tokens
+                                + u.cache_creation_tokens), 0)
+              FROM orc_llm_usage AS u
+             WHERE u.tenant_id = %(tenant_id)s
+               AND u.recorded_at >= date_trunc(%(period)s, now(), 'UTC'))::bigint
+       END AS tenant_spent,
+       date_trunc(coalesce(%(period)s, 'day'), now(), 'UTC') AS period_start
+
+-- llm_usage_totals --
+-- Calls and tokens over [%(since)s, %(until)s) (either end open when null), grouped by the
+-- columns whose by_ flag is set (the others are null in every row), largest first. `tenants`:
+-- only theirs (an API principal's), null for any; usage of jobs without a tenant is seen only
+-- by a principal of every tenant. A range is read from orc_llm_usage_recorded_at.
+SELECT CASE WHEN %(by_job)s THEN u.job_id END AS job_id,
+       CASE WHEN %(by_tenant)s THEN u.tenant_id END AS tenant_id,
+       CASE WHEN %(by_agent)s THEN u.agent_id END AS agent_id,
+       CASE WHEN %(by_model)s THEN u.model END AS model,
+       CASE WHEN %(by_job_type)s THEN u.job_type END AS job_type,
+       count(*) AS calls,
+       sum(u.input_tokens)::bigint AS input_tokens,
+       sum(u.output_tokens)::bigint AS output_tokens,
+       sum(u.cache_read_tokens)::bigint AS cache_read_tokens,
+       sum(u.cache_creation_tokens)::bigint AS cache_creation_tokens
+  FROM orc_llm_usage AS u
+ WHERE u.recorded_at >= coalesce(%(since)s::timestamptz, '-infinity')
+   AND u.recorded_at < coalesce(%(until)s::timestamptz, 'infinity')
+   AND (%(tenants)s::text[] IS NULL OR u.tenant_id = ANY (%(tenants)s))
+   AND (%(tenant_id)s::text IS NULL OR u.tenant_id = %(tenant_id)s)
+   AND (%(agent_id)s::text IS NULL OR u.agent_id = %(agent_id)s)
+   AND (%(model)s::text IS NULL OR u.model = %(model)s)
+   AND (%(job_type)s::text IS NULL OR u.job_type = %(job_type)s)
+   AND (%(job_id)s::uuid IS NULL OR u.job_id = %(job_id)s)
+ GROUP BY 1, 2, 3, 4, 5
+ ORDER BY sum(u.input_tokens + u.output_tokens + u.cache_read_tokens
+              + u.cache_creation_tokens) DESC, 1, 2, 3, 4, 5
+ LIMIT %(limit)s
+
+-- job_llm_usage --
+-- A job's LLM calls in the order they were recorded, and its token budget (one row per call; a
+-- job without calls gives one row of nulls but its budget).
+SELECT b.tokens AS token_budget, u.call_id, u.attempt, u.model, u.input_tokens,
+       u.output_tokens, u.cache_read_tokens, u.cache_creation_tokens, u.recorded_at
+  FROM (SELECT %(job_id)s::uuid AS job_id) AS j
+  LEFT JOIN orc_job_token_budgets AS b ON b.job_id = j.job_id
+  LEFT JOIN orc_llm_usage AS u ON u.job_id = j.job_id
+ ORDER BY u.id
+
+-- fleet_llm_tokens --
+-- Tokens recorded in the last %(window)s seconds by tenant ('' for none), model and kind, for the
+-- fleet exporter (a range of orc_llm_usage_recorded_at).
+SELECT coalesce(u.tenant_id, '') AS tenant, u.model,
+       sum(u.input_tokens)::bigint AS input, sum(u.output_tokens)::bigint AS output,
+       sum(u.cache_read_tokens)::bigint AS cache_read,
+       sum(u.cache_creation_tokens)::bigint AS cache_creation
+  FROM orc_llm_usage AS u
+ WHERE u.recorded_at >= now() - make_interval(secs => %(window)s)
+ GROUP BY 1, 2

@@ -75,7 +75,8 @@ CREATE TABLE orc_flow_spends (
     -- The instant of the decision (not of the transaction: a fetch may wait for the key's lock).
     at timestamptz NOT NULL DEFAULT clock_timestamp(),
     requests integer NOT NULL,
-    units bigint NOT NULL
+    units bigint NOT NULL,
+    reconciled boolean NOT NULL DEFAULT false  -- its units are a call's real usage
 );
 CREATE INDEX orc_flow_spends_key_at ON orc_flow_spends (key, at);
 CREATE INDEX orc_flow_spends_job ON orc_flow_spends (job_id) WHERE job_id IS NOT NULL;
@@ -225,10 +226,10 @@ LANGUAGE sql AS $$
      WHERE key = p_key;
 $$;
 
--- What an admitted job's call really used (`p_units`): the first call corrects the job's
--- reservation, a later one (an agent's next turn) adds a request and its units. Nothing for a
--- key without requests or units.
-CREATE FUNCTION orc_flow_spend_v1(p_key text, p_job_id uuid, p_units bigint, p_first boolean)
+-- What an admitted job's call really used (`p_units`): the first call since its admission
+-- corrects the reservation made then (and marks it reconciled), a later one (an agent's next
+-- turn) adds a request and its units. Nothing for a key without requests or units.
+CREATE FUNCTION orc_flow_spend_v1(p_key text, p_job_id uuid, p_units bigint)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -240,15 +241,16 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    IF p_first THEN
-        SELECT * INTO reserved FROM orc_flow_spends
-         WHERE job_id = p_job_id AND key = p_key ORDER BY id DESC LIMIT 1;
-    END IF;
+    SELECT * INTO reserved FROM orc_flow_spends
+     WHERE job_id = p_job_id AND key = p_key AND NOT reconciled
+     ORDER BY id DESC LIMIT 1;
     IF reserved.id IS NULL THEN
         PERFORM orc_flow_record_spend_v1(p_key, p_job_id, 1, p_units);
+        UPDATE orc_flow_spends SET reconciled = true
+         WHERE id = (SELECT max(id) FROM orc_flow_spends WHERE job_id = p_job_id AND key = p_key);
         RETURN;
     END IF;
-    UPDATE orc_flow_spends SET units = p_units WHERE id = reserved.id;
+    UPDATE orc_flow_spends SET units = p_units, reconciled = true WHERE id = reserved.id;
     UPDATE orc_flow_keys SET window_units = greatest(0, window_units + p_units - reserved.units)
      WHERE key = p_key;
 END;

@@ -1,0 +1,89 @@
+"""Token accounting for one attempt: its LLM calls' usage recorded as they return, and the
+token budgets checked before each call (docs/configuration.md, "Token accounting and budgets").
+
+The usage of a call is written at once, in a statement of its own, tried again through a
+database outage (``until_written``) under one call id, so it is written once, and stays
+whatever the attempt does next: the tokens were spent. With flow control
+(docs/flow-control.md), the call's tokens (input, cache writes and output; cache reads are not
+counted against a rate, as providers do not) then reconcile its job's reservation in its key's
+window. The budget check reads the job's own budget and spend, and its tenant's spend in the
+current period (the tenant's budget is read from the retry config in effect at each check: a
+reload applies to the next call).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from orchestrator.domain.errors import TokenBudgetExhausted
+from orchestrator.domain.models import Claim
+from orchestrator.domain.usage import budget_spent
+from orchestrator.runtime.loops import until_written
+from orchestrator.runtime.metrics import Metrics
+from orchestrator.storage.flow import FlowStore
+from orchestrator.storage.usage import CallUsage, UsageStore
+from retry_config.budgets import TokenBudget
+
+BudgetOf = Callable[[str], TokenBudget | None]
+
+
+@dataclass(frozen=True)
+class Accounting:
+    claim: Claim
+    store: UsageStore
+    metrics: Metrics
+    tenant_budget: BudgetOf  # the tenant's budget in the retry config in effect now
+    #: Flow control: a call's usage reconciles its job's reservation in its key's window.
+    flow: FlowStore | None = None
+
+    async def record(
+        self, model: str, *, input_tokens: int, output_tokens: int, cache_read_tokens: int,
+        cache_creation_tokens: int, call_id: str | None,
+    ) -> None:  # fmt: skip
+        claim = self.claim
+        tokens = {
+            "input": input_tokens, "output": output_tokens,
+            "cache_read": cache_read_tokens, "cache_creation": cache_creation_tokens,
+        }  # fmt: skip
+        if any(n < 0 for n in tokens.values()):
+            raise ValueError(f"token counts cannot be negative: {tokens}")
+        usage = CallUsage(  # the columns hold 200 characters: a longer name is cut, not lost
+            job_id=claim.id, call_id=(call_id or f"call-{uuid.uuid4()}")[:200],
+            attempt=claim.attempt, tenant_id=claim.tenant_id, agent_id=claim.agent_id,
+            job_type=claim.job_type, model=model[:200], input_tokens=input_tokens,
+            output_tokens=output_tokens, cache_read_tokens=cache_read_tokens,
+            cache_creation_tokens=cache_creation_tokens,
+        )  # fmt: skip
+        self.metrics.llm_call(model, outcome="ok", tokens=tokens)
+        await until_written(f"job {claim.id}'s LLM usage", lambda: self.store.record(usage))
+        if self.flow is not None and claim.flow_key is not None:
+            spent = input_tokens + cache_creation_tokens + output_tokens  # as providers count
+            flow, key = self.flow, claim.flow_key
+            await until_written(
+                f"job {claim.id}'s spend on {key}", lambda: flow.spend(key, claim.id, units=spent)
+            )
+
+    async def check(self) -> None:
+        claim = self.claim
+        tenant = claim.tenant_id
+        budget = self.tenant_budget(tenant) if tenant is not None else None
+        state = await self.store.budget_state(
+            claim.id, tenant, budget.period if budget is not None else None
+        )
+        if state.job_budget is not None and budget_spent(state.job_spent, state.job_budget):
+            raise TokenBudgetExhausted(
+                f"the job's token budget is spent: {state.job_spent} of {state.job_budget}"
+                " tokens used"
+            )
+        if (
+            budget is not None
+            and state.tenant_spent is not None
+            and budget_spent(state.tenant_spent, budget.tokens)
+        ):
+            raise TokenBudgetExhausted(
+                f"tenant {tenant!r}'s token budget for this {budget.period} (from"
+                f" {state.period_start.isoformat()}) is spent: {state.tenant_spent} of"
+                f" {budget.tokens} tokens used"
+            )
