@@ -426,3 +426,29 @@ async def _running_on(db: psycopg.AsyncConnection[Any], pid: int) -> bool:
 
 async def _all_finished(orc: Orchestrator, ids: list[Any]) -> bool:
     return all([(await orc.get_job(j)).finished_at is not None for j in ids])
+
+
+async def test_a_call_s_real_usage_reconciles_its_job_s_reservation(
+    make_orc: Callable[..., Orchestrator],
+    model_server: llm.LocalLLM,
+    db: psycopg.AsyncConnection[Any],
+) -> None:
+    """A job is admitted on its estimate (its input at four characters a token + max_tokens);
+    once its call returns, the window holds what the call used instead."""
+    orc = make_orc(retry_config=flow_app.config("units = 100000\ninterval_seconds = 60"))
+    flow_app.register(orc)
+    await orc.open()
+    job_id = await orc.submit("llm_generate", ask("m"))
+    estimate = (await orc.get_job(job_id)).flow_cost
+    assert estimate is not None and estimate > 50  # max_tokens 50, and the input
+    async with WorkerRun(orc, concurrency=10) as run:
+        await run.until_finished(job_id)
+    usage = (await orc.get_job(job_id)).result["usage"]
+    used = usage["input_tokens"] + usage["output_tokens"]
+    cur = await db.execute(
+        "SELECT units, reconciled FROM orc_flow_spends WHERE job_id = %s", (job_id,)
+    )
+    assert await cur.fetchall() == [(used, True)]
+    assert used != estimate
+    [key] = await orc.flow_keys("anthropic:m")
+    assert (key.units_used, key.requests_used) == (used, 1)

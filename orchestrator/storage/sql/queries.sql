@@ -1275,7 +1275,8 @@ UPDATE orc_schedules
  WHERE name = %(name)s AND (%(tenants)s::text[] IS NULL OR tenant_id = ANY (%(tenants)s))
 RETURNING *, statement_timestamp() AS now
 
--- == Flow control (docs/flow-control.md; migration 0029) ==================================
+-- == Flow control (docs/flow-control.md; migration 0029) =========================================
+
 -- sync_flow_limits --
 -- The limits of the config in effect ([{name, concurrency, requests, units, interval_seconds,
 -- weights}]), written by each process that applies one; a limit that changed, and the keys
@@ -1352,7 +1353,9 @@ SELECT orc_flow_throttled_v1(%(key)s, %(until)s, %(reason)s)
 -- What an admitted job's call really used (see orc_flow_spend_v1): its reservation corrected
 -- (the first call since its admission), or a later call's request and units added.
 SELECT orc_flow_spend_v1(%(key)s, %(job_id)s, %(units)s)
-=======
+
+-- == Token accounting (migration 0030) ===========================================================
+
 -- record_llm_usage --
 -- One LLM call's usage (migration 0030), written as soon as the call returned, with the job's
 -- tenant, agent and type. Written once per (job, call id): a try repeated after a lost
