@@ -120,8 +120,9 @@ class StormResult:
         )
 
 
-async def submit_storm(dsn: str, jobs: int) -> None:
-    orc = Orchestrator(settings=Settings(), dsn=dsn)
+async def submit_storm(dsn: str, jobs: int, config: Path) -> None:
+    """The jobs, submitted under the workers' retry config (a job's key is rendered at submit)."""
+    orc = Orchestrator(settings=Settings(), dsn=dsn, retry_config_path=config)
     from tasks import llm as llm_task
 
     llm_task.register(orc)
@@ -163,8 +164,8 @@ def storm(mode: str, args: argparse.Namespace) -> StormResult:
         window_seconds=args.window,
     ) as server:  # fmt: skip
         server.script(MODEL, [llm.Text("The quarter went well.")])
-        asyncio.run(submit_storm(dsn, args.jobs))
         config = storm_config(mode == "on", args.rpm, args.tpm, args.window, args.headroom)
+        asyncio.run(submit_storm(dsn, args.jobs, config))
         env = {"ANTHROPIC_BASE_URL": server.url, "ANTHROPIC_API_KEY": KEY}
         started = time.perf_counter()
         processes = workers(dsn, config, env, 3, "tasks.app:orc")
@@ -252,7 +253,10 @@ def noop_rounds(args: argparse.Namespace) -> tuple[float, float]:
                 out = subprocess.run(command, capture_output=True, text=True, check=True)
                 seconds = float(out.stdout.strip().splitlines()[-1])
                 rates[side].append(args.noop_jobs / seconds)
-                print(f"  round {round_no} no-op, {side:>5}: {rates[side][-1]:7.0f} jobs/s")
+                print(
+                    f"  round {round_no} no-op, {side:>5}: {rates[side][-1]:7.0f} jobs/s",
+                    flush=True,
+                )
     return statistics.median(rates["none"]), statistics.median(rates["limit"])
 
 
@@ -267,6 +271,7 @@ def main() -> None:
     parser.add_argument("--noop-jobs", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip-storm", action="store_true")
+    parser.add_argument("--modes", default="off,on", help="the storm's runs: off, on or both")
     parser.add_argument("--drain")  # child process: drain the no-op jobs of this database
     parser.add_argument("--config")
     args = parser.parse_args()
@@ -282,7 +287,7 @@ def main() -> None:
             f"tokens per {args.window:g} s ({args.rpm * 60 / args.window:.0f} requests/min), "
             f"429 + Retry-After beyond; limit at {1 - args.headroom:.0%} of that"
         )
-        for mode in ("off", "on"):
+        for mode in args.modes.split(","):
             print(storm(mode, args).line(), flush=True)
     none, limit = noop_rounds(args)
     print(

@@ -5,6 +5,7 @@ processes and the local LLM server's rate limit in the tests further down)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -452,3 +453,59 @@ async def test_a_call_s_real_usage_reconciles_its_job_s_reservation(
     assert used != estimate
     [key] = await orc.flow_keys("anthropic:m")
     assert (key.units_used, key.requests_used) == (used, 1)
+
+
+async def test_a_job_submitted_without_its_key_gets_it_at_its_claim(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    """A producer on another retry config (or a Graphile Worker producer writing SQL) submits
+    without the flow: the workers' config in the database gives it its key at the claim, and the
+    limit holds all the same."""
+    producer = make_orc()  # the tests' base config: no limits
+    flow_app.register(producer)
+    await producer.open()
+    ids = [await producer.submit("hold", {"pool": "p", "seconds": 0.3}) for _ in range(5)]
+    assert {(await producer.get_job(j)).flow_key for j in ids} == {None}
+    orc = flow_orc(make_orc)
+    seen: list[int] = []
+    async with WorkerRun(orc, concurrency=10) as run:
+
+        async def done() -> bool:
+            seen.append(await running_of(db, "hold:p"))
+            return all([(await orc.get_job(j)).finished_at for j in ids])
+
+        await wait_for(done, timeout=15)
+        await run.until_finished(*ids)
+    assert max(seen) == 2
+    assert {(await orc.get_job(j)).flow_key for j in ids} == {"hold:p"}
+
+
+@pytest.mark.parametrize(
+    ("template", "payload", "tenant", "agent"),
+    [
+        ("anthropic:{payload.model}", {"model": "claude-x"}, None, None),
+        ("{job_type}/{tenant}/{agent}", None, "acme", "a1"),
+        ("{job_type}/{tenant}/{agent}", None, None, None),
+        (
+            "p:{payload.a.b}:{payload.n}:{payload.t}",
+            {"a": {"b": "x"}, "n": 7, "t": True},
+            "t",
+            None,
+        ),
+        ("literal only", {"x": 1}, None, None),
+    ],
+)
+async def test_the_database_renders_a_key_as_a_submit_does(
+    db: psycopg.AsyncConnection[Any], template: str, payload: Any, tenant: Any, agent: Any
+) -> None:
+    from orchestrator.domain.flow import render_key
+
+    expected = render_key(
+        template, job_type="kind", tenant_id=tenant, agent_id=agent, payload=payload
+    )
+    cur = await db.execute(
+        "SELECT orc_flow_render_v1(%s, jsonb_populate_record(NULL::orc_jobs, jsonb_build_object("
+        "'job_type', 'kind', 'tenant_id', %s::text, 'agent_id', %s::text, 'payload', %s::jsonb)))",
+        (template, tenant, agent, json.dumps(payload)),
+    )
+    assert [row[0] for row in await cur.fetchall()] == [expected]

@@ -38,11 +38,18 @@ class FlowStore:
     async def sync(self, config: RetryConfig) -> list[str]:
         limits = [
             {"name": name, **limit.model_dump(include={"concurrency", "requests", "units",
-                                                       "interval_seconds", "weights"})}
+                                                       "interval_seconds", "weights", "key",
+                                                       "share_by"})}
             for name, limit in config.limits.items()
         ]  # fmt: skip
+        types = [
+            {"job_type": name, "limit": c.limit}
+            for name, c in config.job_types.items()
+            if c.limit is not None
+        ]
+        params = {"limits": Jsonb(limits), "types": Jsonb(types)}
         async with self.queries.transaction() as conn:
-            rows = await self.queries.rows("sync_flow_limits", {"limits": Jsonb(limits)}, conn)
+            rows = await self.queries.rows("sync_flow_limits", params, conn)
             if rows:
                 await self.pump(None, conn)
         return [row["name"] for row in rows]

@@ -1279,24 +1279,39 @@ RETURNING *, statement_timestamp() AS now
 
 -- sync_flow_limits --
 -- The limits of the config in effect ([{name, concurrency, requests, units, interval_seconds,
--- weights}]), written by each process that applies one; a limit that changed, and the keys
--- under it that have waiters, are pumped (a raised limit frees capacity at once).
+-- weights, key, share_by}]) and which job types run under them ([{job_type, limit}]), written
+-- by each process that applies one; the names of the limits that changed (their keys' waiters
+-- are then pumped: a raised limit frees capacity at once).
 WITH given AS (
     SELECT * FROM jsonb_to_recordset(%(limits)s::jsonb)
         AS g (name text, concurrency integer, requests integer, units bigint,
-              interval_seconds double precision, weights jsonb)
+              interval_seconds double precision, weights jsonb, key text, share_by text)
+), types AS (
+    SELECT * FROM jsonb_to_recordset(%(types)s::jsonb) AS t (job_type text, "limit" text)
+), gone_types AS (
+    DELETE FROM orc_flow_job_types AS o
+     WHERE NOT EXISTS (SELECT FROM types AS t
+                        WHERE t.job_type = o.job_type AND t."limit" = o.limit_name)
+), new_types AS (
+    INSERT INTO orc_flow_job_types (job_type, limit_name)
+    SELECT job_type, "limit" FROM types
+    ON CONFLICT (job_type) DO UPDATE SET limit_name = EXCLUDED.limit_name
 ), changed AS (
     INSERT INTO orc_flow_limits AS l (name, concurrency, requests, units, interval_seconds,
-                                      weights)
-    SELECT name, concurrency, requests, units, interval_seconds, coalesce(weights, '{}')
+                                      weights, key_template, share_by)
+    SELECT name, concurrency, requests, units, interval_seconds, coalesce(weights, '{}'), key,
+           share_by
       FROM given
     ON CONFLICT (name) DO UPDATE
        SET concurrency = EXCLUDED.concurrency, requests = EXCLUDED.requests,
            units = EXCLUDED.units, interval_seconds = EXCLUDED.interval_seconds,
-           weights = EXCLUDED.weights, updated_at = now()
-     WHERE (l.concurrency, l.requests, l.units, l.interval_seconds, l.weights)
+           weights = EXCLUDED.weights, key_template = EXCLUDED.key_template,
+           share_by = EXCLUDED.share_by, updated_at = now()
+     WHERE (l.concurrency, l.requests, l.units, l.interval_seconds, l.weights, l.key_template,
+            l.share_by)
            IS DISTINCT FROM (EXCLUDED.concurrency, EXCLUDED.requests, EXCLUDED.units,
-                             EXCLUDED.interval_seconds, EXCLUDED.weights)
+                             EXCLUDED.interval_seconds, EXCLUDED.weights, EXCLUDED.key_template,
+                             EXCLUDED.share_by)
     RETURNING name
 )
 SELECT name FROM changed

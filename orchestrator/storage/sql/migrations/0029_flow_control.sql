@@ -45,8 +45,42 @@ CREATE TABLE orc_flow_limits (
     units bigint CHECK (units > 0),
     interval_seconds double precision NOT NULL CHECK (interval_seconds > 0),
     weights jsonb NOT NULL DEFAULT '{}',
+    key_template text NOT NULL DEFAULT '{job_type}',
+    share_by text NOT NULL DEFAULT 'tenant' CHECK (share_by IN ('tenant', 'agent', 'none')),
     updated_at timestamptz NOT NULL DEFAULT now()
 );
+
+-- Which job types run under which limit, as the config in effect says: a job submitted without
+-- its flow (by a producer on another config, or straight in SQL) gets it at its claim.
+CREATE TABLE orc_flow_job_types (
+    job_type text PRIMARY KEY,
+    limit_name text NOT NULL
+);
+
+-- A key from its limit's template, in SQL (orchestrator.domain.flow.render_key's rule, for a job
+-- that came without its key): {job_type}, {tenant}, {agent} ('-' for none), {payload.a.b}
+-- ('-' when the payload does not hold it); the rest literal.
+CREATE FUNCTION orc_flow_render_v1(p_template text, j orc_jobs) RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    rendered text := '';
+    rest text := p_template;
+    part text[];
+BEGIN
+    LOOP
+        part := regexp_match(rest, '^(.*?)\{([^{}]*)\}(.*)$');
+        EXIT WHEN part IS NULL;
+        rendered := rendered || part[1] || CASE part[2]
+            WHEN 'job_type' THEN j.job_type
+            WHEN 'tenant' THEN coalesce(j.tenant_id, '-')
+            WHEN 'agent' THEN coalesce(j.agent_id, '-')
+            ELSE coalesce(j.payload #>> string_to_array(substr(part[2], 9), '.'), '-')
+        END;
+        rest := part[3];
+    END LOOP;
+    RETURN left(rendered || rest, 200);
+END;
+$$;
 
 CREATE TABLE orc_flow_keys (
     key text PRIMARY KEY,
@@ -235,9 +269,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     reserved orc_flow_spends;
 BEGIN
+    PERFORM orc_flow_lock_v1(p_key);
     PERFORM FROM orc_flow_keys AS k JOIN orc_flow_limits AS l ON l.name = k.limit_name
-      WHERE k.key = p_key AND (l.requests IS NOT NULL OR l.units IS NOT NULL)
-        FOR UPDATE OF k;
+      WHERE k.key = p_key AND (l.requests IS NOT NULL OR l.units IS NOT NULL);
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -256,20 +290,29 @@ BEGIN
 END;
 $$;
 
--- The key's row, locked (created on first use). Every admission and pump of a key takes it:
--- they take turns per key, so two claims can never both take the last unit of capacity.
+-- The key's lock: every admission, pump, spend, pause and resume of a key takes it for its
+-- transaction, so they take turns per key. An advisory lock, not the row's: a claim that only
+-- counts (a concurrency limit) writes nothing, not even a row lock.
+CREATE FUNCTION orc_flow_lock_v1(p_key text) RETURNS void
+LANGUAGE sql AS $$
+    SELECT pg_advisory_xact_lock(hashtextextended('orc_flow_key:' || p_key, 0))
+$$;
+
+-- The key's row, under the key's lock (created on first use): two claims can never both take
+-- the last unit of capacity.
 CREATE FUNCTION orc_flow_lock_key_v1(p_key text, p_limit text, p_task_prefix text)
 RETURNS orc_flow_keys
 LANGUAGE plpgsql AS $$
 DECLARE
     k orc_flow_keys;
 BEGIN
-    SELECT * INTO k FROM orc_flow_keys WHERE key = p_key FOR UPDATE;
+    PERFORM orc_flow_lock_v1(p_key);
+    SELECT * INTO k FROM orc_flow_keys WHERE key = p_key;
     IF NOT FOUND THEN
         INSERT INTO orc_flow_keys (key, limit_name, task_prefix)
         VALUES (p_key, p_limit, p_task_prefix)
         ON CONFLICT (key) DO NOTHING;
-        SELECT * INTO k FROM orc_flow_keys WHERE key = p_key FOR UPDATE;
+        SELECT * INTO k FROM orc_flow_keys WHERE key = p_key;
     END IF;
     IF p_limit IS NOT NULL AND k.limit_name <> p_limit THEN  -- the job type's limit changed
         UPDATE orc_flow_keys SET limit_name = p_limit WHERE key = p_key RETURNING * INTO k;
@@ -319,7 +362,8 @@ DECLARE
     weight double precision;
     floor_vtime double precision;
 BEGIN
-    SELECT * INTO k FROM orc_flow_keys WHERE key = p_key FOR UPDATE;
+    PERFORM orc_flow_lock_v1(p_key);
+    SELECT * INTO k FROM orc_flow_keys WHERE key = p_key;
     IF NOT FOUND THEN
         RETURN 0;
     END IF;
@@ -481,6 +525,20 @@ DECLARE
     j orc_jobs;
 BEGIN
     SELECT * INTO j FROM orc_jobs AS o WHERE o.id = p_job_id;
+    IF j.flow_key IS NULL AND j.status = ANY (p_claimable) THEN
+        -- Submitted without its flow, though its type runs under a limit: it gets it now.
+        UPDATE orc_jobs AS o
+           SET flow_key = orc_flow_render_v1(l.key_template, j), flow_limit = l.name,
+               flow_cost = 1,
+               flow_share = coalesce(CASE l.share_by WHEN 'tenant' THEN j.tenant_id
+                                                     WHEN 'agent' THEN j.agent_id END, '')
+          FROM orc_flow_job_types AS t JOIN orc_flow_limits AS l ON l.name = t.limit_name
+         WHERE t.job_type = j.job_type AND o.id = j.id
+        RETURNING o.* INTO j;
+        IF j.id IS NULL THEN
+            RETURN false;  -- no limit for its type
+        END IF;
+    END IF;
     IF j.flow_key IS NULL OR NOT (j.status = ANY (p_claimable))
        OR j.procrastinate_job_id IS DISTINCT FROM p_dispatch_id
        OR orc_flow_admit_v1(j, p_task_prefix) IS NULL THEN
@@ -665,6 +723,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     scout record;
 BEGIN
+    PERFORM orc_flow_lock_v1(p_key);
     UPDATE orc_flow_keys
        SET paused_until = NULL, pause_reason = NULL, paused_by = NULL,
            rate_factor = 1, factor_at = now()
@@ -696,7 +755,8 @@ DECLARE
     k orc_flow_keys;
     lim orc_flow_limits;
 BEGIN
-    SELECT * INTO k FROM orc_flow_keys WHERE key = p_key FOR UPDATE;
+    PERFORM orc_flow_lock_v1(p_key);
+    SELECT * INTO k FROM orc_flow_keys WHERE key = p_key;
     IF NOT FOUND THEN
         RETURN;
     END IF;
