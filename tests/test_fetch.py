@@ -64,24 +64,30 @@ async def fetch_all(db: psycopg.AsyncConnection[Any], call: str, *params: Any) -
 
 
 UPSTREAM = "SELECT id FROM procrastinate_fetch_job_v2(%s, %s)"
-OURS = (
-    "SELECT id FROM orc_fetch_dispatch_v2(%s, %s, %s, 'orc.', 'test', ARRAY['PENDING'], 'RUNNING')"
-)
+#: The fetch of migration 0019, and its fetch half alone, which the flow-control fetch of
+#: migration 0029 (orc_fetch_dispatch_v3) runs: both held to upstream's rules.
+FETCHES = {
+    "v2": "SELECT id FROM orc_fetch_dispatch_v2(%s, %s, %s, 'orc.', 'test', ARRAY['PENDING'],"
+    " 'RUNNING')",
+    "take": "SELECT id FROM orc_take_dispatch_v1(%s, %s, %s)",
+}
 
 
+@pytest.mark.parametrize("fetch", sorted(FETCHES))
 @pytest.mark.parametrize("queues", [None, ["q1", "q3"]], ids=["every-queue", "some-queues"])
 async def test_with_a_queue_excluded_the_fetch_is_procrastinate_s_but_that_queue(
-    db: psycopg.AsyncConnection[Any], queues: list[str] | None
+    db: psycopg.AsyncConnection[Any], queues: list[str] | None, fetch: str
 ) -> None:
+    ours = FETCHES[fetch]
     await defer(db)
     upstream = await fetch_all(db, UPSTREAM, queues)
     assert 3 < len(upstream) < len(DISPATCHES)  # the rules leave some out (locks, not due)
-    nothing_excluded = await fetch_all(db, OURS, queues, [])
-    excluded_nowhere = await fetch_all(db, OURS, queues, ["nowhere"])
+    nothing_excluded = await fetch_all(db, ours, queues, [])
+    excluded_nowhere = await fetch_all(db, ours, queues, ["nowhere"])
     assert nothing_excluded == excluded_nowhere == upstream
     cur = await db.execute("SELECT id, queue_name FROM procrastinate_jobs")
     queue_of = dict(await cur.fetchall())
-    without_q2 = await fetch_all(db, OURS, queues, ["q2"])
+    without_q2 = await fetch_all(db, ours, queues, ["q2"])
     assert "q2" not in {queue_of[i] for i in without_q2}
     if queues is None:  # q2 was taken before: its dispatches' locks no longer block others
         assert set(without_q2) >= {i for i in upstream if queue_of[i] != "q2"}

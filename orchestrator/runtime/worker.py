@@ -3,7 +3,7 @@
 One :class:`Worker` per ``run_worker`` call. It owns its slots, its running attempts, its
 clients and its connections; several can run side by side in one process (on different
 queues, say) without sharing any of them. Procrastinate is its infrastructure layer through
-public seams only: its schema and SQL functions (the fetch inside ``orc_fetch_dispatches_v1``,
+public seams only: its schema and SQL functions (the fetch inside ``orc_fetch_dispatches_v3``,
 ``procrastinate_finish_job_v1``, ``procrastinate_retry_job_v2``, the worker registry), its
 retry strategies, its notification channels, and its periodic deferrer and tasks (the
 maintenance services), which this worker runs like any other Procrastinate task.
