@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -175,6 +176,7 @@ async def generate(ctx: JobContext, **params: Any) -> LlmResponse:
             "gen_ai.request.model": model}  # fmt: skip
     try:
         with ctx.span(f"chat {model}", client=True, attributes=call):
+            sent_at = time.monotonic()
             async with ctx.call_limit(), sdk.messages.stream(**params) as stream:
                 async for _event in within_gaps(stream, ctx.config.inter_chunk_timeout(), "LLM"):
                     pass
@@ -188,6 +190,7 @@ async def generate(ctx: JobContext, **params: Any) -> LlmResponse:
         model, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
         cache_read_tokens=usage.cache_read_input_tokens or 0,
         cache_creation_tokens=usage.cache_creation_input_tokens or 0, call_id=reply.id,
+        sent_at=sent_at,
     )  # fmt: skip
     return reply
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -96,6 +97,75 @@ async def test_a_key_starts_no_more_than_its_requests_in_any_window(
     for job_id in ids:
         job = await orc.get_job(job_id)
         assert (job.attempt, job.retry_count, job.waiting_for) == (1, 0, None)
+
+
+async def test_a_full_window_hands_out_its_next_capacity_ahead_of_time(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    """Once a key's window is full, its next waiters each get a dispatch for the instant its
+    room frees (a spend's time + the interval, rounded up to 50 ms), a whole window's worth at
+    once, so that they start when the room frees rather than one after another; the waiters
+    whose room depends on spends not made yet wait for them. The workers' timer knows every
+    time scheduled, not only the soonest that the pump announced."""
+    orc = flow_orc(make_orc)
+    await orc.open()
+    ids = [await orc.submit("tick") for _ in range(12)]  # 5 per second
+    ahead: list[tuple[datetime, datetime | None]] = []
+    async with WorkerRun(orc, concurrency=10) as run:
+
+        async def scheduled() -> bool:
+            cur = await db.execute(
+                "SELECT w.dispatched_at, p.scheduled_at FROM orc_flow_waiters AS w"
+                " JOIN orc_jobs AS j ON j.id = w.job_id"
+                " JOIN procrastinate_jobs AS p ON p.id = j.procrastinate_job_id"
+                " WHERE w.key = 'tick' AND w.dispatched_at > now() ORDER BY 1"
+            )
+            ahead[:] = await cur.fetchall()
+            return len(ahead) == 5
+
+        await wait_for(scheduled, timeout=10)
+        cur = await db.execute("SELECT at FROM orc_flow_spends WHERE key = 'tick' ORDER BY at")
+        spends = [row[0].timestamp() for row in await cur.fetchall()]
+        cur = await db.execute(
+            "SELECT count(*) FROM orc_flow_waiters WHERE key = 'tick' AND dispatched_at IS NULL"
+        )
+        unscheduled = await cur.fetchone()
+        due = await orc.stores.liveness.soonest_due(lookback=0.0)
+        await run.until_finished(*ids, timeout=20)
+    assert len(spends) == 5 and unscheduled == (2,)
+    for (dispatched_at, scheduled_at), spent in zip(ahead, spends, strict=True):
+        assert dispatched_at == scheduled_at  # the waiter's due time is its dispatch's
+        assert dispatched_at.timestamp() == pytest.approx(math.ceil((spent + 1) * 20) / 20)
+    assert due.seconds is not None and due.seconds <= 1.0  # not the poll, one second away
+    starts = await running_times(orc, ids)
+    assert max(sum(1 for t in starts if s <= t < s + 0.99) for s in starts) == 5
+
+
+async def test_each_admission_keeps_the_schedule_a_horizon_ahead(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    """Jobs that run longer than their key's interval release nothing for a while; the
+    admission of a waiter sent ahead pumps the key, so the room of the next window is handed
+    out then, not when the first job ends."""
+    orc = flow_orc(make_orc)
+    await orc.open()
+    ids = [
+        await orc.submit("late_call", {"sent_after": 0, "returned_after": 4}) for _ in range(12)
+    ]  # 5 per second
+    async with WorkerRun(orc, concurrency=20) as run:
+
+        async def second_window_runs() -> bool:
+            return await running_of(db, "late_call") == 10
+
+        await wait_for(second_window_runs, timeout=10)
+        cur = await db.execute(
+            "SELECT count(*) FILTER (WHERE dispatched_at IS NOT NULL), count(*),"
+            " (SELECT count(*) FROM orc_jobs WHERE finished_at IS NOT NULL)"
+            " FROM orc_flow_waiters WHERE key = 'late_call'"
+        )
+        scheduled, waiting, finished = await cur.fetchone() or (0, 0, 0)
+        await run.until_finished(*ids, timeout=30)
+    assert (scheduled, waiting, finished) == (2, 2, 0)
 
 
 async def test_cancelled_jobs_give_their_capacity_back_and_leave_the_line(
@@ -453,6 +523,30 @@ async def test_a_call_s_real_usage_reconciles_its_job_s_reservation(
     assert used != estimate
     [key] = await orc.flow_keys("anthropic:m")
     assert (key.units_used, key.requests_used) == (used, 1)
+
+
+async def test_a_call_s_spend_is_dated_from_when_it_was_sent_not_from_the_claim(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    """The provider counts a request when it arrives, so a job's spend in its key's window is
+    dated from when its call was sent (``sent_at``), not from its claim: a call sent well after
+    its claim (a worker's first, opening its connection) would otherwise leave our window
+    before the provider's, and the next claims would meet its 429s."""
+    orc = flow_orc(make_orc)
+    await orc.open()
+    job_id = await orc.submit("late_call", {"sent_after": 0.4, "returned_after": 0.7})
+    async with WorkerRun(orc, concurrency=10) as run:
+        await run.until_finished(job_id)
+    cur = await db.execute(
+        "SELECT s.at, s.reconciled, e.at, u.recorded_at FROM orc_flow_spends AS s"
+        " JOIN orc_job_events AS e ON e.job_id = s.job_id AND e.kind = 'job.running'"
+        " JOIN orc_llm_usage AS u ON u.job_id = s.job_id WHERE s.job_id = %s",
+        (job_id,),
+    )
+    [(spent_at, reconciled, claimed_at, recorded_at)] = await cur.fetchall()
+    assert reconciled
+    assert (spent_at - claimed_at).total_seconds() >= 0.35  # not the claim's time
+    assert (recorded_at - spent_at).total_seconds() >= 0.25  # nor the reply's
 
 
 async def test_a_job_submitted_without_its_key_gets_it_at_its_claim(

@@ -105,13 +105,15 @@ class JobContext:
     async def record_llm_usage(
         self, model: str, *, input_tokens: int = 0, output_tokens: int = 0,
         cache_read_tokens: int = 0, cache_creation_tokens: int = 0, call_id: str | None = None,
+        sent_at: float | None = None,
     ) -> None:  # fmt: skip
         """Record one LLM call that returned, with its tokens as the provider reported them:
         written at once for this job (its tenant, agent and type; totals and budgets read it),
         and counted as ``record_llm_call(ok=True, ...)`` counts it. ``call_id`` (the provider's
-        message id) makes it written once however often it is tried; the built-in
-        ``llm_generate`` and ``run_agent`` call it, and a task calling a model through its own
-        client should too."""
+        message id) makes it written once however often it is tried; ``sent_at`` (the
+        ``time.monotonic()`` at which the request was sent) dates its spend in its flow key's
+        window from then, as the provider counts it. The built-in ``llm_generate`` and
+        ``run_agent`` call it, and a task calling a model through its own client should too."""
         if self._accounting is None:  # not run by a worker's attempt: count it only
             self.record_llm_call(
                 model, ok=True, input_tokens=input_tokens, output_tokens=output_tokens,
@@ -121,7 +123,7 @@ class JobContext:
         await self._accounting.record(
             model, input_tokens=input_tokens, output_tokens=output_tokens,
             cache_read_tokens=cache_read_tokens, cache_creation_tokens=cache_creation_tokens,
-            call_id=call_id,
+            call_id=call_id, sent_at=sent_at,
         )  # fmt: skip
 
     async def check_token_budget(self) -> None:

@@ -13,8 +13,9 @@ reload applies to the next call).
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from orchestrator.domain.errors import TokenBudgetExhausted
@@ -40,7 +41,7 @@ class Accounting:
 
     async def record(
         self, model: str, *, input_tokens: int, output_tokens: int, cache_read_tokens: int,
-        cache_creation_tokens: int, call_id: str | None,
+        cache_creation_tokens: int, call_id: str | None, sent_at: float | None = None,
     ) -> None:  # fmt: skip
         claim = self.claim
         tokens = {
@@ -61,9 +62,12 @@ class Accounting:
         if self.flow is not None and claim.flow_key is not None:
             spent = input_tokens + cache_creation_tokens + output_tokens  # as providers count
             flow, key = self.flow, claim.flow_key
-            await until_written(
-                f"job {claim.id}'s spend on {key}", lambda: flow.spend(key, claim.id, units=spent)
-            )
+
+            def write() -> Awaitable[None]:
+                ago = None if sent_at is None else time.monotonic() - sent_at
+                return flow.spend(key, claim.id, units=spent, sent_seconds_ago=ago)
+
+            await until_written(f"job {claim.id}'s spend on {key}", write)
 
     async def check(self) -> None:
         claim = self.claim

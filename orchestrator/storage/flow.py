@@ -87,9 +87,14 @@ class FlowStore:
             raise FlowKeyNotFound(key)
         return int(row["dispatched"])
 
-    async def spend(self, key: str, job_id: UUID, *, units: int) -> None:
+    async def spend(
+        self, key: str, job_id: UUID, *, units: int, sent_seconds_ago: float | None = None
+    ) -> None:
         """A call of ``job_id`` used ``units``: its first call since the job's admission
         corrects the reservation made then, a later one adds a request and its units to the
-        key's window (orc_flow_spend_v1)."""
-        params: dict[str, Any] = {"key": key, "job_id": job_id, "units": units}
+        key's window (orc_flow_spend_v1); either dated from when the call was sent, when that
+        is known, as the provider counts it from when it arrives."""
+        params: dict[str, Any] = {
+            "key": key, "job_id": job_id, "units": units, "sent_seconds_ago": sent_seconds_ago,
+        }  # fmt: skip
         await self.queries.execute("flow_spend", params)

@@ -1,5 +1,5 @@
 """The flow-control tests' application (docs/flow-control.md): ``hold`` jobs that run for a
-while under a concurrency limit, ``tick`` jobs under a rate limit, and the built-in
+while under a concurrency limit, ``tick`` and ``late_call`` jobs under a rate limit, and the built-in
 ``llm_generate`` under a per-model limit, for in-process workers and worker processes
 (``--app tests.support.flow_app:orc``). Settings come from the environment; its retry config
 is CONFIG, or ``config(...)``'s, given by ORCHESTRATOR_RETRY_CONFIG."""
@@ -7,6 +7,7 @@ is CONFIG, or ``config(...)``'s, given by ORCHESTRATOR_RETRY_CONFIG."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -42,6 +43,9 @@ limit = "held"
 [job_types.tick]
 limit = "ticks"
 
+[job_types.late_call]
+limit = "ticks"
+
 [job_types.fair]
 limit = "shared"
 
@@ -64,6 +68,11 @@ class Hold(BaseModel):
     seconds: float = 0.3
 
 
+class LateCall(BaseModel):
+    sent_after: float  # seconds after its claim the job's call was sent
+    returned_after: float  # and returned
+
+
 def register(orc: Orchestrator) -> None:
     @orc.job_type("hold")
     async def hold(ctx: JobContext, payload: Hold) -> None:
@@ -72,6 +81,14 @@ def register(orc: Orchestrator) -> None:
     @orc.job_type("tick")
     async def tick(ctx: JobContext, payload: None) -> None:
         return None
+
+    @orc.job_type("late_call")
+    async def late_call(ctx: JobContext, payload: LateCall) -> None:
+        """An LLM call of its own client, sent a while after the claim."""
+        await asyncio.sleep(payload.sent_after)
+        sent_at = time.monotonic()
+        await asyncio.sleep(payload.returned_after - payload.sent_after)
+        await ctx.record_llm_usage("m", input_tokens=3, output_tokens=4, sent_at=sent_at)
 
     @orc.job_type("fair")
     async def fair(ctx: JobContext, payload: None) -> None:

@@ -223,13 +223,18 @@ SELECT j.*, w.blocked_on AS flow_blocked_on, k.paused_until AS flow_paused_until
 
 -- soonest_due --
 -- For the worker's wake-up timer: seconds until the next waiting job is due (null: none), and
--- whether one came due in the last %(lookback)s seconds (the worker may not have seen it).
+-- whether one came due in the last %(lookback)s seconds (the worker may not have seen it). A
+-- job waiting for capacity is due when its key's pump scheduled its dispatch for (a pump
+-- announces only the soonest of the times it schedules).
 WITH due AS (
     SELECT next_retry_at AS at FROM orc_jobs
      WHERE status = %(retry)s AND next_retry_at > now() - make_interval(secs => %(lookback)s)
     UNION ALL
     SELECT run_at FROM orc_jobs
      WHERE status = %(pending)s AND run_at > now() - make_interval(secs => %(lookback)s)
+    UNION ALL
+    SELECT dispatched_at FROM orc_flow_waiters
+     WHERE dispatched_at > now() - make_interval(secs => %(lookback)s)
 )
 SELECT extract(epoch FROM min(at) FILTER (WHERE at > now()) - now()) AS seconds,
        coalesce(bool_or(at <= now()), false) AS overdue
@@ -1366,8 +1371,9 @@ SELECT orc_flow_throttled_v1(%(key)s, %(until)s, %(reason)s)
 
 -- flow_spend --
 -- What an admitted job's call really used (see orc_flow_spend_v1): its reservation corrected
--- (the first call since its admission), or a later call's request and units added.
-SELECT orc_flow_spend_v1(%(key)s, %(job_id)s, %(units)s)
+-- (the first call since its admission), or a later call's request and units added; dated from
+-- when the call was sent.
+SELECT orc_flow_spend_v1(%(key)s, %(job_id)s, %(units)s, %(sent_seconds_ago)s)
 
 -- == Token accounting (migration 0030) ===========================================================
 
