@@ -4,6 +4,7 @@ processes and the local LLM server's rate limit in the tests further down)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
@@ -139,6 +140,45 @@ async def test_a_full_window_hands_out_its_next_capacity_ahead_of_time(
     assert due.seconds is not None and due.seconds <= 1.0  # not the poll, one second away
     starts = await running_times(orc, ids)
     assert max(sum(1 for t in starts if s <= t < s + 0.99) for s in starts) == 5
+
+
+async def test_waiters_sent_ahead_each_start_at_their_own_time_in_line_order(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    """Waiters sent ahead for different instants do not hold each other back: at its time, a
+    waiter counts as taken only the room of those due by then, not of those sent for later,
+    so each starts in its turn (one counting them all would find no room and go back in line,
+    behind the others)."""
+    orc = flow_orc(make_orc)
+    await orc.open()
+    async with WorkerRun(orc, concurrency=10) as run:
+        first = []
+        for _ in range(5):  # the window's spends, 0.1 s apart
+            first.append(await orc.submit("tick"))
+            await run.until_finished(first[-1])
+            await asyncio.sleep(0.1)
+        later = [await orc.submit("tick") for _ in range(5)]  # sent ahead, as far apart
+        await run.until_finished(*later, timeout=20)
+    starts = [(await running_times(orc, [job_id]))[0] for job_id in later]
+    assert starts == sorted(starts), [round(t - starts[0], 3) for t in starts]
+    window = await running_times(orc, first)
+    for k, job_id in enumerate(later):  # each in the room its predecessor's spend left
+        assert window[k] + 1.0 - 0.02 <= starts[k]
+        cur = await db.execute(
+            "SELECT extract(epoch FROM p.scheduled_at),"
+            " EXISTS (SELECT FROM orc_job_events AS e"
+            "          WHERE e.job_id = j.id AND e.kind = 'job.waiting_for_capacity')"
+            " FROM orc_jobs AS j JOIN procrastinate_jobs AS p ON p.id = j.procrastinate_job_id"
+            " WHERE j.id = %s",
+            (job_id,),
+        )
+        [(ran_on, waited)] = await cur.fetchall()
+        if waited:  # (not when the first spends had slid out before it came: a slow machine)
+            # it ran on the dispatch sent ahead for its room (a spend and its claim's event are
+            # stamped a moment apart; the time is rounded up to 50 ms), not turned back at its
+            # time and sent again
+            assert ran_on is not None, f"waiter {k} was turned back and sent again for now"
+            assert window[k] + 1.0 - 0.02 <= float(ran_on) <= window[k] + 1.0 + 0.07, k
 
 
 async def test_each_admission_keeps_the_schedule_a_horizon_ahead(
