@@ -99,17 +99,11 @@ from orchestrator.storage.database import (
     with_database,
 )
 from orchestrator.storage.migrate import migrate
-from tests.support.harness import settings_for_tests
+from tests.support.harness import CLEAR, clear_tables, settings_for_tests
 
 pytest_plugins = ["tests.support.log_guard"]
 
 ROOT = Path(__file__).resolve().parent.parent
-TABLES = (
-    "orc_job_events, orc_dead_letters, orc_jobs, procrastinate_events, "
-    "procrastinate_periodic_defers, procrastinate_jobs, procrastinate_workers, orc_api_tokens, "
-    "orc_event_listeners, orc_job_rollups, orc_queue_depth, orc_schedules, orc_flow_keys, "
-    "orc_flow_limits, orc_flow_spends, orc_flow_shares"
-)
 
 
 @pytest.fixture(scope="session")
@@ -136,9 +130,16 @@ def dsn(server_dsn: str) -> Iterator[str]:
 async def db(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
     """A raw autocommit connection to the test database, on empty tables."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")
-        await conn.execute("UPDATE orc_rollup_watermark SET rolled_up_to = NULL")
+        for statement in CLEAR:
+            await conn.execute(statement)
         yield conn
+
+
+@pytest.fixture
+def empty_dsn(dsn: str) -> str:
+    """The test database, on empty tables, for a test that hands it to processes."""
+    clear_tables(dsn)
+    return dsn
 
 
 @pytest.fixture

@@ -14,12 +14,35 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 
 from orchestrator import Orchestrator, Settings
 from orchestrator.domain.models import Job
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE_CONFIG = ROOT / "tests" / "support" / "retry_config.toml"
+
+
+#: What a test may leave in the session's database, emptied before each test that asks for it.
+TABLES = (
+    "orc_job_events, orc_dead_letters, orc_jobs, procrastinate_events, "
+    "procrastinate_periodic_defers, procrastinate_jobs, procrastinate_workers, orc_api_tokens, "
+    "orc_event_listeners, orc_job_rollups, orc_queue_depth, orc_schedules, orc_flow_keys, "
+    "orc_flow_limits, orc_flow_spends, orc_flow_shares"
+)
+CLEAR = (
+    f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE",
+    "UPDATE orc_rollup_watermark SET rolled_up_to = NULL",
+)
+
+
+def clear_tables(dsn: str) -> None:
+    """Empty the session database's tables: a test or a module whose servers and workers use
+    the database directly starts from nothing a test before it left (in whichever order the
+    test processes ran them)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for statement in CLEAR:
+            conn.execute(statement)
 
 
 def config_with(*tables: str) -> Path:
