@@ -240,7 +240,9 @@ class JobRetryConfig(_Frozen):
         ge=0,
         le=MAX_VALUE,
         description="A rate limit (429) whose server hint is longer than this moves the call to "
-        "the next of fallback_models; a shorter one, or none, is retried on the same model.",
+        "the next of fallback_models; a shorter one, or none, is retried on the same model. "
+        "Under a flow-control limit, a key paused for longer than this lets the type's jobs "
+        "through to the next model.",
     )
     queue: str | None = Field(
         None, min_length=1, max_length=128, description="Procrastinate queue; the type's name."

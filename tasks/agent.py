@@ -149,7 +149,9 @@ async def _ask(
     chain = fallback_chain(requested, ctx.config.fallback_models)
     model = params["model"]
     rest = chain[chain.index(model) + 1 :] if model in chain else chain
-    return await generate_with_fallback(ctx, fallback=rest, step=step, **params)
+    return await generate_with_fallback(
+        ctx, fallback=rest, step=step, on_job_key=model == requested, **params
+    )
 
 
 async def _call(

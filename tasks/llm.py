@@ -223,14 +223,25 @@ def fallback_reason(failure: Classified, after_seconds: float) -> str | None:
 
 async def generate_with_fallback(
     ctx: JobContext, *, fallback: Sequence[str] | None = None, step: int | None = None,
-    **params: Any,
+    on_job_key: bool = True, **params: Any,
 ) -> LlmResponse:  # fmt: skip
     """:func:`generate` on ``params["model"]``, moving to the next model of ``fallback`` (the
     type's ``fallback_models`` when None) as the module says, each move recorded with the
-    agent's ``step`` if any; the reply's ``answered_by`` names the model that answered."""
+    agent's ``step`` if any; the reply's ``answered_by`` names the model that answered.
+    ``on_job_key``: ``params["model"]`` is the model the job's flow key is for (the payload's);
+    while that key is paused for longer than ``fallback_after_seconds`` (the claim let the job
+    through for that), the call starts on the next model."""
     models = fallback_chain(
         str(params.get("model")), ctx.config.fallback_models if fallback is None else fallback
     )
+    if on_job_key and len(models) > 1:
+        paused_for = await ctx.flow_key_paused_for()
+        if paused_for is not None and paused_for > ctx.config.fallback_after_seconds:
+            ctx.log.warning("model %s's key is paused: moving to %s", models[0], models[1])
+            await ctx.record_model_fallback(
+                models[0], models[1], None, step=step, paused_for=paused_for
+            )
+            models = models[1:]
     for current, following in zip(models, [*models[1:], None], strict=True):
         try:
             reply = await generate(ctx, **{**params, "model": current})

@@ -312,6 +312,72 @@ async def test_a_429_with_a_hint_pauses_the_key_for_every_job_and_spends_no_budg
     assert key.waiting == 0 and key.running == 0
 
 
+async def test_a_job_that_can_fall_back_does_not_wait_out_a_long_pause_of_its_key(
+    make_orc: Callable[..., Orchestrator], model_server: llm.LocalLLM
+) -> None:
+    """While its key is paused for longer than the type's fallback_after_seconds, a job whose
+    type names fallback models is let through the pause and calls the next model at once (a
+    ``job.model_fallback`` event, reason ``key_paused``); the paused model is not called."""
+    model_server.script("m", [llm.Text("ok")])
+    model_server.script("m2", [llm.Text("from the fallback")])
+    orc = make_orc(
+        retry_config=flow_app.config(
+            llm_generate='fallback_models = ["m2"]\nfallback_after_seconds = 5'
+        )
+    )
+    flow_app.register(orc)
+    await orc.open()
+    async with WorkerRun(orc, concurrency=10) as run:
+        await run.until_finished(await orc.submit("llm_generate", ask("m")))  # the key exists
+        await orc.pause_flow_key("anthropic:m", seconds=60, reason="the provider is down")
+        job_id = await orc.submit("llm_generate", ask("m"))
+        await run.until_finished(job_id, timeout=15)
+    job, events = await orc.get_job(job_id), await orc.job_events(job_id)
+    assert (job.status.value, job.attempt, job.retry_count) == ("COMPLETED", 1, 0)
+    assert model_server.requests["m"] == 1 and model_server.requests["m2"] == 1
+    assert "job.waiting_for_capacity" not in [e.kind for e in events]
+    [moved] = [e.payload for e in events if e.kind == "job.model_fallback"]
+    assert (moved["from"], moved["to"], moved["reason"]) == ("m", "m2", "key_paused")
+    assert 50 < moved["retry_after"] <= 60
+
+
+async def test_a_waiter_that_can_fall_back_is_handed_room_through_a_long_pause(
+    make_orc: Callable[..., Orchestrator],
+    model_server: llm.LocalLLM,
+    db: psycopg.AsyncConnection[Any],
+) -> None:
+    """A job already waiting for room when its key is paused: when room frees, the pump hands
+    it on as its type meets the key (through a pause longer than its fallback threshold), not
+    at the pause's end."""
+    model_server.script("m", [llm.Text("slow answer", chunks=10, every=0.2)])
+    model_server.script("m2", [llm.Text("from the fallback")])
+    orc = make_orc(
+        retry_config=flow_app.config(
+            "concurrency = 1", llm_generate='fallback_models = ["m2"]\nfallback_after_seconds = 5'
+        )
+    )
+    flow_app.register(orc)
+    await orc.open()
+    async with WorkerRun(orc, concurrency=10) as run:
+        slow = await orc.submit("llm_generate", ask("m"))
+        await wait_for(lambda: _running_one(db, "anthropic:m"))
+        waiter = await orc.submit("llm_generate", ask("m"))
+        await wait_for(lambda: _waits(orc, waiter))
+        await orc.pause_flow_key("anthropic:m", seconds=60, reason="the provider is down")
+        await run.until_finished(slow, waiter, timeout=15)
+    assert model_server.requests["m"] == 1 and model_server.requests["m2"] == 1
+    [moved] = [e.payload for e in await orc.job_events(waiter) if e.kind == "job.model_fallback"]
+    assert moved["reason"] == "key_paused"
+
+
+async def _running_one(db: psycopg.AsyncConnection[Any], key: str) -> bool:
+    return await running_of(db, key) == 1
+
+
+async def _waits(orc: Orchestrator, job_id: Any) -> bool:
+    return (await orc.get_job(job_id)).waiting_for is not None
+
+
 async def test_an_operator_pauses_a_key_and_lifts_the_pause(
     make_orc: Callable[..., Orchestrator], model_server: llm.LocalLLM
 ) -> None:

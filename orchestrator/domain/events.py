@@ -286,11 +286,17 @@ def checkpointed(step: int, *, final: bool) -> dict[str, Any]:
 
 
 def model_fallback(
-    from_model: str, to_model: str, failure: Classified, *, step: int | None
-) -> dict[str, Any]:
+    from_model: str, to_model: str, failure: Classified | None, *, step: int | None,
+    paused_for: float | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """``job.model_fallback``: an LLM call of the attempt moved from ``from_model`` to
     ``to_model`` after ``failure`` (``reason``: ``overloaded`` or ``rate_limited``, with the
-    server's hint in seconds if it gave one); ``step``: the agent's step, null outside steps."""
+    server's hint in seconds if it gave one), or, without one, before it was made
+    (``key_paused``: the job's flow key paused ``retry_after`` seconds more); ``step``: the
+    agent's step, null outside steps."""
+    if failure is None:
+        return {"from": from_model, "to": to_model, "reason": "key_paused", "code": None,
+                "retry_after": paused_for, "step": step}  # fmt: skip
     return {
         "from": from_model,
         "to": to_model,

@@ -94,12 +94,16 @@ class JobContext:
         )  # fmt: skip
 
     async def record_model_fallback(
-        self, from_model: str, to_model: str, failure: Classified, *, step: int | None = None
-    ) -> None:
+        self, from_model: str, to_model: str, failure: Classified | None, *,
+        step: int | None = None, paused_for: float | None = None,
+    ) -> None:  # fmt: skip
         """Record in the job's events (``job.model_fallback``) that an LLM call moved from
-        ``from_model`` to ``to_model`` after ``failure``; fenced by the attempt's lease (a
+        ``from_model`` to ``to_model`` after ``failure``, or, with none, before its call, its
+        flow key paused for ``paused_for`` seconds more; fenced by the attempt's lease (a
         superseded attempt raises StaleLease)."""
-        payload = events.model_fallback(from_model, to_model, failure, step=step)
+        payload = events.model_fallback(
+            from_model, to_model, failure, step=step, paused_for=paused_for
+        )
         await self._ledger.store.record_event(self._ledger.fence, "job.model_fallback", payload)
 
     async def record_llm_usage(
@@ -125,6 +129,12 @@ class JobContext:
             cache_read_tokens=cache_read_tokens, cache_creation_tokens=cache_creation_tokens,
             call_id=call_id, sent_at=sent_at,
         )  # fmt: skip
+
+    async def flow_key_paused_for(self) -> float | None:
+        """Seconds the job's flow key stays paused from now (None: it is not paused, or the
+        job runs under no limit): a job whose type can move to a fallback model is let through
+        a pause longer than its ``fallback_after_seconds``, and calls the next model."""
+        return None if self._accounting is None else await self._accounting.key_paused_for()
 
     async def check_token_budget(self) -> None:
         """Before an LLM call: raise :class:`~orchestrator.domain.errors.TokenBudgetExhausted`

@@ -69,6 +69,12 @@ class Accounting:
 
             await until_written(f"job {claim.id}'s spend on {key}", write)
 
+    async def key_paused_for(self) -> float | None:
+        """Seconds the job's flow key stays paused (None: not paused, or no key)."""
+        if self.flow is None or self.claim.flow_key is None:
+            return None
+        return await self.flow.paused_for(self.claim.flow_key)
+
     async def check(self) -> None:
         claim = self.claim
         tenant = claim.tenant_id

@@ -43,10 +43,11 @@ class FlowStore:
             for name, limit in config.limits.items()
         ]  # fmt: skip
         types = [
-            {"job_type": name, "limit": c.limit}
+            {"job_type": name, "limit": c.limit,
+             "fallback_after_seconds": c.fallback_after_seconds if c.fallback_models else None}
             for name, c in config.job_types.items()
             if c.limit is not None
-        ]
+        ]  # fmt: skip
         params = {"limits": Jsonb(limits), "types": Jsonb(types)}
         async with self.queries.transaction() as conn:
             rows = await self.queries.rows("sync_flow_limits", params, conn)
@@ -86,6 +87,11 @@ class FlowStore:
         if row is None or row["dispatched"] is None:
             raise FlowKeyNotFound(key)
         return int(row["dispatched"])
+
+    async def paused_for(self, key: str) -> float | None:
+        """Seconds ``key`` stays paused from now, by the database's clock (None: not paused)."""
+        row = await self.queries.row("flow_key_paused_for", {"key": key})
+        return None if row is None else float(row["seconds"])
 
     async def spend(
         self, key: str, job_id: UUID, *, units: int, sent_seconds_ago: float | None = None

@@ -52,12 +52,16 @@ limit = "shared"
 [job_types.llm_generate]
 limit = "anthropic"
 app_max_retries = 2
+@LLM_GENERATE@
 """
 
 
-def config(anthropic: str = "concurrency = 4") -> Path:
-    """The tests' retry config with these allowances for the ``anthropic`` limit."""
-    return config_with(TABLE.replace("@ANTHROPIC@", anthropic))
+def config(anthropic: str = "concurrency = 4", llm_generate: str = "") -> Path:
+    """The tests' retry config with these allowances for the ``anthropic`` limit (and these
+    settings more for ``llm_generate``)."""
+    return config_with(
+        TABLE.replace("@ANTHROPIC@", anthropic).replace("@LLM_GENERATE@", llm_generate)
+    )
 
 
 CONFIG = config()

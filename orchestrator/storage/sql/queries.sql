@@ -1284,7 +1284,8 @@ RETURNING *, statement_timestamp() AS now
 
 -- sync_flow_limits --
 -- The limits of the config in effect ([{name, concurrency, requests, units, interval_seconds,
--- weights, key, share_by}]) and which job types run under them ([{job_type, limit}]), written
+-- weights, key, share_by}]) and which job types run under them ([{job_type, limit,
+-- fallback_after_seconds}]: null when the type names no fallback models), written
 -- by each process that applies one; the names of the limits that changed (their keys' waiters
 -- are then pumped: a raised limit frees capacity at once).
 WITH given AS (
@@ -1292,15 +1293,18 @@ WITH given AS (
         AS g (name text, concurrency integer, requests integer, units bigint,
               interval_seconds double precision, weights jsonb, key text, share_by text)
 ), types AS (
-    SELECT * FROM jsonb_to_recordset(%(types)s::jsonb) AS t (job_type text, "limit" text)
+    SELECT * FROM jsonb_to_recordset(%(types)s::jsonb)
+        AS t (job_type text, "limit" text, fallback_after_seconds double precision)
 ), gone_types AS (
     DELETE FROM orc_flow_job_types AS o
      WHERE NOT EXISTS (SELECT FROM types AS t
                         WHERE t.job_type = o.job_type AND t."limit" = o.limit_name)
 ), new_types AS (
-    INSERT INTO orc_flow_job_types (job_type, limit_name)
-    SELECT job_type, "limit" FROM types
-    ON CONFLICT (job_type) DO UPDATE SET limit_name = EXCLUDED.limit_name
+    INSERT INTO orc_flow_job_types (job_type, limit_name, fallback_after_seconds)
+    SELECT job_type, "limit", fallback_after_seconds FROM types
+    ON CONFLICT (job_type) DO UPDATE
+       SET limit_name = EXCLUDED.limit_name,
+           fallback_after_seconds = EXCLUDED.fallback_after_seconds
 ), changed AS (
     INSERT INTO orc_flow_limits AS l (name, concurrency, requests, units, interval_seconds,
                                       weights, key_template, share_by)
@@ -1368,6 +1372,11 @@ SELECT orc_flow_resume_v1(%(key)s) AS dispatched
 -- flow_throttled --
 -- The provider behind a key answered 429 or 529: paused until the hint, or its rate halved.
 SELECT orc_flow_throttled_v1(%(key)s, %(until)s, %(reason)s)
+
+-- flow_key_paused_for --
+-- Seconds the key stays paused from now (no row: it is not paused).
+SELECT extract(epoch FROM paused_until - clock_timestamp())::float8 AS seconds
+  FROM orc_flow_keys WHERE key = %(key)s AND paused_until > clock_timestamp()
 
 -- flow_spend --
 -- What an admitted job's call really used (see orc_flow_spend_v1): its reservation corrected
