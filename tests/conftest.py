@@ -135,6 +135,14 @@ async def db(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         yield conn
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _each_module_starts_on_empty_tables(dsn: str) -> None:
+    """Whatever test ran before this module in this process (in three processes, any of them),
+    the module's servers and workers start on empty tables (before its own module fixtures:
+    autouse ones come first in their scope)."""
+    clear_tables(dsn)
+
+
 @pytest.fixture
 def empty_dsn(dsn: str) -> str:
     """The test database, on empty tables, for a test that hands it to processes."""

@@ -36,7 +36,7 @@ from orchestrator.domain.storable import refusal
 from orchestrator.interfaces.ui import pages
 from tests.support import api_app, scripted
 from tests.support.api_server import ApiServer, page_csrf, ui_session
-from tests.support.harness import ROOT, clear_tables, settings_for_tests
+from tests.support.harness import ROOT, settings_for_tests
 
 #: Every character, surrogates included, and more often the ones the rule is about.
 anything = st.characters(min_codepoint=0, max_codepoint=0x10FFFF, exclude_categories=())
@@ -160,7 +160,6 @@ def test_the_python_api_s_operator_calls_refuse_such_text_naming_the_argument(
 
 @pytest.fixture(scope="module")
 def live(dsn: str) -> Iterator[tuple[ApiServer, httpx.Client, dict[str, Any]]]:
-    clear_tables(dsn)  # nothing a test before left (a rollup watermark at infinity, say)
     with ApiServer(dsn) as server:
         created = subprocess.run(
             [sys.executable, "-m", "orchestrator", "tokens", "create", "strings", "--scope",
