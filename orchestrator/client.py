@@ -18,11 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Generic, TypeVar
+from urllib.parse import quote
 from uuid import UUID
 
 import httpx
 
 from orchestrator.domain.errors import OrchestratorError
+from orchestrator.domain.flow import FlowKey
 from orchestrator.domain.models import DeadLetter, Job, JobEvent
 
 T = TypeVar("T")
@@ -161,6 +163,39 @@ class _Calls:
         )
 
     @staticmethod
+    def flow_keys() -> _Call[list[FlowKey]]:
+        return _Call(
+            "GET", "/api/v1/flow/keys", lambda a: [FlowKey.model_validate(k) for k in a["keys"]]
+        )
+
+    @staticmethod
+    def flow_key(key: str) -> _Call[FlowKey]:
+        return _Call("GET", f"/api/v1/flow/keys/{quote(key, safe='')}", FlowKey.model_validate)
+
+    @staticmethod
+    def pause_flow_key(key: str, seconds: float, reason: str = "") -> _Call[FlowKey]:
+        return _Call(
+            "POST", f"/api/v1/flow/keys/{quote(key, safe='')}/pause", FlowKey.model_validate,
+            body={"seconds": seconds, "reason": reason},
+        )  # fmt: skip
+
+    @staticmethod
+    def resume_flow_key(key: str) -> _Call[FlowKey]:
+        return _Call(
+            "POST", f"/api/v1/flow/keys/{quote(key, safe='')}/resume", FlowKey.model_validate
+        )
+
+    @staticmethod
+    def usage(by: str = "tenant,model", **filters: Any) -> _Call[dict[str, Any]]:
+        """LLM calls and tokens over a range (``since``, ``until``; ``tenant_id``,
+        ``agent_id``, ``model``, ``job_type``, ``limit``), grouped ``by``, as JSON."""
+        return _Call("GET", "/api/v1/usage", dict, params=_params(by=by, **filters))
+
+    @staticmethod
+    def job_usage(job_id: UUID | str) -> _Call[dict[str, Any]]:
+        return _Call("GET", f"/api/v1/jobs/{job_id}/usage", dict)
+
+    @staticmethod
     def get(path: str, **params: Any) -> _Call[Any]:
         """Any other read (``/api/v1/config``, ``/api/v1/queues``), as JSON."""
         return _Call("GET", path, lambda a: a, params=_params(**params))
@@ -247,6 +282,24 @@ class Client:
     def decide(self, approval_id: UUID | str, decision: str, reason: str) -> dict[str, Any]:
         return self.send(_Calls.decide(approval_id, decision, reason))
 
+    def flow_keys(self) -> list[FlowKey]:
+        return self.send(_Calls.flow_keys())
+
+    def flow_key(self, key: str) -> FlowKey:
+        return self.send(_Calls.flow_key(key))
+
+    def pause_flow_key(self, key: str, seconds: float, reason: str = "") -> FlowKey:
+        return self.send(_Calls.pause_flow_key(key, seconds, reason))
+
+    def resume_flow_key(self, key: str) -> FlowKey:
+        return self.send(_Calls.resume_flow_key(key))
+
+    def usage(self, by: str = "tenant,model", **filters: Any) -> dict[str, Any]:
+        return self.send(_Calls.usage(by, **filters))
+
+    def job_usage(self, job_id: UUID | str) -> dict[str, Any]:
+        return self.send(_Calls.job_usage(job_id))
+
     def get(self, path: str, **params: Any) -> Any:
         return self.send(_Calls.get(path, **params))
 
@@ -323,6 +376,24 @@ class AsyncClient:
 
     async def decide(self, approval_id: UUID | str, decision: str, reason: str) -> dict[str, Any]:
         return await self.send(_Calls.decide(approval_id, decision, reason))
+
+    async def flow_keys(self) -> list[FlowKey]:
+        return await self.send(_Calls.flow_keys())
+
+    async def flow_key(self, key: str) -> FlowKey:
+        return await self.send(_Calls.flow_key(key))
+
+    async def pause_flow_key(self, key: str, seconds: float, reason: str = "") -> FlowKey:
+        return await self.send(_Calls.pause_flow_key(key, seconds, reason))
+
+    async def resume_flow_key(self, key: str) -> FlowKey:
+        return await self.send(_Calls.resume_flow_key(key))
+
+    async def usage(self, by: str = "tenant,model", **filters: Any) -> dict[str, Any]:
+        return await self.send(_Calls.usage(by, **filters))
+
+    async def job_usage(self, job_id: UUID | str) -> dict[str, Any]:
+        return await self.send(_Calls.job_usage(job_id))
 
     async def get(self, path: str, **params: Any) -> Any:
         return await self.send(_Calls.get(path, **params))

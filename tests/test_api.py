@@ -269,6 +269,27 @@ async def test_a_wait_returns_the_moment_the_job_finishes(
         assert (missing.value.status, missing.value.code) == (404, "JOB_NOT_FOUND")
 
 
+async def test_the_python_client_reads_and_steers_flow_keys_and_reads_usage(
+    orc: Orchestrator, server: ApiServer, db: psycopg.AsyncConnection[Any]
+) -> None:
+    await db.execute(
+        "INSERT INTO orc_flow_keys (key, limit_name, task_prefix) VALUES ('provider/m:1', 'l', 'orc.')"
+    )  # a key with a slash: the client quotes it as one path segment
+    async with AsyncClient(server.url, await token(orc.stores.tokens, "py")) as api:
+        [key] = await api.flow_keys()
+        assert (key.key, key.paused_until) == ("provider/m:1", None)
+        paused = await api.pause_flow_key("provider/m:1", 60, reason="provider incident")
+        assert paused.paused_until is not None and paused.pause_reason == "provider incident"
+        assert (await api.flow_key("provider/m:1")).paused_by == paused.paused_by == "token:py"
+        assert (await api.resume_flow_key("provider/m:1")).paused_until is None
+        with pytest.raises(ApiError) as missing:
+            await api.flow_key("no-such-key")
+        assert (missing.value.status, missing.value.code) == (404, "FLOW_KEY_NOT_FOUND")
+        assert (await api.usage(by="model"))["totals"] == []
+        job_id = await api.submit("scripted", {"script": ["ok"]})
+        assert (await api.job_usage(job_id))["calls"] == []
+
+
 async def test_a_job_s_events_stream_live_until_it_finishes(
     orc: Orchestrator, admin: httpx.AsyncClient
 ) -> None:

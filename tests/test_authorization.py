@@ -162,8 +162,8 @@ def operations() -> list[Operation]:
     """Every operation of the API's document and every dashboard route but the sign-in, from
     the application's own routes (the live document is compared with it below)."""
     app = create_app(api_app.orc)
-    routes = {
-        (method, str(context.path)): context.original_route
+    routes = {  # as the document names their paths (``{key:path}``: ``{key}``)
+        (method, re.sub(r"\{(\w+):\w+\}", r"{\1}", str(context.path))): context.original_route
         for context in iter_route_contexts(app.routes)
         if isinstance(context.original_route, APIRoute)
         for method in context.methods or ()

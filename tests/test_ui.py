@@ -426,12 +426,13 @@ async def test_the_flow_page_shows_a_paused_key_and_its_waiting_jobs_until_resum
 ) -> None:
     """A paused key (its pause, who, why; its waiting jobs counted), a job that waits for it
     saying so in the jobs list and on its page, the operator's Resume, and a tenant's token,
-    which sees no key (keys cover every tenant's jobs) but its own job's reason."""
-    first = await orc.submit("metered", {"model": "m"}, tenant_id="a")
+    which sees no key (keys cover every tenant's jobs) but its own job's reason. The key holds a
+    slash (it is rendered from the payload's model), which its Resume's address keeps."""
+    first = await orc.submit("metered", {"model": "m/1"}, tenant_id="a")
     async with WorkerRun(orc):
         await wait_for(lambda: _status(orc, first, Status.COMPLETED))  # the key exists now
-        await orc.pause_flow_key("provider:m", seconds=600, reason="provider incident", by="ops")
-        held = await orc.submit("metered", {"model": "m"}, tenant_id="a")
+        await orc.pause_flow_key("provider:m/1", seconds=600, reason="provider incident", by="ops")
+        held = await orc.submit("metered", {"model": "m/1"}, tenant_id="a")
 
         async def waiting() -> bool:
             return (await orc.get_job(held)).waiting_for is not None
@@ -440,7 +441,7 @@ async def test_the_flow_page_shows_a_paused_key_and_its_waiting_jobs_until_resum
         page = await signed_in(browser, server, await token(orc.stores.tokens, "flow-ops"))
         page.on("dialog", accept)
         await page.goto(f"{server.url}/ui/flow")
-        key = page.locator("tr[data-key='provider:m']")
+        key = page.locator("tr[data-key='provider:m/1']")
         assert await key.get_attribute("data-paused") == "yes"
         state = await key.locator(".key-state").inner_text()
         assert "paused" in state and "by ops: provider incident" in state
@@ -448,10 +449,10 @@ async def test_the_flow_page_shows_a_paused_key_and_its_waiting_jobs_until_resum
         await shot(page, "flow")
         await page.goto(f"{server.url}/ui/jobs/{held}")
         reason = await page.locator("#job-waiting-for").inner_text()
-        assert reason.startswith("waiting for capacity on provider:m (paused until ")
+        assert reason.startswith("waiting for capacity on provider:m/1 (paused until ")
         await page.goto(f"{server.url}/ui/flow")
         await key.get_by_role("button", name="Resume").click()
-        await page.get_by_role("status").filter(has_text="provider:m resumed").wait_for()
+        await page.get_by_role("status").filter(has_text="provider:m/1 resumed").wait_for()
         await wait_for(lambda: _status(orc, held, Status.COMPLETED))
         await page.context.close()
     page = await signed_in(

@@ -559,7 +559,7 @@ async def flow_fragment(request: Request, orc: Orc, session: Viewer) -> HTMLResp
     return _page(request, "_flow.html", session, **await _flow(orc, session))
 
 
-@router.post("/flow/{key}/resume")
+@router.post("/flow/{key:path}/resume")  # (a key may hold a slash)
 async def resume_flow_key(orc: Orc, session: Acting, key: str) -> Response:
     """Lift a key's pause and slow-down; a session limited to tenants is refused (403)."""
     session.principal.require_fleet("flow keys")
