@@ -99,7 +99,7 @@ from orchestrator.storage.database import (
     with_database,
 )
 from orchestrator.storage.migrate import migrate
-from tests.support.harness import CLEAR, clear_tables, settings_for_tests
+from tests.support.harness import clear_tables, settings_for_tests
 
 pytest_plugins = ["tests.support.log_guard"]
 
@@ -129,9 +129,8 @@ def dsn(server_dsn: str) -> Iterator[str]:
 @pytest.fixture
 async def db(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
     """A raw autocommit connection to the test database, on empty tables."""
+    await asyncio.to_thread(clear_tables, dsn)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        for statement in CLEAR:
-            await conn.execute(statement)
         yield conn
 
 

@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import socket
 import tempfile
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -39,10 +40,19 @@ CLEAR = (
 def clear_tables(dsn: str) -> None:
     """Empty the session database's tables: a test or a module whose servers and workers use
     the database directly starts from nothing a test before it left (in whichever order the
-    test processes ran them)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for statement in CLEAR:
-            conn.execute(statement)
+    test processes ran them). A server of the module still running its loops may lock the
+    tables in another order than the TRUNCATE: PostgreSQL then ends one of the two, and when
+    that is the TRUNCATE it is tried again."""
+    for attempt in range(1, 6):
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                for statement in CLEAR:
+                    conn.execute(statement)
+            return
+        except psycopg.errors.DeadlockDetected:
+            if attempt == 5:
+                raise
+            time.sleep(0.1 * attempt)
 
 
 def config_with(*tables: str) -> Path:
