@@ -36,7 +36,9 @@ Where each part of the code is tested:
                               deploy beside the previous release: test_rollout;
                               connections: test_pool; every store operation: test_transitions_db;
                               the embedded server's life: test_embedded; lock order and
-                              conflicts: test_lock_order; the fetch's rules: test_fetch
+                              conflicts: test_lock_order; the fetch's rules: test_fetch;
+                              every hot statement's plan on a planted history (no
+                              sequential scan of a job-sized table): test_plans
     checkpoints               test_checkpoints, test_crash, test_chaos (slow)
     orchestrator/runtime      the worker loop: test_worker_loop, test_batched_writes,
                               test_worker_wakeup; attempts and outcomes: test_runtime,

@@ -112,7 +112,6 @@ class Maintenance:
                 days=s.job_retention_days, failed_days=s.failed_job_retention_days,
                 config=config,
                 batch_size=s.retention_batch_size, archive_dir=s.archive_dir,
-                maintenance_queue=QUEUE,
             ),
             rollup=JobRollup(
                 rollups=stores.rollups, batch_minutes=s.rollup_batch_minutes,

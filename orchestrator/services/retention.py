@@ -94,7 +94,6 @@ class FinishedPrune:
         config: LiveConfig,
         batch_size: int,
         archive_dir: Path | None,
-        maintenance_queue: str,
     ) -> None:
         self.stores = stores
         self.days = days
@@ -102,7 +101,6 @@ class FinishedPrune:
         self.config = config
         self.batch_size = batch_size
         self.archive_dir = archive_dir
-        self.maintenance_queue = maintenance_queue
 
     @property
     def retention(self) -> Retention:
@@ -170,6 +168,5 @@ class FinishedPrune:
             else min(self.retention.default.values())
         )
         return await self.stores.retention.prune_bookkeeping(
-            kind, older_than=older_than, queue=self.maintenance_queue, limit=limit,
-            dry_run=dry_run,
-        )  # fmt: skip
+            kind, older_than=older_than, limit=limit, dry_run=dry_run
+        )

@@ -7,7 +7,6 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from orchestrator.domain.models import QueueStats
-from orchestrator.domain.states import Status
 from orchestrator.storage.runner import Queries, Row
 
 
@@ -41,14 +40,14 @@ class FleetStore:
             jobs = await self.queries.rows("fleet_jobs", None, conn)
             queues = await self.queries.rows(
                 "fleet_queues",
-                {"pending": Status.PENDING.value, "retry": Status.RETRY.value},
+                None,
                 conn,
             )
             dead_letters = await self.queries.rows("fleet_dead_letters", None, conn)
             llm_tokens = await self.queries.rows("fleet_llm_tokens", {"window": llm_window}, conn)
             counts = await self.queries.row(
                 "fleet_counts",
-                {"running": Status.RUNNING.value, "threshold": zombie_threshold},
+                {"threshold": zombie_threshold},
                 conn,
             )
             flow = await self.queries.rows("fleet_flow", None, conn)
@@ -67,9 +66,7 @@ class FleetStore:
         """The unfinished jobs counted, and the zombies (the dashboard's overview): partial
         indexes only, never the finished jobs."""
         jobs = await self.queries.rows("fleet_jobs")
-        counts = await self.queries.row(
-            "fleet_counts", {"running": Status.RUNNING.value, "threshold": zombie_threshold}
-        )
+        counts = await self.queries.row("fleet_counts", {"threshold": zombie_threshold})
         assert counts is not None
         return Unfinished(jobs=jobs, zombies=counts["zombies"])
 

@@ -90,7 +90,6 @@ class LivenessStore:
         rows = await self.queries.rows(
             "zombies",
             {
-                "running": Status.RUNNING.value,
                 "threshold": threshold,
                 "limit": limit,
                 "passed_over": list(passed_over),
@@ -151,7 +150,6 @@ class LivenessStore:
         rows = await self.queries.rows(
             "lost_dispatches",
             {
-                "waiting": sorted(s.value for s in states.CLAIMABLE),
                 "grace_seconds": grace_seconds,
                 "stalled_seconds": stalled_seconds,
                 "limit": limit,
@@ -188,7 +186,7 @@ class LivenessStore:
         seconds (a worker may not have seen it)."""
         row = await self.queries.row(
             "soonest_due",
-            {"retry": Status.RETRY.value, "pending": Status.PENDING.value, "lookback": lookback},
+            {"lookback": lookback},
         )
         assert row is not None
         seconds = None if row["seconds"] is None else float(row["seconds"])

@@ -60,10 +60,10 @@ class RetentionStore:
         ]  # fmt: skip
 
     async def prune_bookkeeping(
-        self, kind: str, *, older_than: float, queue: str, limit: int, dry_run: bool
+        self, kind: str, *, older_than: float, limit: int, dry_run: bool
     ) -> int:
         """Delete (unless ``dry_run``) at most ``limit`` rows of ``kind`` that aged out; how
         many (would have) gone."""
-        params = {"older_than": older_than, "queue": queue, "limit": limit, "dry_run": dry_run}
+        params = {"older_than": older_than, "limit": limit, "dry_run": dry_run}
         row = await self.queries.row(BOOKKEEPING[kind], params)
         return int(row["n"]) if row else 0

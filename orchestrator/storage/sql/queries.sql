@@ -225,13 +225,15 @@ SELECT j.*, w.blocked_on AS flow_blocked_on, k.paused_until AS flow_paused_until
 -- For the worker's wake-up timer: seconds until the next waiting job is due (null: none), and
 -- whether one came due in the last %(lookback)s seconds (the worker may not have seen it). A
 -- job waiting for capacity is due when its key's pump scheduled its dispatch for (a pump
--- announces only the soonest of the times it schedules).
+-- announces only the soonest of the times it schedules). The statuses are written out, as in
+-- the partial indexes they read (orc_jobs_retry_due, orc_jobs_pending_run_at): a parameter
+-- cannot match an index's predicate in a generic plan, which then reads the whole table.
 WITH due AS (
     SELECT next_retry_at AS at FROM orc_jobs
-     WHERE status = %(retry)s AND next_retry_at > now() - make_interval(secs => %(lookback)s)
+     WHERE status = 'RETRY' AND next_retry_at > now() - make_interval(secs => %(lookback)s)
     UNION ALL
     SELECT run_at FROM orc_jobs
-     WHERE status = %(pending)s AND run_at > now() - make_interval(secs => %(lookback)s)
+     WHERE status = 'PENDING' AND run_at > now() - make_interval(secs => %(lookback)s)
     UNION ALL
     SELECT dispatched_at FROM orc_flow_waiters
      WHERE dispatched_at > now() - make_interval(secs => %(lookback)s)
@@ -243,12 +245,13 @@ SELECT extract(epoch FROM min(at) FILTER (WHERE at > now()) - now()) AS seconds,
 -- lost_dispatches --
 -- The retry safety net: waiting jobs past due whose Procrastinate job is gone, finished, or
 -- held by a worker that stopped heartbeating, but those this run could not handle. Bounded,
--- and SKIP LOCKED so sweepers never share a row.
+-- and SKIP LOCKED so sweepers never share a row. The waiting statuses are written out, as in
+-- the partial indexes it reads (orc_jobs_pending_run_at, orc_jobs_retry_due; see soonest_due).
 SELECT j.id, j.procrastinate_job_id, p.status AS procrastinate_status
   FROM orc_jobs AS j
   LEFT JOIN procrastinate_jobs AS p ON p.id = j.procrastinate_job_id
   LEFT JOIN procrastinate_workers AS w ON w.id = p.worker_id
- WHERE j.status = ANY (%(waiting)s)
+ WHERE j.status IN ('PENDING', 'RETRY')
    AND coalesce(j.next_retry_at, j.run_at) < now() - make_interval(secs => %(grace_seconds)s)
    AND (p.id IS NULL
         OR p.status NOT IN ('todo', 'doing')
@@ -657,12 +660,12 @@ WITH RECURSIVE job_types AS (
           FROM procrastinate_events AS e WHERE e.job_id = x.id
      ) AS pe
      GROUP BY x.lock
-), deleted_dispatches AS (
-    DELETE FROM procrastinate_jobs AS p USING dispatches AS x
-     WHERE p.id = x.id AND NOT %(dry_run)s
+), deleted_dispatches AS (  -- by key: a join's generic plan, not knowing the batch is small,
+    DELETE FROM procrastinate_jobs AS p  -- hashed the whole table
+     WHERE p.id = ANY (ARRAY(SELECT x.id FROM dispatches AS x)) AND NOT %(dry_run)s
 ), deleted_jobs AS (
-    DELETE FROM orc_jobs AS j USING candidates AS c
-     WHERE j.id = c.id AND NOT %(dry_run)s
+    DELETE FROM orc_jobs AS j
+     WHERE j.id = ANY (ARRAY(SELECT c.id FROM candidates AS c)) AND NOT %(dry_run)s
 )
 SELECT c.id, c.job_type, c.status,
        (SELECT count(*) FROM orc_job_events AS e WHERE e.job_id = c.id) AS events,
@@ -694,17 +697,21 @@ SELECT c.id, c.job_type, c.status,
 -- prune_maintenance_dispatches --
 -- The finished dispatches of the maintenance services' periodic ticks (no lock: no job is
 -- theirs) whose tick is older than %(older_than)s seconds; Procrastinate unlinks the periodic
--- defer that names one. Returns how many went (or, with %(dry_run)s, would go).
+-- defer that names one. Returns how many went (or, with %(dry_run)s, would go). The queue is
+-- written out (orchestrator.services.maintenance.QUEUE): as a parameter, a generic plan
+-- estimated it by the average queue and read the whole table.
 WITH doomed AS (
     SELECT p.id FROM procrastinate_jobs AS p  -- procrastinate_jobs_queue_name_idx_v1
-     WHERE p.queue_name = %(queue)s AND p.lock IS NULL AND p.status NOT IN ('todo', 'doing')
+     WHERE p.queue_name = 'maintenance' AND p.lock IS NULL
+       AND p.status NOT IN ('todo', 'doing')
        AND CASE WHEN jsonb_typeof(p.args -> 'timestamp') = 'number'
                 THEN (p.args ->> 'timestamp')::float8 END
            < extract(epoch FROM now()) - %(older_than)s
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ), deleted AS (
-    DELETE FROM procrastinate_jobs AS p USING doomed AS d WHERE p.id = d.id AND NOT %(dry_run)s
+    DELETE FROM procrastinate_jobs AS p
+     WHERE p.id = ANY (ARRAY(SELECT d.id FROM doomed AS d)) AND NOT %(dry_run)s
 )
 SELECT count(*) AS n FROM doomed
 
@@ -762,7 +769,7 @@ RETURNING j.lease_token
 SELECT id, job_type, tenant_id, payload, lease_token, heartbeat_at, deadline_at, attempt,
        max_attempts, dispatch_attempt, retry_count, max_retries, procrastinate_job_id, locked_by
   FROM orc_jobs
- WHERE status = %(running)s
+ WHERE status = 'RUNNING'  -- orc_jobs_running_heartbeat's predicate (see soonest_due)
    AND heartbeat_at < now() - make_interval(secs => %(threshold)s)
    AND id <> ALL (%(passed_over)s::uuid[])
  ORDER BY heartbeat_at
@@ -826,13 +833,14 @@ SELECT status, job_type, coalesce(tenant_id, '') AS tenant, count(*) AS n
 
 -- fleet_queues --
 -- Jobs due and waiting to start, by queue, and how long the oldest has been due
--- (orc_jobs_pending_run_at, orc_jobs_retry_due).
+-- (orc_jobs_pending_run_at, orc_jobs_retry_due, whose predicates the statuses match: see
+-- soonest_due).
 SELECT queue, count(*) AS depth, extract(epoch FROM now() - min(due)) AS oldest_age
   FROM (SELECT queue, run_at AS due FROM orc_jobs
-         WHERE status = %(pending)s AND run_at <= now()
+         WHERE status = 'PENDING' AND run_at <= now()
         UNION ALL
         SELECT queue, next_retry_at FROM orc_jobs
-         WHERE status = %(retry)s AND next_retry_at <= now()) AS waiting
+         WHERE status = 'RETRY' AND next_retry_at <= now()) AS waiting
  GROUP BY queue
 
 -- fleet_dead_letters --
@@ -846,7 +854,7 @@ SELECT state, coalesce(tenant_id, '') AS tenant, count(*) AS n
 -- (orc_jobs_running_heartbeat).
 SELECT (SELECT count(*) FROM orc_approvals WHERE status = 'pending') AS approvals,
        (SELECT count(*) FROM orc_jobs
-         WHERE status = %(running)s
+         WHERE status = 'RUNNING'
            AND heartbeat_at < now() - make_interval(secs => %(threshold)s)) AS zombies
 
 
@@ -1046,11 +1054,15 @@ SELECT w.id, c.worker, c.config_version, c.applied_at, w.last_heartbeat
 -- two runs take turns. The first run starts at the oldest finished job. Retries are counted
 -- by layer from the job's job.retry_scheduled events (its primary key), a dead letter from
 -- orc_dead_letters_job_id. Returns the span rolled up and how many jobs finished in it.
+-- Planned for the one row it reads (LIMIT 1: the table has one row, but the planner, without
+-- statistics, guessed thousands and joined them to a sequential scan of orc_jobs), so the span
+-- is found through orc_jobs_finished_at and each job's dead letter through its own lookup.
 WITH mark AS (
     SELECT coalesce(w.rolled_up_to,
                     (SELECT date_trunc('minute', min(finished_at)) FROM orc_jobs),
                     date_trunc('minute', now())) AS since
       FROM orc_rollup_watermark AS w
+     LIMIT 1
        FOR UPDATE
 ), span AS (
     SELECT m.since,
@@ -1063,7 +1075,8 @@ WITH mark AS (
     SELECT date_trunc('minute', j.finished_at) AS at, j.job_type, j.queue,
            coalesce(j.tenant_id, '') AS tenant, j.status,
            round(1000 * extract(epoch FROM j.finished_at - j.started_at))::bigint AS ms,
-           EXISTS (SELECT 1 FROM orc_dead_letters AS d WHERE d.job_id = j.id) AS lettered,
+           (SELECT true FROM orc_dead_letters AS d WHERE d.job_id = j.id) IS NOT NULL
+               AS lettered,
            r.app, r.infra, u.calls, u.input, u.output, u.cache_read, u.cache_creation
       FROM span AS s
       JOIN orc_jobs AS j ON j.finished_at >= s.since AND j.finished_at < s.until

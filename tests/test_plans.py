@@ -1,0 +1,319 @@
+"""Every hot statement's cost is independent of the job table's size (docs/operations.md,
+"Plans that stay flat").
+
+A database is planted with finished jobs and 3,000 unfinished ones, with their events,
+dispatches, dead letters and LLM usage (bench/history.py): 20,000 finished, where a plan that
+reads a table whole still looks cheap to the planner (the claim's hash join over orc_jobs of
+migration 0033 was chosen at that size, not at 200,000), and 200,000. The hot paths then run
+through the stores, as the worker, the API, the dashboard and the maintenance services call
+them: submit, the fetch with its claim and the flow gate, the claim left for later, heartbeat,
+completion, retry, hand-back, cancel, the flow pump and resume, every maintenance service's
+batch (zombie sweep, safety net, approval expiry, checkpoint prune, retention, rollups), and the
+listings. Their connections have ``auto_explain`` send the plan of every statement they run
+to the client, nested ones included: the statements inside the orc_* functions and their
+triggers. A sequential scan of a table holding 10,000 rows or more fails the test, naming the
+statement.
+
+Each path runs twice: with the plans PostgreSQL chooses, and forced to generic plans (those a
+prepared statement, or a plpgsql function's statement, may settle on after five calls, planned
+without the parameters' values: a parameter cannot match a partial index's predicate, nor say
+that a batch is small). The listings run only with the plans PostgreSQL chooses: their filters
+are optional, so no one plan serves them all, and PostgreSQL keeps planning them with their
+values, since their generic plan costs more than those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from bench.history import fill_history
+from checkpoints import CheckpointStore
+from orchestrator import JobContext, Orchestrator
+from orchestrator.domain.policy import Layer
+from orchestrator.domain.rollups import Window
+from orchestrator.services.approvals import ApprovalDecisions
+from orchestrator.services.maintenance import NAMES, Maintenance
+from orchestrator.storage.database import drop_database, ensure_database, with_database
+from orchestrator.storage.dispatches import Completion, Dispatch
+from orchestrator.storage.jobs import JobFilters
+from orchestrator.storage.migrate import migrate
+from orchestrator.storage.stores import Stores
+from orchestrator.storage.usage import UsageFilters
+from tests.support.harness import config_with, settings_for_tests
+
+UNFINISHED = 3_000
+#: A table this large is job-sized: reading it whole is a cost that grows with the history.
+JOB_SIZED = 10_000
+LIMITS = """
+[limits.plan_rate]
+key = "{job_type}"
+requests = 1000
+interval_seconds = 60
+
+[limits.plan_slots]
+key = "slots:{payload.pool}"
+concurrency = 1
+
+[job_types.plan_rated]
+limit = "plan_rate"
+
+[job_types.plan_slotted]
+limit = "plan_slots"
+"""
+BUSY = {"ts": "2026-01-01T00:00:00Z", "message": "busy", "code": "HTTP_429",
+        "classification": "TRANSIENT_APP", "attempt": 1, "terminal": False}  # fmt: skip
+AUTO_EXPLAIN = {
+    "auto_explain.log_min_duration": "0",
+    "auto_explain.log_nested_statements": "on",
+    "auto_explain.log_format": "json",
+    "auto_explain.log_analyze": "on",
+    "auto_explain.log_timing": "off",
+    "client_min_messages": "log",
+}
+
+
+@dataclass
+class Plans:
+    """The plans the server sent, each with the statement's text; ``mode``: the plan cache mode
+    they were made in; ``path``: what ran them."""
+
+    mode: str
+    path: str = ""
+    seen: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+
+    def hear(self, diag: psycopg.errors.Diagnostic) -> None:
+        message = diag.message_primary or ""
+        if "plan:" in message:
+            plan = json.loads(message.split("plan:", 1)[1])
+            self.seen.append((self.path, plan["Query Text"], plan["Plan"]))
+
+
+def scans(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", ()):
+        yield from scans(child)
+
+
+def outline(node: dict[str, Any], depth: int = 0) -> str:
+    """The plan's nodes, one a line, for the failure's message."""
+    where = " ".join(node.get(k, "") for k in ("Relation Name", "Index Name", "Subplan Name"))
+    lines = [f"{'  ' * depth}{node['Node Type']} {where}".rstrip()]
+    lines += [outline(child, depth + 1) for child in node.get("Plans", ())]
+    return "\n".join(lines)
+
+
+def sequential_scans(plans: Plans, sized: set[str]) -> list[str]:
+    found = []
+    for path, text, plan in plans.seen:
+        for node in scans(plan):
+            ran = node.get("Actual Loops", 1) > 0
+            if ran and node["Node Type"] == "Seq Scan" and node.get("Relation Name") in sized:
+                found.append(
+                    f"{path}: Seq Scan on {node['Relation Name']} in\n{text.strip()}\n"
+                    f"plan:\n{outline(plan)}"
+                )
+    return found
+
+
+@pytest.fixture(scope="module", params=[20_000, 200_000], ids=["20k", "200k"])
+def planted(server_dsn: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A database of its own, migrated and planted with a fleet's history of this size."""
+    name = f"orc_plans_{uuid.uuid4().hex[:8]}"
+    ensure_database(server_dsn, name)
+    dsn = with_database(server_dsn, name)
+
+    async def plant() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await migrate(conn)
+            await fill_history(conn, request.param, live=UNFINISHED, spacing=1e6 / request.param)
+
+    asyncio.run(plant())
+    yield dsn
+    drop_database(server_dsn, name)
+
+
+async def job_sized(dsn: str) -> set[str]:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(
+            "SELECT relname FROM pg_class WHERE relkind = 'r' AND reltuples >= %s", (JOB_SIZED,)
+        )
+        return {row[0] for row in await cur.fetchall()}
+
+
+@pytest.fixture
+async def explained(
+    planted: str, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[Stores, Plans]]:
+    """Stores on connections whose every plan is heard, in the plan cache mode of the test's
+    parameter."""
+    plans = Plans(request.param)
+
+    async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+        await conn.set_autocommit(True)
+        try:
+            await conn.execute("LOAD 'auto_explain'")
+        except psycopg.errors.InsufficientPrivilege:
+            pytest.skip("loading auto_explain needs a superuser on DATABASE_URL's server")
+        for name, value in {**AUTO_EXPLAIN, "plan_cache_mode": request.param}.items():
+            await conn.execute(f"SET {name} = {value}")
+        conn.add_notice_handler(plans.hear)
+
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        planted, min_size=1, max_size=4, open=False, configure=configure,
+        kwargs={"row_factory": dict_row},
+    )  # fmt: skip
+    await pool.open(wait=True)
+    try:
+        yield Stores.on(pool), plans
+    finally:
+        await pool.close()
+
+
+def planner(planted: str) -> Orchestrator:
+    orc = Orchestrator(settings=settings_for_tests(retry_config=config_with(LIMITS)), dsn=planted)
+
+    for name in ("noop", "plan_rated", "plan_slotted"):
+
+        @orc.job_type(name)
+        async def run(ctx: JobContext, payload: dict[str, Any]) -> None:
+            return None
+
+    return orc
+
+
+async def submit(orc: Orchestrator, stores: Stores, plans: Plans) -> list[uuid.UUID]:
+    plans.path = "submit"
+    specs = [
+        *({"job_type": "noop", "payload": {"i": i}} for i in range(6)),
+        {"job_type": "noop", "payload": {}, "job_key": f"plans-{uuid.uuid4()}"},
+        {"job_type": "noop", "payload": {}, "tenant_id": "tenant-1"},
+        *({"job_type": "plan_rated", "payload": {}} for _ in range(2)),
+        *({"job_type": "plan_slotted", "payload": {"pool": "p"}} for _ in range(3)),
+    ]
+    async with stores.queries.connection() as conn:
+        return await orc.submit_many(specs, connection=conn)
+
+
+async def fetch(stores: Stores, plans: Plans, worker_id: int) -> list[Dispatch]:
+    plans.path = "fetch and claim (with the flow gate)"
+    async with stores.queries.connection() as conn:
+        return await stores.dispatches.fetch(
+            limit=20, queues=None, worker_id=worker_id, worker="plans", conn=conn
+        )
+
+
+async def run_attempts(stores: Stores, plans: Plans, dispatches: list[Dispatch]) -> None:
+    claimed = [(d, d.claim) for d in dispatches if d.claim is not None]
+    assert len(claimed) >= 4, "the planted history hid the submitted jobs from the fetch"
+    plans.path = "heartbeat"
+    await stores.liveness.heartbeat(
+        {c.lease_token: c.id for _, c in claimed}, zombie_threshold=300, expiry_grace=60
+    )
+    (retried, retry_claim), (handed, hand_claim), *done = claimed
+    plans.path = "retry"
+    await stores.dispatches.retry(
+        retry_claim, retried.id, layer=Layer.APP,
+        next_retry_at=datetime.now(UTC) + timedelta(hours=1),
+        error=BUSY, failed_event={"error": BUSY}, retry_event={},
+    )  # fmt: skip
+    plans.path = "hand-back"
+    await stores.dispatches.hand_back(hand_claim, handed.id, {"reason": "drain"})
+    plans.path = "completion"
+    async with stores.queries.transaction() as conn:
+        await stores.dispatches.complete(
+            [Completion(c, {"ok": True}, {}, d.id) for d, c in done], conn
+        )
+
+
+async def operate(stores: Stores, plans: Plans, job_ids: list[uuid.UUID]) -> None:
+    plans.path = "cancel"
+    await stores.jobs.cancel(job_ids[-1], reason="plans", by="test")
+    plans.path = "flow pump"
+    await stores.flow.pump(None)
+    await stores.flow.pump(["slots:p"])
+    plans.path = "flow resume"
+    await stores.flow.resume("slots:p")
+    plans.path = "soonest due"
+    await stores.liveness.soonest_due(lookback=5)
+
+
+async def maintain(orc: Orchestrator, stores: Stores, plans: Plans) -> None:
+    decisions = ApprovalDecisions(stores=stores, failures=orc.failures)
+    maintenance = Maintenance.build(
+        stores=stores, checkpoints=CheckpointStore(stores.queries), failures=orc.failures,
+        decisions=decisions, config=orc.live_config, settings=orc.settings,
+        on_run=lambda name, did: None,
+    )  # fmt: skip
+    for name in NAMES:
+        plans.path = f"maintenance: {name}"
+        await maintenance.run(name)
+
+
+async def read(stores: Stores, plans: Plans, job_id: uuid.UUID) -> None:
+    now = datetime.now(UTC)
+    tenants = frozenset({"tenant-1", "tenant-2"})
+    reads: dict[str, Callable[[], Awaitable[Any]]] = {
+        "job": lambda: stores.jobs.get(job_id),
+        "job history": lambda: stores.jobs.history(job_id),
+        "job list": lambda: stores.jobs.list_jobs(limit=50),
+        "job list by status": lambda: stores.jobs.list_jobs(status=None, job_type="llm_generate"),
+        "job page": lambda: stores.jobs.page(JobFilters(), before=None, limit=50),
+        "job page, next": lambda: stores.jobs.page(JobFilters(), before=job_id, limit=50),
+        "job page of tenants": lambda: stores.jobs.page(
+            JobFilters(tenants=tenants), before=None, limit=50
+        ),
+        "dead letters": lambda: stores.dead_letters.list_letters(limit=50),
+        "dead letters of tenants": lambda: stores.dead_letters.list_letters(tenants=tenants),
+        "fleet": lambda: stores.fleet.read(zombie_threshold=300),
+        "queues": lambda: stores.fleet.queue_stats(),
+        "queues of tenants": lambda: stores.fleet.queue_stats(tenants=tenants),
+        "usage": lambda: stores.usage.totals(
+            ("model",), UsageFilters(since=now - timedelta(hours=1)), limit=50
+        ),
+        "usage of a job": lambda: stores.usage.of_job(job_id),
+        "stats": lambda: stores.rollups.job_stats(
+            Window(since=now - timedelta(hours=1), until=now, step=60, period=60, by=()),
+            tenants=None,
+        ),
+        "holders": lambda: stores.dashboard.holders(tenants=None),
+    }
+    for path, reading in reads.items():
+        plans.path = path
+        await reading()
+
+
+@pytest.mark.parametrize(
+    "explained", ["auto", "force_generic_plan"], indirect=True, ids=["chosen", "generic"]
+)
+async def test_no_hot_statement_reads_a_job_sized_table_whole(
+    planted: str, explained: tuple[Stores, Plans]
+) -> None:
+    stores, plans = explained
+    sized = await job_sized(planted)
+    assert {"orc_jobs", "orc_job_events", "procrastinate_jobs"} <= sized
+    orc = planner(planted)
+    async with orc:
+        await stores.flow.apply(orc.live_config)
+        job_ids = await submit(orc, stores, plans)
+        worker_id = await stores.dispatches.register_worker(prune_after=60)
+        dispatches = await fetch(stores, plans, worker_id)
+        await run_attempts(stores, plans, dispatches)
+        await operate(stores, plans, job_ids)
+        await maintain(orc, stores, plans)
+        if plans.mode == "auto":
+            await read(stores, plans, job_ids[0])
+    paths = {path for path, _, _ in plans.seen}
+    assert {"submit", "fetch and claim (with the flow gate)", "completion"} <= paths
+    found = sequential_scans(plans, sized)
+    assert not found, "\n\n".join(found)
