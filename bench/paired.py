@@ -1,0 +1,254 @@
+"""The paired bench against the release before: what a change costs per job, measured before it
+lands.
+
+    ./dev bench paired [--base REF] [--head REF] [--jobs 3000] [--pairs 5] [--history 100000]
+                       [--concurrency 10]
+
+Measured: the wall time per job of one worker process draining ``--jobs`` queued no-op jobs
+(submit -> COMPLETED, ``--concurrency`` at once), with the head's code against the base's. The
+baseline is the base commit (``--base``, default ``HEAD``: the last commit, the release before
+the change in the working tree), on the same database server, in the same run. The head
+(``--head``) defaults to the working tree itself, uncommitted changes included; a REF given
+for either side is extracted with ``git archive`` into a temporary directory and run with this
+interpreter, its root as the working directory, so that ``import orchestrator`` finds that
+side's code. A change that costs 100 µs per job, or that turns a lookup into a scan, shows.
+
+Each side has a database of its own on one server, migrated by its own code (``python -m
+orchestrator migrate``), so each runs on the schema its release ships; both then get the same
+planted history of ``--history`` finished jobs (bench/history.py, from this tree), which the
+hot statements must stay indifferent to. A drain is a child process of that side's code,
+using only the stable public API: it submits the jobs (1000 per call), ANALYZEs, and times
+``run_worker(wait=False)`` until the queue is empty; every job is then checked COMPLETED. The
+drains come in pairs, one per side, and the side that goes first alternates from pair to pair
+(base first, then head first, ...): the machine's speed drifts within minutes, and a drift, or
+the jobs earlier drains leave behind, then weighs on both sides alike. The verdict is the
+median of the paired differences (head - base), with their spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from bench.common import ROOT, fresh_database, machine, percentile, server_version
+from bench.history import fill_history
+
+#: One drain, run as ``python -c DRAIN DSN JOBS CONCURRENCY`` in a side's root: that side's
+#: code submits the jobs and drains them; the last line printed is the drain's seconds.
+DRAIN = """
+import asyncio, logging, sys, time
+from pathlib import Path
+
+import orchestrator, psycopg
+from orchestrator import JobContext, Orchestrator, Settings
+
+assert Path(orchestrator.__file__).resolve().is_relative_to(Path.cwd().resolve()), (
+    f"imported {orchestrator.__file__}, not the code in {Path.cwd()}"
+)
+
+
+async def main(dsn: str, jobs: int, concurrency: int) -> float:
+    logging.getLogger("orchestrator").setLevel(logging.WARNING)
+    orc = Orchestrator(settings=Settings(), dsn=dsn)
+
+    @orc.job_type("noop")
+    async def noop(ctx: JobContext, payload: int) -> None:
+        return None
+
+    async with orc:
+        for start in range(0, jobs, 1000):
+            batch = range(start, min(jobs, start + 1000))
+            await orc.submit_many({"job_type": "noop", "payload": i} for i in batch)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            for table in ("orc_jobs", "orc_job_events", "procrastinate_jobs"):
+                await conn.execute(f"ANALYZE {table}")
+        started = time.perf_counter()
+        await orc.run_worker(concurrency=concurrency, wait=False, install_signal_handlers=False)
+        return time.perf_counter() - started
+
+
+print(asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))))
+"""
+
+
+@dataclass
+class Side:
+    name: str  # "base" or "head"
+    root: Path  # where its code is, the working directory of its processes
+    commit: str  # what it is, for the report
+    dsn: str = ""
+    drains: int = 0
+
+
+def git(*argv: str) -> str:
+    run = subprocess.run(
+        ["git", "-C", str(ROOT), *argv], capture_output=True, text=True, check=False
+    )
+    if run.returncode != 0:
+        raise SystemExit(f"git {' '.join(argv)} failed: {run.stderr.strip()}")
+    return run.stdout.strip()
+
+
+def extract(ref: str, dest: Path) -> Path:
+    """``ref``'s files (``git archive``) in ``dest``."""
+    git_archive = ["git", "-C", str(ROOT), "archive", "--format=tar", ref]
+    archive = subprocess.run(git_archive, capture_output=True, check=False)
+    if archive.returncode != 0:
+        raise SystemExit(f"git archive {ref} failed: {archive.stderr.decode().strip()}")
+    dest.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(dest, filter="data")
+    return dest
+
+
+def checkout(name: str, ref: str | None, tmp: Path) -> Side:
+    """The side of ``ref``, extracted into ``tmp``; without a ref, the working tree."""
+    if ref is None:
+        return Side(name, ROOT, f"working tree ({git('describe', '--dirty', '--always')})")
+    return Side(name, extract(ref, tmp / name), git("log", "-1", "--format=%h %s", ref))
+
+
+def child_env(side: Side) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(side.root), "DATABASE_URL": side.dsn}
+
+
+def migrate(side: Side) -> None:
+    """The side's schema, applied by its own ``orchestrator migrate``."""
+    run = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "migrate"],
+        cwd=side.root, env=child_env(side), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if run.returncode != 0:
+        raise SystemExit(f"{side.name}: orchestrator migrate failed: {run.stderr.strip()[-500:]}")
+
+
+async def plant_history(side: Side, jobs: int) -> None:
+    async with await psycopg.AsyncConnection.connect(side.dsn, autocommit=True) as conn:
+        try:
+            await fill_history(conn, jobs)
+        except psycopg.Error as exc:
+            why = str(exc).splitlines()[0]
+            raise SystemExit(
+                f"{side.name}: planting the history failed on its schema ({why}); "
+                "an old base may lack a column bench/history.py writes: try --history 0"
+            ) from exc
+
+
+async def noop_counts(dsn: str) -> tuple[int, int]:
+    """(COMPLETED, all) of the no-op jobs the drains submitted."""
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'COMPLETED'), count(*)"
+            " FROM orc_jobs WHERE job_type = 'noop'"
+        )
+        row = await cur.fetchone()
+        return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
+def drain(side: Side, jobs: int, concurrency: int) -> float:
+    """One drain of ``jobs`` no-op jobs by the side's code; its µs per job."""
+    run = subprocess.run(
+        [sys.executable, "-c", DRAIN, side.dsn, str(jobs), str(concurrency)],
+        cwd=side.root, env=child_env(side), capture_output=True, text=True, check=False,
+        timeout=max(600, jobs / 10),
+    )  # fmt: skip
+    if run.returncode != 0:
+        raise SystemExit(f"{side.name}: the drain failed: {run.stderr.strip()[-800:]}")
+    side.drains += 1
+    done, total = asyncio.run(noop_counts(side.dsn))
+    expected = side.drains * jobs
+    if done != expected or total != expected:
+        raise SystemExit(f"{side.name}: {done} of {total} jobs COMPLETED, {expected} expected")
+    return float(run.stdout.strip().splitlines()[-1]) / jobs * 1e6
+
+
+def pairs(base: Side, head: Side, args: argparse.Namespace) -> list[tuple[float, float]]:
+    """(base, head) µs per job of each pair; odd pairs run base first."""
+    results = []
+    for pair in range(1, args.pairs + 1):
+        order = (base, head) if pair % 2 else (head, base)
+        us = {s.name: drain(s, args.jobs, args.concurrency) for s in order}
+        first = order[0].name
+        print(
+            f"  pair {pair} ({first} first): base {us['base']:6.0f} µs/job, "
+            f"head {us['head']:6.0f} µs/job, delta {us['head'] - us['base']:+6.0f} µs/job"
+        )
+        results.append((us["base"], us["head"]))
+    return results
+
+
+def summary(results: list[tuple[float, float]]) -> None:
+    base = statistics.median(b for b, _ in results)
+    head = statistics.median(h for _, h in results)
+    deltas = [h - b for b, h in results]
+    delta = statistics.median(deltas)
+    iqr = (percentile(deltas, 25), percentile(deltas, 75))
+    print(
+        f"median of {len(results)} pairs: base {base:.0f} µs/job, head {head:.0f} µs/job, "
+        f"ratio head/base {head / base:.3f}"
+    )
+    print(
+        f"paired deltas (head - base): median {delta:+.0f} µs/job, "
+        f"min-max [{min(deltas):+.0f}, {max(deltas):+.0f}], IQR [{iqr[0]:+.0f}, {iqr[1]:+.0f}]"
+    )
+    noise = "" if min(deltas) > 0 or max(deltas) < 0 else " (it includes 0: within the noise)"
+    more = f"{delta:+.0f} µs/job ({100 * delta / base:+.1f} %) more"
+    less = f"{-delta:.0f} µs/job ({-100 * delta / base:.1f} %) less"
+    print(
+        f"verdict: head costs {more if delta >= 0 else less} than base; "
+        f"spread of the deltas [{min(deltas):+.0f}, {max(deltas):+.0f}] µs/job{noise}"
+    )
+
+
+@contextlib.contextmanager
+def databases(*sides: Side) -> Iterator[None]:
+    """A fresh database per side (dropped afterwards), each migrated by its side's code."""
+    with contextlib.ExitStack() as stack:
+        for s in sides:
+            s.dsn = stack.enter_context(fresh_database(f"orc_paired_{s.name}", schema=None))
+            migrate(s)
+        yield
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="the paired bench against the release before")
+    parser.add_argument("--base", default="HEAD", help="the baseline's commit (default HEAD)")
+    parser.add_argument("--head", help="the measured commit (default: the working tree)")
+    parser.add_argument("--jobs", type=int, default=3000, help="per drain")
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--history", type=int, default=100_000, help="planted finished jobs")
+    parser.add_argument("--concurrency", type=int, default=10)
+    args = parser.parse_args()
+    if args.jobs < 1 or args.pairs < 1:
+        parser.error("--jobs and --pairs must be at least 1")
+
+    with tempfile.TemporaryDirectory(prefix="orc_paired_") as tmp:
+        base, head = checkout("base", args.base, Path(tmp)), checkout("head", args.head, Path(tmp))
+        print(f"base: {base.commit}\nhead: {head.commit}")
+        with databases(base, head):
+            print(f"machine: {machine()}, PostgreSQL {asyncio.run(server_version(base.dsn))}")
+            for s in (base, head):
+                if args.history:
+                    asyncio.run(plant_history(s, args.history))
+            print(
+                f"history: {args.history} finished jobs planted per side; {args.jobs} no-op "
+                f"jobs per drain, 1 worker process, concurrency {args.concurrency}"
+            )
+            summary(pairs(base, head, args))
+
+
+if __name__ == "__main__":
+    main()
