@@ -22,7 +22,10 @@ using only the stable public API: it submits the jobs (1000 per call), ANALYZEs,
 drains come in pairs, one per side, and the side that goes first alternates from pair to pair
 (base first, then head first, ...): the machine's speed drifts within minutes, and a drift, or
 the jobs earlier drains leave behind, then weighs on both sides alike. The verdict is the
-median of the paired differences (head - base), with their spread.
+median of the paired differences (head - base), with their spread, for wall time and for CPU
+time (the worker process's and the server processes' together, read from /proc: steadier than
+wall time on a machine that is busy with other work, since another process's load delays a
+drain but does not add to its CPU time).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import argparse
 import asyncio
 import contextlib
 import io
+import json
 import os
 import statistics
 import subprocess
@@ -47,9 +51,11 @@ from bench.common import ROOT, fresh_database, machine, percentile, server_versi
 from bench.history import fill_history
 
 #: One drain, run as ``python -c DRAIN DSN JOBS CONCURRENCY`` in a side's root: that side's
-#: code submits the jobs and drains them; the last line printed is the drain's seconds.
+#: code submits the jobs and drains them. The last line printed: the drain's wall seconds, the
+#: CPU seconds of this process and of the server's processes serving the database (read from
+#: /proc before the worker's connections close; -1 when the server is not on this machine).
 DRAIN = """
-import asyncio, logging, sys, time
+import asyncio, json, logging, sys, time
 from pathlib import Path
 
 import orchestrator, psycopg
@@ -60,7 +66,35 @@ assert Path(orchestrator.__file__).resolve().is_relative_to(Path.cwd().resolve()
 )
 
 
-async def main(dsn: str, jobs: int, concurrency: int) -> float:
+async def server_cpu(dsn: str) -> dict[int, int] | None:
+    # Nanoseconds of CPU used so far by each server process serving the database (None: they
+    # are not processes of this machine). Taken while the worker's pool is still open.
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT pid FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        pids = [row[0] for row in await cur.fetchall()]
+    used = {}
+    for pid in pids:
+        try:
+            if not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"postgres"):
+                return None
+            used[pid] = int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, IndexError):
+            return None
+    return used if used or not pids else None
+
+
+def spent(before: dict[int, int] | None, after: dict[int, int] | None) -> float:
+    if before is None or after is None:
+        return -1.0
+    return sum(ns - before.get(pid, 0) for pid, ns in after.items()) / 1e9
+
+
+async def main(dsn: str, jobs: int, concurrency: int) -> dict[str, float]:
     logging.getLogger("orchestrator").setLevel(logging.WARNING)
     orc = Orchestrator(settings=Settings(), dsn=dsn)
 
@@ -75,12 +109,15 @@ async def main(dsn: str, jobs: int, concurrency: int) -> float:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             for table in ("orc_jobs", "orc_job_events", "procrastinate_jobs"):
                 await conn.execute(f"ANALYZE {table}")
-        started = time.perf_counter()
+        server = await server_cpu(dsn)
+        started, cpu = time.perf_counter(), time.process_time()
         await orc.run_worker(concurrency=concurrency, wait=False, install_signal_handlers=False)
-        return time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+        return {"seconds": seconds, "worker_cpu": cpu,
+                "server_cpu": spent(server, await server_cpu(dsn))}
 
 
-print(asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))))
+print(json.dumps(asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))))
 """
 
 
@@ -158,8 +195,17 @@ async def noop_counts(dsn: str) -> tuple[int, int]:
         return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
-def drain(side: Side, jobs: int, concurrency: int) -> float:
-    """One drain of ``jobs`` no-op jobs by the side's code; its µs per job."""
+@dataclass(frozen=True)
+class Cost:
+    """One drain's cost per job: wall time, and CPU time (the worker process and the server's
+    processes together; None when the server is not on this machine)."""
+
+    wall: float  # µs per job
+    cpu: float | None  # µs per job
+
+
+def drain(side: Side, jobs: int, concurrency: int) -> Cost:
+    """One drain of ``jobs`` no-op jobs by the side's code."""
     run = subprocess.run(
         [sys.executable, "-c", DRAIN, side.dsn, str(jobs), str(concurrency)],
         cwd=side.root, env=child_env(side), capture_output=True, text=True, check=False,
@@ -172,45 +218,53 @@ def drain(side: Side, jobs: int, concurrency: int) -> float:
     expected = side.drains * jobs
     if done != expected or total != expected:
         raise SystemExit(f"{side.name}: {done} of {total} jobs COMPLETED, {expected} expected")
-    return float(run.stdout.strip().splitlines()[-1]) / jobs * 1e6
+    figures = json.loads(run.stdout.strip().splitlines()[-1])
+    cpu = None if figures["server_cpu"] < 0 else figures["worker_cpu"] + figures["server_cpu"]
+    return Cost(figures["seconds"] / jobs * 1e6, None if cpu is None else cpu / jobs * 1e6)
 
 
-def pairs(base: Side, head: Side, args: argparse.Namespace) -> list[tuple[float, float]]:
-    """(base, head) µs per job of each pair; odd pairs run base first."""
+def pairs(base: Side, head: Side, args: argparse.Namespace) -> list[tuple[Cost, Cost]]:
+    """(base, head) costs of each pair; odd pairs run base first."""
     results = []
     for pair in range(1, args.pairs + 1):
         order = (base, head) if pair % 2 else (head, base)
-        us = {s.name: drain(s, args.jobs, args.concurrency) for s in order}
-        first = order[0].name
+        costs = {s.name: drain(s, args.jobs, args.concurrency) for s in order}
+        b, h = costs["base"], costs["head"]
+        cpu = "" if b.cpu is None or h.cpu is None else (
+            f"; CPU base {b.cpu:5.0f}, head {h.cpu:5.0f}, delta {h.cpu - b.cpu:+5.0f}"
+        )  # fmt: skip
         print(
-            f"  pair {pair} ({first} first): base {us['base']:6.0f} µs/job, "
-            f"head {us['head']:6.0f} µs/job, delta {us['head'] - us['base']:+6.0f} µs/job"
+            f"  pair {pair} ({order[0].name} first): wall base {b.wall:5.0f}, head {h.wall:5.0f},"
+            f" delta {h.wall - b.wall:+5.0f}{cpu} (µs/job)"
         )
-        results.append((us["base"], us["head"]))
+        results.append((b, h))
     return results
 
 
-def summary(results: list[tuple[float, float]]) -> None:
+def summary(measure: str, results: list[tuple[float, float]]) -> None:
+    """The verdict on one measure: the median of the paired deltas and their spread."""
     base = statistics.median(b for b, _ in results)
     head = statistics.median(h for _, h in results)
     deltas = [h - b for b, h in results]
     delta = statistics.median(deltas)
     iqr = (percentile(deltas, 25), percentile(deltas, 75))
-    print(
-        f"median of {len(results)} pairs: base {base:.0f} µs/job, head {head:.0f} µs/job, "
-        f"ratio head/base {head / base:.3f}"
-    )
-    print(
-        f"paired deltas (head - base): median {delta:+.0f} µs/job, "
-        f"min-max [{min(deltas):+.0f}, {max(deltas):+.0f}], IQR [{iqr[0]:+.0f}, {iqr[1]:+.0f}]"
-    )
     noise = "" if min(deltas) > 0 or max(deltas) < 0 else " (it includes 0: within the noise)"
     more = f"{delta:+.0f} µs/job ({100 * delta / base:+.1f} %) more"
     less = f"{-delta:.0f} µs/job ({-100 * delta / base:.1f} %) less"
     print(
-        f"verdict: head costs {more if delta >= 0 else less} than base; "
-        f"spread of the deltas [{min(deltas):+.0f}, {max(deltas):+.0f}] µs/job{noise}"
+        f"{measure}: base {base:.0f} µs/job, head {head:.0f} µs/job (medians of "
+        f"{len(results)} pairs), ratio head/base {head / base:.3f}; head costs "
+        f"{more if delta >= 0 else less} than base; paired deltas: min-max "
+        f"[{min(deltas):+.0f}, {max(deltas):+.0f}], IQR [{iqr[0]:+.0f}, {iqr[1]:+.0f}]{noise}"
     )
+
+
+def verdicts(results: list[tuple[Cost, Cost]]) -> None:
+    summary("wall time", [(b.wall, h.wall) for b, h in results])
+    if all(b.cpu is not None and h.cpu is not None for b, h in results):
+        summary("CPU time", [(b.cpu or 0.0, h.cpu or 0.0) for b, h in results])
+    else:
+        print("CPU time: not measured (the server is not on this machine)")
 
 
 @contextlib.contextmanager
@@ -247,7 +301,7 @@ def main() -> None:
                 f"history: {args.history} finished jobs planted per side; {args.jobs} no-op "
                 f"jobs per drain, 1 worker process, concurrency {args.concurrency}"
             )
-            summary(pairs(base, head, args))
+            verdicts(pairs(base, head, args))
 
 
 if __name__ == "__main__":
