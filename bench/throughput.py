@@ -244,7 +244,7 @@ def main() -> None:
             f"end-to-end (median of {args.rounds} rounds): raw Procrastinate "
             f"{medians['raw']:.0f} jobs/s (default pool), {medians['raw-our-pool']:.0f} jobs/s "
             f"(our pool); orchestrator {medians['orc']:.0f} jobs/s; ratio "
-            f"{medians['orc'] / baseline:.2f} against the faster baseline (target >= 0.80)"
+            f"{medians['orc'] / baseline:.2f} against the faster baseline (goal >= 1.2)"
         )
         print(
             f"metrics: orchestrator {medians['orc']:.0f} jobs/s with them, "
@@ -261,8 +261,8 @@ def main() -> None:
                 f"batched {graphile_options['gw-batched']} {batched:.0f} jobs/s"
             )
             print(
-                f"ratio orchestrator / Graphile Worker: {medians['orc'] / default:.2f} (default), "
-                f"{medians['orc'] / batched:.2f} (batched)"
+                f"ratio orchestrator / Graphile Worker: {medians['orc'] / default:.2f} (default; "
+                f"goal >= 0.4), {medians['orc'] / batched:.2f} (batched)"
             )
         rates = asyncio.run(submit_rates(dsn, n_single=2000, n_batch=10_000))
         for name, rate in rates.items():
