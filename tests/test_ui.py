@@ -2,13 +2,18 @@
 ``orchestrator serve`` on a real database, with a worker running the jobs: sign in, a retry's
 countdown and the job's live progress, a job's timeline, steps and ledger, a requeue, the
 two-person discard, an approval, and a tenant's token that never sees another tenant's jobs.
-Each page is photographed into docs/ui/ (README.md links them)."""
+Each page is photographed: into docs/ui/ (README.md links them) when ORCHESTRATOR_UI_SHOTS=docs
+asks to refresh those, else into a temporary folder, so a run leaves the working tree as it
+found it."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -26,7 +31,11 @@ from tests.support.external import MessageService, message_service
 from tests.support.harness import ROOT, WorkerRun, wait_for
 from tests.support.tools import find
 
-SHOTS = ROOT / "docs" / "ui"
+SHOTS = (
+    ROOT / "docs" / "ui"
+    if os.environ.get("ORCHESTRATOR_UI_SHOTS") == "docs"
+    else Path(tempfile.gettempdir()) / "orchestrator-ui-shots"
+)
 CHROMIUM_FLAGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -81,7 +90,7 @@ async def accept(dialog: Any) -> None:
 
 
 async def shot(page: Any, name: str) -> None:
-    SHOTS.mkdir(exist_ok=True)
+    SHOTS.mkdir(parents=True, exist_ok=True)
     await page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
