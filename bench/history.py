@@ -39,8 +39,9 @@ SELECT gen_random_uuid() AS id, nextval('procrastinate_jobs_id_seq') AS dispatch
   FROM generate_series(1, %(jobs)s + %(live)s) AS n
 """,
     """
-INSERT INTO procrastinate_jobs (id, queue_name, task_name, priority, args, status, attempts)
-SELECT p.dispatch, 'default', 'orc.' || p.job_type, 0,
+INSERT INTO procrastinate_jobs (id, queue_name, task_name, priority, lock, args, status,
+                                attempts)
+SELECT p.dispatch, 'default', 'orc.' || p.job_type, 0, p.id::text,
        jsonb_build_object('job_id', p.id),
        CASE WHEN p.status IN ('COMPLETED', 'FAILED') THEN 'succeeded'
             ELSE 'cancelled' END::procrastinate_job_status, 1
