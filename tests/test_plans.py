@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from bench.history import fill_history
 from checkpoints import CheckpointStore
-from orchestrator import JobContext, Orchestrator
+from orchestrator import JobContext, Orchestrator, Status
 from orchestrator.domain.policy import Layer
 from orchestrator.domain.rollups import Window
 from orchestrator.services.approvals import ApprovalDecisions
@@ -52,7 +53,7 @@ from orchestrator.storage.migrate import migrate
 from orchestrator.storage.stores import Stores
 from orchestrator.storage.usage import UsageFilters
 from tests.support import log_guard
-from tests.support.harness import config_with, settings_for_tests
+from tests.support.harness import ROOT, config_with, settings_for_tests
 
 UNFINISHED = 3_000
 #: A table this large is job-sized: reading it whole is a cost that grows with the history.
@@ -342,3 +343,13 @@ async def test_no_hot_statement_reads_a_job_sized_table_whole(
     assert {"submit", "fetch and claim (with the flow gate)", "completion"} <= paths
     found = sequential_scans(plans, sized)
     assert not found, "\n\n".join(found)
+
+
+def test_every_status_written_out_in_a_query_is_one_of_the_state_machine() -> None:
+    """The statuses a read writes out, to match a partial index, name states that exist."""
+    text = (ROOT / "orchestrator" / "storage" / "sql" / "queries.sql").read_text()
+    named = set(re.findall(r"\bstatus (?:=|<>) '([A-Z_]+)'", text))
+    for listed in re.findall(r"\bstatus (?:NOT )?IN \(([^)]*)\)", text):
+        named |= set(re.findall(r"'([A-Z_]+)'", listed))
+    assert {"RETRY", "PENDING", "RUNNING"} <= named
+    assert named <= {s.value for s in Status}

@@ -38,11 +38,7 @@ class FleetStore:
         async with self.queries.transaction() as conn:
             await self.queries.execute("fleet_snapshot", None, conn)
             jobs = await self.queries.rows("fleet_jobs", None, conn)
-            queues = await self.queries.rows(
-                "fleet_queues",
-                None,
-                conn,
-            )
+            queues = await self.queries.rows("fleet_queues", None, conn)
             dead_letters = await self.queries.rows("fleet_dead_letters", None, conn)
             llm_tokens = await self.queries.rows("fleet_llm_tokens", {"window": llm_window}, conn)
             counts = await self.queries.row(

@@ -3,6 +3,8 @@
 -- Conventions: status writes are conditional on `status = ANY(%(sources)s)`, whose value comes
 -- from orchestrator/states.py; writes made on behalf of an attempt are also fenced by its
 -- `lease_token`. A write that matches no row changed nothing, and the caller finds out why.
+-- A read that a partial index serves writes out the status its predicate names (`status =
+-- 'RETRY'`): a parameter cannot match a predicate in a generic plan (tests/test_plans.py).
 
 -- database_exists --
 SELECT 1 FROM pg_database WHERE datname = %(dbname)s
