@@ -445,4 +445,8 @@ async def test_an_expired_approval_is_final_and_escalated_to_a_person(
     assert asked["text"].startswith("Approval needed: go on with step 2?"), asked
     assert (told_["notification_id"], told_["about_job_id"]) == (escalation, job_id), told_
     assert "APPROVAL_EXPIRED: approval expired" in told_["text"], told_
-    assert (await expiring.get_job(UUID(escalation))).status is Status.COMPLETED
+
+    async def notice_completed() -> bool:  # its COMPLETED is written after the peer answered
+        return (await expiring.get_job(UUID(escalation))).status is Status.COMPLETED
+
+    await wait_for(notice_completed, timeout=30)

@@ -229,8 +229,10 @@ async def test_exactly_the_jobs_past_their_retention_go_by_status_and_type_overr
 
 @pytest.fixture(autouse=True)
 async def rolled_up(db: psycopg.AsyncConnection[Any]) -> None:
-    """Every finished job counted in the rollups already (the watermark's own test sets it)."""
-    await db.execute("UPDATE orc_rollup_watermark SET rolled_up_to = 'infinity'")
+    """Every finished job counted in the rollups already (the watermark's own test sets it):
+    a watermark far ahead, but finite, since a worker process's rollup tick may read it (an
+    infinite one cannot be loaded as a datetime, and failed such a tick in a loaded run)."""
+    await db.execute("UPDATE orc_rollup_watermark SET rolled_up_to = '9999-12-31'")
 
 
 async def test_a_job_goes_only_once_the_rollups_have_counted_it(

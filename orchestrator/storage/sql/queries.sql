@@ -251,7 +251,10 @@ SELECT extract(epoch FROM min(at) FILTER (WHERE at > now()) - now()) AS seconds,
 -- the partial indexes it reads (orc_jobs_pending_run_at, orc_jobs_retry_due; see soonest_due).
 SELECT j.id, j.procrastinate_job_id, p.status AS procrastinate_status
   FROM orc_jobs AS j
-  LEFT JOIN procrastinate_jobs AS p ON p.id = j.procrastinate_job_id
+  LEFT JOIN LATERAL (  -- a lookup per waiting job: a join's plan may hash the whole table
+      SELECT d.id, d.status, d.worker_id FROM procrastinate_jobs AS d
+       WHERE d.id = j.procrastinate_job_id
+       LIMIT 1) AS p ON true
   LEFT JOIN procrastinate_workers AS w ON w.id = p.worker_id
  WHERE j.status IN ('PENDING', 'RETRY')
    AND coalesce(j.next_retry_at, j.run_at) < now() - make_interval(secs => %(grace_seconds)s)
