@@ -46,7 +46,7 @@ from orchestrator.domain.policy import Layer
 from orchestrator.domain.rollups import Window
 from orchestrator.services.approvals import ApprovalDecisions
 from orchestrator.services.maintenance import NAMES, Maintenance
-from orchestrator.storage.database import drop_database, ensure_database, with_database
+from orchestrator.storage.database import scratch_database
 from orchestrator.storage.dispatches import Completion, Dispatch
 from orchestrator.storage.jobs import JobFilters
 from orchestrator.storage.migrate import migrate
@@ -130,20 +130,30 @@ def sequential_scans(plans: Plans, sized: set[str]) -> list[str]:
 
 
 @pytest.fixture(scope="module", params=[20_000, 200_000], ids=["20k", "200k"])
-def planted(server_dsn: str, request: pytest.FixtureRequest) -> Iterator[str]:
+def planted(request: pytest.FixtureRequest) -> Iterator[str]:
     """A database of its own, migrated and planted with a fleet's history of this size."""
-    name = f"orc_plans_{uuid.uuid4().hex[:8]}"
-    ensure_database(server_dsn, name)
-    dsn = with_database(server_dsn, name)
 
-    async def plant() -> None:
+    async def plant(dsn: str) -> None:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             await migrate(conn)
             await fill_history(conn, request.param, live=UNFINISHED, spacing=1e6 / request.param)
 
-    asyncio.run(plant())
-    yield dsn
-    drop_database(server_dsn, name)
+    with scratch_database(settings_for_tests(), "orc_plans") as dsn:
+        asyncio.run(plant(dsn))
+        yield dsn
+
+
+async def require_auto_explain(dsn: str) -> None:
+    """Skip (fail under CI=true) where the test's user may not load auto_explain: asked once
+    here, since a pool's configure callback cannot skip the test."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        try:
+            await conn.execute("LOAD 'auto_explain'")
+        except psycopg.errors.InsufficientPrivilege:
+            why = "loading auto_explain needs a superuser on DATABASE_URL's server"
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"{why}; CI=true requires it")
+            pytest.skip(why)
 
 
 async def job_sized(dsn: str) -> set[str]:
@@ -160,17 +170,12 @@ async def explained(
 ) -> AsyncIterator[tuple[Stores, Plans]]:
     """Stores on connections whose every plan is heard, in the plan cache mode of the test's
     parameter."""
+    await require_auto_explain(planted)
     plans = Plans(request.param)
 
     async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
         await conn.set_autocommit(True)
-        try:
-            await conn.execute("LOAD 'auto_explain'")
-        except psycopg.errors.InsufficientPrivilege:
-            why = "loading auto_explain needs a superuser on DATABASE_URL's server"
-            if os.environ.get("CI") == "true":
-                pytest.fail(f"{why}; CI=true requires it")
-            pytest.skip(why)
+        await conn.execute("LOAD 'auto_explain'")
         for name, value in {**AUTO_EXPLAIN, "plan_cache_mode": request.param}.items():
             await conn.execute(f"SET {name} = {value}")
         conn.add_notice_handler(plans.hear)
