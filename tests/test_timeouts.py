@@ -32,6 +32,7 @@ class StepPlan(BaseModel):
     hang_step: int = 2
     hang_attempts: int = 1  # the step hangs in the job's first N attempts
     swallow: bool = False  # hang by swallowing the cancellation, then try to commit
+    block_seconds: float = 0  # first block the event loop this long (a synchronous call)
 
 
 class ToolCall(BaseModel):
@@ -63,6 +64,7 @@ def register(orc: Orchestrator) -> None:
         async for step in steps:
             STEP_RUNS[(ctx.job_id, step.number)] += 1
             if step.number == plan.hang_step and ctx.attempt <= plan.hang_attempts:
+                time.sleep(plan.block_seconds)  # noqa: ASYNC251 (the point: a blocked loop)
                 try:
                     await asyncio.sleep(30)
                 except asyncio.CancelledError:
@@ -245,13 +247,17 @@ async def test_steps_that_keep_overrunning_spend_the_budget_and_fail(
 
 
 @log_guard.fails_jobs("JOB_TIMEOUT")
+@pytest.mark.parametrize("block_seconds", [0, 1.5], ids=["awaiting", "loop-blocked"])
 async def test_a_timeout_given_at_submit_shortens_the_job_and_its_steps(
-    orc: Orchestrator,
+    orc: Orchestrator, block_seconds: float
 ) -> None:
     """The step limit never outlasts the job: with the job's own timeout at 1 s, the job
-    timeout (terminal) is what fires, with the design's message."""
+    timeout (terminal) is what fires, with the design's message. Also when both limits come
+    due in the same turn of the event loop (a step blocking it past both), as they may on a
+    loaded machine: the step's timer then fires too, and the job's timeout still wins."""
+    plan = {"hang_attempts": 9, "block_seconds": block_seconds}
     async with WorkerRun(orc) as worker:
-        job_id = await orc.submit("stepper", {"hang_attempts": 9}, timeout_seconds=1)
+        job_id = await orc.submit("stepper", plan, timeout_seconds=1)
         await worker.until_finished(job_id)
     job = await orc.get_job(job_id)
     assert job.status is Status.FAILED and job.last_error is not None

@@ -240,6 +240,11 @@ class Attempt:
                 return Abandoned(self.lost)
             if self.interrupted is not None:
                 return await self._ending(self.hand_back(self.interrupted))
+            if deadline is not None and deadline.expired():
+                # Both limits came due in one turn of the loop (the step's is never earlier):
+                # two cancellations, so the job's did not turn into a TimeoutError. The job
+                # is out of time whatever its step did.
+                return await self._timed_out()
             assert overran is not None
             return await self._failed(overran, output=None)
         except TimeoutError as exc:
@@ -247,14 +252,17 @@ class Attempt:
                 if exc is self.step_clock.overran:
                     self._uncancel()  # the task swallowed our cancellation
                 return await self._failed(exc, output=None)
-            timed_out = _JobTimedOut(self.timeout_seconds)
-            return await self._terminal(timed_out, Classified(ErrorClass.PERMANENT, "JOB_TIMEOUT"))
+            return await self._timed_out()
         except _StoredPayloadInvalid as exc:
             return await self._terminal(exc, Classified(ErrorClass.PERMANENT, "PAYLOAD_INVALID"))
         except Exception as exc:
             return await self._failed(exc, output=output)
         duration_ms = (time.perf_counter() - started) * 1_000
         return await self._ending(Completed(result, events.completed(claim, duration_ms)))
+
+    async def _timed_out(self) -> Outcome:
+        timed_out = _JobTimedOut(self.timeout_seconds)
+        return await self._terminal(timed_out, Classified(ErrorClass.PERMANENT, "JOB_TIMEOUT"))
 
     def _steps_over(self, error: BaseException | None) -> None:
         """The task has returned or raised: a step still open ends (its span, with tracing)."""
