@@ -1,6 +1,6 @@
 """The worker's fetch loop (orchestrator.runtime.worker.Worker): slots (each freed once, when
-its dispatch's outcome is written), stops, an empty queue, two workers in one process, and the
-log line of each job's outcome.
+its attempt ends, while its outcome is written; the writes in flight bounded), stops, an empty
+queue, two workers in one process, and the log line of each job's outcome.
 
 The polling interval is a minute throughout: whatever these tests wait for must come from the
 loop's own wake-ups (a slot freed, a stop), never from a poll.
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
+import psycopg
 import pytest
 
 from orchestrator import JobContext, Orchestrator, Status
@@ -80,6 +81,49 @@ async def test_every_slot_is_freed_once_when_its_dispatch_ends(
             return running.free_slots == 2
 
         await wait_for(all_free, timeout=5)  # never more than there are: none released twice
+    await assert_completed(orc, job_ids)
+
+
+async def test_a_slot_frees_when_its_attempt_ends_and_the_writes_in_flight_are_bounded(
+    make_orc: Callable[..., Orchestrator], dsn: str
+) -> None:
+    """The next job starts while the last one's outcome is still being written (here: held up
+    by a lock on its row); a lane holds at most twice its concurrency in dispatches, running or
+    being written, so writes the database holds up stop the fetches."""
+    orc = make_orc(fetch_polling_interval=60)
+    gates = [asyncio.Event() for _ in range(3)]
+
+    @orc.job_type("gated")
+    async def gated(ctx: JobContext, payload: int) -> None:
+        await gates[payload].wait()
+
+    await orc.open()
+    job_ids = [await orc.submit("gated", i) for i in range(3)]
+
+    def running(i: int) -> Callable[[], Any]:
+        async def check() -> bool:
+            return (await orc.get_job(job_ids[i])).status is Status.RUNNING
+
+        return check
+
+    async with WorkerRun(orc, concurrency=1) as worker:
+        async with contextlib.AsyncExitStack() as holders:
+            for i in range(2):
+                await wait_for(running(i), timeout=10)
+                row = await holders.enter_async_context(await psycopg.AsyncConnection.connect(dsn))
+                await row.execute("SELECT 1 FROM orc_jobs WHERE id = %s FOR UPDATE", (job_ids[i],))
+                gates[i].set()  # its attempt ends; its completion waits for the row
+
+            [lane, *_] = orc.workers[0].lanes
+
+            async def full() -> bool:
+                return len(lane.tasks) == 2 and not lane.holding
+
+            await wait_for(full, timeout=10)
+            statuses = [(await orc.get_job(job_id)).status for job_id in job_ids]
+            assert statuses == [Status.RUNNING, Status.RUNNING, Status.PENDING]
+        gates[2].set()  # the rows' locks are gone: the writes land, the third job starts
+        await worker.until_finished(*job_ids, timeout=10)
     await assert_completed(orc, job_ids)
 
 
@@ -209,6 +253,12 @@ async def test_the_zombie_sweep_runs_on_time_behind_a_backlog_of_10000_jobs(
         detected = next(
             e for e in await orc.job_events(zombie_id) if e.kind == "job.zombie_detected"
         )
-        assert orc.workers[0].free_slots == 0  # the backlog kept every job slot busy
+    # The backlog kept every job slot busy meanwhile: two long jobs ran across the detection.
+    busy = await db.execute(
+        "SELECT count(*) FROM orc_jobs WHERE id <> %s AND started_at < %s"
+        " AND (finished_at IS NULL OR finished_at > %s)",
+        (zombie_id, detected.at, detected.at),
+    )
+    assert (await busy.fetchone())[0] == 2
     late = (detected.at - last_heartbeat).total_seconds() - threshold - interval
     assert late < 5, f"recovered {late:.1f} s after threshold + one sweep interval"

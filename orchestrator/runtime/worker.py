@@ -16,8 +16,9 @@ maintenance services), which this worker runs like any other Procrastinate task.
                     statement (their jobs claimed by it), start each in a task of its own; when
                     none is due, wait for a wake-up (an insert, a due time, a freed slot) or
                     the poll
-    a job dispatch  its Attempt runs the task and returns an outcome; the OutcomeWriter writes
-                    it with the dispatch's end; then the slot is free
+    a job dispatch  its Attempt runs the task and returns an outcome; its slot is free from
+                    then on, while the OutcomeWriter writes the outcome with the dispatch's end
+                    (the lane bounds those writes, orchestrator.runtime.lanes)
     other dispatch  a Procrastinate task (a maintenance service's tick), run as Procrastinate
                     runs it: its retry strategy decides a failure
     side loops      wake-ups (one listener, one due-time timer), heartbeats of running jobs,
@@ -377,20 +378,21 @@ class Worker:
         is written and the task ends)."""
         lane.take(
             asyncio.create_task(
-                self._run_dispatch(dispatch), name=f"dispatch {dispatch.id} ({dispatch.task_name})"
+                self._run_dispatch(dispatch, lane),
+                name=f"dispatch {dispatch.id} ({dispatch.task_name})",
             )
         )
 
-    async def _run_dispatch(self, dispatch: Dispatch) -> None:
+    async def _run_dispatch(self, dispatch: Dispatch, lane: Lane) -> None:
         try:
             if dispatch.is_job:
-                await self._run_job(dispatch)
+                await self._run_job(dispatch, lane)
             else:
                 await self._run_task(dispatch)
         except Exception:  # a write that failed: the sweep or the safety net takes it from here
             logger.exception("dispatch %s (%s) failed", dispatch.id, dispatch.task_name)
 
-    async def _run_job(self, dispatch: Dispatch) -> None:
+    async def _run_job(self, dispatch: Dispatch, lane: Lane) -> None:
         claim = dispatch.claim
         if dispatch.claim_later:
             claim = await until_written(
@@ -404,10 +406,11 @@ class Worker:
             )
             return
         with current_attempt.running(claim):  # its log records carry the attempt's fields
-            await self._attempt(dispatch, claim)
+            await self._attempt(dispatch, claim, lane)
 
-    async def _attempt(self, dispatch: Dispatch, claim: Claim) -> None:
-        """Run the attempt (in its span, when tracing is on) and write its outcome."""
+    async def _attempt(self, dispatch: Dispatch, claim: Claim, lane: Lane) -> None:
+        """Run the attempt (in its span, when tracing is on) and write its outcome, its slot
+        in ``lane`` already free for the next fetch."""
         tracing = self.kit.tracing
         attempt = Attempt(claim, dispatch.id, kit=self.kit, clients=self.clients)
         self.running.add(attempt)
@@ -449,6 +452,7 @@ class Worker:
                 if tracing is not None and span is not None:
                     tracing.ended(span, outcome)
                 attempt.releasing = True
+                lane.ran(asyncio.current_task())
                 await until_written(
                     f"job {claim.id}'s outcome",
                     lambda: self.writer.write(dispatch.id, claim, outcome),
