@@ -1,7 +1,8 @@
-"""The fetch that leaves external job types' queues alone (orc_fetch_dispatch_v2, migration
-0019) picks dispatches exactly as Procrastinate's own fetch does (procrastinate_fetch_job_v2:
-its lock, priority, schedule and queue rules), but the excluded queues: both are run over the
-same dispatches, on a real database, and must take the same ones in the same order."""
+"""The fetch that leaves external job types' queues alone (orc_take_dispatch_v1, the fetch half
+of orc_fetch_dispatch_v3: sql/functions/claim.sql) picks dispatches exactly as Procrastinate's
+own fetch does (procrastinate_fetch_job_v2: its lock, priority, schedule and queue rules), but
+the excluded queues: both are run over the same dispatches, on a real database, and must take
+the same ones in the same order."""
 
 from __future__ import annotations
 
@@ -64,21 +65,14 @@ async def fetch_all(db: psycopg.AsyncConnection[Any], call: str, *params: Any) -
 
 
 UPSTREAM = "SELECT id FROM procrastinate_fetch_job_v2(%s, %s)"
-#: The fetch of migration 0019, and its fetch half alone, which the flow-control fetch of
-#: migration 0029 (orc_fetch_dispatch_v3) runs: both held to upstream's rules.
-FETCHES = {
-    "v2": "SELECT id FROM orc_fetch_dispatch_v2(%s, %s, %s, 'orc.', 'test', ARRAY['PENDING'],"
-    " 'RUNNING')",
-    "take": "SELECT id FROM orc_take_dispatch_v1(%s, %s, %s)",
-}
+OURS = "SELECT id FROM orc_take_dispatch_v1(%s, %s, %s)"
 
 
-@pytest.mark.parametrize("fetch", sorted(FETCHES))
 @pytest.mark.parametrize("queues", [None, ["q1", "q3"]], ids=["every-queue", "some-queues"])
 async def test_with_a_queue_excluded_the_fetch_is_procrastinate_s_but_that_queue(
-    db: psycopg.AsyncConnection[Any], queues: list[str] | None, fetch: str
+    db: psycopg.AsyncConnection[Any], queues: list[str] | None
 ) -> None:
-    ours = FETCHES[fetch]
+    ours = OURS
     await defer(db)
     upstream = await fetch_all(db, UPSTREAM, queues)
     assert 3 < len(upstream) < len(DISPATCHES)  # the rules leave some out (locks, not due)

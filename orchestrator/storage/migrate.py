@@ -5,10 +5,21 @@ One transaction, under an advisory lock (so two pods migrating at once take turn
 1. Procrastinate's schema: the full ``schema.sql`` on a fresh database, otherwise those of its
    migration files not yet recorded (so an older Procrastinate schema is upgraded in order).
 2. This project's ``sql/migrations/NNNN_name.sql`` files not yet recorded. An applied file that
-   has since changed is refused: migrations are append-only.
-3. The state machine of :mod:`orchestrator.domain.states`, copied into ``orc_states`` and
-   ``orc_state_transitions`` for the guard trigger; left alone when a newer release migrated
-   the database (compatibly: otherwise nothing is done at all).
+   has since changed is refused: migrations are append-only. They hold tables, indexes,
+   constraints and data moves.
+3. The definitions of ``sql/functions/*.sql``: every function and trigger, each defined once,
+   in a file per concept. A file is applied (all of it: each statement a ``CREATE OR
+   REPLACE``) when it differs from what the database recorded; ``retired.sql`` first, which
+   drops retired functions by name. Function bodies are not checked while they are created
+   (as a restore does), so no file depends on another's order.
+4. The state machine of :mod:`orchestrator.domain.states`, copied into ``orc_states`` and
+   ``orc_state_transitions`` for the guard trigger.
+
+Steps 3 and 4 are left alone when a newer release migrated the database (compatibly: otherwise
+nothing is done at all): its definitions and its state machine are its own, not this code's to
+undo. A function file changes only together with a migration that names it (``-- revises:``),
+so that the migrations' order is the releases' order (docs/architecture.md, "Where the SQL
+lives").
 
 Everything applied is recorded in ``orc_schema_migrations``; running it again applies nothing.
 With each of ours goes its marker (``-- compatible-with-older-workers: yes``, a line of the file;
@@ -40,8 +51,14 @@ logger = logging.getLogger(__name__)
 
 ORCHESTRATOR = "orchestrator"
 PROCRASTINATE = "procrastinate"
+DEFINITIONS = "functions"
+RETIRED = "retired"
 _OWN_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_DEFINITIONS_FILE = re.compile(r"^([a-z0-9_]+)\.sql$")
 _COMPATIBLE = re.compile(r"^-- compatible-with-older-workers: (yes|no)[ \t]*$", re.MULTILINE)
+_REVISES = re.compile(
+    r"^-- revises: functions/([a-z0-9_]+)\.sql ([0-9a-f]{64})[ \t]*$", re.MULTILINE
+)
 
 
 @dataclass(frozen=True)
@@ -66,10 +83,28 @@ class Migration:
             )
         return marks == ["yes"]
 
+    @property
+    def revises(self) -> dict[str, str]:
+        """The function files this migration ships a change of, each with the checksum of the
+        file as changed (``-- revises: functions/claim.sql <sha256>`` lines)."""
+        return dict(_REVISES.findall(self.sql))
+
+
+def revisions(migrations: list[Migration]) -> dict[str, tuple[str, str]]:
+    """Each function file's last revision: (the migration that shipped it, its checksum)."""
+    last: dict[str, tuple[str, str]] = {}
+    for migration in migrations:
+        for name, checksum in migration.revises.items():
+            last[name] = (f"{migration.version}_{migration.name}", checksum)
+    return last
+
 
 @dataclass
 class MigrationReport:
     applied: list[str] = field(default_factory=list)
+    #: Function files applied (new or changed): logged; the report's text names the versioned
+    #: steps only, each of which a function file's change comes with.
+    defined: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         if not self.applied:
@@ -90,6 +125,21 @@ def own_migrations(folder: Traversable | None = None) -> list[Migration]:
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions):
         raise MigrationError(f"two migration files share a version: {versions}")
+    return found
+
+
+def definitions(folder: Traversable | None = None) -> list[Migration]:
+    """The files of ``sql/functions``, ``retired.sql`` first, then by name (a file's version
+    and name are its stem)."""
+    folder = folder or resources.files("orchestrator.storage") / "sql" / "functions"
+    found = []
+    for entry in folder.iterdir():
+        match = _DEFINITIONS_FILE.match(entry.name)
+        if match:
+            found.append(Migration(match[1], match[1], entry.read_text("utf-8")))
+        elif entry.name.endswith(".sql"):
+            raise MigrationError(f"function file {entry.name!r} is not named name.sql")
+    found.sort(key=lambda m: (m.name != RETIRED, m.name))
     return found
 
 
@@ -174,9 +224,14 @@ async def _refuse_unknown_migrations(
 
 
 async def migrate(
-    conn: psycopg.AsyncConnection[Any], *, folder: Traversable | None = None
+    conn: psycopg.AsyncConnection[Any],
+    *,
+    folder: Traversable | None = None,
+    functions: Traversable | None = None,
 ) -> MigrationReport:
-    """Apply what is missing; ``folder`` replaces the packaged migrations (tests)."""
+    """Apply what is missing or changed; ``folder`` and ``functions`` replace the packaged
+    migrations and function files (tests: a folder of migrations of a test's own comes with
+    no function files unless it names some)."""
     report = MigrationReport()
     async with conn.transaction():
         await conn.execute(QUERIES["migrations_lock"])
@@ -201,10 +256,14 @@ async def migrate(
             await conn.execute(migration.sql.encode())
             await _record(conn, ORCHESTRATOR, migration)
             report.applied.append(f"{migration.version}_{migration.name}")
-        if not newer:  # a newer release's state machine is its own, not this code's to undo
+        if not newer:  # a newer release's definitions are its own, not this code's to undo
+            files = definitions(functions) if functions is not None or folder is None else []
+            await _define(conn, files, applied, report)
             await _sync_state_machine(conn)
     for name in report.applied:
         logger.info("applied migration %s", name)
+    for name in report.defined:
+        logger.info("applied %s", name)
     return report
 
 
@@ -235,6 +294,23 @@ async def _procrastinate(
             await conn.execute(migration.sql.encode())
             await _record(conn, PROCRASTINATE, migration)
             report.applied.append(f"procrastinate {migration.name}")
+
+
+async def _define(
+    conn: psycopg.AsyncConnection[Any],
+    files: list[Migration],
+    applied: dict[tuple[str, str], str],
+    report: MigrationReport,
+) -> None:
+    """Apply each function file that differs from what the database recorded."""
+    changed = [f for f in files if applied.get((DEFINITIONS, f.version)) != f.checksum]
+    if not changed:
+        return
+    await conn.execute(QUERIES["definitions_unchecked"])
+    for definition in changed:
+        await conn.execute(definition.sql.encode())
+        await _record(conn, DEFINITIONS, definition)
+        report.defined.append(f"functions/{definition.name}.sql")
 
 
 async def _record(conn: psycopg.AsyncConnection[Any], component: str, m: Migration) -> None:

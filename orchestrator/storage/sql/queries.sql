@@ -57,9 +57,17 @@ SELECT version, name, compatible_with_older_workers FROM orc_schema_migrations
 SELECT to_regclass('orc_schema_migrations') IS NOT NULL AS migrated
 
 -- migrations_record --
+-- A function file is recorded again each time it changes (its new checksum).
 INSERT INTO orc_schema_migrations (component, version, name, checksum,
                                    compatible_with_older_workers)
 VALUES (%(component)s, %(version)s, %(name)s, %(checksum)s, %(compatible)s)
+ON CONFLICT (component, version) DO UPDATE
+SET checksum = EXCLUDED.checksum, applied_at = now()
+
+-- definitions_unchecked --
+-- Function files are applied as a restore applies a dump: bodies are checked when they run, so
+-- a function may name one that a later file defines (until the transaction ends).
+SET LOCAL check_function_bodies = off
 
 -- procrastinate_installed --
 SELECT to_regclass('procrastinate_jobs')

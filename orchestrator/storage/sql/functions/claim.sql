@@ -1,0 +1,264 @@
+-- Fetch and claim: a worker's fetch takes Procrastinate dispatches and, in the same statement,
+-- claims the job each one runs (RUNNING, attempt + 1, a new lease, job.running). A job is
+-- RUNNING exactly while one of its dispatches is doing.
+--
+-- In use: orc_fetch_dispatches_v3 (the worker's fetch, a dispatch per free slot), through
+-- orc_fetch_dispatch_v3 -> orc_take_dispatch_v1 (Procrastinate's fetch) -> the flow gate
+-- (flow.sql) -> orc_claim_v1; orc_claim_v2 (a claim the fetch left for later, and the replay's).
+-- Kept for the releases before flow control (the rollout contract's oldest, 532b0c2, is run on
+-- today's schema by tests/test_rollout.py): orc_fetch_dispatches_v1 with orc_fetch_dispatch_v1.
+
+CREATE OR REPLACE FUNCTION orc_fetch_dispatches_v3(
+    p_limit integer, p_queues character varying[], p_excluded character varying[],
+    p_worker_id bigint, p_task_prefix text, p_worker text, p_claimable text[], p_running text
+) RETURNS SETOF procrastinate_jobs
+LANGUAGE plpgsql AS $$
+DECLARE
+    fetched procrastinate_jobs;
+BEGIN
+    FOR i IN 1 .. p_limit LOOP
+        SELECT * INTO fetched
+          FROM orc_fetch_dispatch_v3(p_queues, p_excluded, p_worker_id, p_task_prefix, p_worker,
+                                     p_claimable, p_running);
+        EXIT WHEN fetched.id IS NULL;
+        RETURN NEXT fetched;
+    END LOOP;
+END;
+$$;
+
+-- One dispatch fetched (orc_take_dispatch_v1) and its job claimed through the flow gate: a
+-- dispatch whose job is parked instead is deleted and the next one fetched in its place. A job
+-- another transaction holds at that instant is not waited for: the dispatch comes back with
+-- `claim_later`, and the worker claims it afterwards (orc_claim_v2). The gate is skipped for a
+-- job with no key and a type without a limit.
+-- Past 100 parked in one call, the last one comes back without a claim (a stale dispatch),
+-- so its worker fetches again at once rather than this statement running on.
+CREATE OR REPLACE FUNCTION orc_fetch_dispatch_v3(
+    p_queues character varying[], p_excluded character varying[], p_worker_id bigint,
+    p_task_prefix text, p_worker text, p_claimable text[], p_running text
+) RETURNS SETOF procrastinate_jobs
+LANGUAGE plpgsql ROWS 1 AS $$
+DECLARE
+    fetched procrastinate_jobs;
+    job uuid;
+    j orc_jobs;
+    gated boolean;
+    claim jsonb;
+BEGIN
+    FOR parked IN 0 .. 100 LOOP
+        fetched := orc_take_dispatch_v1(p_queues, p_excluded, p_worker_id);
+        IF fetched.id IS NULL OR NOT starts_with(fetched.task_name, p_task_prefix) THEN
+            RETURN NEXT fetched;
+            RETURN;
+        END IF;
+        job := (fetched.args ->> 'job_id')::uuid;
+        SELECT * INTO j FROM orc_jobs AS o WHERE o.id = job FOR NO KEY UPDATE SKIP LOCKED;
+        IF NOT FOUND AND EXISTS (SELECT FROM orc_jobs AS o WHERE o.id = job) THEN
+            fetched.args := fetched.args || '{"claim": null, "claim_later": true}';
+            RETURN NEXT fetched;
+            RETURN;
+        END IF;
+        gated := j.flow_key IS NOT NULL
+                 OR EXISTS (SELECT FROM orc_flow_job_types AS t WHERE t.job_type = j.job_type);
+        IF NOT gated OR NOT orc_flow_gate_v1(job, fetched.id, p_claimable, p_task_prefix) THEN
+            SELECT to_jsonb(c) INTO claim
+              FROM orc_claim_v1(job, fetched.id, fetched.attempts + 1,
+                                p_worker || '/w' || p_worker_id, p_claimable, p_running) AS c;
+            IF gated THEN  -- the gate may have given the job its key
+                claim := claim || jsonb_build_object(
+                    'flow_key', (SELECT o.flow_key FROM orc_jobs AS o WHERE o.id = job));
+            END IF;
+            fetched.args := fetched.args || jsonb_build_object('claim', claim);
+            RETURN NEXT fetched;
+            RETURN;
+        END IF;
+    END LOOP;
+    fetched.args := fetched.args || '{"claim": null}';  -- parked, and gone: the worker ends it
+    RETURN NEXT fetched;
+END;
+$$;
+
+-- Procrastinate's fetch (procrastinate_fetch_job_v2), leaving the `p_excluded` queues alone
+-- (those of external job types); with none excluded, Procrastinate's own function.
+CREATE OR REPLACE FUNCTION orc_take_dispatch_v1(
+    p_queues character varying[], p_excluded character varying[], p_worker_id bigint
+) RETURNS procrastinate_jobs
+LANGUAGE plpgsql AS $$
+DECLARE
+    fetched procrastinate_jobs;
+BEGIN
+    IF coalesce(cardinality(p_excluded), 0) = 0 THEN
+        RETURN procrastinate_fetch_job_v2(p_queues, p_worker_id);
+    END IF;
+    WITH candidate AS (
+        SELECT jobs.*
+          FROM procrastinate_jobs AS jobs
+         WHERE NOT EXISTS (
+                   SELECT 1
+                     FROM procrastinate_jobs AS other_jobs
+                    WHERE jobs.lock IS NOT NULL
+                      AND other_jobs.lock = jobs.lock
+                      AND (other_jobs.status = 'doing'
+                           OR (other_jobs.status = 'todo'
+                               AND (other_jobs.priority > jobs.priority
+                                    OR (other_jobs.priority = jobs.priority
+                                        AND other_jobs.id < jobs.id)))))
+           AND jobs.status = 'todo'
+           AND (p_queues IS NULL OR jobs.queue_name = ANY (p_queues))
+           AND jobs.queue_name <> ALL (p_excluded)
+           AND (jobs.scheduled_at IS NULL OR jobs.scheduled_at <= now())
+         ORDER BY jobs.priority DESC, jobs.id ASC
+         LIMIT 1
+           FOR UPDATE OF jobs SKIP LOCKED
+    )
+    UPDATE procrastinate_jobs
+       SET status = 'doing', worker_id = p_worker_id
+      FROM candidate
+     WHERE procrastinate_jobs.id = candidate.id
+    RETURNING procrastinate_jobs.* INTO fetched;
+    RETURN fetched;
+END;
+$$;
+
+-- orc_claim_v1 through the gate, naming the job's key: no row when the job was parked (or the
+-- dispatch is stale).
+CREATE OR REPLACE FUNCTION orc_claim_v2(
+    p_job_id uuid, p_procrastinate_job_id bigint, p_run integer, p_worker text,
+    p_claimable text[], p_running text, p_task_prefix text
+) RETURNS TABLE (
+    id uuid, job_type text, payload jsonb, attempt integer, max_attempts integer,
+    dispatch_attempt integer, retry_count integer, max_retries integer, lease_token uuid,
+    locked_by text, queue text, priority integer, timeout_seconds integer, trace_id text,
+    agent_id text, tenant_id text, started_at timestamptz, traceparent text, run_at timestamptz,
+    flow_key text
+)
+LANGUAGE plpgsql ROWS 1 AS $$
+BEGIN
+    PERFORM FROM orc_jobs AS o WHERE o.id = p_job_id FOR NO KEY UPDATE;
+    IF orc_flow_gate_v1(p_job_id, p_procrastinate_job_id, p_claimable, p_task_prefix) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT c.*, (SELECT o.flow_key FROM orc_jobs AS o WHERE o.id = c.id)
+      FROM orc_claim_v1(p_job_id, p_procrastinate_job_id, p_run, p_worker, p_claimable,
+                        p_running) AS c;
+END;
+$$;
+
+-- The atomic claim, for one run of the job's current Procrastinate job: attempt + 1, a
+-- new lease, a heartbeat, and a job.running event. A duplicate or stale dispatch (another
+-- Procrastinate job, or a job that is not claimable) claims nothing. The same Procrastinate job
+-- may re-claim a RUNNING job on a later run: its earlier run ended without recording an outcome.
+CREATE OR REPLACE FUNCTION orc_claim_v1(
+    p_job_id uuid, p_procrastinate_job_id bigint, p_run integer, p_worker text,
+    p_claimable text[], p_running text
+) RETURNS TABLE (
+    id uuid, job_type text, payload jsonb, attempt integer, max_attempts integer,
+    dispatch_attempt integer, retry_count integer, max_retries integer, lease_token uuid,
+    locked_by text, queue text, priority integer, timeout_seconds integer, trace_id text,
+    agent_id text, tenant_id text, started_at timestamptz, traceparent text, run_at timestamptz
+)
+-- plpgsql rather than sql: its plans are cached per session (before PostgreSQL 18, a sql
+-- function with a data-modifying WITH is planned again on every call).
+LANGUAGE plpgsql ROWS 1 AS $$
+BEGIN
+    RETURN QUERY
+    WITH claimed AS (
+        UPDATE orc_jobs AS j
+           SET status = p_running,
+               attempt = j.attempt + 1,
+               dispatch_attempt = p_run,
+               lease_token = gen_random_uuid(),
+               locked_by = p_worker,
+               heartbeat_at = now(),
+               deadline_at = now() + make_interval(secs => coalesce(j.timeout_seconds, 3600)),
+               started_at = coalesce(j.started_at, now()),
+               next_retry_at = NULL
+         WHERE j.id = p_job_id
+           AND j.procrastinate_job_id = p_procrastinate_job_id
+           AND (j.status = ANY (p_claimable)
+                OR (j.status = p_running AND j.dispatch_attempt < p_run))
+        RETURNING j.*
+    ), event AS (
+        INSERT INTO orc_job_events (job_id, kind, payload)
+        SELECT c.id, 'job.running', orc_running_event_v1(c) FROM claimed AS c
+    )
+    SELECT c.id, c.job_type, c.payload, c.attempt, c.max_attempts, c.dispatch_attempt,
+           c.retry_count, c.max_retries, c.lease_token, c.locked_by, c.queue, c.priority,
+           c.timeout_seconds, c.trace_id, c.agent_id, c.tenant_id, c.started_at, c.traceparent,
+           c.run_at
+      FROM claimed AS c;
+END;
+$$;
+
+-- job.running's payload, from the job row as the claim leaves it.
+CREATE OR REPLACE FUNCTION orc_running_event_v1(j orc_jobs) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'attempt', j.attempt,
+        'max_attempts', orc_max_attempts_v1(j.attempt, j.dispatch_attempt, j.max_attempts,
+                                            j.retry_count, j.max_retries),
+        'run', j.dispatch_attempt, 'max_runs', j.max_attempts, 'retry_count', j.retry_count,
+        'max_retries', j.max_retries, 'worker', j.locked_by, 'run_id', j.lease_token)
+$$;
+
+-- The most attempts the job can still make in all (docs/contracts.md, "Attempt counting"):
+-- orchestrator.domain.policy.max_attempts is the same rule in Python, held equal to this one by
+-- a property test (tests/test_max_attempts.py).
+CREATE OR REPLACE FUNCTION orc_max_attempts_v1(
+    p_attempt integer, p_run integer, p_max_runs integer, p_retry_count integer,
+    p_max_retries integer
+) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    -- this attempt, the runs left in its dispatch, a dispatch of runs per retry left
+    SELECT p_attempt::bigint + greatest(0, p_max_runs - p_run)
+           + greatest(0, p_max_retries - p_retry_count)::bigint * p_max_runs
+$$;
+
+-- Fetch and claim up to p_limit dispatches (the worker's free slots), each exactly as
+-- orc_fetch_dispatch_v1 does: later ones see the earlier ones as doing, so a lock is honoured
+-- within the batch too. Rows come back in fetch order; none when nothing is due.
+CREATE OR REPLACE FUNCTION orc_fetch_dispatches_v1(
+    p_limit integer, p_queues character varying[], p_worker_id bigint, p_task_prefix text,
+    p_worker text, p_claimable text[], p_running text
+) RETURNS SETOF procrastinate_jobs
+LANGUAGE plpgsql AS $$
+DECLARE
+    fetched procrastinate_jobs;
+BEGIN
+    FOR i IN 1 .. p_limit LOOP
+        SELECT * INTO fetched
+          FROM orc_fetch_dispatch_v1(p_queues, p_worker_id, p_task_prefix, p_worker, p_claimable,
+                                     p_running);
+        EXIT WHEN fetched.id IS NULL;
+        RETURN NEXT fetched;
+    END LOOP;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION orc_fetch_dispatch_v1(
+    p_queues character varying[], p_worker_id bigint, p_task_prefix text, p_worker text,
+    p_claimable text[], p_running text
+) RETURNS SETOF procrastinate_jobs
+LANGUAGE plpgsql AS $$
+DECLARE
+    fetched procrastinate_jobs;
+    job uuid;
+    claim jsonb;
+BEGIN
+    fetched := procrastinate_fetch_job_v2(p_queues, p_worker_id);
+    IF fetched.id IS NOT NULL AND starts_with(fetched.task_name, p_task_prefix) THEN
+        job := (fetched.args ->> 'job_id')::uuid;
+        PERFORM FROM orc_jobs AS j WHERE j.id = job FOR NO KEY UPDATE SKIP LOCKED;
+        IF NOT FOUND AND EXISTS (SELECT FROM orc_jobs AS j WHERE j.id = job) THEN
+            fetched.args := fetched.args || '{"claim": null, "claim_later": true}';
+        ELSE
+            SELECT to_jsonb(c) INTO claim
+              FROM orc_claim_v1(job, fetched.id, fetched.attempts + 1,
+                                p_worker || '/w' || p_worker_id, p_claimable, p_running) AS c;
+            fetched.args := fetched.args || jsonb_build_object('claim', claim);
+        END IF;
+    END IF;
+    RETURN NEXT fetched;
+END;
+$$;

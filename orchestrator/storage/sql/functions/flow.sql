@@ -1,0 +1,592 @@
+-- Flow control (docs/flow-control.md): fleet-wide limits per key (concurrency, requests and
+-- units per interval, pauses), enforced at the claim. A job whose key has no room is parked as
+-- a waiter; the pump hands freed capacity to waiters in fair order, with a dispatch for now or
+-- for the time their room frees. Every admission, pump, spend, pause and resume of a key takes
+-- the key's lock.
+
+-- A key from its limit's template, in SQL (orchestrator.domain.flow.render_key's rule, for a job
+-- that came without its key): {job_type}, {tenant}, {agent} ('-' for none), {payload.a.b}
+-- ('-' when the payload does not hold it); the rest literal.
+CREATE OR REPLACE FUNCTION orc_flow_render_v1(p_template text, j orc_jobs) RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    rendered text := '';
+    rest text := p_template;
+    part text[];
+BEGIN
+    LOOP
+        part := regexp_match(rest, '^(.*?)\{([^{}]*)\}(.*)$');
+        EXIT WHEN part IS NULL;
+        rendered := rendered || part[1] || CASE part[2]
+            WHEN 'job_type' THEN j.job_type
+            WHEN 'tenant' THEN coalesce(j.tenant_id, '-')
+            WHEN 'agent' THEN coalesce(j.agent_id, '-')
+            ELSE coalesce(j.payload #>> string_to_array(substr(part[2], 9), '.'), '-')
+        END;
+        rest := part[3];
+    END LOOP;
+    RETURN left(rendered || rest, 200);
+END;
+$$;
+
+-- The key's lock: every admission, pump, spend, pause and resume of a key takes it for its
+-- transaction, so they take turns per key. An advisory lock, not the row's: a claim that only
+-- counts (a concurrency limit) writes nothing, not even a row lock.
+CREATE OR REPLACE FUNCTION orc_flow_lock_v1(p_key text) RETURNS void
+LANGUAGE sql AS $$
+    SELECT pg_advisory_xact_lock(hashtextextended('orc_flow_key:' || p_key, 0))
+$$;
+
+-- The key's row, under the key's lock (created on first use): two claims can never both take
+-- the last unit of capacity.
+CREATE OR REPLACE FUNCTION orc_flow_lock_key_v1(p_key text, p_limit text, p_task_prefix text)
+RETURNS orc_flow_keys
+LANGUAGE plpgsql AS $$
+DECLARE
+    k orc_flow_keys;
+BEGIN
+    PERFORM orc_flow_lock_v1(p_key);
+    SELECT * INTO k FROM orc_flow_keys WHERE key = p_key;
+    IF NOT FOUND THEN
+        INSERT INTO orc_flow_keys (key, limit_name, task_prefix)
+        VALUES (p_key, p_limit, p_task_prefix)
+        ON CONFLICT (key) DO NOTHING;
+        SELECT * INTO k FROM orc_flow_keys WHERE key = p_key;
+    END IF;
+    IF p_limit IS NOT NULL AND k.limit_name <> p_limit THEN  -- the job type's limit changed
+        UPDATE orc_flow_keys SET limit_name = p_limit WHERE key = p_key RETURNING * INTO k;
+    END IF;
+    RETURN k;
+END;
+$$;
+
+-- The key's rate factor now: its stored value recovered by a tenth per interval since.
+CREATE OR REPLACE FUNCTION orc_flow_factor_v1(k orc_flow_keys, lim orc_flow_limits)
+RETURNS double precision
+LANGUAGE sql STABLE AS $$
+    SELECT least(1.0, k.rate_factor
+                      + extract(epoch FROM now() - k.factor_at) / (10 * lim.interval_seconds))
+$$;
+
+-- The key's spends that slid out of its window go, and its window's sums with them. The key
+-- is locked by the caller; its row as it is now.
+CREATE OR REPLACE FUNCTION orc_flow_expire_v1(k orc_flow_keys, lim orc_flow_limits) RETURNS orc_flow_keys
+LANGUAGE plpgsql AS $$
+DECLARE
+    gone_requests bigint;
+    gone_units bigint;
+BEGIN
+    IF lim.requests IS NULL AND lim.units IS NULL THEN
+        RETURN k;
+    END IF;
+    WITH gone AS (
+        DELETE FROM orc_flow_spends AS s
+         WHERE s.key = k.key
+           AND s.at <= clock_timestamp() - make_interval(secs => lim.interval_seconds)
+        RETURNING s.requests, s.units
+    )
+    SELECT sum(g.requests), sum(g.units) INTO gone_requests, gone_units FROM gone AS g;
+    IF gone_requests IS NOT NULL THEN
+        UPDATE orc_flow_keys
+           SET window_requests = greatest(0, window_requests - gone_requests),
+               window_units = greatest(0, window_units - gone_units)
+         WHERE key = k.key
+        RETURNING * INTO k;
+    END IF;
+    RETURN k;
+END;
+$$;
+
+-- Is the key paused for longer than the fallback threshold of `p_job_type` (false for a type
+-- without fallback models, or a key not paused)?
+CREATE OR REPLACE FUNCTION orc_flow_passes_pause_v1(k orc_flow_keys, p_job_type text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(
+        (SELECT k.paused_until > clock_timestamp() + make_interval(secs => t.fallback_after_seconds)
+           FROM orc_flow_job_types AS t WHERE t.job_type = p_job_type),
+        false)
+$$;
+
+-- Can one more job of `p_cost` start on the key now, beyond the `p_held` jobs (of `p_held_cost`
+-- units) that hold a dispatch for it? (NULL, NULL): yes; else what it waits for and, where that
+-- is known, the earliest time it can: a pause's end, or when enough of the window has slid out
+-- (whichever is later). Not known: for a concurrency limit (its room comes with a release), and
+-- when the window's spends cannot make room for the held jobs and this one (its room comes
+-- with spends the held jobs have yet to make: their admissions pump the key).
+CREATE OR REPLACE FUNCTION orc_flow_capacity_v1(
+    k orc_flow_keys, lim orc_flow_limits, p_cost bigint, p_held integer, p_held_cost bigint,
+    OUT blocked text, OUT wake timestamptz
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    factor double precision := orc_flow_factor_v1(k, lim);
+    allowed bigint;
+    running integer;
+    cost bigint;
+    slid_at timestamptz;
+    known boolean := true;
+BEGIN
+    IF lim.concurrency IS NOT NULL THEN
+        allowed := greatest(1, floor(lim.concurrency * factor));
+        SELECT count(*) INTO running
+          FROM (SELECT FROM orc_jobs AS j
+                 WHERE j.flow_key = k.key AND j.status = 'RUNNING' AND j.flow_key IS NOT NULL
+                 LIMIT allowed) AS r;
+        IF running + p_held >= allowed THEN
+            blocked := CASE WHEN k.paused_until > clock_timestamp() THEN 'paused'
+                            ELSE 'concurrency' END;
+            RETURN;
+        END IF;
+    END IF;
+    IF lim.requests IS NOT NULL THEN
+        allowed := greatest(1, floor(lim.requests * factor));
+        IF k.window_requests + p_held + 1 > allowed THEN
+            blocked := 'requests';
+            -- When enough of the window's requests have slid out of it.
+            SELECT w.at + make_interval(secs => lim.interval_seconds) INTO slid_at
+              FROM (SELECT s.at, sum(s.requests) OVER (ORDER BY s.at, s.id) AS slid
+                      FROM orc_flow_spends AS s
+                     WHERE s.key = k.key
+                       AND s.at > clock_timestamp() - make_interval(secs => lim.interval_seconds)) AS w
+             WHERE w.slid >= k.window_requests + p_held + 1 - allowed
+             ORDER BY w.at
+             LIMIT 1;
+            known := slid_at IS NOT NULL OR p_held = 0;
+            -- (none with nothing held: the sums overstate the spends; a window from now is safe)
+            wake := coalesce(slid_at, clock_timestamp() + make_interval(secs => lim.interval_seconds));
+        END IF;
+    END IF;
+    IF lim.units IS NOT NULL THEN
+        allowed := greatest(1, floor(lim.units * factor));
+        cost := least(p_cost, allowed);  -- a job dearer than the whole window runs alone in it
+        IF k.window_units + p_held_cost + cost > allowed THEN
+            blocked := coalesce(blocked, 'units');
+            SELECT w.at + make_interval(secs => lim.interval_seconds) INTO slid_at
+              FROM (SELECT s.at, sum(s.units) OVER (ORDER BY s.at, s.id) AS slid
+                      FROM orc_flow_spends AS s
+                     WHERE s.key = k.key
+                       AND s.at > clock_timestamp() - make_interval(secs => lim.interval_seconds)) AS w
+             WHERE w.slid >= k.window_units + p_held_cost + cost - allowed
+             ORDER BY w.at
+             LIMIT 1;
+            known := known AND (slid_at IS NOT NULL OR p_held = 0);
+            wake := greatest(wake, coalesce(slid_at, clock_timestamp()
+                                                  + make_interval(secs => lim.interval_seconds)));
+        END IF;
+    END IF;
+    IF k.paused_until > clock_timestamp() THEN
+        blocked := 'paused';
+        wake := greatest(wake, k.paused_until);
+    END IF;
+    IF NOT known THEN
+        wake := NULL;
+    END IF;
+END;
+$$;
+
+-- May the job (locked by the caller, about to be claimed) start now? NULL: yes, and what it
+-- takes of its key's window is recorded. Else it is parked (its waiter row says for what, its
+-- dispatch detached from it: the caller deletes it) and the answer is what it waits for. A job
+-- that is not a waiter sent ahead also waits behind waiters scheduled ahead; only the waiters
+-- due by now hold capacity; a waiter sent ahead that is admitted pumps its key first, so the
+-- schedule keeps a horizon ahead. A job whose type can move to a fallback model passes a pause
+-- longer than its threshold, and does not wait in line behind the jobs that wait for it.
+CREATE OR REPLACE FUNCTION orc_flow_admit_v1(j orc_jobs, p_task_prefix text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    k orc_flow_keys := orc_flow_lock_key_v1(j.flow_key, j.flow_limit, p_task_prefix);
+    lim orc_flow_limits;
+    waiter orc_flow_waiters;
+    blocked text;
+    wake timestamptz;
+    floor_vtime double precision;
+    passes boolean;
+BEGIN
+    SELECT * INTO lim FROM orc_flow_limits WHERE name = k.limit_name;
+    SELECT * INTO waiter FROM orc_flow_waiters WHERE job_id = j.id;
+    IF lim.name IS NULL THEN  -- the limit is no longer configured: nothing holds the job back
+        DELETE FROM orc_flow_waiters WHERE job_id = j.id;
+        RETURN NULL;
+    END IF;
+    -- The window's sums only ever overstate what is in it until its old spends are expired, so
+    -- a claim far from the limit need not expire them (one in fifty does, to keep the table
+    -- small); one near it always does, and decides on exact sums.
+    IF random() < 0.02
+       OR k.window_requests + 1 > 0.9 * lim.requests * orc_flow_factor_v1(k, lim)
+       OR k.window_units + coalesce(j.flow_cost, 1) > 0.9 * lim.units * orc_flow_factor_v1(k, lim)
+    THEN
+        k := orc_flow_expire_v1(k, lim);
+    END IF;
+    passes := false;
+    IF k.paused_until > clock_timestamp() THEN  -- (the type is read only for a paused key)
+        passes := orc_flow_passes_pause_v1(k, j.job_type);
+    END IF;
+    IF passes THEN  -- (this copy of the key only: its task makes its call on a fallback model)
+        k.paused_until := NULL;
+    END IF;
+    IF k.paused_until > clock_timestamp() THEN
+        blocked := 'paused';
+    ELSIF waiter.dispatched_at IS NULL AND NOT passes
+          AND (EXISTS (SELECT FROM orc_flow_waiters AS w
+                        WHERE w.key = j.flow_key AND w.dispatched_at IS NULL
+                          AND w.job_id <> j.id)
+               OR EXISTS (SELECT FROM orc_flow_waiters AS w
+                           WHERE w.key = j.flow_key AND w.dispatched_at > clock_timestamp()))
+    THEN
+        blocked := 'line';  -- others were first
+    ELSE
+        SELECT c.blocked, c.wake INTO blocked, wake
+          FROM (SELECT count(*) AS held, coalesce(sum(w.cost), 0) AS held_cost
+                  FROM orc_flow_waiters AS w
+                 WHERE w.key = j.flow_key AND w.dispatched_at <= clock_timestamp()
+                   AND w.job_id <> j.id) AS h,
+               orc_flow_capacity_v1(
+                   k, lim, coalesce(j.flow_cost, 1), h.held::integer, h.held_cost::bigint) AS c;
+    END IF;
+    IF blocked IS NULL THEN
+        IF lim.requests IS NOT NULL OR lim.units IS NOT NULL THEN
+            IF waiter.dispatched_at IS NOT NULL THEN
+                PERFORM orc_flow_pump_v1(j.flow_key);
+            END IF;
+            PERFORM orc_flow_record_spend_v1(
+                j.flow_key, j.id, 1, least(coalesce(j.flow_cost, 1)::bigint, lim.units)
+            );
+        END IF;
+        IF waiter.job_id IS NOT NULL THEN
+            DELETE FROM orc_flow_waiters WHERE job_id = j.id;
+        END IF;
+        RETURN NULL;
+    END IF;
+
+    -- Parked. A share that starts waiting starts level with the shares already waiting.
+    SELECT min(s.vtime) INTO floor_vtime
+      FROM orc_flow_shares AS s
+     WHERE s.key = j.flow_key
+       AND EXISTS (SELECT FROM orc_flow_waiters AS w
+                    WHERE w.key = j.flow_key AND w.share = s.share AND w.dispatched_at IS NULL);
+    INSERT INTO orc_flow_shares AS s (key, share, vtime)
+    VALUES (j.flow_key, coalesce(j.flow_share, ''), coalesce(floor_vtime, 0))
+    ON CONFLICT (key, share) DO UPDATE
+       SET vtime = greatest(s.vtime, coalesce(floor_vtime, s.vtime))
+     WHERE NOT EXISTS (SELECT FROM orc_flow_waiters AS w
+                        WHERE w.key = s.key AND w.share = s.share AND w.dispatched_at IS NULL);
+    IF waiter.job_id IS NULL THEN
+        INSERT INTO orc_flow_waiters (job_id, key, share, cost, blocked_on)
+        VALUES (j.id, j.flow_key, coalesce(j.flow_share, ''), coalesce(j.flow_cost, 1), blocked);
+        INSERT INTO orc_job_events (job_id, kind, payload)
+        VALUES (j.id, 'job.waiting_for_capacity',
+                jsonb_build_object('key', j.flow_key, 'waiting_on', blocked, 'status', j.status));
+    ELSE  -- back in line, at its old place
+        UPDATE orc_flow_waiters
+           SET dispatched_at = NULL, blocked_on = blocked, key = j.flow_key
+         WHERE job_id = j.id;
+    END IF;
+    UPDATE orc_jobs SET procrastinate_job_id = NULL WHERE id = j.id;
+    PERFORM orc_flow_pump_v1(j.flow_key);  -- the head of the line may go, or wait for a time
+    RETURN blocked;
+END;
+$$;
+
+-- The gate every claim passes (the fetch's, a claim left for later, the replay's): a job under
+-- a limit whose key has no room for it now is parked, and the dispatch that brought it is
+-- deleted. True: parked. The job row is locked by the caller.
+CREATE OR REPLACE FUNCTION orc_flow_gate_v1(
+    p_job_id uuid, p_dispatch_id bigint, p_claimable text[], p_task_prefix text
+) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    j orc_jobs;
+BEGIN
+    SELECT * INTO j FROM orc_jobs AS o WHERE o.id = p_job_id;
+    IF j.flow_key IS NULL AND j.status = ANY (p_claimable) THEN
+        -- Submitted without its flow, though its type runs under a limit: it gets it now.
+        UPDATE orc_jobs AS o
+           SET flow_key = orc_flow_render_v1(l.key_template, j), flow_limit = l.name,
+               flow_cost = 1,
+               flow_share = coalesce(CASE l.share_by WHEN 'tenant' THEN j.tenant_id
+                                                     WHEN 'agent' THEN j.agent_id END, '')
+          FROM orc_flow_job_types AS t JOIN orc_flow_limits AS l ON l.name = t.limit_name
+         WHERE t.job_type = j.job_type AND o.id = j.id
+        RETURNING o.* INTO j;
+        IF j.id IS NULL THEN
+            RETURN false;  -- no limit for its type
+        END IF;
+    END IF;
+    IF j.flow_key IS NULL OR NOT (j.status = ANY (p_claimable))
+       OR j.procrastinate_job_id IS DISTINCT FROM p_dispatch_id
+       OR orc_flow_admit_v1(j, p_task_prefix) IS NULL THEN
+        RETURN false;
+    END IF;
+    PERFORM procrastinate_finish_job_v1(p_dispatch_id, 'succeeded', true);
+    RETURN true;
+END;
+$$;
+
+-- Hand the key's capacity to its waiters, in fair order: a waiter that fits now gets a dispatch
+-- now; one that fits at a known time (a window sliding, a pause ending) gets a dispatch for
+-- then, as long as that time lies within the horizon (a second, or the interval if shorter)
+-- of the soonest dispatch scheduled ahead (or of the first it schedules). Each waiter meets the
+-- key as its type does: a pause longer than its fallback threshold does not hold back a job
+-- that can move to a fallback model. Returns how many got a dispatch for now.
+CREATE OR REPLACE FUNCTION orc_flow_pump_v1(p_key text) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    k orc_flow_keys;
+    seen orc_flow_keys;
+    lim orc_flow_limits;
+    held integer;
+    held_cost bigint;
+    waiter orc_flow_waiters;
+    pick text;
+    blocked text;
+    wake timestamptz;
+    horizon timestamptz;  -- no dispatch is scheduled later than this
+    now_ids uuid[] := '{}';
+    later_ids uuid[] := '{}';
+    later_at timestamptz[] := '{}';
+    busy uuid[] := '{}';  -- waiters another transaction holds (a cancel): left for later
+    weight double precision;
+    floor_vtime double precision;
+BEGIN
+    PERFORM orc_flow_lock_v1(p_key);
+    SELECT * INTO k FROM orc_flow_keys WHERE key = p_key;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    SELECT * INTO lim FROM orc_flow_limits WHERE name = k.limit_name;
+    IF lim.name IS NOT NULL THEN
+        k := orc_flow_expire_v1(k, lim);
+    END IF;
+    SELECT count(*), coalesce(sum(w.cost), 0) INTO held, held_cost
+      FROM orc_flow_waiters AS w WHERE w.key = p_key AND w.dispatched_at IS NOT NULL;
+    FOR i IN 1 .. 500 LOOP  -- bounded: a later release or the safety net pumps the rest
+        SELECT s.share INTO pick
+          FROM orc_flow_shares AS s
+         WHERE s.key = p_key
+           AND EXISTS (SELECT FROM orc_flow_waiters AS w
+                        WHERE w.key = p_key AND w.share = s.share AND w.dispatched_at IS NULL
+                          AND w.job_id <> ALL (busy))
+         ORDER BY s.vtime, s.share
+         LIMIT 1;
+        EXIT WHEN pick IS NULL;
+        SELECT w.* INTO waiter
+          FROM orc_flow_waiters AS w
+         WHERE w.key = p_key AND w.share = pick AND w.dispatched_at IS NULL
+           AND w.job_id <> ALL (busy)
+         ORDER BY w.seq
+         LIMIT 1;
+        -- The key is locked before the job here (the gate locks them the other way round), so
+        -- a waiter another transaction holds is skipped rather than waited for.
+        PERFORM FROM orc_jobs AS j WHERE j.id = waiter.job_id FOR NO KEY UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            busy := busy || waiter.job_id;
+            CONTINUE;
+        END IF;
+        blocked := NULL;
+        wake := NULL;
+        seen := k;  -- the key as this waiter meets it: a long pause passed by its fallback
+        IF k.paused_until > clock_timestamp()
+           AND orc_flow_passes_pause_v1(k, (SELECT j.job_type FROM orc_jobs AS j
+                                             WHERE j.id = waiter.job_id)) THEN
+            seen.paused_until := NULL;
+        END IF;
+        IF lim.name IS NOT NULL THEN  -- (a limit no longer configured holds nothing back)
+            SELECT c.blocked, c.wake INTO blocked, wake
+              FROM orc_flow_capacity_v1(seen, lim, waiter.cost, held, held_cost) AS c;
+        END IF;
+        IF blocked IS NOT NULL THEN
+            EXIT WHEN wake IS NULL;  -- room comes with a release or an admission, which pump
+            -- Waiters freed within 50 ms of each other share one due time (one wake-up).
+            wake := to_timestamp(ceil(extract(epoch FROM wake) * 20) / 20);
+            IF horizon IS NULL THEN
+                SELECT least(wake, min(w.dispatched_at)) INTO horizon
+                  FROM orc_flow_waiters AS w
+                 WHERE w.key = p_key AND w.dispatched_at > clock_timestamp();
+                horizon := greatest(horizon, clock_timestamp())
+                           + make_interval(secs => least(lim.interval_seconds, 1));
+            END IF;
+            EXIT WHEN wake > horizon;  -- the admission of one sent ahead pumps again
+        END IF;
+        weight := coalesce((lim.weights ->> pick)::double precision, 1);
+        UPDATE orc_flow_shares AS s
+           SET vtime = s.vtime + CASE WHEN lim.units IS NULL THEN 1 ELSE waiter.cost END / weight
+         WHERE s.key = p_key AND s.share = pick;
+        UPDATE orc_flow_waiters SET dispatched_at = coalesce(wake, now())
+         WHERE job_id = waiter.job_id;
+        held := held + 1;
+        held_cost := held_cost + waiter.cost;
+        IF wake IS NULL THEN
+            now_ids := now_ids || waiter.job_id;
+        ELSE
+            later_ids := later_ids || waiter.job_id;
+            later_at := later_at || wake;
+        END IF;
+    END LOOP;
+    IF cardinality(now_ids) + cardinality(later_ids) > 0 THEN
+        PERFORM orc_flow_dispatch_v2(now_ids || later_ids,
+                                     array_fill(NULL::timestamptz, ARRAY[cardinality(now_ids)])
+                                     || later_at,
+                                     k.task_prefix);
+    END IF;
+    -- A share that waits again starts level with the others, not with credit saved up.
+    SELECT min(s.vtime) INTO floor_vtime
+      FROM orc_flow_shares AS s
+     WHERE s.key = p_key
+       AND EXISTS (SELECT FROM orc_flow_waiters AS w
+                    WHERE w.key = p_key AND w.share = s.share AND w.dispatched_at IS NULL);
+    DELETE FROM orc_flow_shares AS s
+     WHERE s.key = p_key AND s.vtime < coalesce(floor_vtime, 'infinity')
+       AND NOT EXISTS (SELECT FROM orc_flow_waiters AS w
+                        WHERE w.key = p_key AND w.share = s.share);
+    RETURN cardinality(now_ids);
+END;
+$$;
+
+-- A job of a key leaves RUNNING: its capacity goes to the key's waiters, if any wait.
+CREATE OR REPLACE FUNCTION orc_flow_release_v1() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT FROM orc_flow_waiters AS w
+                WHERE w.key = OLD.flow_key AND w.dispatched_at IS NULL) THEN
+        PERFORM orc_flow_pump_v1(OLD.flow_key);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER orc_jobs_flow_release
+    AFTER UPDATE OF status ON orc_jobs
+    FOR EACH ROW
+    WHEN (OLD.flow_key IS NOT NULL AND OLD.status = 'RUNNING' AND NEW.status <> 'RUNNING')
+    EXECUTE FUNCTION orc_flow_release_v1();
+
+-- A waiting job that finishes (cancelled; failed by an operator) leaves the line; if it was
+-- the one on its way, the next one is sent.
+CREATE OR REPLACE FUNCTION orc_flow_leave_v1() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    gone orc_flow_waiters;
+BEGIN
+    DELETE FROM orc_flow_waiters WHERE job_id = NEW.id RETURNING * INTO gone;
+    IF gone.dispatched_at IS NOT NULL THEN
+        PERFORM orc_flow_pump_v1(gone.key);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER orc_jobs_flow_leave
+    AFTER UPDATE OF status ON orc_jobs
+    FOR EACH ROW
+    WHEN (OLD.flow_key IS NOT NULL AND NEW.finished_at IS NOT NULL AND OLD.finished_at IS NULL)
+    EXECUTE FUNCTION orc_flow_leave_v1();
+
+-- A job's spend in its key's window: recorded with the window's sums.
+CREATE OR REPLACE FUNCTION orc_flow_record_spend_v1(
+    p_key text, p_job_id uuid, p_requests integer, p_units bigint
+) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO orc_flow_spends (key, job_id, requests, units)
+    VALUES (p_key, p_job_id, p_requests, p_units);
+    UPDATE orc_flow_keys
+       SET window_requests = window_requests + p_requests, window_units = window_units + p_units
+     WHERE key = p_key;
+$$;
+
+-- What an admitted job's call really used (`p_units`): the first call since its admission
+-- corrects the reservation made then (and marks it reconciled), a later one (an agent's next
+-- turn) adds a request and its units. Nothing for a key without requests or units.
+CREATE OR REPLACE FUNCTION orc_flow_spend_v1(
+    p_key text, p_job_id uuid, p_units bigint, p_sent_seconds_ago double precision DEFAULT NULL
+) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    reserved orc_flow_spends;
+    sent timestamptz := clock_timestamp() - make_interval(secs => p_sent_seconds_ago);
+BEGIN
+    PERFORM orc_flow_lock_v1(p_key);
+    PERFORM FROM orc_flow_keys AS k JOIN orc_flow_limits AS l ON l.name = k.limit_name
+      WHERE k.key = p_key AND (l.requests IS NOT NULL OR l.units IS NOT NULL);
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT * INTO reserved FROM orc_flow_spends
+     WHERE job_id = p_job_id AND key = p_key AND NOT reconciled
+     ORDER BY id DESC LIMIT 1;
+    IF reserved.id IS NULL THEN  -- a later call: a request more
+        PERFORM orc_flow_record_spend_v1(p_key, p_job_id, 1, p_units);
+        UPDATE orc_flow_spends SET reconciled = true, at = least(at, coalesce(sent, at))
+         WHERE id = (SELECT max(id) FROM orc_flow_spends WHERE job_id = p_job_id AND key = p_key);
+        RETURN;
+    END IF;
+    UPDATE orc_flow_spends
+       SET units = p_units, reconciled = true, at = greatest(at, coalesce(sent, at))
+     WHERE id = reserved.id;
+    UPDATE orc_flow_keys SET window_units = greatest(0, window_units + p_units - reserved.units)
+     WHERE key = p_key;
+END;
+$$;
+
+-- A 429 or 529 from the provider behind a key. With the server's hint, the key pauses for the
+-- whole fleet until then; without one, its rate factor halves.
+CREATE OR REPLACE FUNCTION orc_flow_throttled_v1(p_key text, p_until timestamptz, p_reason text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    k orc_flow_keys;
+    lim orc_flow_limits;
+BEGIN
+    PERFORM orc_flow_lock_v1(p_key);
+    SELECT * INTO k FROM orc_flow_keys WHERE key = p_key;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT * INTO lim FROM orc_flow_limits WHERE name = k.limit_name;
+    IF p_until IS NOT NULL THEN
+        UPDATE orc_flow_keys
+           SET paused_until = greatest(paused_until, p_until),
+               pause_reason = CASE WHEN paused_until >= p_until THEN pause_reason ELSE p_reason END,
+               paused_by = CASE WHEN paused_until >= p_until THEN paused_by ELSE 'provider' END,
+               throttled = throttled + 1
+         WHERE key = p_key;
+    ELSE
+        UPDATE orc_flow_keys
+           SET rate_factor = greatest(1.0 / 64,
+                                      coalesce(orc_flow_factor_v1(k, lim), rate_factor) / 2),
+               factor_at = now(),
+               throttled = throttled + 1
+         WHERE key = p_key;
+    END IF;
+END;
+$$;
+
+-- An operator lifts a key's pause (and its adaptive slow-down). The waiter sent for the end of
+-- the pause comes back to the line (its future dispatch deleted), and the line goes now.
+-- NULL: no such key; else how many waiters got a dispatch.
+CREATE OR REPLACE FUNCTION orc_flow_resume_v1(p_key text) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    scout record;
+BEGIN
+    PERFORM orc_flow_lock_v1(p_key);
+    UPDATE orc_flow_keys
+       SET paused_until = NULL, pause_reason = NULL, paused_by = NULL,
+           rate_factor = 1, factor_at = now()
+     WHERE key = p_key;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    FOR scout IN
+        SELECT j.id, j.procrastinate_job_id
+          FROM orc_flow_waiters AS w JOIN orc_jobs AS j ON j.id = w.job_id
+         WHERE w.key = p_key AND w.dispatched_at IS NOT NULL
+           FOR NO KEY UPDATE OF j SKIP LOCKED
+    LOOP
+        IF procrastinate_cancel_job_v1(scout.procrastinate_job_id, false, true) IS NOT NULL THEN
+            UPDATE orc_flow_waiters SET dispatched_at = NULL WHERE job_id = scout.id;
+            UPDATE orc_jobs SET procrastinate_job_id = NULL WHERE id = scout.id;
+        END IF;
+    END LOOP;
+    RETURN orc_flow_pump_v1(p_key);
+END;
+$$;

@@ -1,0 +1,110 @@
+-- Outcomes: an attempt's end written with its dispatch's end, in one transaction. The
+-- completions of a worker's group commit; every terminal failure (the one writer of failures:
+-- the worker's, the sweep's, an operator's).
+
+-- Complete several attempts: p_items is [{ord, job_id, lease_token, result, event,
+-- procrastinate_job_id, delete_dispatch}]. For each, as for one before: COMPLETED with its
+-- result and job.completed, fenced by the lease, and its dispatch (when given) finished
+-- (succeeded) in the same transaction, so a job is never COMPLETED while its dispatch still
+-- shows as running, nor the other way round. The dispatch is finished even when the completion
+-- is refused. A dispatch no longer doing (a sweep settled it and took the job) is left alone
+-- and its job is not written. Returns, per item, whether its job was COMPLETED.
+CREATE OR REPLACE FUNCTION orc_complete_jobs_v1(p_items jsonb, p_target text, p_sources text[])
+RETURNS TABLE (ord integer, completed boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    item record;
+BEGIN
+    FOR item IN
+        SELECT * FROM jsonb_to_recordset(p_items)
+            AS i (ord integer, job_id uuid, lease_token uuid, result jsonb, event jsonb,
+                  procrastinate_job_id bigint, delete_dispatch boolean)
+    LOOP
+        ord := item.ord;
+        completed := false;
+        IF item.procrastinate_job_id IS NOT NULL THEN
+            -- Locked, so that no sweep settles it between this check and the finish below; the
+            -- job first, as the sweeps lock them (a sweep settles dispatches after their jobs).
+            PERFORM FROM orc_jobs AS j WHERE j.id = item.job_id FOR UPDATE;
+            PERFORM FROM procrastinate_jobs AS p
+              WHERE p.id = item.procrastinate_job_id AND p.status = 'doing'
+                FOR UPDATE;
+            IF NOT FOUND THEN
+                RETURN NEXT;
+                CONTINUE;
+            END IF;
+        END IF;
+        UPDATE orc_jobs AS j
+           SET status = p_target, result = item.result,
+               lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
+         WHERE j.id = item.job_id AND j.lease_token = item.lease_token
+           AND j.status = ANY (p_sources);
+        IF FOUND THEN
+            INSERT INTO orc_job_events (job_id, kind, payload)
+            VALUES (item.job_id, 'job.completed', item.event);
+            completed := true;
+        END IF;
+        IF item.procrastinate_job_id IS NOT NULL THEN
+            PERFORM procrastinate_finish_job_v1(item.procrastinate_job_id, 'succeeded',
+                                                item.delete_dispatch);
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+
+-- Fail jobs for good: p_items is [{ord, job_id, lease_token, dead_letter_id, error, failed,
+-- before, degraded, dispatch_id, dispatch_status}], each shaped by
+-- orchestrator/domain/failures.py. For each, in the order of docs/contracts.md's dead-letter
+-- flow: the job FAILED (fenced by its lease; a null lease fails a job no attempt holds), the
+-- explaining events (`before`: a zombie detected, an approval rejected), the dead letter and
+-- job.dead_lettered, job.failed, job.degraded; then the dispatch that ran the attempt, if
+-- any, is ended. Returns, per item, the dead letter's id, or null when the job was not failed.
+CREATE OR REPLACE FUNCTION orc_fail_jobs_v1(p_items jsonb, p_target text, p_sources text[])
+RETURNS TABLE (ord integer, dead_letter_id uuid)
+LANGUAGE plpgsql AS $$
+DECLARE
+    item record;
+    failed_job record;
+BEGIN
+    FOR item IN
+        SELECT * FROM jsonb_to_recordset(p_items)
+            AS i (ord integer, job_id uuid, lease_token uuid, dead_letter_id uuid, error jsonb,
+                  failed jsonb, before jsonb, degraded jsonb, dispatch_id bigint,
+                  dispatch_status text)
+        ORDER BY i.ord
+    LOOP
+        ord := item.ord;
+        dead_letter_id := NULL;
+        UPDATE orc_jobs AS j
+           SET status = p_target, last_error = item.error, next_retry_at = NULL,
+               lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
+         WHERE j.id = item.job_id AND j.lease_token IS NOT DISTINCT FROM item.lease_token
+           AND j.status = ANY (p_sources)
+        RETURNING j.id, j.job_type, j.payload, j.tenant_id INTO failed_job;
+        IF FOUND THEN
+            INSERT INTO orc_job_events (job_id, kind, payload)
+            SELECT item.job_id, b.event ->> 'kind', b.event -> 'payload'
+              FROM jsonb_array_elements(coalesce(item.before, '[]')) WITH ORDINALITY
+                   AS b (event, n)
+             ORDER BY b.n;
+            INSERT INTO orc_dead_letters (id, job_id, job_type, payload, error, tenant_id)
+            VALUES (item.dead_letter_id, item.job_id, failed_job.job_type, failed_job.payload,
+                    item.error, failed_job.tenant_id);
+            INSERT INTO orc_job_events (job_id, kind, payload)
+            SELECT item.job_id, e.kind,
+                   e.payload || jsonb_build_object('dead_letter_id', item.dead_letter_id)
+              FROM (VALUES (1, 'job.dead_lettered', '{}'::jsonb),
+                           (2, 'job.failed', item.failed),
+                           (3, 'job.degraded', item.degraded)) AS e (n, kind, payload)
+             WHERE e.payload IS NOT NULL
+             ORDER BY e.n;
+            dead_letter_id := item.dead_letter_id;
+        END IF;
+        IF item.dispatch_id IS NOT NULL THEN
+            PERFORM orc_end_dispatch_v1(item.dispatch_id, item.dispatch_status);
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;

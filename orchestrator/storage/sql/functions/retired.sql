@@ -1,0 +1,13 @@
+-- Functions no release uses any more, dropped by name: a function leaves its concept file and
+-- its DROP comes here, in the same change as a migration that revises both files (and says
+-- whether the release before can run without it: docs/architecture.md, "Where the SQL lives").
+-- Applied before the other files.
+
+DROP FUNCTION IF EXISTS orc_flow_dispatch_v1(uuid[], timestamptz, text);
+
+-- The fetch of migration 0019 (queues of external job types left alone), which only releases
+-- between 0019 and 0028 called: since 0029 the fetch is orc_fetch_dispatches_v3.
+DROP FUNCTION IF EXISTS orc_fetch_dispatches_v2(
+    integer, varchar[], varchar[], bigint, text, text, text[], text);
+DROP FUNCTION IF EXISTS orc_fetch_dispatch_v2(
+    varchar[], varchar[], bigint, text, text, text[], text);

@@ -1,0 +1,25 @@
+-- 0035_functions_in_files: every function and trigger now has one definition, in a file per
+-- concept under sql/functions, which `orchestrator migrate` applies after the migrations
+-- whenever a file differs from what the database recorded. The files hold what migrations
+-- 0001-0034 left (a test compares a fresh database's catalog with an upgraded one's), but for
+-- two changes: the fetch of migration 0019 (orc_fetch_dispatch_v2, orc_fetch_dispatches_v2),
+-- which only releases between 0019 and 0028 called, is retired (retired.sql);
+-- and orc_dispatch_v1 gives its jobs their dispatches through orc_flow_dispatch_v2, the same
+-- statements it held a copy of. From here on, migrations hold tables, indexes, constraints and
+-- data moves; a function changes in its file, together with a migration that names the file's
+-- new text (`-- revises:`) and says whether the release before runs on it (it does on this
+-- one: it calls none of the retired functions).
+--
+-- compatible-with-older-workers: yes
+-- revises: functions/retired.sql bdd018eca40a1ac9209fb7876549aa4f3eb7ace160a5e7f301e7b6991a8101a7
+-- revises: functions/checkpoints.sql 27e4e4c5f4bf49f7d43b4eac6ff54725be23abd0c0d1e5af3a43074a667961c3
+-- revises: functions/claim.sql 240af17fe6e177c9627e062897bbc68264dd010afbf27afb027ea1d984eccd7a
+-- revises: functions/dispatches.sql ec6a24a4458286fe030969d7eff1054de0ee61dccab42ab332de5a658bc10618
+-- revises: functions/flow.sql 8eef4682f21cdb9544d1c83e7fb7f022b2b9e69e3aa60d2f9f54d1f439aed6b2
+-- revises: functions/history.sql daf3bd43b2dcade8defa254d7153cb262b279370c7c66f783d100d390a6b28ef
+-- revises: functions/outcomes.sql b5bab67ea163c36ea56acebe9b259e95d86c998ed1e1d18b81575cdcd88d86f7
+-- revises: functions/principals.sql c5cb5dfec4a746250c51b69a1c4058a5a038197fa2c90af598595d7e4346da0b
+-- revises: functions/rollups.sql b2d5316e3c9382addf226514b8f9d4204634194ba715b6427870cbab506cdcaa
+-- revises: functions/states.sql c659437c97206c5903d9efdb7f19b309fbe9cb477bf362da2ba1ed3e3fc237a7
+-- revises: functions/submit.sql 6b108935524a34bae478245ed7301bc6d475a7090fef4c7bb0a913bc25df5f06
+-- revises: functions/tenants.sql b678bba84e40ff6ec245b2fe538e60707254c61dce91975721d32c48246042df
