@@ -21,8 +21,11 @@ from uuid import UUID
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
 
 from orchestrator import InvalidTransition, JobContext, Orchestrator, Status, TransactionConflict
+from orchestrator.storage.stores import Stores
 from tests.support.harness import WorkerRun, wait_for
 
 KEYS = 2
@@ -306,3 +309,59 @@ async def test_batches_naming_the_same_keys_in_other_orders_take_turns(
         await asyncio.gather(*(orc.submit_many(batch) for batch in batches))
     assert len(await orc.list_jobs(limit=100)) == len(keys)  # one job per key
     assert await deadlocks_after_closing(db, orc) == before
+
+
+@pytest.mark.parametrize("mode", ["auto", "force_generic_plan"])
+async def test_a_heartbeat_locks_its_jobs_in_id_order_as_completions_do(
+    dsn: str, db: psycopg.AsyncConnection[Any], mode: str
+) -> None:
+    """With the lowest-id job's row held elsewhere, a heartbeat of twenty running jobs waits
+    for it before locking any other: a batch of completions, which locks in id order too,
+    never holds a row the heartbeat waits for while it waits for one the heartbeat holds (they
+    deadlocked in the soak when the heartbeat locked in its plan's order)."""
+    cur = await db.execute(
+        "INSERT INTO orc_jobs (id, job_type, status, payload, queue, max_attempts, max_retries,"
+        " trace_id, lease_token, locked_by, attempt, dispatch_attempt, heartbeat_at, started_at,"
+        " deadline_at) SELECT gen_random_uuid(), 'beat', 'RUNNING', 'null', 'beat', 3, 3, 't',"
+        " gen_random_uuid(), 'w', 1, 1, now(), now(), now() + interval '1 hour'"
+        " FROM generate_series(1, 20) RETURNING id, lease_token"
+    )
+    leases = {token: job_id for job_id, token in await cur.fetchall()}
+    lowest = min(leases.values())
+
+    async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+        await conn.execute(f"SET plan_cache_mode = {mode}")
+        conn.prepare_threshold = 0  # prepared at once: the generic plan, in that mode
+
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        dsn, min_size=1, max_size=1, open=False, configure=configure,
+        kwargs={"row_factory": dict_row, "autocommit": True},
+    )  # fmt: skip
+    await pool.open(wait=True)
+    liveness = Stores.on(pool).liveness
+    try:
+        for _ in range(6):  # past the plan cache's five custom plans
+            await liveness.heartbeat(leases, zombie_threshold=60, expiry_grace=60)
+        async with await psycopg.AsyncConnection.connect(dsn) as holder:
+            await holder.execute("SELECT FROM orc_jobs WHERE id = %s FOR UPDATE", (lowest,))
+            beat = asyncio.ensure_future(
+                liveness.heartbeat(leases, zombie_threshold=60, expiry_grace=60)
+            )
+            await wait_for(lambda: waiting_for_a_row(db), timeout=10)
+            others = [job_id for job_id in leases.values() if job_id != lowest]
+            await holder.execute(
+                "SELECT FROM orc_jobs WHERE id = ANY (%s) FOR UPDATE NOWAIT", (others,)
+            )  # none of them locked by the heartbeat yet
+            await holder.rollback()
+            assert len(await beat) == 20
+    finally:
+        await pool.close()
+
+
+async def waiting_for_a_row(db: psycopg.AsyncConnection[Any]) -> bool:
+    cur = await db.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        " AND query LIKE '%%SET heartbeat_at%%'"
+    )
+    row = await cur.fetchone()
+    return row is not None and row[0] > 0

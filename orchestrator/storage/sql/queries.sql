@@ -768,11 +768,23 @@ SELECT count(*) AS n FROM doomed
 -- heartbeat_at never passes the backstop (deadline_at + the expiry grace, Graphile Worker's job_expiry)
 -- minus the zombie threshold: an attempt still running at its backstop goes stale even while it
 -- heartbeats, and the sweep takes it.
+-- The rows are locked first, in job-id order, as a batch of completions locks them: an UPDATE
+-- joined to the list locks in whatever order its plan visits the rows, and a heartbeat and a
+-- completion of the same jobs deadlocked (seen in the soak: the heartbeat rolled back).
+WITH held AS (
+    SELECT j.id
+      FROM orc_jobs AS j
+      JOIN unnest(%(job_ids)s::uuid[], %(lease_tokens)s::uuid[]) AS h (id, lease_token)
+        ON j.id = h.id AND j.lease_token = h.lease_token
+     WHERE j.status = %(running)s
+     ORDER BY j.id
+       FOR NO KEY UPDATE OF j
+)
 UPDATE orc_jobs AS j
    SET heartbeat_at = least(
            now(), j.deadline_at + make_interval(secs => %(expiry_grace)s - %(threshold)s))
-  FROM unnest(%(job_ids)s::uuid[], %(lease_tokens)s::uuid[]) AS h (id, lease_token)
- WHERE j.id = h.id AND j.lease_token = h.lease_token AND j.status = %(running)s
+  FROM held
+ WHERE j.id = held.id
 RETURNING j.lease_token
 
 -- zombies --
