@@ -77,6 +77,9 @@ limit = "plan_slots"
 BUSY = {"ts": "2026-01-01T00:00:00Z", "message": "busy", "code": "HTTP_429",
         "classification": "TRANSIENT_APP", "attempt": 1, "terminal": False}  # fmt: skip
 AUTO_EXPLAIN = {
+    # NOTICE, not LOG: the plans go to this client only, not into the server's log as well
+    # (which they grew by a gigabyte a run).
+    "auto_explain.log_level": "notice",
     "auto_explain.log_min_duration": "0",
     "auto_explain.log_nested_statements": "on",
     "auto_explain.log_format": "json",

@@ -31,6 +31,7 @@ from orchestrator.domain.connect_failures import (
     connect_failure,
 )
 from orchestrator.domain.principals import Scope
+from orchestrator.runtime.health import HealthServer
 from orchestrator.runtime.startup import MAX_DELAY, WAITING
 from orchestrator.storage.migrate import migrate
 from tests.support import agent_app
@@ -388,3 +389,33 @@ def test_sigterm_while_waiting_for_the_database_exits_0(
     text = log.read_text()
     assert process.returncode == 0, text
     assert "Traceback" not in text, text
+
+
+async def test_a_probe_left_open_as_the_process_exits_ends_without_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A probe's connection still open when the process exits: its handler is cancelled (as
+    asyncio.run cancels what is left) and ends quietly; on Python 3.11 a cancelled handler made
+    asyncio log an error of its own, which failed a serve test under load."""
+
+    async def ok() -> bool:
+        return True
+
+    server = HealthServer(port=free_port(), ready=lambda: True, database_ok=ok, host="127.0.0.1")
+    await server.start()
+    _, writer = await asyncio.open_connection("127.0.0.1", server.port)  # sends nothing
+
+    def handlers() -> list[asyncio.Task[object]]:
+        return [t for t in asyncio.all_tasks() if "HealthServer._serve" in repr(t.get_coro())]
+
+    deadline = asyncio.get_running_loop().time() + 10
+    while not handlers():
+        assert asyncio.get_running_loop().time() < deadline, "the probe was never accepted"
+        await asyncio.sleep(0.01)
+    [handler] = handlers()
+    handler.cancel()
+    await asyncio.wait([handler])
+    await asyncio.sleep(0.05)  # the stream's done-callback runs
+    writer.close()
+    await server.close()
+    assert not [r.getMessage() for r in caplog.records if r.name == "asyncio"]

@@ -93,6 +93,11 @@ class HealthServer:
             await writer.drain()
         except (TimeoutError, ConnectionError, IndexError):
             pass
+        except asyncio.CancelledError:
+            # The process exits with a probe's connection open (asyncio.run cancels what is
+            # left): the answer is not needed. Ended, not cancelled, since on Python 3.11 a
+            # cancelled handler makes asyncio's stream callback log an error of its own.
+            pass
         finally:
             writer.close()
             with contextlib.suppress(ConnectionError):
