@@ -3,10 +3,10 @@
 The public surface is what this module exports; everything else is internal. The package is
 layered (docs/architecture.md): ``domain`` (the state machine and pure policy), ``storage``
 (SQL and stores), the top-level ``checkpoints`` package (durable steps), ``runtime`` (the
-worker), ``services`` (maintenance), ``app`` (the Orchestrator, which puts them together) and
-``interfaces`` (the command line). The names below are loaded when first used, so importing a
-lower layer (``orchestrator.domain.errors``, say, as ``checkpoints`` does) never pulls in the
-layers above it.
+worker), ``services`` (maintenance), ``app`` (the Orchestrator, which puts them together;
+``facade``, its concerns) and ``interfaces`` (the command line). The names below are loaded
+when first used, so importing a lower layer (``orchestrator.domain.errors``, say, as
+``checkpoints`` does) never pulls in the layers above it.
 """
 
 from __future__ import annotations

@@ -9,135 +9,66 @@ async with orc:
 
 It is also where the layers are put together: the domain's policy (job types, the notifier, the
 failure shaper), the stores on one pool, the maintenance services, and a worker per
-``run_worker`` call, each given what it needs explicitly.
+``run_worker`` call, each given what it needs explicitly. Each method hands its work to the
+module of its concern (orchestrator.facade), given the objects that concern needs.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
-import logging
-import random
-import signal
-import uuid
-from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Sequence
-from datetime import UTC, datetime, timedelta
+import functools
+from collections.abc import Callable, Collection, Iterable, Sequence
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import procrastinate
 import psycopg
-from pydantic import (
-    AfterValidator,
-    AwareDatetime,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    model_validator,
-)
 
 import retry_config
-from checkpoints import ApprovalGate, CheckpointStore
-from orchestrator.domain import crontab
 from orchestrator.domain.classification import Classifier
-from orchestrator.domain.degradation import Degrader, Fallback, TypeDegradation
-from orchestrator.domain.errors import (
-    ConfigError,
-    DeadLetterError,
-    InvalidArgument,
-    InvalidPayload,
-    InvalidTransition,
-    OrchestratorError,
-    SubmitError,
-    UnknownJobType,
-)
+from orchestrator.domain.degradation import Degrader, Fallback
+from orchestrator.domain.errors import ConfigError, InvalidTransition
 from orchestrator.domain.failures import Failures
-from orchestrator.domain.flow import Flow, FlowKey, FlowKeyError, flow_of
-from orchestrator.domain.ids import uuid7
+from orchestrator.domain.flow import FlowKey
 from orchestrator.domain.job_types import JobType
 from orchestrator.domain.models import DeadLetter, Job, JobEvent, SubmitResult
 from orchestrator.domain.notices import Notifier
-from orchestrator.domain.rollups import Stats, stats, window
-from orchestrator.domain.schedules import Schedule, ScheduleView, define
+from orchestrator.domain.rollups import Stats
+from orchestrator.domain.schedules import Schedule, ScheduleView
 from orchestrator.domain.secrets import Secrets
 from orchestrator.domain.states import Status
-from orchestrator.domain.storable import Text, refusal
-from orchestrator.domain.traceparent import normalized, trace_id_of
-from orchestrator.domain.usage import JobUsage, UsageTotal, groups_of
-from orchestrator.runtime import logs, startup
-from orchestrator.runtime.attempt import Toolkit
+from orchestrator.domain.usage import JobUsage, UsageTotal
+from orchestrator.facade import actions, exporter, reloads, schedules
+from orchestrator.facade.actions import OperatorActions
+from orchestrator.facade.definition import Definition, F, degradation_of
+from orchestrator.facade.flow_keys import FlowKeys
+from orchestrator.facade.lifecycle import Lifecycle, Opened
+from orchestrator.facade.reads import Reads
+from orchestrator.facade.reloads import ConfigWatch
+from orchestrator.facade.schedules import Schedules
+from orchestrator.facade.stats import Statistics
+from orchestrator.facade.submit import JobKeyMode, JobRows, JobSpec, Submitter, job_spec
+from orchestrator.facade.workers import Workers
 from orchestrator.runtime.config_reload import ConfigReload
-from orchestrator.runtime.context import JobContext
-from orchestrator.runtime.health import HealthServer
 from orchestrator.runtime.metrics import Metrics, NoMetrics
 from orchestrator.runtime.worker import Worker
 from orchestrator.services import maintenance
-from orchestrator.services.approvals import ApprovalDecisions
-from orchestrator.services.fleet import FleetMetrics
 from orchestrator.services.maintenance import Maintenance
 from orchestrator.services.scheduler import Scheduler
 from orchestrator.settings import Settings
-from orchestrator.storage import database
-from orchestrator.storage.database import Pool
-from orchestrator.storage.migrate import MigrationReport, migrate
+from orchestrator.storage.migrate import MigrationReport
 from orchestrator.storage.rows import ApprovalRecord, StepRecord
 from orchestrator.storage.stores import Stores
-from orchestrator.storage.usage import UsageFilters
-from retry_config import MAX_VALUE, FlowLimit, LiveConfig, RetryConfig
+from retry_config import LiveConfig, RetryConfig
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
     from orchestrator.runtime.tracing import Tracing
 
-F = TypeVar("F", bound=Callable[[JobContext, Any], Awaitable[Any]])
-logger = logging.getLogger("orchestrator")
-
-
-JobKeyMode = Literal["replace", "preserve_run_at", "unsafe_dedupe"]
-
-
-#: A W3C traceparent, as version 00 writes it (orchestrator.domain.traceparent).
-Traceparent = Annotated[Text, AfterValidator(normalized)]
-
-
-class JobSpec(BaseModel):
-    """One job to submit; the options follow Graphile Worker's ``addJob``. Every bound is what
-    the job table's columns hold, so nothing valid here can fail in the database."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    job_type: Text
-    payload: Any = None
-    agent_id: Text | None = Field(None, max_length=200)
-    run_at: AwareDatetime | None = None
-    priority: int = Field(0, ge=-(2**31) + 1, le=2**31 - 1, description="Lower runs first.")
-    queue: Text | None = Field(None, min_length=1, max_length=128)
-    max_retries: int | None = Field(None, ge=0, le=MAX_VALUE)
-    job_key: Text | None = Field(None, min_length=1, max_length=512)
-    job_key_mode: JobKeyMode = "replace"
-    timeout_seconds: int | None = Field(None, gt=0, le=MAX_VALUE)
-    trace_id: Text | None = Field(None, min_length=1, max_length=200)
-    #: Whose job it is (docs/contracts.md, "Tenants"); none by default.
-    tenant_id: Text | None = Field(None, min_length=1, max_length=200)
-    #: The W3C trace context the job continues: its trace id becomes the job's trace_id.
-    traceparent: Traceparent | None = None
-    #: What the job costs in its limit's units (e.g. tokens; docs/flow-control.md); unset: its
-    #: type's estimate, or 1.
-    cost: int | None = Field(None, ge=0, le=MAX_VALUE)
-    #: The most tokens the job's LLM calls may spend, all kinds counted; past it the next call
-    #: fails the job with TOKEN_BUDGET_EXHAUSTED (docs/configuration.md). None: no budget.
-    token_budget: int | None = Field(None, gt=0, le=2**63 - 1)
-
-    @model_validator(mode="after")
-    def _one_trace(self) -> JobSpec:
-        if self.trace_id and self.traceparent and self.trace_id != trace_id_of(self.traceparent):
-            raise ValueError("trace_id differs from the trace id of traceparent")
-        return self
+__all__ = ["JobSpec", "Orchestrator"]
 
 
 class Orchestrator:
@@ -157,39 +88,63 @@ class Orchestrator:
         self.live_config = LiveConfig(
             retry_config.load(retry_config_path or self.settings.retry_config)
         )
-        self._config_reload: ConfigReload | None = None
         self.job_types: dict[str, JobType] = {
             name: JobType.external(name) for name in self.retry_config.external
         }
         self.classifiers: list[Classifier] = []
         #: The schedules, by name: the retry config's, the crontab file's, then the code's.
-        self.schedules: dict[str, Schedule] = {}
-        self._schedules_of_config()
+        self.schedules: dict[str, Schedule] = schedules.configured(
+            self.retry_config, self.settings.crontab
+        )
         self.secrets = Secrets(self.settings.secrets_dir)
+        rows = JobRows(self.job_types, self.live_config, self.settings)
         self.notifier = Notifier(
-            submit_row=lambda job_type, payload: self._row(
-                _spec(job_type=job_type, payload=payload)
+            submit_row=lambda job_type, payload: rows.row(
+                job_spec(job_type=job_type, payload=payload)
             ),
             escalation_type=self.settings.escalation_job_type,
             escalation_target=self.settings.escalation_target,
             approval_type=self.settings.approval_job_type,
             approval_target=self.settings.approval_target,
         )
-        self.failures = Failures(Degrader(of_type=self._degradation_of, notifier=self.notifier))
+        self.failures = Failures(
+            Degrader(
+                of_type=functools.partial(degradation_of, self.job_types), notifier=self.notifier
+            )
+        )
         self.procrastinate = procrastinate.App(connector=procrastinate.PsycopgConnector())
         maintenance.register(self.procrastinate, self.settings, self.retry_config)
-        self._dsn = dsn
-        self._pool: Pool | None = None
-        self._opened: _Opened | None = None
-        #: Undoes the connector swap of the current opening (App.replace_connector's context).
-        self._connector_swap = contextlib.ExitStack()
         self.workers: list[Worker] = []  # the workers running in this process
         # Served by each worker's health port (/metrics).
         self.metrics = Metrics() if self.settings.metrics else NoMetrics()
         self.metrics.watch(lambda: self.workers)
         self.metrics.config_applied(self.retry_config.version)
+        self._lifecycle = Lifecycle(
+            settings=self.settings, dsn=dsn, procrastinate_app=self.procrastinate,
+            failures=self.failures, notifier=self.notifier, config=self.live_config,
+            metrics=self.metrics, on_refused=self.refused_by_database,
+        )  # fmt: skip
+        self._schedules = Schedules(self.schedules, rows, self.settings, self._lifecycle)
+        self._definition = Definition(
+            self.job_types, self.classifiers, self.live_config, self._schedules, self.notifier
+        )
+        self._config_watch = ConfigWatch(
+            self.live_config, check=self._definition.check_config, settings=self.settings,
+            metrics=self.metrics,
+        )  # fmt: skip
+        self._submitter = Submitter(rows, self._lifecycle, self.tracing)
+        self._reads = Reads(self._lifecycle)
+        self._actions = OperatorActions(self._lifecycle, rows, self.metrics)
+        self._flow_keys = FlowKeys(self._lifecycle)
+        self._statistics = Statistics(self._lifecycle)
+        self._workers = Workers(
+            self.workers, definition=self._definition, config=self.live_config,
+            settings=self.settings, lifecycle=self._lifecycle, schedules=self._schedules,
+            config_watch=self._config_watch, failures=self.failures, secrets=self.secrets,
+            metrics=self.metrics, tracing=self.tracing, procrastinate_app=self.procrastinate,
+        )  # fmt: skip
 
-    # -- definition ------------------------------------------------------------------------
+    # -- definition (orchestrator.facade.definition) ----------------------------------------
 
     def job_type(
         self,
@@ -215,63 +170,32 @@ class Orchestrator:
         a job's estimated cost in its limit's units, given its typed payload, when the submit
         declares none (docs/flow-control.md).
         """
-        schedule = None
-        if cron is not None:
-            schedule = define(
-                name, name, source=f"job type {name!r}", cron=cron, tz=tz,
-                backfill_seconds=backfill_seconds, tenant_id=tenant_id,
-            )  # fmt: skip
-
-        def decorate(fn: F) -> F:
-            if name in self.retry_config.external:
-                raise ValueError(
-                    f"job type {name!r} is external in {self.retry_config.path}: external "
-                    "workers run it over the API"
-                )
-            if name in self.job_types:
-                raise ValueError(f"job type {name!r} is already registered")
-            if schedule is not None:
-                self._add_schedule(schedule)
-            self.job_types[name] = JobType.from_function(
-                name, fn, fallback=fallback, exhausted_message=exhausted_message, cost=cost
-            )
-            return fn
-
-        return decorate
+        return self._definition.job_type(
+            name, fallback=fallback, exhausted_message=exhausted_message, cron=cron, tz=tz,
+            backfill_seconds=backfill_seconds, tenant_id=tenant_id, cost=cost,
+        )  # fmt: skip
 
     def add_classifier(self, classifier: Classifier) -> Classifier:
         """Consult ``classifier(exc) -> Classified | None`` before the built-in rules."""
-        self.classifiers.append(classifier)
-        return classifier
+        return self._definition.add_classifier(classifier)
 
     def check_definition(self) -> None:
         """Before a worker or the API server starts: the retry config fits the application
         (check_config), and the notification targets are usable (ConfigError naming what is
         wrong)."""
-        self.check_config(self.retry_config)
-        self._check_schedules()
-        self.notifier.check()
+        self._definition.check()
 
     def check_config(self, config: RetryConfig) -> None:
         """``config`` names only known job types, and no in-process job type shares a queue
         with an external one: at start-up, and for each new version a reload reads."""
-        config.check_names(self.known_job_types())
-        external = {q: name for name, q in config.external.items()}
-        clashes = [
-            f"job type {name!r} is on queue {config.queue_of(name)!r}, the queue of "
-            f"the external job type {external[config.queue_of(name)]!r}"
-            for name, job_type in sorted(self.job_types.items())
-            if not job_type.is_external and config.queue_of(name) in external
-        ]
-        if clashes:
-            raise ConfigError(f"{config.path}: " + "; ".join(clashes))
+        self._definition.check_config(config)
 
     def known_job_types(self) -> set[str]:
         """The names a retry config may configure: the registered job types, the built-in
         ones, and the maintenance services."""
-        return {*self.job_types, *retry_config.built_in_types(), *maintenance.NAMES}
+        return self._definition.known_job_types()
 
-    # -- the retry config in effect ---------------------------------------------------------
+    # -- the retry config in effect (orchestrator.facade.reloads) ---------------------------
 
     @property
     def retry_config(self) -> RetryConfig:
@@ -286,36 +210,21 @@ class Orchestrator:
         ``schedule`` (the schedules are defined when the application is built), and a
         maintenance service's ``worker_max_attempts`` (the retry strategy of its Procrastinate
         periodic task is fixed when the task is registered)."""
-        fixed = {"queue", "external", "schedule"}
-        if scope in maintenance.NAMES:
-            fixed.add("worker_max_attempts")
-        return frozenset(fixed)
+        return reloads.fixed_at_start(scope)
 
     def hold_fixed(
         self, new: RetryConfig, running: RetryConfig
     ) -> tuple[RetryConfig, dict[str, list[str]]]:
         """``new`` as a reload applies it over ``running`` (the fields fixed at start-up kept),
         and the fields fixed at start-up that it would change, per scope."""
-        return retry_config.hold_fixed(new, running, self.fixed_at_start, maintenance.NAMES)
+        return reloads.hold_fixed(new, running)
 
     def config_reload(self) -> ConfigReload | None:
         """The watch of the retry config file that this process's workers and API server
         share (one per Orchestrator); None when the retry_config_poll_seconds setting is 0."""
-        if self.settings.retry_config_poll_seconds == 0:
-            return None
-        if self._config_reload is None:
-            self._config_reload = ConfigReload(
-                self.live_config, check=self.check_config, hold=self.hold_fixed,
-                metrics=self.metrics,
-                interval=self.settings.retry_config_poll_seconds,
-            )  # fmt: skip
-        return self._config_reload
+        return self._config_watch.reload()
 
-    def _degradation_of(self, job_type: str) -> TypeDegradation:
-        known = self.job_types.get(job_type)
-        return known.degradation if known is not None else TypeDegradation()
-
-    # -- schedules (orchestrator.services.scheduler; docs/job-types.md, "Schedules") -------
+    # -- schedules (orchestrator.facade.schedules; docs/job-types.md, "Schedules") ---------
 
     def schedule(self, name: str, job_type: str, *, cron: str, **options: Any) -> Schedule:
         """Run ``job_type`` at each tick of ``cron``: one ordinary job per tick, once in the
@@ -323,135 +232,55 @@ class Orchestrator:
         UTC), ``backfill_seconds``, ``payload``, ``tenant_id``, ``priority``, ``queue``,
         ``max_retries`` (retry_config.ScheduleConfig). A malformed expression or zone, or a
         name taken, is refused here (ConfigError naming it)."""
-        schedule = define(name, job_type, source="orc.schedule", cron=cron, **options)
-        self._add_schedule(schedule)
-        return schedule
-
-    def _add_schedule(self, schedule: Schedule) -> None:
-        taken = self.schedules.get(schedule.name)
-        if taken is not None:
-            raise ConfigError(
-                f"{schedule.source}: schedule {schedule.name!r} is already defined ({taken.source})"
-            )
-        self.schedules[schedule.name] = schedule
-
-    def _schedules_of_config(self) -> None:
-        """The retry config's schedules (named after their types), then the crontab file's."""
-        config = self.retry_config
-        for name, options in config.schedules.items():
-            source = f"{config.path}: job type {name!r}"
-            self._add_schedule(Schedule(name=name, job_type=name, options=options, source=source))
-        path = self.settings.crontab
-        if path is None:
-            return
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read the crontab: {exc.strerror or exc}") from None
-        for schedule in crontab.parse(text, str(path)):
-            self._add_schedule(schedule)
-
-    def _check_schedules(self) -> None:
-        """Each schedule's run can be submitted: its job type is known, its payload valid."""
-        problems = []
-        for schedule in self.schedules.values():
-            try:
-                self._runs(schedule, [datetime.now(UTC)])
-            except OrchestratorError as exc:
-                problems.append(f"{schedule.source}: schedule {schedule.name!r}: {exc}")
-        if problems:
-            raise ConfigError("\n".join(problems))
-
-    def _runs(self, schedule: Schedule, ticks: list[datetime]) -> list[dict[str, Any]]:
-        """The job rows of ``schedule``'s runs at ``ticks``: each due at its tick."""
-        o = schedule.options
-        return [
-            self._row(
-                _spec(
-                    job_type=schedule.job_type, payload=o.payload, run_at=tick,
-                    priority=o.priority, queue=o.queue, max_retries=o.max_retries,
-                    tenant_id=o.tenant_id, job_key=schedule.job_key(tick),
-                    job_key_mode="unsafe_dedupe",
-                )
-            )
-            for tick in ticks
-        ]  # fmt: skip
+        return self._schedules.schedule(name, job_type, cron=cron, **options)
 
     def scheduler(self) -> Scheduler:
         """The scheduler of this application's schedules (``run()`` until cancelled): every
         worker and ``serve`` runs one."""
-        return Scheduler(
-            stores=self.stores, schedules=self.schedules, runs=self._runs,
-            grace=self.settings.schedule_grace_seconds,
-            max_sleep=self.settings.schedule_check_seconds,
-        )  # fmt: skip
+        return self._schedules.scheduler()
 
     async def list_schedules(self, *, tenants: Collection[str] | None = None) -> list[ScheduleView]:
         """Every schedule, by name, with its last and next run; ``tenants``: only theirs. One
         this application defines that no process has stored yet is shown as it will start."""
-        _storable(tenants=tenants)
-        views = await self.stores.schedules.list_schedules(tenants=tenants)
-        stored = {view.name for view in views}
-        now = datetime.now(UTC)
-        views += [
-            ScheduleView.defined(schedule, now)
-            for schedule in self.schedules.values()
-            if schedule.name not in stored
-            and (tenants is None or schedule.options.tenant_id in tenants)
-        ]
-        return sorted(views, key=lambda view: view.name)
+        return await self._schedules.views(tenants=tenants)
 
     async def pause_schedule(
         self, name: str, *, by: str, tenants: Collection[str] | None = None
     ) -> ScheduleView:
         """Hold ``name``: no tick of it runs until it is resumed (ScheduleNotFound for one
         unknown, or not of ``tenants``)."""
-        _storable(name=name, by=by, tenants=tenants)
-        await self.stores.schedules.sync(self.schedules.values())
-        return await self.stores.schedules.pause(name, by=by, tenants=tenants)
+        return await self._schedules.pause(name, by=by, tenants=tenants)
 
     async def resume_schedule(
         self, name: str, *, tenants: Collection[str] | None = None
     ) -> ScheduleView:
         """Let ``name`` run again from its next tick: the ticks it missed while paused never
         run."""
-        _storable(name=name, tenants=tenants)
-        await self.stores.schedules.sync(self.schedules.values())
-        return await self.stores.schedules.resume(name, tenants=tenants)
+        return await self._schedules.resume(name, tenants=tenants)
 
-    # -- flow control (docs/flow-control.md) ------------------------------------------------
+    # -- flow control (orchestrator.facade.flow_keys; docs/flow-control.md) -----------------
 
     async def flow_keys(self, key: str | None = None) -> list[FlowKey]:
         """Every flow key (or ``key``): its limit, running and waiting jobs, its window's
         spending, its pause and adaptive rate."""
-        _storable(key=key)
-        return await self.stores.flow.keys(key)
+        return await self._flow_keys.keys(key)
 
     async def pause_flow_key(
         self, key: str, *, seconds: float, reason: str = "", by: str = "api"
     ) -> FlowKey:
         """No job of ``key`` starts for ``seconds`` (FlowKeyNotFound for an unknown key)."""
-        _storable(key=key, reason=reason, by=by)
-        if not 0 < seconds <= 86_400 * 30:
-            raise InvalidArgument(f"seconds: {seconds:g} is not in (0, 2592000]")
-        until = datetime.now(UTC) + timedelta(seconds=seconds)
-        await self.stores.flow.pause(key, until=until, reason=reason or "paused", by=by)
-        return await self.stores.flow.get(key)
+        return await self._flow_keys.pause(key, seconds=seconds, reason=reason, by=by)
 
     async def resume_flow_key(self, key: str) -> FlowKey:
         """Lift ``key``'s pause, a provider's or an operator's, and its adaptive slow-down:
         its waiting jobs start at once, as its limits allow."""
-        _storable(key=key)
-        await self.stores.flow.resume(key)
-        return await self.stores.flow.get(key)
+        return await self._flow_keys.resume(key)
 
-    # -- lifecycle -------------------------------------------------------------------------
+    # -- lifecycle (orchestrator.facade.lifecycle) ------------------------------------------
 
     @property
     def dsn(self) -> str:
-        if self._dsn is None:
-            self._dsn = database.resolve_dsn(self.settings)
-        return database.with_connect_timeout(self._dsn, self.settings.connect_timeout)
+        return self._lifecycle.dsn
 
     async def wait_for_database(
         self, *, probe_port: int = 0, probe_host: str = "0.0.0.0",
@@ -460,36 +289,15 @@ class Orchestrator:
         """Wait until the database answers, as a worker or ``serve`` does at start-up (its
         probe on ``probe_port`` answers not ready meanwhile); fail at once when no wait can
         help (orchestrator.runtime.startup). ``open`` then checks the schema."""
-        dsn = await asyncio.to_thread(lambda: self.dsn)
-        await startup.wait_for_database(
-            dsn, probe_port=probe_port, probe_host=probe_host, probe_setting=probe_setting
+        await self._lifecycle.wait_for_database(
+            probe_port=probe_port, probe_host=probe_host, probe_setting=probe_setting
         )
 
     async def open(self) -> None:
-        if self._opened is not None:
-            return
-        dsn = await asyncio.to_thread(lambda: self.dsn)
-        await database.check_database(dsn)
-        pool = database.create_pool(
-            dsn, min_size=self.settings.pool_min_size, max_size=self.settings.pool_max_size,
-            timeout=self.settings.pool_timeout,
-        )  # fmt: skip
-        await pool.open()  # connects in the background; check_database already did once
-        # A connector given an external pool keeps it even after close_async, so each opening
-        # gets a fresh one, swapped in by App.replace_connector until close(). Procrastinate's
-        # own writes (the periodic deferrer's) go through it.
-        connector = procrastinate.PsycopgConnector()
-        self._connector_swap.enter_context(self.procrastinate.replace_connector(connector))
-        await connector.open_async(pool)
-        self._opened = _Opened.on(pool, self)
+        await self._lifecycle.open()
 
     async def close(self) -> None:
-        if self._opened is None:
-            return
-        await self.procrastinate.close_async()
-        await self._opened.stores.queries.pool.close()
-        self._connector_swap.close()
-        self._opened = None
+        await self._lifecycle.close()
 
     async def __aenter__(self) -> Orchestrator:
         await self.open()
@@ -504,10 +312,8 @@ class Orchestrator:
         await self.close()
 
     @property
-    def opened(self) -> _Opened:
-        if self._opened is None:
-            raise OrchestratorError("the orchestrator is not open: use `async with orc:`")
-        return self._opened
+    def opened(self) -> Opened:
+        return self._lifecycle.opened
 
     @property
     def stores(self) -> Stores:
@@ -519,10 +325,9 @@ class Orchestrator:
         return self.opened.maintenance
 
     async def migrate(self) -> MigrationReport:
-        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-            return await migrate(conn)
+        return await self._lifecycle.migrate()
 
-    # -- submit ----------------------------------------------------------------------------
+    # -- submit (orchestrator.facade.submit) ------------------------------------------------
 
     async def submit(
         self,
@@ -552,7 +357,7 @@ class Orchestrator:
         ``cost``: what it costs in its limit's units (docs/flow-control.md).
         ``token_budget``: the most tokens its LLM calls may spend (docs/configuration.md,
         "Token accounting and budgets")."""
-        spec = _spec(
+        spec = job_spec(
             job_type=job_type, payload=payload, agent_id=agent_id, run_at=run_at,
             priority=priority, queue=queue, max_retries=max_retries, job_key=job_key,
             job_key_mode=job_key_mode, timeout_seconds=timeout_seconds, trace_id=trace_id,
@@ -570,7 +375,7 @@ class Orchestrator:
     ) -> list[UUID]:
         """Submit many jobs in one round trip; every spec is checked before anything is sent.
         With tracing, each job gets a span of its own (orchestrator.runtime.tracing)."""
-        specs = [job if isinstance(job, JobSpec) else _spec(**job) for job in jobs]
+        specs = [job if isinstance(job, JobSpec) else job_spec(**job) for job in jobs]
         return [r.job_id for r in await self.submit_specs(specs, connection=connection)]
 
     async def submit_specs(
@@ -578,112 +383,19 @@ class Orchestrator:
     ) -> list[SubmitResult]:
         """As ``submit_many``, saying of each job whether it was created, or a keyed submit
         replaced or deduplicated a job already there."""
-        rows = [self._row(spec) for spec in specs]
-        if not rows:
-            return []
-        budgets = [spec.token_budget for spec in specs]
-        if self.tracing is None:
-            return await self._submit_rows(rows, budgets, connection)
-        chosen = [spec.trace_id is not None or spec.traceparent is not None for spec in specs]
-        with self.tracing.submits(rows, chosen) as spans:
-            results = await self._submit_rows(rows, budgets, connection)
-            self.tracing.submitted(spans, results)
-        return results
+        return await self._submitter.submit(specs, connection)
 
-    async def _submit_rows(
-        self,
-        rows: list[dict[str, Any]],
-        budgets: list[int | None],
-        connection: psycopg.AsyncConnection[Any] | None,
-    ) -> list[SubmitResult]:
-        """The jobs, and the token budgets of those given one, in one transaction (a job a
-        keyed submit deduplicated keeps its own)."""
-        if all(b is None for b in budgets):
-            return await self.stores.jobs.submit(rows, connection)
-
-        async def with_budgets(conn: psycopg.AsyncConnection[Any]) -> list[SubmitResult]:
-            results = await self.stores.jobs.submit(rows, conn)
-            given = [
-                (r.job_id, b)
-                for r, b in zip(results, budgets, strict=True)
-                if b is not None and r.outcome != "deduplicated"
-            ]
-            if given:
-                ids, tokens = zip(*given, strict=True)
-                await self.stores.usage.set_budgets(ids, tokens, conn)
-            return results
-
-        if connection is not None:
-            return await with_budgets(connection)
-        return await self.stores.queries.in_transaction(with_budgets)
-
-    def _row(self, spec: JobSpec) -> dict[str, Any]:
-        job_type = self.job_types.get(spec.job_type)
-        if job_type is None:
-            raise UnknownJobType(spec.job_type, list(self.job_types))
-        retry_config = self.retry_config
-        config = retry_config.for_type(spec.job_type)
-        queue = self._queue_of(spec, job_type)
-        payload = job_type.payload_json(spec.payload)
-        flow = _flow_of(spec, job_type, payload, retry_config.limit_of(spec.job_type))
-        size = len(json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode())
-        if size > self.settings.max_payload_bytes:
-            raise InvalidPayload(
-                spec.job_type,
-                f"payload: {size} bytes, over the limit of {self.settings.max_payload_bytes} "
-                "(ORCHESTRATOR_MAX_PAYLOAD_BYTES)",
-            )
-        return {
-            "id": str(uuid7()),
-            "job_type": spec.job_type,
-            "payload": payload,
-            "queue": queue,
-            "priority": spec.priority,
-            "run_at": spec.run_at.isoformat() if spec.run_at else None,
-            "max_attempts": config.worker_max_attempts,
-            "max_retries": config.app_max_retries if spec.max_retries is None else spec.max_retries,
-            "job_key": spec.job_key,
-            "job_key_mode": spec.job_key_mode,
-            "agent_id": spec.agent_id,
-            "trace_id": spec.trace_id
-            or (trace_id_of(spec.traceparent) if spec.traceparent else None)
-            or uuid.uuid4().hex,
-            "traceparent": spec.traceparent,
-            "tenant_id": spec.tenant_id,
-            # Stored effective, so the claim can stamp the attempt's deadline (the backstop).
-            "timeout_seconds": spec.timeout_seconds or config.job_timeout_seconds,
-            "flow_key": flow and flow.key,
-            "flow_limit": flow and flow.limit,
-            "flow_cost": flow and flow.cost,
-            "flow_share": flow and flow.share,
-        }
-
-    def _queue_of(self, spec: JobSpec, job_type: JobType) -> str:
-        """An external type's jobs stay on its queue, and no other job goes there: in-process
-        workers never take those queues, external workers take only them."""
-        own = self.retry_config.queue_of(spec.job_type)
-        if spec.queue is None or spec.queue == own:
-            return own
-        if job_type.is_external:
-            raise SubmitError(
-                f"queue: job type {spec.job_type!r} is external; its jobs go on its own queue "
-                f"{own!r}"
-            )
-        external = {q: name for name, q in self.retry_config.external.items()}
-        if spec.queue in external:
-            raise SubmitError(
-                f"queue: {spec.queue!r} is the queue of the external job type "
-                f"{external[spec.queue]!r}"
-            )
-        return spec.queue
-
-    # -- reads and operator actions --------------------------------------------------------
+    # -- reads (orchestrator.facade.reads) --------------------------------------------------
 
     async def get_job(self, job_id: UUID | str) -> Job:
-        return await self.stores.jobs.get(_uuid(job_id))
+        return await self._reads.job(job_id)
 
     async def job_events(self, job_id: UUID | str) -> list[JobEvent]:
-        return await self.stores.jobs.history(_uuid(job_id))
+        return await self._reads.events(job_id)
+
+    async def job_steps(self, job_id: UUID | str) -> list[StepRecord]:
+        """A job's checkpoints and side effects, in step order."""
+        return await self._reads.steps(job_id)
 
     async def list_jobs(
         self,
@@ -696,19 +408,9 @@ class Orchestrator:
     ) -> list[Job]:
         """Newest first, of the given status, type, tenant and job key (each: any when None;
         a key is per tenant, so without ``tenant_id`` every tenant's job with the key)."""
-        _storable(job_type=job_type, tenant_id=tenant_id, job_key=job_key)
-        return await self.stores.jobs.list_jobs(
-            status=_status(status) if status else None,
-            job_type=job_type,
-            tenant_id=tenant_id,
-            job_key=job_key,
-            limit=limit,
+        return await self._reads.jobs(
+            status=status, job_type=job_type, tenant_id=tenant_id, job_key=job_key, limit=limit
         )
-
-    async def cancel(self, job_id: UUID | str, *, reason: str = "", by: str = "api") -> None:
-        _storable(reason=reason, by=by)
-        with self._counting_refusals():
-            await self.stores.jobs.cancel(_uuid(job_id), reason=reason, by=by)
 
     async def dead_letters(
         self,
@@ -720,62 +422,12 @@ class Orchestrator:
     ) -> list[DeadLetter]:
         """Newest first, in the given state and of the given tenant (each: any when None);
         ``tenants``: only letters of these tenants."""
-        _storable(state=state, tenant_id=tenant_id, tenants=tenants)
-        return await self.stores.dead_letters.list_letters(
+        return await self._reads.dead_letters(
             state=state, tenant_id=tenant_id, limit=limit, tenants=tenants
         )
 
     async def dead_letter(self, dead_letter_id: UUID | str) -> DeadLetter:
-        return await self.stores.dead_letters.get(_uuid(dead_letter_id, "dead letter"))
-
-    async def requeue_dead_letter(self, dead_letter_id: UUID | str) -> UUID:
-        """The dead-letter flow's ``requeue``: a new job with the dead job's payload and tenant,
-        linked to the letter."""
-        letter_id = _uuid(dead_letter_id, "dead letter")
-        stores = self.stores
-
-        async def requeue(conn: psycopg.AsyncConnection[Any]) -> UUID:
-            letter = await stores.dead_letters.lock(letter_id, conn)
-            if letter.state not in ("recorded", "discard_requested"):
-                raise DeadLetterError(f"dead letter {letter_id} is already {letter.state}")
-            spec = self._row(
-                JobSpec(
-                    job_type=letter.job_type, payload=letter.payload, tenant_id=letter.tenant_id
-                )
-            )
-            (result,) = await stores.jobs.submit([{**spec, "replay_of": str(letter_id)}], conn)
-            await stores.dead_letters.mark_requeued(letter_id, result.job_id, conn)
-            return result.job_id
-
-        return await stores.queries.in_transaction(requeue)
-
-    async def request_discard(self, dead_letter_id: UUID | str, *, by: str, reason: str) -> None:
-        """The first of the two reviews a discard needs."""
-        _storable(by=by, reason=reason)
-        if not reason.strip():
-            raise DeadLetterError("a discard needs a reason")
-        await self.stores.dead_letters.request_discard(
-            _uuid(dead_letter_id, "dead letter"), by, reason
-        )
-
-    async def confirm_discard(self, dead_letter_id: UUID | str, *, by: str) -> None:
-        """Second review: by someone other than the requester."""
-        _storable(by=by)
-        await self.stores.dead_letters.confirm_discard(_uuid(dead_letter_id, "dead letter"), by)
-
-    async def approve(self, approval_id: UUID | str, *, by: str, reason: str = "") -> None:
-        """Approve a waiting step: its job resumes from its last checkpoint (no budget used)."""
-        approval = _uuid(approval_id, "approval")
-        _storable(by=by, reason=reason)
-        with self._counting_refusals():
-            await self.opened.decisions.decide(approval, "approved", by=by, reason=reason)
-
-    async def reject(self, approval_id: UUID | str, *, by: str, reason: str) -> None:
-        """Reject a waiting step: its job fails, or resumes down the task's rejection path."""
-        approval = _uuid(approval_id, "approval")
-        _storable(by=by, reason=reason)
-        with self._counting_refusals():
-            await self.opened.decisions.decide(approval, "rejected", by=by, reason=reason)
+        return await self._reads.dead_letter(dead_letter_id)
 
     async def approvals(
         self,
@@ -785,31 +437,40 @@ class Orchestrator:
         tenants: Collection[str] | None = None,
     ) -> list[ApprovalRecord]:
         """Newest first; ``tenants``: only approvals of these tenants' jobs."""
-        _storable(status=status, tenants=tenants)
-        return await self.stores.approvals.list_approvals(
-            status=status, limit=limit, tenants=tenants
-        )
+        return await self._reads.approvals(status=status, limit=limit, tenants=tenants)
 
-    @contextlib.contextmanager
-    def _counting_refusals(self) -> Iterator[None]:
-        """An operator's action the state machine refuses is counted (the database's own
-        refusals are counted where they are raised: refused_by_database)."""
-        try:
-            yield
-        except InvalidTransition as exc:
-            if not exc.by_database:
-                self.metrics.transition_refused(exc.source, exc.target, "request")
-            raise
+    # -- operator actions (orchestrator.facade.actions) -------------------------------------
+
+    async def cancel(self, job_id: UUID | str, *, reason: str = "", by: str = "api") -> None:
+        await self._actions.cancel(job_id, reason=reason, by=by)
+
+    async def requeue_dead_letter(self, dead_letter_id: UUID | str) -> UUID:
+        """The dead-letter flow's ``requeue``: a new job with the dead job's payload and tenant,
+        linked to the letter."""
+        return await self._actions.requeue_dead_letter(dead_letter_id)
+
+    async def request_discard(self, dead_letter_id: UUID | str, *, by: str, reason: str) -> None:
+        """The first of the two reviews a discard needs."""
+        await self._actions.request_discard(dead_letter_id, by=by, reason=reason)
+
+    async def confirm_discard(self, dead_letter_id: UUID | str, *, by: str) -> None:
+        """Second review: by someone other than the requester."""
+        await self._actions.confirm_discard(dead_letter_id, by=by)
+
+    async def approve(self, approval_id: UUID | str, *, by: str, reason: str = "") -> None:
+        """Approve a waiting step: its job resumes from its last checkpoint (no budget used)."""
+        await self._actions.decide(approval_id, "approved", by=by, reason=reason)
+
+    async def reject(self, approval_id: UUID | str, *, by: str, reason: str) -> None:
+        """Reject a waiting step: its job fails, or resumes down the task's rejection path."""
+        await self._actions.decide(approval_id, "rejected", by=by, reason=reason)
 
     def refused_by_database(self, exc: InvalidTransition) -> None:
         """The database's guard refused a status change: a write the code never makes on
         purpose (a bug, versions side by side, SQL by hand). Logged and counted: it pages."""
-        logger.error("%s", exc)
-        self.metrics.transition_refused(exc.source, exc.target, "database")
+        actions.refused_by_database(self.metrics, exc)
 
-    async def job_steps(self, job_id: UUID | str) -> list[StepRecord]:
-        """A job's checkpoints and side effects, in step order."""
-        return await self.stores.jobs.steps(_uuid(job_id))
+    # -- stats and usage (orchestrator.facade.stats) ----------------------------------------
 
     async def stats(
         self,
@@ -825,14 +486,8 @@ class Orchestrator:
         ``queue``, ``tenant``), read from the rollups, never the jobs (docs/operations.md,
         "Rollups"); ``tenants``: only these tenants' jobs. Defaults: the last hour, by minute.
         A range or step the rollups cannot answer raises StatsQueryInvalid naming it."""
-        _storable(tenants=tenants)
-        asked = window(since=since, until=until, step=step, by=by, now=datetime.now(UTC))
-        store = self.stores.rollups
-        return stats(
-            asked,
-            await store.job_stats(asked, tenants=tenants),
-            await store.queue_depth(asked, tenants=tenants),
-            await store.rolled_up_to(),
+        return await self._statistics.stats(
+            since=since, until=until, step=step, by=by, tenants=tenants
         )
 
     async def llm_usage(
@@ -854,28 +509,16 @@ class Orchestrator:
         ``job_type``; none: one total), largest first, at most ``limit`` groups; narrowed by
         the other arguments; ``tenants``: only these tenants' jobs (docs/configuration.md,
         "Token accounting and budgets")."""
-        groups = groups_of(by)
-        _storable(
-            tenant_id=tenant_id, agent_id=agent_id, model=model, job_type=job_type,
-            tenants=tenants,
+        return await self._statistics.llm_usage(
+            by=by, since=since, until=until, tenant_id=tenant_id, agent_id=agent_id,
+            model=model, job_type=job_type, job_id=job_id, tenants=tenants, limit=limit,
         )  # fmt: skip
-        if since is not None and until is not None and until <= since:
-            raise InvalidArgument(f"until ({until.isoformat()}) is not after since")
-        if not 1 <= limit <= 100_000:
-            raise InvalidArgument(f"limit: {limit} is not between 1 and 100000")
-        filters = UsageFilters(
-            since=since, until=until, tenant_id=tenant_id, agent_id=agent_id, model=model,
-            job_type=job_type, job_id=_uuid(job_id) if job_id is not None else None,
-            tenants=frozenset(tenants) if tenants is not None else None,
-        )  # fmt: skip
-        return await self.stores.usage.totals(groups, filters, limit=limit)
 
     async def job_usage(self, job_id: UUID | str) -> JobUsage:
         """A job's LLM calls with their tokens, their total, and its token budget."""
-        job = await self.get_job(job_id)  # JobNotFound for no such job
-        return await self.stores.usage.of_job(job.id)
+        return await self._statistics.job_usage(job_id)
 
-    # -- worker ----------------------------------------------------------------------------
+    # -- workers (orchestrator.facade.workers, orchestrator.facade.exporter) ----------------
 
     async def run_worker(
         self,
@@ -890,131 +533,31 @@ class Orchestrator:
         """Run a worker until it is stopped: by SIGTERM/SIGINT (with
         ``install_signal_handlers``), by ``stop_worker()``, or by cancelling this coroutine;
         each of them drains (docs/operations.md)."""
-        self.check_definition()
-        logs.make_visible(self.settings.log_format)
-        opened = self.opened
-        worker = Worker(
-            dsn=self.dsn,
-            stores=opened.stores,
-            kit=Toolkit(
-                job_types=dict(self.job_types),
-                config=self.live_config,
-                classifiers=tuple(self.classifiers),
-                failures=self.failures,
-                secrets=self.secrets,
-                checkpoints=opened.checkpoints,
-                gate=opened.gate,
-                rng=random.Random(),
-                metrics=self.metrics,
-                tracing=self.tracing,
-                usage=opened.stores.usage,
-                flow=opened.stores.flow,
-            ),
-            metrics=self.metrics,
-            procrastinate_app=self.procrastinate,
-            services=opened.maintenance,
-            settings=self.settings,
-            concurrency=concurrency or self.settings.worker_concurrency,
-            queues=self.queues_for(queues, job_types),
-            excluded_queues=sorted(set(self.retry_config.external.values())),
-            maintenance_queue=maintenance.QUEUE,
-            wait=wait,
-            name=name or "orchestrator",
-            config_reload=self.config_reload(),
-        )
-        self.workers.append(worker)
-        scheduling = asyncio.create_task(self.scheduler().run(), name="schedules")
-        try:
-            await worker.run(install_signal_handlers=install_signal_handlers)
-        finally:
-            self.workers.remove(worker)
-            scheduling.cancel()
-            await asyncio.gather(scheduling, return_exceptions=True)
+        await self._workers.run(
+            concurrency=concurrency, queues=queues, job_types=job_types, wait=wait,
+            install_signal_handlers=install_signal_handlers, name=name,
+        )  # fmt: skip
 
     async def run_exporter(self, *, port: int | None = None) -> None:
         """Serve the fleet's metrics (orchestrator.services.fleet) on ``port`` (the
         exporter_port setting) at /metrics, with /healthz and /readyz, until cancelled or
         stopped by SIGTERM/SIGINT. One per fleet: every scrape reads the database."""
-        fleet = FleetMetrics(
-            self.stores.fleet, zombie_threshold=self.settings.zombie_threshold,
-            max_tenants=self.settings.metrics_max_tenants,
-            min_interval=self.settings.exporter_min_interval,
-        )  # fmt: skip
-        server = HealthServer(
-            port=port or self.settings.exporter_port, ready=lambda: True,
-            database_ok=self.stores.liveness.ping, metrics=fleet.exposition,
-        )  # fmt: skip
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await server.start()
-        try:
-            await stop.wait()
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
-            await server.close()
+        await exporter.serve(self.stores, self.settings, port=port)
 
     def stop_worker(self) -> None:
         """Drain the workers this process runs, as SIGTERM would."""
-        for worker in list(self.workers):
-            worker.drain.begin("stop requested")
+        self._workers.stop()
 
     def running_jobs(self) -> set[UUID]:
         """The jobs whose attempts the workers of this process are running."""
-        return {job_id for worker in self.workers for job_id in worker.running_jobs()}
+        return self._workers.running_jobs()
 
     def queues_for(
         self, queues: Sequence[str] | None, job_types: Sequence[str] | None
     ) -> list[str] | None:
         """The queues of a worker's jobs lane: the given ones, plus each given job type's
         queue; None (all queues) when neither is given. Maintenance has a lane of its own."""
-        if not queues and not job_types:
-            return None
-        chosen = list(queues or [])
-        for name in job_types or []:
-            if name not in self.job_types:
-                raise UnknownJobType(name, list(self.job_types))
-            if self.job_types[name].is_external:
-                raise ConfigError(f"job type {name!r} is external: external workers run it")
-            chosen.append(self.retry_config.queue_of(name))
-        return sorted(set(chosen))
-
-
-class _Opened:
-    """What an open Orchestrator holds: its stores on one pool, and what is built on them."""
-
-    def __init__(
-        self,
-        stores: Stores,
-        checkpoints: CheckpointStore,
-        gate: ApprovalGate,
-        decisions: ApprovalDecisions,
-        maintenance: Maintenance,
-    ) -> None:
-        self.stores = stores
-        self.checkpoints = checkpoints
-        self.gate = gate
-        self.decisions = decisions
-        self.maintenance = maintenance
-
-    @classmethod
-    def on(cls, pool: Pool, orc: Orchestrator) -> _Opened:
-        stores = Stores.on(pool, on_refused=orc.refused_by_database)
-        checkpoints = CheckpointStore(stores.queries)
-        decisions = ApprovalDecisions(stores=stores, failures=orc.failures)
-        return cls(
-            stores=stores,
-            checkpoints=checkpoints,
-            gate=ApprovalGate(stores.approvals, orc.notifier),
-            decisions=decisions,
-            maintenance=Maintenance.build(
-                stores=stores, checkpoints=checkpoints, failures=orc.failures,
-                decisions=decisions, config=orc.live_config, settings=orc.settings,
-                on_run=orc.metrics.maintenance_run,
-            ),
-        )  # fmt: skip
+        return self._workers.queues_for(queues, job_types)
 
 
 def _tracing(settings: Settings, provider: TracerProvider | None) -> Tracing | None:
@@ -1031,61 +574,3 @@ def _tracing(settings: Settings, provider: TracerProvider | None) -> Tracing | N
             "'agent-orchestrator[otel]'"
         ) from None
     return Tracing(provider)
-
-
-def _flow_of(
-    spec: JobSpec, job_type: JobType, payload: Any, limit: tuple[str, FlowLimit] | None
-) -> Flow | None:
-    """The job's flow under its type's limit (None: no limit): its key rendered from the
-    payload (InvalidPayload naming the field the key needs), its cost declared or estimated."""
-    if limit is None:
-        return None
-    name, config = limit
-    cost = spec.cost if spec.cost is not None else job_type.cost_of(payload)
-    try:
-        return flow_of(
-            name, config, job_type=spec.job_type, tenant_id=spec.tenant_id,
-            agent_id=spec.agent_id, payload=payload, cost=cost,
-        )  # fmt: skip
-    except FlowKeyError as exc:
-        raise InvalidPayload(spec.job_type, str(exc)) from None
-
-
-def _spec(**options: Any) -> JobSpec:
-    try:
-        return JobSpec(**options)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-            for e in exc.errors(include_url=False)
-        )
-        raise SubmitError(f"invalid submit options: {problems}") from None
-
-
-def _uuid(value: UUID | str, what: str = "job") -> UUID:
-    if isinstance(value, UUID):
-        return value
-    try:
-        return UUID(value)
-    except ValueError:
-        article = "an" if what[0] in "aeiou" else "a"
-        raise InvalidArgument(f"not {article} {what} id: {value!r}") from None
-
-
-def _status(value: Status | str) -> Status:
-    try:
-        return Status(value)
-    except ValueError:
-        known = ", ".join(s.value for s in Status)
-        raise InvalidArgument(f"status: {value!r} is not a status (one of {known})") from None
-
-
-def _storable(**texts: str | Collection[str] | None) -> None:
-    """The string rule (orchestrator.domain.storable) for the operator calls' text: refused
-    naming the argument, before anything is read or written (a submit's options are checked by
-    JobSpec)."""
-    for name, value in texts.items():
-        for text in [value] if isinstance(value, str) else value or ():
-            reason = refusal(text)
-            if reason is not None:
-                raise InvalidArgument(f"{name}: {reason}")

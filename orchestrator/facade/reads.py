@@ -1,0 +1,69 @@
+"""What operators read: jobs, their history and steps, dead letters and approvals, each
+argument checked before the query."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from uuid import UUID
+
+from orchestrator.domain.models import DeadLetter, Job, JobEvent
+from orchestrator.domain.states import Status
+from orchestrator.facade.arguments import status_of, storable, uuid_of
+from orchestrator.facade.lifecycle import Lifecycle
+from orchestrator.storage.rows import ApprovalRecord, StepRecord
+
+
+class Reads:
+    def __init__(self, lifecycle: Lifecycle) -> None:
+        self._lifecycle = lifecycle
+
+    async def job(self, job_id: UUID | str) -> Job:
+        return await self._lifecycle.stores.jobs.get(uuid_of(job_id))
+
+    async def events(self, job_id: UUID | str) -> list[JobEvent]:
+        return await self._lifecycle.stores.jobs.history(uuid_of(job_id))
+
+    async def steps(self, job_id: UUID | str) -> list[StepRecord]:
+        return await self._lifecycle.stores.jobs.steps(uuid_of(job_id))
+
+    async def jobs(
+        self,
+        *,
+        status: Status | str | None,
+        job_type: str | None,
+        tenant_id: str | None,
+        job_key: str | None,
+        limit: int,
+    ) -> list[Job]:
+        storable(job_type=job_type, tenant_id=tenant_id, job_key=job_key)
+        return await self._lifecycle.stores.jobs.list_jobs(
+            status=status_of(status) if status else None,
+            job_type=job_type,
+            tenant_id=tenant_id,
+            job_key=job_key,
+            limit=limit,
+        )
+
+    async def dead_letters(
+        self,
+        *,
+        state: str | None,
+        tenant_id: str | None,
+        limit: int,
+        tenants: Collection[str] | None,
+    ) -> list[DeadLetter]:
+        storable(state=state, tenant_id=tenant_id, tenants=tenants)
+        return await self._lifecycle.stores.dead_letters.list_letters(
+            state=state, tenant_id=tenant_id, limit=limit, tenants=tenants
+        )
+
+    async def dead_letter(self, dead_letter_id: UUID | str) -> DeadLetter:
+        return await self._lifecycle.stores.dead_letters.get(uuid_of(dead_letter_id, "dead letter"))
+
+    async def approvals(
+        self, *, status: str | None, limit: int, tenants: Collection[str] | None
+    ) -> list[ApprovalRecord]:
+        storable(status=status, tenants=tenants)
+        return await self._lifecycle.stores.approvals.list_approvals(
+            status=status, limit=limit, tenants=tenants
+        )

@@ -1,0 +1,230 @@
+"""A submit: the job spec (Graphile Worker's ``addJob`` options), the row it becomes, checked
+against the job types and the retry config in effect, and the write of the rows."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import psycopg
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+
+from orchestrator.domain.errors import InvalidPayload, SubmitError, UnknownJobType
+from orchestrator.domain.flow import Flow, FlowKeyError, flow_of
+from orchestrator.domain.ids import uuid7
+from orchestrator.domain.job_types import JobType
+from orchestrator.domain.models import SubmitResult
+from orchestrator.domain.storable import Text
+from orchestrator.domain.traceparent import normalized, trace_id_of
+from orchestrator.facade.lifecycle import Lifecycle
+from orchestrator.settings import Settings
+from retry_config import MAX_VALUE, FlowLimit, LiveConfig
+
+if TYPE_CHECKING:
+    from orchestrator.runtime.tracing import Tracing
+
+JobKeyMode = Literal["replace", "preserve_run_at", "unsafe_dedupe"]
+
+
+#: A W3C traceparent, as version 00 writes it (orchestrator.domain.traceparent).
+Traceparent = Annotated[Text, AfterValidator(normalized)]
+
+
+class JobSpec(BaseModel):
+    """One job to submit; the options follow Graphile Worker's ``addJob``. Every bound is what
+    the job table's columns hold, so nothing valid here can fail in the database."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_type: Text
+    payload: Any = None
+    agent_id: Text | None = Field(None, max_length=200)
+    run_at: AwareDatetime | None = None
+    priority: int = Field(0, ge=-(2**31) + 1, le=2**31 - 1, description="Lower runs first.")
+    queue: Text | None = Field(None, min_length=1, max_length=128)
+    max_retries: int | None = Field(None, ge=0, le=MAX_VALUE)
+    job_key: Text | None = Field(None, min_length=1, max_length=512)
+    job_key_mode: JobKeyMode = "replace"
+    timeout_seconds: int | None = Field(None, gt=0, le=MAX_VALUE)
+    trace_id: Text | None = Field(None, min_length=1, max_length=200)
+    #: Whose job it is (docs/contracts.md, "Tenants"); none by default.
+    tenant_id: Text | None = Field(None, min_length=1, max_length=200)
+    #: The W3C trace context the job continues: its trace id becomes the job's trace_id.
+    traceparent: Traceparent | None = None
+    #: What the job costs in its limit's units (e.g. tokens; docs/flow-control.md); unset: its
+    #: type's estimate, or 1.
+    cost: int | None = Field(None, ge=0, le=MAX_VALUE)
+    #: The most tokens the job's LLM calls may spend, all kinds counted; past it the next call
+    #: fails the job with TOKEN_BUDGET_EXHAUSTED (docs/configuration.md). None: no budget.
+    token_budget: int | None = Field(None, gt=0, le=2**63 - 1)
+
+    @model_validator(mode="after")
+    def _one_trace(self) -> JobSpec:
+        if self.trace_id and self.traceparent and self.trace_id != trace_id_of(self.traceparent):
+            raise ValueError("trace_id differs from the trace id of traceparent")
+        return self
+
+
+def job_spec(**options: Any) -> JobSpec:
+    """A JobSpec from keyword options; what is wrong with them, all of it, as one SubmitError."""
+    try:
+        return JobSpec(**options)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+            for e in exc.errors(include_url=False)
+        )
+        raise SubmitError(f"invalid submit options: {problems}") from None
+
+
+class JobRows:
+    """A spec becomes the row the job store writes. No I/O: the notifier's notices and the
+    schedules' runs are built into rows before the database is open, and checked at start-up."""
+
+    def __init__(
+        self, job_types: dict[str, JobType], config: LiveConfig, settings: Settings
+    ) -> None:
+        self._job_types = job_types
+        self._config = config
+        self._settings = settings
+
+    def row(self, spec: JobSpec) -> dict[str, Any]:
+        job_type = self._job_types.get(spec.job_type)
+        if job_type is None:
+            raise UnknownJobType(spec.job_type, list(self._job_types))
+        retry_config = self._config.current
+        config = retry_config.for_type(spec.job_type)
+        queue = self._queue_of(spec, job_type)
+        payload = job_type.payload_json(spec.payload)
+        flow = _flow_of(spec, job_type, payload, retry_config.limit_of(spec.job_type))
+        size = len(json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode())
+        if size > self._settings.max_payload_bytes:
+            raise InvalidPayload(
+                spec.job_type,
+                f"payload: {size} bytes, over the limit of {self._settings.max_payload_bytes} "
+                "(ORCHESTRATOR_MAX_PAYLOAD_BYTES)",
+            )
+        return {
+            "id": str(uuid7()),
+            "job_type": spec.job_type,
+            "payload": payload,
+            "queue": queue,
+            "priority": spec.priority,
+            "run_at": spec.run_at.isoformat() if spec.run_at else None,
+            "max_attempts": config.worker_max_attempts,
+            "max_retries": config.app_max_retries if spec.max_retries is None else spec.max_retries,
+            "job_key": spec.job_key,
+            "job_key_mode": spec.job_key_mode,
+            "agent_id": spec.agent_id,
+            "trace_id": spec.trace_id
+            or (trace_id_of(spec.traceparent) if spec.traceparent else None)
+            or uuid.uuid4().hex,
+            "traceparent": spec.traceparent,
+            "tenant_id": spec.tenant_id,
+            # Stored effective, so the claim can stamp the attempt's deadline (the backstop).
+            "timeout_seconds": spec.timeout_seconds or config.job_timeout_seconds,
+            "flow_key": flow and flow.key,
+            "flow_limit": flow and flow.limit,
+            "flow_cost": flow and flow.cost,
+            "flow_share": flow and flow.share,
+        }
+
+    def _queue_of(self, spec: JobSpec, job_type: JobType) -> str:
+        """An external type's jobs stay on its queue, and no other job goes there: in-process
+        workers never take those queues, external workers take only them."""
+        own = self._config.current.queue_of(spec.job_type)
+        if spec.queue is None or spec.queue == own:
+            return own
+        if job_type.is_external:
+            raise SubmitError(
+                f"queue: job type {spec.job_type!r} is external; its jobs go on its own queue "
+                f"{own!r}"
+            )
+        external = {q: name for name, q in self._config.current.external.items()}
+        if spec.queue in external:
+            raise SubmitError(
+                f"queue: {spec.queue!r} is the queue of the external job type "
+                f"{external[spec.queue]!r}"
+            )
+        return spec.queue
+
+
+class Submitter:
+    """Writes the specs' rows: each spec becomes a row before anything is sent, so one that is
+    wrong stops the batch; with tracing, each job gets a span of its own."""
+
+    def __init__(self, rows: JobRows, lifecycle: Lifecycle, tracing: Tracing | None) -> None:
+        self._rows = rows
+        self._lifecycle = lifecycle
+        self._tracing = tracing
+
+    async def submit(
+        self, specs: Sequence[JobSpec], connection: psycopg.AsyncConnection[Any] | None
+    ) -> list[SubmitResult]:
+        rows = [self._rows.row(spec) for spec in specs]
+        if not rows:
+            return []
+        budgets = [spec.token_budget for spec in specs]
+        if self._tracing is None:
+            return await self._write(rows, budgets, connection)
+        chosen = [spec.trace_id is not None or spec.traceparent is not None for spec in specs]
+        with self._tracing.submits(rows, chosen) as spans:
+            results = await self._write(rows, budgets, connection)
+            self._tracing.submitted(spans, results)
+        return results
+
+    async def _write(
+        self,
+        rows: list[dict[str, Any]],
+        budgets: list[int | None],
+        connection: psycopg.AsyncConnection[Any] | None,
+    ) -> list[SubmitResult]:
+        """The jobs, and the token budgets of those given one, in one transaction (a job a
+        keyed submit deduplicated keeps its own)."""
+        stores = self._lifecycle.stores
+        if all(b is None for b in budgets):
+            return await stores.jobs.submit(rows, connection)
+
+        async def with_budgets(conn: psycopg.AsyncConnection[Any]) -> list[SubmitResult]:
+            results = await stores.jobs.submit(rows, conn)
+            given = [
+                (r.job_id, b)
+                for r, b in zip(results, budgets, strict=True)
+                if b is not None and r.outcome != "deduplicated"
+            ]
+            if given:
+                ids, tokens = zip(*given, strict=True)
+                await stores.usage.set_budgets(ids, tokens, conn)
+            return results
+
+        if connection is not None:
+            return await with_budgets(connection)
+        return await stores.queries.in_transaction(with_budgets)
+
+
+def _flow_of(
+    spec: JobSpec, job_type: JobType, payload: Any, limit: tuple[str, FlowLimit] | None
+) -> Flow | None:
+    """The job's flow under its type's limit (None: no limit): its key rendered from the
+    payload (InvalidPayload naming the field the key needs), its cost declared or estimated."""
+    if limit is None:
+        return None
+    name, config = limit
+    cost = spec.cost if spec.cost is not None else job_type.cost_of(payload)
+    try:
+        return flow_of(
+            name, config, job_type=spec.job_type, tenant_id=spec.tenant_id,
+            agent_id=spec.agent_id, payload=payload, cost=cost,
+        )  # fmt: skip
+    except FlowKeyError as exc:
+        raise InvalidPayload(spec.job_type, str(exc)) from None
