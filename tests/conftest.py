@@ -38,7 +38,8 @@ Where each part of the code is tested:
                               the embedded server's life: test_embedded; lock order and
                               conflicts: test_lock_order; the fetch's rules: test_fetch;
                               every hot statement's plan on a planted history (no
-                              sequential scan of a job-sized table): test_plans
+                              sequential scan of a job-sized table): test_plans; the named
+                              queries beside their stores: test_queries
     checkpoints               test_checkpoints, test_crash, test_chaos (slow)
     orchestrator/runtime      the worker loop: test_worker_loop, test_batched_writes,
                               test_worker_wakeup; attempts and outcomes: test_runtime,
