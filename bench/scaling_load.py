@@ -1,4 +1,4 @@
-"""The autoscaler's query (queries.sql, scaling_load; KEDA polls it every 15 s) in a big table.
+"""The autoscaler's query (fleet.sql, scaling_load; KEDA polls it every 15 s) in a big table.
 
     ./dev bench scaling_load [--finished 1000000] [--backlog 1000 100000] [--samples 50]
 

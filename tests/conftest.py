@@ -38,8 +38,9 @@ Where each part of the code is tested:
                               the embedded server's life: test_embedded; lock order and
                               conflicts: test_lock_order; the fetch's rules: test_fetch;
                               every hot statement's plan on a planted history (no
-                              sequential scan of a job-sized table): test_plans; where the
-                              SQL lives (function files, schema.sql, an upgrade's catalog):
+                              sequential scan of a job-sized table): test_plans; the named
+                              queries beside their stores: test_queries; where the SQL lives
+                              (function files, schema.sql, an upgrade's catalog):
                               test_sql_layout
     checkpoints               test_checkpoints, test_crash, test_chaos (slow)
     orchestrator/runtime      the worker loop: test_worker_loop, test_batched_writes,

@@ -1,5 +1,5 @@
 """Autoscaling (k8s/autoscaling/): a KEDA ScaledObject with the fields KEDA reads, scaling the
-base's worker Deployment on a query that is queries.sql's scaling_load, word for word, and that
+base's worker Deployment on a query that is fleet.sql's scaling_load, word for word, and that
 counts, on a real database, the jobs due and waiting plus the jobs running."""
 
 from __future__ import annotations

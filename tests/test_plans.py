@@ -50,10 +50,11 @@ from orchestrator.storage.database import scratch_database
 from orchestrator.storage.dispatches import Completion, Dispatch
 from orchestrator.storage.jobs import JobFilters
 from orchestrator.storage.migrate import migrate
+from orchestrator.storage.queries import QUERIES
 from orchestrator.storage.stores import Stores
 from orchestrator.storage.usage import UsageFilters
 from tests.support import log_guard
-from tests.support.harness import ROOT, config_with, settings_for_tests
+from tests.support.harness import config_with, settings_for_tests
 
 UNFINISHED = 3_000
 #: A table this large is job-sized: reading it whole is a cost that grows with the history.
@@ -360,7 +361,7 @@ async def test_no_hot_statement_reads_a_job_sized_table_whole(
 
 def test_every_status_written_out_in_a_query_is_one_of_the_state_machine() -> None:
     """The statuses a read writes out, to match a partial index, name states that exist."""
-    text = (ROOT / "orchestrator" / "storage" / "sql" / "queries.sql").read_text()
+    text = "\n".join(QUERIES.values())
     named = set(re.findall(r"\bstatus (?:=|<>) '([A-Z_]+)'", text))
     for listed in re.findall(r"\bstatus (?:NOT )?IN \(([^)]*)\)", text):
         named |= set(re.findall(r"'([A-Z_]+)'", listed))

@@ -3,7 +3,7 @@ span of ``batch_minutes`` per transaction, going on while a span came back full:
 days catches up a few hours per run), samples this minute's queue depth, and deletes rollups
 past their retention. Never on a job's own path: a job's finish costs nothing more.
 
-Idempotent: a span rolled up twice writes the same rows (storage/sql/queries.sql,
+Idempotent: a span rolled up twice writes the same rows (storage/rollups.sql,
 ``roll_up_minutes``), so a run that died after its commit, or two runs at once (they take
 turns on the watermark's row), count every job once.
 """

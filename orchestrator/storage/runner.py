@@ -1,4 +1,4 @@
-"""The query runner every store takes: named queries (``sql/queries.sql``) on a pool.
+"""The query runner every store takes: named queries (the ``.sql`` beside each store) on a pool.
 
 A store method runs on a pooled connection, or inside its caller's transaction when given
 ``conn`` (so one transaction can span several stores: a failure and the escalation job it

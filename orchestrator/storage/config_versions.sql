@@ -1,0 +1,16 @@
+-- record_worker_config --
+-- The retry config version a registered worker (or API server) runs now.
+INSERT INTO orc_worker_configs (worker_id, worker, config_version, applied_at)
+VALUES (%(worker_id)s, %(worker)s, %(version)s, %(applied_at)s)
+ON CONFLICT (worker_id) DO UPDATE
+   SET worker = EXCLUDED.worker, config_version = EXCLUDED.config_version,
+       applied_at = EXCLUDED.applied_at
+
+-- worker_configs --
+-- The registry's live workers and API servers, each with the retry config version it recorded
+-- (null: it records none, as the previous release).
+SELECT w.id, c.worker, c.config_version, c.applied_at, w.last_heartbeat
+  FROM procrastinate_workers AS w
+  LEFT JOIN orc_worker_configs AS c ON c.worker_id = w.id
+ WHERE w.last_heartbeat > now() - make_interval(secs => %(seconds)s)
+ ORDER BY w.id

@@ -1,0 +1,39 @@
+-- list_dead_letters --
+-- Newest first; a tenant's through orc_dead_letters_tenant; `tenants`: only theirs (an API
+-- principal's), null for any.
+SELECT * FROM orc_dead_letters
+ WHERE (%(state)s::text IS NULL OR state = %(state)s)
+   AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
+   AND (%(tenants)s::text[] IS NULL OR tenant_id = ANY (%(tenants)s))
+ ORDER BY created_at DESC
+ LIMIT %(limit)s
+
+-- find_dead_letter --
+SELECT * FROM orc_dead_letters WHERE id = %(dead_letter_id)s
+
+-- get_dead_letter --
+SELECT * FROM orc_dead_letters WHERE id = %(dead_letter_id)s FOR UPDATE
+
+-- mark_dead_letter_requeued --
+UPDATE orc_dead_letters
+   SET state = 'requeued', requeued_job_id = %(job_id)s, resolved_at = now()
+ WHERE id = %(dead_letter_id)s AND state IN ('recorded', 'discard_requested')
+RETURNING id
+
+-- request_dead_letter_discard --
+UPDATE orc_dead_letters
+   SET state = 'discard_requested', discard_requested_by = %(reviewer)s,
+       discard_reason = %(reason)s
+ WHERE id = %(dead_letter_id)s AND state = 'recorded'
+RETURNING id
+
+-- confirm_dead_letter_discard --
+-- By another person than the requester's (the persons: sql/functions/principals.sql's trigger).
+UPDATE orc_dead_letters
+   SET state = 'discarded', discarded_by = %(reviewer)s, resolved_at = now()
+ WHERE id = %(dead_letter_id)s AND state = 'discard_requested'
+   AND discard_requested_person <> orc_principal_person_v1(%(reviewer)s)
+RETURNING id
+
+-- dead_letter_of_job --
+SELECT * FROM orc_dead_letters WHERE job_id = %(job_id)s ORDER BY created_at DESC LIMIT 1

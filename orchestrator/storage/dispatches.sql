@@ -1,0 +1,117 @@
+-- fetch_dispatches --
+-- The worker's fetch: Procrastinate's (leaving the `excluded` queues alone: external job
+-- types'), plus the claim of our job, for up to `limit` dispatches
+-- (see orc_fetch_dispatches_v3 in sql/functions/claim.sql: a job whose key has no room is parked, not
+-- claimed, and the next dispatch fetched instead); no row: nothing is due. It waits for no lock:
+-- a job another transaction holds at that instant is left to claim_dispatch (args: claim_later).
+SELECT id, status, task_name, priority, lock, queueing_lock, args, scheduled_at, queue_name,
+       attempts, worker_id
+  FROM orc_fetch_dispatches_v3(%(limit)s, %(queues)s::varchar[], %(excluded)s::varchar[],
+                               %(worker_id)s, %(task_prefix)s, %(worker)s, %(claimable)s,
+                               %(running)s)
+
+-- claim_dispatch --
+-- The claim a fetch left for later (its job was locked at that instant), made now: it waits for
+-- the job row, the only lock it takes. No row: the dispatch has gone stale meanwhile (its job
+-- was replaced, cancelled or claimed, or it was parked for want of capacity on its key), and
+-- its worker ends it.
+SELECT * FROM orc_claim_v2(%(job_id)s, %(dispatch_id)s, %(run)s,
+                           %(worker)s::text || '/w' || %(worker_id)s::text, %(claimable)s,
+                           %(running)s, %(task_prefix)s)
+
+-- complete_jobs --
+-- Success, for several attempts at once ([{ord, job_id, lease_token, result, event,
+-- procrastinate_job_id, delete_dispatch}]; see orc_complete_jobs_v1): each job COMPLETED with
+-- its result, lease released, job.completed recorded, and its dispatch finished (succeeded) in
+-- the same transaction. One row per item: whether its job was COMPLETED.
+SELECT ord, completed FROM orc_complete_jobs_v1(%(items)s, %(target)s, %(sources)s)
+
+-- end_dispatch --
+-- End a dispatch its worker ran (succeeded, failed or aborted), if it is still doing: a sweep may
+-- have settled it already.
+SELECT orc_end_dispatch_v1(%(dispatch_id)s, %(status)s) AS ended
+
+-- retry_dispatch --
+-- The infrastructure layer: Procrastinate runs the same dispatch again at retry_at (its attempts
+-- + 1), unless an abort was requested meanwhile (then it ends failed).
+SELECT procrastinate_retry_job_v2(%(dispatch_id)s, coalesce(%(retry_at)s, now()), NULL, NULL,
+                                  NULL)
+
+-- schedule_retry --
+-- A transient failure with budget left: RETRY until next_retry_at, lease released. The app
+-- layer counts a retry and gives the job a new dispatch (dispatch_jobs, same transaction); the
+-- infra layer leaves both to Procrastinate, which re-runs the same dispatch.
+WITH retrying AS (
+    UPDATE orc_jobs
+       SET status = %(target)s,
+           retry_count = retry_count + %(retry_increment)s,
+           next_retry_at = %(next_retry_at)s,
+           last_error = %(error)s,
+           lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
+     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = ANY (%(sources)s)
+    RETURNING id, retry_count, next_retry_at
+), events AS (
+    -- job.failed reports the counters at the failure; job.retry_scheduled those after it.
+    INSERT INTO orc_job_events (job_id, kind, payload)
+    SELECT r.id, e.kind, e.payload
+      FROM retrying AS r,
+           (VALUES (1, 'job.failed', %(failed_event)s::jsonb),
+                   (2, 'job.retry_scheduled', %(retry_event)s::jsonb)) AS e (n, kind, payload)
+     ORDER BY e.n
+)
+SELECT id, pg_notify('orc_wakeup', extract(epoch FROM next_retry_at)::text) FROM retrying
+
+-- hand_back_job --
+-- An interrupted attempt (drain, abort) gives its job back: PENDING again, no retry budget used,
+-- and a new dispatch from dispatch_jobs in the same transaction.
+WITH released AS (
+    UPDATE orc_jobs
+       SET status = %(target)s, next_retry_at = NULL,
+           lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
+     WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = ANY (%(sources)s)
+    RETURNING id
+), event AS (
+    INSERT INTO orc_job_events (job_id, kind, payload)
+    SELECT id, 'job.interrupted', %(event)s FROM released
+)
+SELECT id FROM released
+
+-- register_worker --
+-- A worker's entry in Procrastinate's registry (its fetches name it; its heartbeats keep it).
+SELECT worker_id FROM procrastinate_register_worker_v1()
+
+-- prune_stalled_workers --
+-- Forget workers silent for longer than %(seconds)s (Procrastinate's rule).
+SELECT worker_id FROM procrastinate_prune_stalled_workers_v1(%(seconds)s)
+
+-- worker_heartbeat --
+-- As procrastinate_update_heartbeat_v1, saying whether the worker was still registered (a worker
+-- silent longer than the stalled-worker timeout, through a database outage, is pruned).
+UPDATE procrastinate_workers SET last_heartbeat = now() WHERE id = %(worker_id)s
+
+-- unregister_worker --
+SELECT procrastinate_unregister_worker_v1(%(worker_id)s)
+
+-- dispatches_to_abort --
+-- Of these running dispatches, those asked to abort (their job was cancelled): the poll behind
+-- the abort notifications, which a lost listener would miss.
+SELECT id FROM procrastinate_jobs
+ WHERE id = ANY (%(ids)s::bigint[]) AND status = 'doing' AND abort_requested
+
+-- lock_replayed_job --
+-- The internal replay endpoint runs one job now: its row first (the lock order), if it is
+-- waiting (PENDING or RETRY), with the dispatch it waits in.
+SELECT procrastinate_job_id FROM orc_jobs
+ WHERE id = %(job_id)s AND status = ANY (%(claimable)s)
+   FOR NO KEY UPDATE
+
+-- take_dispatch --
+-- ... then that dispatch, made doing under the API server's registry entry as Procrastinate's
+-- fetch would (there is no upstream function to fetch one dispatch by id), due or not.
+UPDATE procrastinate_jobs SET status = 'doing', worker_id = %(worker_id)s
+ WHERE id = %(dispatch_id)s AND status = 'todo'
+RETURNING id, attempts
+
+-- flow_throttled --
+-- The provider behind a key answered 429 or 529: paused until the hint, or its rate halved.
+SELECT orc_flow_throttled_v1(%(key)s, %(until)s, %(reason)s)

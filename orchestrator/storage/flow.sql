@@ -1,0 +1,99 @@
+-- Flow control (docs/flow-control.md; migration 0029).
+
+-- sync_flow_limits --
+-- The limits of the config in effect ([{name, concurrency, requests, units, interval_seconds,
+-- weights, key, share_by}]) and which job types run under them ([{job_type, limit,
+-- fallback_after_seconds}]: null when the type names no fallback models), written
+-- by each process that applies one; the names of the limits that changed (their keys' waiters
+-- are then pumped: a raised limit frees capacity at once).
+WITH given AS (
+    SELECT * FROM jsonb_to_recordset(%(limits)s::jsonb)
+        AS g (name text, concurrency integer, requests integer, units bigint,
+              interval_seconds double precision, weights jsonb, key text, share_by text)
+), types AS (
+    SELECT * FROM jsonb_to_recordset(%(types)s::jsonb)
+        AS t (job_type text, "limit" text, fallback_after_seconds double precision)
+), gone_types AS (
+    DELETE FROM orc_flow_job_types AS o
+     WHERE NOT EXISTS (SELECT FROM types AS t
+                        WHERE t.job_type = o.job_type AND t."limit" = o.limit_name)
+), new_types AS (
+    INSERT INTO orc_flow_job_types (job_type, limit_name, fallback_after_seconds)
+    SELECT job_type, "limit", fallback_after_seconds FROM types
+    ON CONFLICT (job_type) DO UPDATE
+       SET limit_name = EXCLUDED.limit_name,
+           fallback_after_seconds = EXCLUDED.fallback_after_seconds
+), changed AS (
+    INSERT INTO orc_flow_limits AS l (name, concurrency, requests, units, interval_seconds,
+                                      weights, key_template, share_by)
+    SELECT name, concurrency, requests, units, interval_seconds, coalesce(weights, '{}'), key,
+           share_by
+      FROM given
+    ON CONFLICT (name) DO UPDATE
+       SET concurrency = EXCLUDED.concurrency, requests = EXCLUDED.requests,
+           units = EXCLUDED.units, interval_seconds = EXCLUDED.interval_seconds,
+           weights = EXCLUDED.weights, key_template = EXCLUDED.key_template,
+           share_by = EXCLUDED.share_by, updated_at = now()
+     WHERE (l.concurrency, l.requests, l.units, l.interval_seconds, l.weights, l.key_template,
+            l.share_by)
+           IS DISTINCT FROM (EXCLUDED.concurrency, EXCLUDED.requests, EXCLUDED.units,
+                             EXCLUDED.interval_seconds, EXCLUDED.weights, EXCLUDED.key_template,
+                             EXCLUDED.share_by)
+    RETURNING name
+)
+SELECT name FROM changed
+
+-- pump_flow_keys --
+-- Hand free capacity to the waiters of these keys (null: of every key with a waiter and none on
+-- its way: the safety net's sweep, and after limits change). How many got a dispatch.
+SELECT coalesce(sum(orc_flow_pump_v1(k.key)), 0)::integer AS dispatched
+  FROM (SELECT DISTINCT w.key FROM orc_flow_waiters AS w
+         WHERE w.dispatched_at IS NULL
+           AND (%(keys)s::text[] IS NULL OR w.key = ANY (%(keys)s))
+           AND NOT EXISTS (SELECT FROM orc_flow_waiters AS d
+                            WHERE d.key = w.key AND d.dispatched_at IS NOT NULL
+                              AND d.dispatched_at > now() - make_interval(secs => %(stale_seconds)s))
+         ORDER BY w.key) AS k
+
+-- flow_keys --
+-- Every key: its limit, what runs and waits on it, what it spent in its window, its pause.
+SELECT k.key, k.limit_name, k.paused_until, k.pause_reason, k.paused_by, k.throttled,
+       orc_flow_factor_v1(k, l) AS rate_factor,
+       l.concurrency, l.requests, l.units, l.interval_seconds,
+       (SELECT count(*) FROM orc_jobs AS j
+         WHERE j.flow_key = k.key AND j.status = 'RUNNING' AND j.flow_key IS NOT NULL)::integer
+           AS running,
+       (SELECT count(*) FROM orc_flow_waiters AS w WHERE w.key = k.key)::integer AS waiting,
+       (SELECT coalesce(sum(s.requests), 0) FROM orc_flow_spends AS s
+         WHERE s.key = k.key AND s.at > now() - make_interval(secs => l.interval_seconds))::bigint
+           AS requests_used,
+       (SELECT coalesce(sum(s.units), 0) FROM orc_flow_spends AS s
+         WHERE s.key = k.key AND s.at > now() - make_interval(secs => l.interval_seconds))::bigint
+           AS units_used
+  FROM orc_flow_keys AS k
+  LEFT JOIN orc_flow_limits AS l ON l.name = k.limit_name
+ WHERE (%(key)s::text IS NULL OR k.key = %(key)s)
+ ORDER BY k.key
+
+-- pause_flow_key --
+-- An operator pauses a key until a time: no job of it starts before then.
+UPDATE orc_flow_keys
+   SET paused_until = %(until)s, pause_reason = %(reason)s, paused_by = %(by)s
+ WHERE key = %(key)s
+RETURNING key
+
+-- resume_flow_key --
+-- An operator lifts a key's pause (and resets its adaptive rate): its waiters go at once
+-- (see orc_flow_resume_v1). dispatched null: no such key.
+SELECT orc_flow_resume_v1(%(key)s) AS dispatched
+
+-- flow_key_paused_for --
+-- Seconds the key stays paused from now (no row: it is not paused).
+SELECT extract(epoch FROM paused_until - clock_timestamp())::float8 AS seconds
+  FROM orc_flow_keys WHERE key = %(key)s AND paused_until > clock_timestamp()
+
+-- flow_spend --
+-- What an admitted job's call really used (see orc_flow_spend_v1): its reservation corrected
+-- (the first call since its admission), or a later call's request and units added; dated from
+-- when the call was sent.
+SELECT orc_flow_spend_v1(%(key)s, %(job_id)s, %(units)s, %(sent_seconds_ago)s)

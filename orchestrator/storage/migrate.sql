@@ -1,0 +1,67 @@
+-- migrations_lock --
+-- Two processes migrating at once take turns (released at commit).
+SELECT pg_advisory_xact_lock(hashtextextended('orchestrator migrate', 0))
+
+-- migrations_table --
+CREATE TABLE IF NOT EXISTS orc_schema_migrations (
+    component text NOT NULL,
+    version text NOT NULL,
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (component, version)
+)
+
+-- migrations_table_compatibility --
+-- Whether a migration of ours is compatible with the release before it (the file's marker, read
+-- when it was applied): older code has no copy of the file. Rows recorded before this column
+-- existed, and Procrastinate's, are not marked.
+ALTER TABLE orc_schema_migrations
+    ADD COLUMN IF NOT EXISTS compatible_with_older_workers boolean NOT NULL DEFAULT false
+
+-- migrations_applied --
+SELECT component, version, checksum FROM orc_schema_migrations
+
+-- migrations_unknown --
+-- Our migrations applied that this code does not have (a newer release applied them).
+SELECT version, name, compatible_with_older_workers FROM orc_schema_migrations
+ WHERE component = 'orchestrator' AND NOT version = ANY (%(known)s::text[])
+ ORDER BY version
+
+-- migrations_table_exists --
+-- Was this database ever migrated?
+SELECT to_regclass('orc_schema_migrations') IS NOT NULL AS migrated
+
+-- migrations_record --
+-- A function file is recorded again each time it changes (its new checksum).
+INSERT INTO orc_schema_migrations (component, version, name, checksum,
+                                   compatible_with_older_workers)
+VALUES (%(component)s, %(version)s, %(name)s, %(checksum)s, %(compatible)s)
+ON CONFLICT (component, version) DO UPDATE
+SET checksum = EXCLUDED.checksum, applied_at = now()
+
+-- definitions_unchecked --
+-- Function files are applied as a restore applies a dump: bodies are checked when they run, so
+-- a function may name one that a later file defines (until the transaction ends).
+SET LOCAL check_function_bodies = off
+
+-- procrastinate_installed --
+SELECT to_regclass('procrastinate_jobs')
+
+-- sync_states --
+INSERT INTO orc_states (status, terminal)
+SELECT * FROM unnest(%(statuses)s::text[], %(terminal)s::boolean[])
+ON CONFLICT (status) DO UPDATE SET terminal = EXCLUDED.terminal
+
+-- sync_transitions --
+-- Make orc_state_transitions exactly the pairs declared in states.py.
+WITH declared AS (
+    SELECT * FROM unnest(%(sources)s::text[], %(targets)s::text[]) AS d(from_status, to_status)
+), removed AS (
+    DELETE FROM orc_state_transitions AS t
+     WHERE NOT EXISTS (SELECT 1 FROM declared AS d
+                        WHERE d.from_status = t.from_status AND d.to_status = t.to_status)
+)
+INSERT INTO orc_state_transitions (from_status, to_status)
+SELECT from_status, to_status FROM declared
+ON CONFLICT DO NOTHING

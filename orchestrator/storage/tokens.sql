@@ -1,0 +1,26 @@
+-- lock_token_names --
+-- Until the transaction ends, no other token is created: the names read next stay all there is
+-- while a new one is compared with them (orchestrator.domain.principals.skeleton).
+LOCK TABLE orc_api_tokens IN SHARE ROW EXCLUSIVE MODE
+
+-- token_names --
+SELECT name FROM orc_api_tokens
+
+-- create_token --
+INSERT INTO orc_api_tokens (id, name, secret_sha256, scopes, tenants, created_by)
+VALUES (%(id)s, %(name)s, %(secret_sha256)s, %(scopes)s, %(tenants)s, %(created_by)s)
+RETURNING id
+
+-- find_token --
+SELECT id, name, secret_sha256, scopes, tenants FROM orc_api_tokens
+ WHERE id = %(id)s AND revoked_at IS NULL
+
+-- list_tokens --
+SELECT id, name, scopes, tenants, created_by, created_at, revoked_at FROM orc_api_tokens
+ ORDER BY created_at, name
+
+-- revoke_token --
+-- By its name as typed or in normal form (a token made before 0022 may have kept another).
+UPDATE orc_api_tokens SET revoked_at = now()
+ WHERE name = ANY (%(names)s) AND revoked_at IS NULL
+RETURNING id
