@@ -5,6 +5,8 @@ exits 0."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 import signal
 import socket
@@ -19,6 +21,7 @@ import psycopg
 import pytest
 from psycopg import conninfo
 
+from orchestrator.interfaces import start
 from orchestrator.storage.database import drop_database, ensure_database, with_database
 from orchestrator.storage.migrate import migrate, own_migrations
 
@@ -155,6 +158,30 @@ def test_a_worker_stopped_in_its_first_moments_exits_0(empty_dsn: str, after: fl
     _, err = worker.communicate(timeout=60)
     assert worker.returncode == 0, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("where", ["callback", "task"])
+def test_a_sigterm_before_the_drain_ends_the_event_loop_wherever_it_lands(where: str) -> None:
+    """The start-up's stop is raised where the signal lands: in a callback of the event loop,
+    which logs and swallows any other exception (the worker then ran on after a SIGTERM, seen
+    in a CI run), or in a task's step. Either way it ends asyncio.run, and the entry point
+    exits 0."""
+
+    async def starting() -> None:
+        kill = functools.partial(os.kill, os.getpid(), signal.SIGTERM)
+        if where == "callback":
+            asyncio.get_running_loop().call_soon(kill)
+        else:
+            kill()
+        await asyncio.sleep(5)  # the rest of the start-up, which must not go on
+
+    previous = signal.signal(signal.SIGTERM, start.stop_before_start)
+    try:
+        with pytest.raises(start.StoppedBeforeStart) as stopped:
+            asyncio.run(starting())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped.value.code == 0
 
 
 def _until_it_handles_sigterm(pid: int, timeout: float = 30) -> None:

@@ -19,18 +19,26 @@ import sys
 from collections.abc import Sequence
 
 
-class StoppedBeforeStart(BaseException):
-    """SIGTERM or SIGINT came before the worker could drain: nothing was claimed yet."""
+class StoppedBeforeStart(SystemExit):
+    """SIGTERM or SIGINT came before the worker could drain: nothing was claimed yet.
+
+    A SystemExit, because the signal may land while the event loop runs a callback (the
+    start-up's connections, before the drain takes the signal over): asyncio lets SystemExit
+    and KeyboardInterrupt out of the loop, and logs and swallows any other exception, which left
+    the worker running on after the SIGTERM."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
 
 
-def _stop_before_start(signum: int, frame: object) -> None:
+def stop_before_start(signum: int, frame: object) -> None:
     raise StoppedBeforeStart
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     if {"worker", "exporter", "serve"} & set(sys.argv[1:] if argv is None else argv):
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, _stop_before_start)
+            signal.signal(sig, stop_before_start)
     gc.disable()
     try:
         from orchestrator.interfaces import cli
