@@ -51,10 +51,11 @@ class HealthServer:
         self.database_ok = database_ok
         self.metrics = metrics
         self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         try:
-            self._server = await asyncio.start_server(self._serve, self.host, self.port)
+            self._server = await asyncio.start_server(self._accept, self.host, self.port)
         except OSError as exc:
             raise ConfigError(
                 f"{self.setting}: cannot listen on port {self.port}: "
@@ -67,6 +68,17 @@ class HealthServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        for handler in self._handlers:
+            handler.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Runs each probe in a task of the server's own, not asyncio's: on Python 3.11 the
+        stream's own task, cancelled before its first step (asyncio.run cancelling what is left
+        as the process exits), made asyncio log an error from its done-callback."""
+        handler = asyncio.get_running_loop().create_task(self._serve(reader, writer))
+        self._handlers.add(handler)
+        handler.add_done_callback(self._handlers.discard)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -92,11 +104,6 @@ class HealthServer:
             )
             await writer.drain()
         except (TimeoutError, ConnectionError, IndexError):
-            pass
-        except asyncio.CancelledError:
-            # The process exits with a probe's connection open (asyncio.run cancels what is
-            # left): the answer is not needed. Ended, not cancelled, since on Python 3.11 a
-            # cancelled handler makes asyncio's stream callback log an error of its own.
             pass
         finally:
             writer.close()
