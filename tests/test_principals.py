@@ -192,8 +192,12 @@ def not_found() -> Iterator[str]:
     server.shutdown()
 
 
+#: A release from before principals (migrations 0001-0009), whose discards name a bare "alice".
+BEFORE_PRINCIPALS = "532b0c2964ebbee5c46eb0cf86d21da83e1b621f"
+
+
 def dead_letter_by_the_previous_release(old: Path, dsn: str, url: str) -> str:
-    """A dead letter written by the previous release's own worker: its id."""
+    """A dead letter written by an older release's own worker: its id."""
     submitted = previous_release.run(
         old, dsn, "submit", "http_request", "--payload", f'{{"url": "{url}"}}', "--max-retries", "0"
     )
@@ -224,7 +228,7 @@ def dead_letter_by_the_previous_release(old: Path, dsn: str, url: str) -> str:
 def test_a_discard_requested_before_the_upgrade_is_not_confirmed_by_its_requester(
     fresh_dsn: str, tmp_path: Path, not_found: str
 ) -> None:
-    old = previous_release.checkout(tmp_path / "previous")
+    old = previous_release.checkout(tmp_path / "previous", BEFORE_PRINCIPALS)
     migrated = previous_release.run(old, fresh_dsn, "migrate")
     assert migrated.returncode == 0 and "0009_one_event_history" in migrated.stdout
     letter = dead_letter_by_the_previous_release(old, fresh_dsn, not_found)

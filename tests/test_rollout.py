@@ -1,8 +1,8 @@
-"""A rolling deploy (docs/operations.md, "Rollout contract"): the previous release's worker (commit
-532b0c2, migrations 0001-0009), a real process of its own code, on today's schema writes what
-today's readers expect wherever the database can derive it; and today's worker, API server and
-migrate refuse a schema newer than they know unless every migration since is marked compatible
-with older workers, as recorded when it was applied."""
+"""A rolling deploy (docs/operations.md, "Rollout contract"): the previous release's worker
+(tests/support/previous_release.py), a real process of its own code, on today's schema writes
+what today's readers expect; and today's worker, API server and migrate, and the previous
+release's worker, refuse a schema newer than they know unless every migration since is marked
+compatible with older workers, as recorded when it was applied."""
 
 from __future__ import annotations
 
@@ -153,6 +153,18 @@ async def test_a_worker_refuses_a_newer_schema_unless_its_migrations_are_compati
         assert "9999_from_the_future, marked compatible with older workers" in worker.output()
         worker.signal(signal.SIGTERM)
         assert worker.wait(timeout=60) == 0, worker.output()
+
+
+async def test_the_previous_release_s_worker_refuses_a_newer_schema_unless_compatible(
+    previous: Path, fresh_dsn: str
+) -> None:
+    """The release before checks the markers too, so a roll can rely on it."""
+    await _record_unknown(fresh_dsn, compatible=False)
+    refused = await asyncio.to_thread(
+        previous_release.run, previous, fresh_dsn, "worker", env={"ORCHESTRATOR_HEALTH_PORT": "0"}
+    )
+    assert refused.returncode != 0
+    _one_line_naming_the_migration(refused.stdout + refused.stderr)
 
 
 def test_the_api_server_refuses_a_newer_schema_in_one_line(fresh_dsn: str) -> None:

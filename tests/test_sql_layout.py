@@ -7,11 +7,8 @@ the catalog of a fresh one and finishes its jobs."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +16,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from bench.paired import extract
 from orchestrator import JobContext, Orchestrator, Status
 from orchestrator.storage.catalog import SCHEMA_FILE, current_schema, describe
 from orchestrator.storage.database import scratch_database
@@ -30,14 +26,12 @@ from orchestrator.storage.migrate import (
     own_migrations,
     revisions,
 )
+from tests.support import previous_release
 from tests.support.harness import ROOT, settings_for_tests
 
 FUNCTIONS = ROOT / "orchestrator" / "storage" / "sql" / "functions"
 #: The first migration written after functions moved to their files.
 FIRST_WITHOUT_BODIES = "0035"
-#: The release before the function files (a pinned commit: its code migrates and populates the
-#: database the upgrade test then migrates with this code).
-RELEASE_BEFORE = "b7e6f0c32f6710a9d9f2896abab41da78c7342eb"
 DEFINED = re.compile(
     r"^CREATE OR REPLACE (FUNCTION|TRIGGER|VIEW) ([a-z0-9_]+)", re.MULTILINE | re.IGNORECASE
 )
@@ -190,30 +184,15 @@ asyncio.run(main())
 """
 
 
-def release_before(tmp_path: Path) -> Path:
-    """The release before's files; skipped (failed under CI=true) without git or its commit."""
-    try:
-        return extract(RELEASE_BEFORE, tmp_path / "release-before")
-    except (SystemExit, FileNotFoundError) as exc:
-        why = f"the release before ({RELEASE_BEFORE[:7]}) cannot be extracted: {exc}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        pytest.skip(why)
-
-
 def run_release_before(root: Path, dsn: str, *argv: str) -> None:
-    env = {**os.environ, "PYTHONPATH": str(root), "DATABASE_URL": dsn}
-    done = subprocess.run(
-        [sys.executable, *argv], cwd=root, env=env, capture_output=True, text=True, timeout=300,
-        check=False,
-    )  # fmt: skip
+    done = previous_release.python(root, dsn, *argv, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
 
 
 async def test_a_database_the_release_before_populated_upgrades_to_a_fresh_one(
     fresh: str, tmp_path: Path
 ) -> None:
-    root = release_before(tmp_path)
+    root = previous_release.checkout(tmp_path / "release-before")
     with scratch_database(settings_for_tests(), "orc_upgrade") as upgraded:
         await asyncio.to_thread(run_release_before, root, upgraded, "-m", "orchestrator", "migrate")
         await asyncio.to_thread(run_release_before, root, upgraded, "-c", POPULATE)

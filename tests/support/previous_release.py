@@ -1,6 +1,8 @@
-"""The previous release (migrations 0001-0009), run for real against today's schema, as a rolling
-deploy runs it: its own code, extracted from git, started with this interpreter. Without git or
-the commit the test skips with a one-line reason; under CI=true it fails instead."""
+"""The previous release (the last one landed: migrations 0001-0032), run for real against today's
+schema, as a rolling deploy runs it: its own code, extracted from git, started with this
+interpreter. The rollout contract (docs/operations.md) is between a release and the one before
+it, so this pin moves to each release as the next one begins. Without git or the commit the
+test skips with a one-line reason; under CI=true it fails instead."""
 
 from __future__ import annotations
 
@@ -15,23 +17,24 @@ from typing import Any, NoReturn
 
 import pytest
 
-PREVIOUS_RELEASE = "532b0c2964ebbee5c46eb0cf86d21da83e1b621f"
+PREVIOUS_RELEASE = "6a77f75f3ccb5c089b476c3cb0ba445a94ac662a"
 REPOSITORY = Path(__file__).resolve().parent.parent.parent
 
 
-def checkout(dest: Path) -> Path:
-    """That release's files (``git archive``) in ``dest``."""
+def checkout(dest: Path, commit: str = PREVIOUS_RELEASE) -> Path:
+    """That release's files (``git archive``) in ``dest``; ``commit``: an older one, for a test
+    of an upgrade from it."""
     git = shutil.which("git")
     if git is None:
         _missing("git not found: the previous release is read from the repository's history")
     archive = subprocess.run(
-        [git, "-C", str(REPOSITORY), "archive", "--format=tar", PREVIOUS_RELEASE],
+        [git, "-C", str(REPOSITORY), "archive", "--format=tar", commit],
         capture_output=True, check=False,
     )  # fmt: skip
     if archive.returncode != 0:
         reason = archive.stderr.decode(errors="replace").strip().splitlines()
         _missing(
-            f"the previous release {PREVIOUS_RELEASE[:7]} is not in this clone "
+            f"the release {commit[:7]} is not in this clone "
             f"({reason[-1] if reason else 'git archive failed'}): fetch its history"
         )
     dest.mkdir(parents=True, exist_ok=True)
@@ -42,9 +45,14 @@ def checkout(dest: Path) -> Path:
 
 def run(root: Path, dsn: str, *argv: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     """``python -m orchestrator ARGV`` of the release in ``root``, on the database ``dsn``."""
+    return python(root, dsn, "-m", "orchestrator", *argv, **kwargs)
+
+
+def python(root: Path, dsn: str, *argv: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """``python ARGV`` with the release in ``root`` importable, on the database ``dsn``."""
     kwargs.setdefault("timeout", 120)
     return subprocess.run(
-        [sys.executable, "-m", "orchestrator", *argv], cwd=root, env=_env(root, dsn, kwargs),
+        [sys.executable, *argv], cwd=root, env=_env(root, dsn, kwargs),
         capture_output=True, text=True, check=False, **kwargs,
     )  # fmt: skip
 

@@ -95,7 +95,7 @@ CREATE INDEX orc_dead_letters_state ON public.orc_dead_letters USING btree (stat
 CREATE INDEX orc_dead_letters_state_tenant ON public.orc_dead_letters USING btree (state, tenant_id);
 CREATE INDEX orc_dead_letters_tenant ON public.orc_dead_letters USING btree (tenant_id, created_at) WHERE (tenant_id IS NOT NULL);
 CREATE TRIGGER orc_dead_letters_persons BEFORE INSERT OR UPDATE OF discard_requested_by, discarded_by ON public.orc_dead_letters FOR EACH ROW EXECUTE FUNCTION orc_dead_letter_persons_v1();
-CREATE TRIGGER orc_dead_letters_tenant BEFORE INSERT OR UPDATE OF job_id, tenant_id ON public.orc_dead_letters FOR EACH ROW EXECUTE FUNCTION orc_dead_letters_tenant_v1();
+CREATE TRIGGER orc_dead_letters_tenant BEFORE INSERT OR UPDATE OF job_id, tenant_id ON public.orc_dead_letters FOR EACH ROW EXECUTE FUNCTION orc_inherited_tenant_v1();
 
 CREATE TABLE orc_event_listeners (
     listener text NOT NULL,
@@ -304,7 +304,7 @@ CREATE INDEX orc_jobs_unfinished_status_id ON public.orc_jobs USING btree (statu
 CREATE TRIGGER orc_jobs_flow_leave AFTER UPDATE OF status ON public.orc_jobs FOR EACH ROW WHEN (((old.flow_key IS NOT NULL) AND (new.finished_at IS NOT NULL) AND (old.finished_at IS NULL))) EXECUTE FUNCTION orc_flow_leave_v1();
 CREATE TRIGGER orc_jobs_flow_release AFTER UPDATE OF status ON public.orc_jobs FOR EACH ROW WHEN (((old.flow_key IS NOT NULL) AND (old.status = 'RUNNING'::text) AND (new.status <> 'RUNNING'::text))) EXECUTE FUNCTION orc_flow_release_v1();
 CREATE TRIGGER orc_jobs_guard_transition BEFORE UPDATE ON public.orc_jobs FOR EACH ROW EXECUTE FUNCTION orc_guard_transition_v1();
-CREATE TRIGGER orc_jobs_replay_tenant BEFORE INSERT ON public.orc_jobs FOR EACH ROW WHEN (((new.replay_of IS NOT NULL) AND (new.tenant_id IS NULL))) EXECUTE FUNCTION orc_jobs_replay_tenant_v1();
+CREATE TRIGGER orc_jobs_replay_tenant BEFORE INSERT ON public.orc_jobs FOR EACH ROW WHEN (((new.replay_of IS NOT NULL) AND (new.tenant_id IS NULL))) EXECUTE FUNCTION orc_inherited_tenant_v1();
 
 CREATE TABLE orc_llm_usage (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
@@ -507,14 +507,11 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_complete_jobs_v1(p_items jsonb, p_target text, p_sources text[])
 --   orc_created_event_v1(j orc_jobs)
 --   orc_dead_letter_persons_v1()
---   orc_dead_letters_tenant_v1()
 --   orc_dispatch_v1(p_job_ids uuid[], p_task_prefix text)
 --   orc_end_dispatch_v1(p_dispatch_id bigint, p_status text)
 --   orc_events_append_only_v1()
 --   orc_fail_jobs_v1(p_items jsonb, p_target text, p_sources text[])
---   orc_fetch_dispatch_v1(p_queues character varying[], p_worker_id bigint, p_task_prefix text, p_worker text, p_claimable text[], p_running text)
 --   orc_fetch_dispatch_v3(p_queues character varying[], p_excluded character varying[], p_worker_id bigint, p_task_prefix text, p_worker text, p_claimable text[], p_running text)
---   orc_fetch_dispatches_v1(p_limit integer, p_queues character varying[], p_worker_id bigint, p_task_prefix text, p_worker text, p_claimable text[], p_running text)
 --   orc_fetch_dispatches_v3(p_limit integer, p_queues character varying[], p_excluded character varying[], p_worker_id bigint, p_task_prefix text, p_worker text, p_claimable text[], p_running text)
 --   orc_flow_admit_v1(j orc_jobs, p_task_prefix text)
 --   orc_flow_capacity_v1(k orc_flow_keys, lim orc_flow_limits, p_cost bigint, p_held integer, p_held_cost bigint, OUT blocked text, OUT wake timestamp with time zone)
@@ -534,8 +531,8 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_flow_spend_v1(p_key text, p_job_id uuid, p_units bigint, p_sent_seconds_ago double precision)
 --   orc_flow_throttled_v1(p_key text, p_until timestamp with time zone, p_reason text)
 --   orc_guard_transition_v1()
+--   orc_inherited_tenant_v1()
 --   orc_job_events_fill_v1()
---   orc_jobs_replay_tenant_v1()
 --   orc_max_attempts_v1(p_attempt integer, p_run integer, p_max_runs integer, p_retry_count integer, p_max_retries integer)
 --   orc_notify_event_listeners_v1()
 --   orc_notify_lock_freed_v1()

@@ -5,8 +5,6 @@
 -- In use: orc_fetch_dispatches_v3 (the worker's fetch, a dispatch per free slot), through
 -- orc_fetch_dispatch_v3 -> orc_take_dispatch_v1 (Procrastinate's fetch) -> the flow gate
 -- (flow.sql) -> orc_claim_v1; orc_claim_v2 (a claim the fetch left for later, and the replay's).
--- Kept for the releases before flow control (the rollout contract's oldest, 532b0c2, is run on
--- today's schema by tests/test_rollout.py): orc_fetch_dispatches_v1 with orc_fetch_dispatch_v1.
 
 CREATE OR REPLACE FUNCTION orc_fetch_dispatches_v3(
     p_limit integer, p_queues character varying[], p_excluded character varying[],
@@ -213,52 +211,4 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     -- this attempt, the runs left in its dispatch, a dispatch of runs per retry left
     SELECT p_attempt::bigint + greatest(0, p_max_runs - p_run)
            + greatest(0, p_max_retries - p_retry_count)::bigint * p_max_runs
-$$;
-
--- Fetch and claim up to p_limit dispatches (the worker's free slots), each exactly as
--- orc_fetch_dispatch_v1 does: later ones see the earlier ones as doing, so a lock is honoured
--- within the batch too. Rows come back in fetch order; none when nothing is due.
-CREATE OR REPLACE FUNCTION orc_fetch_dispatches_v1(
-    p_limit integer, p_queues character varying[], p_worker_id bigint, p_task_prefix text,
-    p_worker text, p_claimable text[], p_running text
-) RETURNS SETOF procrastinate_jobs
-LANGUAGE plpgsql AS $$
-DECLARE
-    fetched procrastinate_jobs;
-BEGIN
-    FOR i IN 1 .. p_limit LOOP
-        SELECT * INTO fetched
-          FROM orc_fetch_dispatch_v1(p_queues, p_worker_id, p_task_prefix, p_worker, p_claimable,
-                                     p_running);
-        EXIT WHEN fetched.id IS NULL;
-        RETURN NEXT fetched;
-    END LOOP;
-END;
-$$;
-
-CREATE OR REPLACE FUNCTION orc_fetch_dispatch_v1(
-    p_queues character varying[], p_worker_id bigint, p_task_prefix text, p_worker text,
-    p_claimable text[], p_running text
-) RETURNS SETOF procrastinate_jobs
-LANGUAGE plpgsql AS $$
-DECLARE
-    fetched procrastinate_jobs;
-    job uuid;
-    claim jsonb;
-BEGIN
-    fetched := procrastinate_fetch_job_v2(p_queues, p_worker_id);
-    IF fetched.id IS NOT NULL AND starts_with(fetched.task_name, p_task_prefix) THEN
-        job := (fetched.args ->> 'job_id')::uuid;
-        PERFORM FROM orc_jobs AS j WHERE j.id = job FOR NO KEY UPDATE SKIP LOCKED;
-        IF NOT FOUND AND EXISTS (SELECT FROM orc_jobs AS j WHERE j.id = job) THEN
-            fetched.args := fetched.args || '{"claim": null, "claim_later": true}';
-        ELSE
-            SELECT to_jsonb(c) INTO claim
-              FROM orc_claim_v1(job, fetched.id, fetched.attempts + 1,
-                                p_worker || '/w' || p_worker_id, p_claimable, p_running) AS c;
-            fetched.args := fetched.args || jsonb_build_object('claim', claim);
-        END IF;
-    END IF;
-    RETURN NEXT fetched;
-END;
 $$;

@@ -11,3 +11,14 @@ DROP FUNCTION IF EXISTS orc_fetch_dispatches_v2(
     integer, varchar[], varchar[], bigint, text, text, text[], text);
 DROP FUNCTION IF EXISTS orc_fetch_dispatch_v2(
     varchar[], varchar[], bigint, text, text, text[], text);
+
+-- A tenant derived from the row it comes from had a trigger function per table; since 0036 both
+-- triggers run orc_inherited_tenant_v1 (tenants.sql). CASCADE drops the trigger still on an old
+-- function, which tenants.sql, changed in the same release, puts back on the new one.
+DROP FUNCTION IF EXISTS orc_jobs_replay_tenant_v1() CASCADE;
+DROP FUNCTION IF EXISTS orc_dead_letters_tenant_v1() CASCADE;
+
+-- The fetch of releases before flow control (0001-0028); the release before this one (0032)
+-- fetches with orc_fetch_dispatches_v3.
+DROP FUNCTION IF EXISTS orc_fetch_dispatches_v1(integer, varchar[], bigint, text, text, text[], text);
+DROP FUNCTION IF EXISTS orc_fetch_dispatch_v1(varchar[], bigint, text, text, text[], text);

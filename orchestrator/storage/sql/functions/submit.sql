@@ -2,7 +2,8 @@
 -- events and first dispatches, in one statement.
 --
 -- In use: orc_submit_jobs_v2, which stores each job's flow (key, limit, cost, share) and hands
--- keyed submits to orc_submit_jobs_v1 (Graphile Worker's job_key modes, per tenant).
+-- a batch with keys to orc_submit_jobs_v1 (Graphile Worker's job_key modes, per tenant), which
+-- hands its jobs without a key back to orc_submit_jobs_v2.
 
 -- Submit jobs, each with its flow (its key, limit, cost and share; null: no limit), as shaped
 -- by orchestrator.domain.flow; keyed submits go through orc_submit_jobs_v1.
@@ -44,7 +45,7 @@ BEGIN
     )
     SELECT s.ord, s.id, 'created'::text FROM spec AS s;
 
-    -- Workers waiting for a future time are told, as orc_submit_jobs_v1 tells them.
+    -- Workers waiting for a future time are told, as orc_dispatch_v1 tells them of keyed jobs.
     IF jsonb_path_exists(p_specs, '$[*] ? (@.run_at != null)') THEN
         PERFORM pg_notify('orc_wakeup', extract(epoch FROM min(s.run_at))::text)
            FROM jsonb_populate_recordset(NULL::orc_job_spec_v1, p_specs) AS s
@@ -72,7 +73,6 @@ DECLARE
         SELECT s FROM jsonb_populate_recordset(NULL::orc_job_spec_v1, p_specs) AS s);
     spec orc_job_spec_v1;
     existing orc_jobs;
-    deferred bigint[];
     fresh uuid[] := '{}';  -- keyed rows that need a dispatch: created and replaced ones
     new_id uuid;
 BEGIN
@@ -85,35 +85,12 @@ BEGIN
                FROM unnest(specs) AS s
               WHERE s.job_key IS NOT NULL
               ORDER BY 1) AS k;
-    -- Jobs without a key, set-based: their dispatches first, then the rows that point at them
-    -- (matched by the dispatch's lock, which is the job id), so each row is written once.
-    deferred := procrastinate_defer_jobs_v1(ARRAY(
-        SELECT ROW(s.queue, p_task_prefix || s.job_type, -s.priority, s.id::text, NULL,
-                   jsonb_build_object('job_id', s.id),
-                   CASE WHEN s.run_at > now() THEN s.run_at END)::procrastinate_job_to_defer_v1
-          FROM unnest(specs) AS s
-         WHERE s.job_key IS NULL
-         ORDER BY s.ord));
-    WITH inserted AS (
-        INSERT INTO orc_jobs (id, job_type, status, payload, queue, priority, run_at,
-                              max_attempts, max_retries, agent_id, trace_id, timeout_seconds,
-                              replay_of, tenant_id, procrastinate_job_id, traceparent,
-                              flow_key, flow_limit, flow_cost, flow_share)
-        SELECT s.id, s.job_type, p_initial_status, coalesce(s.payload, 'null'), s.queue,
-               s.priority, coalesce(s.run_at, now()), s.max_attempts, s.max_retries, s.agent_id,
-               s.trace_id, s.timeout_seconds, s.replay_of, s.tenant_id, p.id, s.traceparent,
-               s.flow_key, s.flow_limit, s.flow_cost, s.flow_share
-          FROM unnest(specs) AS s
-          JOIN procrastinate_jobs AS p  -- a lookup in orc_procrastinate_jobs_live_lock
-            ON p.lock = s.id::text AND p.status = 'todo' AND p.id = ANY (deferred)
-         WHERE s.job_key IS NULL
-        RETURNING *
-    )
-    INSERT INTO orc_job_events (job_id, kind, payload)
-    SELECT i.id, 'job.created', orc_created_event_v1(i) FROM inserted AS i;
-
-    RETURN QUERY SELECT s.ord, s.id, 'created'::text FROM unnest(specs) AS s
-                  WHERE s.job_key IS NULL;
+    -- Jobs without a key: written set-based, as orc_submit_jobs_v2 writes a batch without keys.
+    RETURN QUERY SELECT * FROM orc_submit_jobs_v2(
+        (SELECT coalesce(jsonb_agg(e ORDER BY n), '[]')
+           FROM jsonb_array_elements(p_specs) WITH ORDINALITY AS a (e, n)
+          WHERE e ->> 'job_key' IS NULL),
+        p_initial_status, p_waiting, p_task_prefix);
 
     FOR spec IN SELECT * FROM unnest(specs) AS s WHERE s.job_key IS NOT NULL ORDER BY s.ord
     LOOP
@@ -192,13 +169,8 @@ BEGIN
         RETURN NEXT;
     END LOOP;
 
-    -- Keyed jobs get their dispatch now (orc_dispatch_v1 also wakes workers for future ones);
-    -- keyless jobs scheduled for later wake them here.
+    -- Keyed jobs get their dispatch now (orc_dispatch_v1 also wakes workers for future ones).
     PERFORM orc_dispatch_v1(fresh, p_task_prefix) WHERE cardinality(fresh) > 0;
-    PERFORM pg_notify('orc_wakeup', extract(epoch FROM min(s.run_at))::text)
-       FROM unnest(specs) AS s
-      WHERE s.job_key IS NULL AND s.run_at > now()
-     HAVING count(*) > 0;
 END;
 $$;
 

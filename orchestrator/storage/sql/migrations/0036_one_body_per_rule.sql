@@ -1,0 +1,13 @@
+-- 0036_one_body_per_rule: the function files lose their last repeated blocks. The fetch of the
+-- releases before flow control (orc_fetch_dispatches_v1, orc_fetch_dispatch_v1) is retired:
+-- the release before this one (migrations 0001-0032) fetches with orc_fetch_dispatches_v3, and
+-- the rollout contract is between a release and the one before it. orc_submit_jobs_v1 hands
+-- its jobs without a key to orc_submit_jobs_v2 instead of writing them with a copy of its
+-- statements; both tenant-deriving triggers run one function, orc_inherited_tenant_v1. No
+-- table changes; the release before calls none of what is dropped.
+--
+-- compatible-with-older-workers: yes
+-- revises: functions/retired.sql c3e6b74173eb6b651dcd6d4a7a099d90c50c8c39798a15cef2156a2530f7dd51
+-- revises: functions/claim.sql 34809bfd58c42301955c21834559238464d8023ef21fbd132d0fb74cc54c993f
+-- revises: functions/submit.sql 3f35b66adb7d81bf9688e695e18e278c6a005c6d8b799f9a69ee369168c44f96
+-- revises: functions/tenants.sql 96169160ddbddf898e52b58ebf3b3c748569f9708ffbc3989f087e4a0214ffd0
