@@ -2,7 +2,7 @@
 
 Protocol for one side-effecting call, identified by a deterministic ``invocation_id``
 (``<job id>.<step>.<key>``, URL- and header-safe, passed to the call so it can serve as a real
-idempotency key):
+idempotency key; a replay's job id there is its chain's first job's, whose ledger it carries):
 
     begin     the ledger says committed  -> return its result; never call again
               pending or failed (an earlier attempt was cut off, or its call raised: it may
@@ -79,10 +79,8 @@ class Ledger:
                 code="EFFECT_KEY_INVALID",
             )
         adapter: TypeAdapter[T] = TypeAdapter(result_type)
-        invocation_id = f"{self.fence.job_id}.{step}.{key}"
-        entry = await self.store.begin_effect(
-            self.fence, invocation_id=invocation_id, step=step, name=name, args=args
-        )
+        entry = await self.store.begin_effect(self.fence, step=step, key=key, name=name, args=args)
+        invocation_id = entry.invocation_id
         if entry.status == "committed":
             return adapter.validate_python(entry.result)
         if entry.status in ("pending", "failed"):

@@ -28,6 +28,7 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class LedgerEntry:
+    invocation_id: str
     status: str | None  # None: the effect was just recorded pending
     result: Any
 
@@ -49,22 +50,24 @@ class CheckpointStore:
         return Checkpoint(**row) if row else None
 
     async def begin_effect(
-        self, fence: Fence, *, invocation_id: str, step: int, name: str, args: Any
+        self, fence: Fence, *, step: int, key: str, name: str, args: Any
     ) -> LedgerEntry:
+        """The effect's entry, under the invocation id the database gives it (a replay's are
+        its chain's first job's)."""
         row = await self.queries.row(
             "begin_effect",
             {
                 **_fenced(fence),
-                "invocation_id": invocation_id,
+                "key": key,
                 "step": step,
                 "name": name,
                 "args": Jsonb(args),
                 "attempt": fence.attempt,
             },
         )
-        if row is None or not row["leased"]:
+        if row is None or row["invocation_id"] is None:
             raise StaleLease(fence.job_id, fence.lease_token)
-        return LedgerEntry(status=row["status"], result=row["result"])
+        return LedgerEntry(**row)
 
     async def retry_effect(self, fence: Fence, invocation_id: str) -> None:
         params = {**_fenced(fence), "invocation_id": invocation_id, "attempt": fence.attempt}
@@ -109,8 +112,9 @@ class CheckpointStore:
 
     async def prune(self, *, older_than_seconds: float, limit: int) -> int:
         """Delete up to ``limit`` checkpoint rows and ``limit`` ledger rows of jobs finished
-        more than ``older_than_seconds`` ago; returns the larger of the two counts."""
-        params = {"older_than": older_than_seconds, "limit": limit}
-        checkpoints = await self.queries.execute("prune_checkpoints", params)
-        effects = await self.queries.execute("prune_side_effects", params)
-        return max(checkpoints, effects)
+        more than ``older_than_seconds`` ago, but the ledger of a job whose dead letter awaits
+        review; returns the larger of the two counts."""
+        row = await self.queries.row(
+            "prune_steps", {"older_than": older_than_seconds, "limit": limit}
+        )
+        return int(row["n"]) if row else 0

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from checkpoints import CheckpointStore, Fence, Ledger
-from orchestrator import ErrorClass, JobContext, Orchestrator, StaleLease, Status
+from orchestrator import ErrorClass, JobContext, Orchestrator, PermanentError, StaleLease, Status
 from orchestrator.services.sweep import ZombieSweep
 from tests.support import agent_app, log_guard
 from tests.support.agent_app import CRASH_POINTS, RECONCILES, STARTS
@@ -218,6 +218,58 @@ async def test_a_plain_task_effect_commits_at_once_and_is_not_repeated(
     job = await orc.get_job(job_id)
     assert job.status is Status.COMPLETED and job.result["text"] == "hello"
     assert sends == [f"{job_id}.1.message"] and service.duplicates() == {}
+
+
+@log_guard.fails_jobs("JOB_TIMEOUT", "STOPPED_AFTER_SEND")
+@pytest.mark.parametrize("ending", ["timed out inside the call", "failed after it"])
+async def test_a_requeued_job_never_repeats_its_dead_one_s_effects(
+    make_orc: Callable[..., Orchestrator], service: MessageService, ending: str
+) -> None:
+    """A job dead-lettered with an effect of unknown outcome (its call timed out: pending) or
+    a committed one: the checkpoint prune keeps its ledger while the letter awaits review, and
+    its requeue reconciles the pending effect, or returns the committed one's result, under the
+    same invocation id, instead of calling again."""
+    orc = make_orc()
+    sends: list[str] = []
+    reconciles: list[str] = []
+    first: list[UUID] = []
+
+    @orc.job_type("notify")
+    async def notify(ctx: JobContext, payload: dict[str, Any]) -> dict[str, Any]:
+        async def call(invocation_id: str) -> dict[str, Any]:
+            sends.append(invocation_id)
+            receipt = await send(service.url, invocation_id, payload["text"])
+            if ctx.job_id in first and ending == "timed out inside the call":
+                await asyncio.sleep(3600)  # the job's timeout ends it here
+            return receipt
+
+        async def reconcile(invocation_id: str) -> Any:
+            reconciles.append(invocation_id)
+            return await find(service.url, invocation_id)
+
+        receipt = await ctx.effect("send", call, key="message", reconcile=reconcile)
+        if ctx.job_id in first:
+            raise PermanentError("stopped after the send", code="STOPPED_AFTER_SEND")
+        return receipt
+
+    async with WorkerRun(orc) as worker:
+        first.append(await orc.submit("notify", {"text": "hello"}, max_retries=0,
+                                      timeout_seconds=2))  # fmt: skip
+        await worker.until_finished(first[0], timeout=60)
+        [letter] = await orc.dead_letters()
+        await CheckpointStore(orc.stores.queries).prune(older_than_seconds=0, limit=1000)
+        [kept] = await orc.job_steps(first[0])
+        assert kept["status"] == ("pending" if ending.startswith("timed") else "committed")
+
+        replay = await orc.requeue_dead_letter(letter.id)
+        await worker.until_finished(replay, timeout=60)
+    job = await orc.get_job(replay)
+    assert job.status is Status.COMPLETED and job.result["text"] == "hello", job.last_error
+    invocation = f"{first[0]}.1.message"
+    assert sends == [invocation] and service.duplicates() == {}
+    assert reconciles == ([invocation] if ending.startswith("timed") else [])
+    [effect] = await orc.job_steps(replay)
+    assert (effect["invocation_id"], effect["status"]) == (invocation, "committed")
 
 
 @log_guard.fails_jobs("EFFECT_NOT_RECONCILABLE")

@@ -21,21 +21,25 @@ SELECT step, state, final FROM orc_checkpoints
  LIMIT 1
 
 -- begin_effect --
--- Before a side-effecting call: what the ledger knows of it, and (if nothing) record it pending.
+-- Before a side-effecting call: its invocation id (`<root>.<step>.<key>`, the root being the job,
+-- or for a replay the first job of its chain: orc_replay_ledger_v1), what the ledger knows of
+-- it, and (if nothing) record it pending.
 WITH leased AS (
-    SELECT id FROM orc_jobs
+    SELECT id, concat_ws('.', coalesce(effects_root, id), %(step)s::int, %(key)s::text)
+               AS invocation_id
+      FROM orc_jobs
      WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = %(running)s
        FOR SHARE
 ), existing AS (
-    SELECT status, result FROM orc_side_effects
-     WHERE job_id = %(job_id)s AND invocation_id = %(invocation_id)s
+    SELECT e.status, e.result FROM orc_side_effects AS e JOIN leased AS l USING (invocation_id)
+     WHERE e.job_id = %(job_id)s
 ), recorded AS (
     INSERT INTO orc_side_effects (job_id, invocation_id, step, name, args, status, attempt)
-    SELECT id, %(invocation_id)s, %(step)s, %(name)s, %(args)s, 'pending', %(attempt)s
+    SELECT id, invocation_id, %(step)s, %(name)s, %(args)s, 'pending', %(attempt)s
       FROM leased
      WHERE NOT EXISTS (SELECT 1 FROM existing)
 )
-SELECT EXISTS (SELECT 1 FROM leased) AS leased,
+SELECT (SELECT invocation_id FROM leased) AS invocation_id,
        (SELECT status FROM existing) AS status,
        (SELECT result FROM existing) AS result
 
@@ -105,24 +109,25 @@ WITH leased AS (
 )
 SELECT (SELECT count(*) FROM saved) AS saved, (SELECT count(*) FROM committed) AS committed
 
--- prune_checkpoints --
--- Checkpoints of jobs finished before the cutoff; bounded per run.
-WITH doomed AS (
-    SELECT c.job_id, c.step FROM orc_checkpoints AS c
-      JOIN orc_jobs AS j ON j.id = c.job_id
-     WHERE j.finished_at < now() - make_interval(secs => %(older_than)s)
-     LIMIT %(limit)s
+-- prune_steps --
+-- Checkpoints and ledger rows of jobs finished before the cutoff, up to %(limit)s of each; the
+-- larger count. A job whose dead letter awaits review keeps its ledger: a requeue carries it
+-- (orc_replay_ledger_v1), so that the replay reconciles what may have happened.
+WITH checkpoints AS (
+    DELETE FROM orc_checkpoints
+     WHERE (job_id, step) IN (
+           SELECT c.job_id, c.step FROM orc_checkpoints AS c JOIN orc_jobs AS j ON j.id = c.job_id
+            WHERE j.finished_at < now() - make_interval(secs => %(older_than)s) LIMIT %(limit)s)
+    RETURNING 1
+), effects AS (
+    DELETE FROM orc_side_effects
+     WHERE (job_id, invocation_id) IN (
+           SELECT e.job_id, e.invocation_id FROM orc_side_effects AS e
+             JOIN orc_jobs AS j ON j.id = e.job_id
+            WHERE j.finished_at < now() - make_interval(secs => %(older_than)s)
+              AND NOT EXISTS (SELECT FROM orc_dead_letters AS l WHERE l.job_id = j.id
+                                 AND l.state IN ('recorded', 'discard_requested'))
+            LIMIT %(limit)s)
+    RETURNING 1
 )
-DELETE FROM orc_checkpoints AS c USING doomed AS d
- WHERE c.job_id = d.job_id AND c.step = d.step
-
--- prune_side_effects --
--- Ledger rows of jobs finished before the cutoff; bounded per run.
-WITH doomed AS (
-    SELECT e.job_id, e.invocation_id FROM orc_side_effects AS e
-      JOIN orc_jobs AS j ON j.id = e.job_id
-     WHERE j.finished_at < now() - make_interval(secs => %(older_than)s)
-     LIMIT %(limit)s
-)
-DELETE FROM orc_side_effects AS e USING doomed AS d
- WHERE e.job_id = d.job_id AND e.invocation_id = d.invocation_id
+SELECT greatest((SELECT count(*) FROM checkpoints), (SELECT count(*) FROM effects)) AS n

@@ -275,6 +275,7 @@ CREATE TABLE orc_jobs (
     flow_limit text,
     flow_cost integer,
     flow_share text,
+    effects_root uuid,
     CONSTRAINT orc_jobs_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT orc_jobs_dispatch_attempt_check CHECK ((dispatch_attempt >= 0)),
     CONSTRAINT orc_jobs_flow_cost_check CHECK ((flow_cost >= 0)),
@@ -304,6 +305,8 @@ CREATE INDEX orc_jobs_unfinished_status_id ON public.orc_jobs USING btree (statu
 CREATE TRIGGER orc_jobs_flow_leave AFTER UPDATE OF status ON public.orc_jobs FOR EACH ROW WHEN (((old.flow_key IS NOT NULL) AND (new.finished_at IS NOT NULL) AND (old.finished_at IS NULL))) EXECUTE FUNCTION orc_flow_leave_v1();
 CREATE TRIGGER orc_jobs_flow_release AFTER UPDATE OF status ON public.orc_jobs FOR EACH ROW WHEN (((old.flow_key IS NOT NULL) AND (old.status = 'RUNNING'::text) AND (new.status <> 'RUNNING'::text))) EXECUTE FUNCTION orc_flow_release_v1();
 CREATE TRIGGER orc_jobs_guard_transition BEFORE UPDATE ON public.orc_jobs FOR EACH ROW EXECUTE FUNCTION orc_guard_transition_v1();
+CREATE TRIGGER orc_jobs_replay_ledger AFTER INSERT ON public.orc_jobs FOR EACH ROW WHEN ((new.replay_of IS NOT NULL)) EXECUTE FUNCTION orc_replay_ledger_v1();
+CREATE TRIGGER orc_jobs_replay_ledger_root BEFORE INSERT ON public.orc_jobs FOR EACH ROW WHEN ((new.replay_of IS NOT NULL)) EXECUTE FUNCTION orc_replay_ledger_v1();
 CREATE TRIGGER orc_jobs_replay_tenant BEFORE INSERT ON public.orc_jobs FOR EACH ROW WHEN (((new.replay_of IS NOT NULL) AND (new.tenant_id IS NULL))) EXECUTE FUNCTION orc_inherited_tenant_v1();
 
 CREATE TABLE orc_llm_usage (
@@ -537,6 +540,7 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_notify_event_listeners_v1()
 --   orc_notify_lock_freed_v1()
 --   orc_principal_person_v1(recorded text)
+--   orc_replay_ledger_v1()
 --   orc_rolled_up_to_v1()
 --   orc_running_event_v1(j orc_jobs)
 --   orc_side_effect_committed_is_final_v1()
