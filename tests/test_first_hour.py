@@ -5,8 +5,6 @@ exits 0."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import os
 import signal
 import socket
@@ -21,9 +19,9 @@ import psycopg
 import pytest
 from psycopg import conninfo
 
-from orchestrator.interfaces import start
 from orchestrator.storage.database import drop_database, ensure_database, with_database
 from orchestrator.storage.migrate import migrate, own_migrations
+from tests.support.workers import until_it_handles_sigterm
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -152,47 +150,9 @@ def test_a_worker_stopped_in_its_first_moments_exits_0(empty_dsn: str, after: fl
         [sys.executable, "-m", "orchestrator", "worker"],
         env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    _until_it_handles_sigterm(worker.pid)  # its entry point's first line has run
+    until_it_handles_sigterm(worker.pid)  # its entry point's first line has run
     time.sleep(after)
     worker.send_signal(signal.SIGTERM)
     _, err = worker.communicate(timeout=60)
     assert worker.returncode == 0, err
     assert "Traceback" not in err
-
-
-@pytest.mark.parametrize("where", ["callback", "task"])
-def test_a_sigterm_before_the_drain_ends_the_event_loop_wherever_it_lands(where: str) -> None:
-    """The start-up's stop is raised where the signal lands: in a callback of the event loop,
-    which logs and swallows any other exception (the worker then ran on after a SIGTERM, seen
-    in a CI run), or in a task's step. Either way it ends asyncio.run, and the entry point
-    exits 0."""
-
-    async def starting() -> None:
-        kill = functools.partial(os.kill, os.getpid(), signal.SIGTERM)
-        if where == "callback":
-            asyncio.get_running_loop().call_soon(kill)
-        else:
-            kill()
-        await asyncio.sleep(5)  # the rest of the start-up, which must not go on
-
-    previous = signal.signal(signal.SIGTERM, start.stop_before_start)
-    try:
-        with pytest.raises(start.StoppedBeforeStart) as stopped:
-            asyncio.run(starting())
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    assert stopped.value.code == 0
-
-
-def _until_it_handles_sigterm(pid: int, timeout: float = 30) -> None:
-    """Until the process catches SIGTERM (its SigCgt mask in /proc): the interpreter has
-    started and run the entry point's first lines; under load that can take a while."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = Path(f"/proc/{pid}/status").read_text()
-        caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:"))
-                     .split()[1], 16)  # fmt: skip
-        if caught & (1 << (signal.SIGTERM - 1)):
-            return
-        time.sleep(0.002)
-    raise AssertionError(f"process {pid} never caught SIGTERM")

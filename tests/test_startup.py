@@ -8,7 +8,10 @@ libpq's real messages and generated ones."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import os
+import random
 import re
 import signal
 import subprocess
@@ -38,7 +41,7 @@ from tests.support import agent_app
 from tests.support.api_server import ApiServer, token
 from tests.support.cluster import Cluster
 from tests.support.harness import config_with, free_port, settings_for_tests
-from tests.support.workers import FAST, ROOT, WorkerProcess
+from tests.support.workers import FAST, ROOT, WorkerProcess, until_it_handles_sigterm
 
 # -- the classification, pure ---------------------------------------------------------------
 
@@ -440,3 +443,101 @@ async def test_a_probe_left_open_as_the_process_exits_ends_without_an_error(
         loop.set_task_factory(None)
         await server.close()
     assert not [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+
+
+# -- a SIGTERM at any moment of a start-up, under load -----------------------------------------
+
+BURNERS = 2  # CPU-bound processes beside the start-ups: a newcomer's laptop is rarely quiet
+
+
+@pytest.fixture
+def cpu_load() -> Iterator[None]:
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(BURNERS)]
+    try:
+        yield
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait(timeout=30)
+
+
+def _started(command: str, dsn: str, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """``orchestrator COMMAND`` on ``dsn``, its output in ``log``, once it handles SIGTERM (the
+    entry point's first lines have run): the process and its port."""
+    port = free_port()
+    env = {**os.environ, **FAST, "DATABASE_URL": dsn, "ORCHESTRATOR_API_PORT": str(port)}
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "--app", "tests.support.agent_app:orc",
+             command],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        until_it_handles_sigterm(process.pid, timeout=120)
+    except BaseException:
+        process.kill()
+        process.wait(timeout=30)
+        raise
+    return process, port
+
+
+def _is_up(command: str, port: int, log: Path) -> bool:
+    if command == "worker":
+        return " started: " in log.read_text()
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _start_up_seconds(command: str, dsn: str, log: Path) -> float:
+    """How long a start-up takes here, now: from its entry point until it serves."""
+    process, port = _started(command, dsn, log)
+    began = time.monotonic()
+    try:
+        while not _is_up(command, port, log):
+            assert process.poll() is None and time.monotonic() - began < 120, log.read_text()
+            time.sleep(0.05)
+        return time.monotonic() - began
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def _signalled_at(command: str, dsn: str, log: Path, delay: float) -> tuple[int | None, str]:
+    """A start-up sent SIGTERM ``delay`` seconds after its entry point began: its exit code
+    (None: still running a minute later, the signal lost) and its output."""
+    process, _ = _started(command, dsn, log)
+    try:
+        time.sleep(delay)
+        process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=60)
+        return process.returncode, log.read_text()
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+
+
+@pytest.mark.parametrize(
+    "runs", [10, pytest.param(100, marks=pytest.mark.slow)], ids=["10-runs", "100-runs"]
+)
+@pytest.mark.parametrize("command", ["worker", "serve"])
+def test_a_sigterm_at_any_moment_of_start_up_ends_the_process_with_0(
+    command: str, runs: int, dsn: str, cpu_load: None, tmp_path: Path
+) -> None:
+    """SIGTERM at a random moment of a start-up (importing, waiting for and opening the
+    database, starting the drain or uvicorn, or just after), with CPU-bound processes beside
+    it: every process ends, with 0 and without a traceback. Raised from the signal handler,
+    the stop was lost when it landed in a weakref callback during an import ("Exception
+    ignored in ...") or in a callback of the event loop."""
+    horizon = 1.25 * _start_up_seconds(command, dsn, tmp_path / "measured.log")
+    rng = random.Random(20261127 + runs)
+    delays = [rng.uniform(0, horizon) for _ in range(runs)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        ends = list(pool.map(
+            lambda n: _signalled_at(command, dsn, tmp_path / f"{n}.log", delays[n]), range(runs)
+        ))  # fmt: skip
+    for (code, output), delay in zip(ends, delays, strict=True):
+        assert code == 0, f"signalled {delay:.2f} s in, exit {code}: {output}"
+        assert "Traceback" not in output and " ERROR " not in output, output

@@ -2,8 +2,9 @@
 
 A worker must exit 0 on SIGTERM at any moment, also while Python is still importing the
 application (a second or more): so ``orchestrator worker`` (and ``exporter``, ``serve``) first
-makes SIGTERM and SIGINT end the process quietly; the worker replaces that with its drain as soon
-as it starts (nothing can have been claimed before).
+makes SIGTERM and SIGINT end the process at once, with 0; the worker's drain (uvicorn's
+graceful shutdown, for ``serve``) takes them over as soon as it starts, and nothing can have
+been claimed before.
 
 Importing the command line builds a large heap of modules that lives as long as the process. The
 cyclic garbage collector is off while it is built and never looks at it again (``gc.freeze``),
@@ -14,25 +15,18 @@ of a read command's time (bench/cli_latency.py).
 from __future__ import annotations
 
 import gc
+import os
 import signal
 import sys
 from collections.abc import Sequence
 
 
-class StoppedBeforeStart(SystemExit):
-    """SIGTERM or SIGINT came before the worker could drain: nothing was claimed yet.
-
-    A SystemExit, because the signal may land while the event loop runs a callback (the
-    start-up's connections, before the drain takes the signal over): asyncio lets SystemExit
-    and KeyboardInterrupt out of the loop, and logs and swallows any other exception, which left
-    the worker running on after the SIGTERM."""
-
-    def __init__(self) -> None:
-        super().__init__(0)
-
-
 def stop_before_start(signum: int, frame: object) -> None:
-    raise StoppedBeforeStart
+    """Ends the process at once, with 0. Not by raising, as KeyboardInterrupt does: an exception
+    raised by a signal handler is lost where Python cannot raise it (a weakref callback or a
+    destructor run during an import: "Exception ignored in ...") or where it is caught (a
+    callback of the event loop, which asyncio logs and swallows): the process then ran on."""
+    os._exit(0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,7 +40,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         gc.freeze()
         gc.enable()
         return cli.main(argv)
-    except StoppedBeforeStart:
-        return 0
     finally:
         gc.freeze()

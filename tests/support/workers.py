@@ -83,3 +83,17 @@ def wait_until(condition: Any, timeout: float = 30, what: str = "condition") -> 
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not met within {timeout}s")
         time.sleep(0.05)
+
+
+def until_it_handles_sigterm(pid: int, timeout: float = 30) -> None:
+    """Until the process catches SIGTERM (its SigCgt mask in /proc): the interpreter has
+    started and run the entry point's first lines; under load that can take a while."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = Path(f"/proc/{pid}/status").read_text()
+        caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+                     .split()[1], 16)  # fmt: skip
+        if caught & (1 << (signal.SIGTERM - 1)):
+            return
+        time.sleep(0.002)
+    raise AssertionError(f"process {pid} never caught SIGTERM")

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import signal
 
 from orchestrator.domain.errors import DatabaseUnavailable
 from orchestrator.interfaces.cli.shared import Commands, load_app, whole
@@ -49,10 +48,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server_header=False, proxy_headers=True,
     )  # fmt: skip
     server = uvicorn.Server(config)
-    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again for the
-    # handler that was there before it: after a graceful shutdown, that ends nothing.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: None)
+    # uvicorn takes SIGTERM/SIGINT over as it starts, shuts down gracefully on one, then raises
+    # it again for the handler it found (interfaces.start), which ends the process with 0.
     asyncio.run(server.serve())
     return 0 if server.started else 1
 
