@@ -48,9 +48,10 @@ PRUNE_BATCH = 5000
 
 
 def settings(retention_seconds: float) -> Settings:
-    """Every finished job kept ``retention_seconds``; the prune sized for a fleet finishing
-    over a thousand jobs a second (docs/operations.md, "Retention": the defaults delete at most
-    10,000 jobs a minute): every 15 s, 10 batches of 5,000 (up to 3,333 jobs/s)."""
+    """Every finished job kept ``retention_seconds``; the prune as it was sized for a fleet
+    finishing over a thousand jobs a second while a run stopped after 10 batches (10,000 jobs a
+    minute with the defaults; now a run goes on while jobs are due, docs/operations.md,
+    "Sizing"): every 15 s, in batches of 5,000."""
     days = retention_seconds / 86_400
     return Settings(
         metrics=False,

@@ -210,6 +210,12 @@ class Settings(BaseSettings):
     retention_batch_size: int = Field(
         1000, ge=1, le=100_000, description="Finished jobs deleted per statement of a run."
     )
+    retention_run_seconds: float = Field(
+        30.0, ge=0, le=3600,
+        description="A run of prune_finished goes on while its batches come back full for this"
+        " long at most (0: one batch); one that stops so with jobs still due logs that retention"
+        " fell behind, and the next run goes on.",
+    )  # fmt: skip
     archive_dir: Path | None = Field(
         None,
         description="Where prune_finished writes what it deletes (a gzip JSON Lines file per"

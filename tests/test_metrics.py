@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -21,7 +18,7 @@ import pytest
 
 from orchestrator import InvalidTransition, Orchestrator, Status
 from tests.support import log_guard, scripted, scripted_app
-from tests.support.exposition import counted, samples, value
+from tests.support.exposition import counted, exporter, samples, value
 from tests.support.harness import WorkerRun, free_port, wait_for
 from tests.support.tools import promtool
 from tests.support.workers import WorkerProcess
@@ -160,38 +157,10 @@ async def test_a_workers_metrics_match_what_the_database_recorded(
     assert value(fleet, "orchestrator_fleet_up") == 1
 
 
-def start_exporter(dsn: str, port: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "DATABASE_URL": dsn, "ORCHESTRATOR_EXPORTER_MIN_INTERVAL": "0"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "exporter", "--port", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-
-
 async def exported_fleet(dsn: str) -> dict[Any, float]:
-    """One scrape of a real ``orchestrator exporter`` process on this database; it then ends
-    with 0 on SIGTERM."""
-    port = free_port()
-    process = start_exporter(dsn, port)
-    try:
-        async with httpx.AsyncClient() as client:
-
-            async def ready() -> bool:
-                try:
-                    response = await client.get(f"http://127.0.0.1:{port}/readyz")
-                except httpx.TransportError:
-                    return False
-                return response.status_code == 200
-
-            await wait_for(ready, timeout=30)
-            body = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
-        process.send_signal(signal.SIGTERM)
-        assert await asyncio.to_thread(process.wait, 30) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    return samples(body)
+    """One scrape of a real ``orchestrator exporter`` process on this database."""
+    async with exporter(dsn) as scrape:
+        return await scrape()
 
 
 @log_guard.fails_jobs("HTTP_400")

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from orchestrator.services import archive
 from orchestrator.services.retention import RetentionResult
 from retry_config import parse
 from tests.support import agent_app, scripted, scripted_app
-from tests.support.exposition import counted, value
+from tests.support.exposition import counted, exporter, value
 from tests.support.external import MessageService, message_service
 from tests.support.harness import WorkerRun, config_with, wait_for
 from tests.support.workers import WorkerProcess
@@ -166,7 +167,8 @@ def test_a_types_retention_is_its_own_else_the_config_defaults_else_the_settings
         own = types.get(job_type, (None, None))
         for status, i in ((Status.COMPLETED, 0), (Status.CANCELLED, 0), (Status.FAILED, 1)):
             expected = next(v for v in (own[i], defaults[i], settings[i]) if v is not None)
-            assert kept(job_type, status) == expected * DAY <= retention.longest()
+            kept_for = kept(job_type, status)
+            assert retention.shortest() <= kept_for == expected * DAY <= retention.longest()
     assert all(  # an override is listed only where it differs
         v != retention.default[s] for by in retention.by_type.values() for s, v in by.items()
     )
@@ -497,6 +499,154 @@ async def test_pruning_while_worker_processes_run_jobs_takes_only_finished_ones(
     assert all(d["status"] == "succeeded" for line in lines for d in line["dispatches"][-1:])
 
 
+# -- keeping pace, and saying how far behind -------------------------------------------------
+
+
+async def planted_due(db: psycopg.AsyncConnection[Any], n: int) -> None:
+    """``n`` COMPLETED jobs that finished two days ago, an event each, planted in one statement
+    each table."""
+    await db.execute(
+        "INSERT INTO orc_jobs (id, job_type, status, payload, queue, max_attempts, max_retries,"
+        " trace_id, finished_at) SELECT gen_random_uuid(), 'ok', 'COMPLETED', '{}', 'ok', 1, 0,"
+        " 't', now() - interval '2 days' - make_interval(secs => i)"
+        " FROM generate_series(1, %s) AS i",
+        (n,),
+    )
+    await db.execute(
+        "INSERT INTO orc_job_events (job_id, kind) SELECT id, 'job.done' FROM orc_jobs"
+    )
+
+
+async def caught_up_long_ago(db: psycopg.AsyncConnection[Any]) -> None:
+    """Retention last caught up two hours ago (orc_retention_progress, 0037)."""
+    await db.execute("UPDATE orc_retention_progress SET caught_up_to = now() - interval '2 hours'")
+
+
+async def test_tokens_past_a_bigint_roll_up_exactly_and_retention_goes_on(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any], dsn: str
+) -> None:
+    """Two LLM calls of a job reporting 2^62 tokens of each kind (a usage row holds any bigint)
+    sum to 2^63, past a bigint. The rollup counts them exactly and its watermark moves on, so
+    retention deletes the job; the fleet exporter says how far behind both were, and are. Before
+    0037 every rollup run failed (`bigint out of range`): nothing was deleted from then on, and
+    no metric said so (issue 36, item 10)."""
+    orc = make_orc(job_retention_days=0)
+    job = await finished_job(db, age_days=30 / 1440)  # half an hour ago
+    await db.execute(
+        "INSERT INTO orc_llm_usage (job_id, call_id, attempt, job_type, model, input_tokens,"
+        " output_tokens, cache_read_tokens, cache_creation_tokens)"
+        " SELECT %(job)s, c, 1, 'ok', 'big', %(n)s, %(n)s, %(n)s, %(n)s"
+        " FROM unnest(ARRAY['one', 'two']) AS c",
+        {"job": job, "n": 2**62},
+    )
+    await db.execute(  # the rollups have counted every minute before the job's
+        "UPDATE orc_rollup_watermark SET rolled_up_to ="
+        " (SELECT date_trunc('minute', finished_at) FROM orc_jobs)"
+    )
+    await caught_up_long_ago(db)
+    async with exporter(dsn) as scrape, orc:
+        before = await scrape()
+        rolled = await orc.maintenance.rollup.run_once()
+        pruned = await orc.maintenance.finished.run_once()
+        stats = await orc.stats(since=datetime.now(UTC) - timedelta(hours=2), step=3600)
+        after = await scrape()
+    assert rolled.jobs == 1 and rolled.minutes >= 25
+    assert (pruned.jobs, pruned.llm_usage) == (1, 2)
+    cur = await db.execute(
+        "SELECT period, input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens,"
+        " llm_calls FROM orc_job_rollups ORDER BY period"
+    )
+    total = 2**63
+    assert await cur.fetchall() == [(60, total, total, total, total, 2),
+                                    (3600, total, total, total, total, 2)]  # fmt: skip
+    points = [p for series in stats.jobs for p in series.points]
+    assert sum(p.input_tokens for p in points) == total
+    assert sum(p.cache_creation_tokens for p in points) == total
+    tokens = {"tenant": "", "model": "big"}
+    assert value(before, "orchestrator_llm_tokens_recent", **tokens, kind="input") == 2.0**63
+    assert value(before, "orchestrator_rollup_lag_seconds") >= 29 * 60
+    assert value(before, "orchestrator_retention_lag_seconds") >= 2 * 3600
+    # The rollups now trail the clock by the settle time and the minute under way; retention
+    # caught up to their watermark (the shortest retention is 0).
+    assert 0 < value(after, "orchestrator_rollup_lag_seconds") < 10 * 60
+    assert 0 < value(after, "orchestrator_retention_lag_seconds") < 10 * 60
+
+
+@pytest.fixture
+async def deletions(db: psycopg.AsyncConnection[Any]) -> AsyncIterator[str]:
+    """A table of the DELETE statements on orc_jobs, each with its transaction and the jobs it
+    deleted (a statement trigger of the test's own, dropped after it): the query that reads it."""
+    await db.execute("CREATE TABLE test_deletions (xid bigint, jobs bigint)")
+    await db.execute(
+        "CREATE FUNCTION test_deletion() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " INSERT INTO test_deletions SELECT txid_current(), count(*) FROM gone; RETURN NULL;"
+        " END $$"
+    )
+    await db.execute(
+        "CREATE TRIGGER test_deletion AFTER DELETE ON orc_jobs REFERENCING OLD TABLE AS gone"
+        " FOR EACH STATEMENT EXECUTE FUNCTION test_deletion()"
+    )
+    try:
+        yield "SELECT xid, jobs FROM test_deletions WHERE jobs > 0"
+    finally:
+        await db.execute("DROP TRIGGER test_deletion ON orc_jobs")
+        await db.execute("DROP FUNCTION test_deletion()")
+        await db.execute("DROP TABLE test_deletions")
+
+
+async def test_one_run_with_the_defaults_clears_more_than_ten_batches_one_transaction_each(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any], deletions: str
+) -> None:
+    """25,000 jobs due, two and a half times what a run took before (10 batches of 1,000: no
+    more than 167 jobs/s a minute). One run, with every default but the retention, takes them
+    all, 1,000 a statement, each in a transaction of its own (issue 36, item 11)."""
+    orc = make_orc(job_retention_days=1)
+    assert (orc.settings.retention_batch_size, orc.settings.retention_run_seconds) == (1000, 30)
+    await planted_due(db, 25_000)
+    async with orc:
+        result = await orc.maintenance.finished.run_once()
+    assert (result.jobs, result.events, result.behind) == (25_000, 25_000, False)
+    assert result.batches == [1000] * 25 + [0]
+    cur = await db.execute("SELECT count(*) FROM orc_jobs")
+    assert await cur.fetchone() == (0,)
+    statements = await (await db.execute(deletions)).fetchall()
+    assert sorted(jobs for _, jobs in statements) == [1000] * 25
+    assert len({xid for xid, _ in statements}) == 25
+
+
+async def test_a_run_whose_time_ran_out_with_jobs_due_says_it_fell_behind(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any], dsn: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """A run that stops with its batches still full leaves the point retention caught up to
+    where it was: its log line says it fell behind, and the exporter's retention lag keeps
+    growing until a run comes back short."""
+    orc = make_orc(job_retention_days=1, retention_batch_size=10, retention_run_seconds=0)
+    await planted_due(db, 25)
+    await caught_up_long_ago(db)
+
+    async def prune() -> RetentionResult:
+        """A run as the maintenance lane's tick makes it (logged)."""
+        result = await orc.maintenance.run("prune_finished")
+        assert isinstance(result, RetentionResult)
+        return result
+
+    async with exporter(dsn) as scrape, orc:
+        with caplog.at_level(logging.WARNING, logger="orchestrator.services.maintenance"):
+            runs = [await prune()]
+            behind = await scrape()
+            runs += [await prune(), await prune()]
+        caught_up = await scrape()
+    assert [(r.jobs, r.behind) for r in runs] == [(10, True), (10, True), (5, False)]
+    lines = [r.getMessage() for r in caplog.records if r.name.endswith(".maintenance")]
+    assert len(lines) == 3
+    assert all("fell behind: jobs were still due when the run's 0 s ran out" in line
+               for line in lines[:2])  # fmt: skip
+    assert "fell behind" not in lines[2]
+    assert value(behind, "orchestrator_retention_lag_seconds") >= 2 * 3600
+    assert value(caught_up, "orchestrator_retention_lag_seconds") < 10 * 60
+
+
 # -- the command line -------------------------------------------------------------------------
 
 
@@ -580,8 +730,8 @@ def test_a_runs_result_reads_as_a_sentence(tmp_path: Path) -> None:
 def test_a_dry_run_that_reaches_a_runs_limit_says_more_may_be_due() -> None:
     full = RetentionResult(jobs=20, limit=20, by_type={("a", "COMPLETED"): 20})
     assert render.prune_lines(full, dry_run=True)[:2] == [
-        "would delete 20 finished jobs past their retention (a run takes 20 at most: more may"
-        " be due)",
+        "would delete 20 finished jobs past their retention (a dry run counts 20 at most: more"
+        " may be due)",
         "  a  COMPLETED  20",
     ]
     assert render.prune_lines(RetentionResult(jobs=19, limit=20), dry_run=True)[0] == (

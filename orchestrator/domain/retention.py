@@ -48,14 +48,20 @@ class Retention:
 
     def longest(self) -> float:
         """The longest any finished job is kept (what outlives every job's history)."""
-        return max(
-            [*self.default.values(), *(s for t in self.by_type.values() for s in t.values())]
-        )
+        return max(self._every())
+
+    def shortest(self) -> float:
+        """The shortest any finished job is kept (how soon after the rollups' watermark a job
+        they have not counted yet can be due)."""
+        return min(self._every())
+
+    def _every(self) -> list[float]:
+        return [*self.default.values(), *(s for t in self.by_type.values() for s in t.values())]
 
     def params(self) -> dict[str, Any]:
         """The prune query's arrays: the default by status, and each override (the query keeps
         a job of type t that ended s for the override of (t, s) if there is one, else the
-        default of s)."""
+        default of s); and the shortest, for the point it has caught up to."""
         overrides = [
             (t, s.value, v) for t, by in sorted(self.by_type.items()) for s, v in by.items()
         ]
@@ -65,6 +71,7 @@ class Retention:
             "override_types": [t for t, _, _ in overrides],
             "override_statuses": [s for _, s, _ in overrides],
             "override_seconds": [v for _, _, v in overrides],
+            "shortest": self.shortest(),
         }
 
 

@@ -225,7 +225,7 @@ def prune_lines(result: RetentionResult, *, dry_run: bool) -> list[str]:
     verb = "would delete" if dry_run else "deleted"
     lines = [f"{verb} {result.jobs} finished jobs past their retention"]
     if result.limit is not None and result.jobs >= result.limit:
-        lines[0] += f" (a run takes {result.limit} at most: more may be due)"
+        lines[0] += f" (a dry run counts {result.limit} at most: more may be due)"
     width = max((len(t) for t, _ in result.by_type), default=0)
     for (job_type, status), n in sorted(result.by_type.items()):
         lines.append(f"  {job_type:<{width}}  {status:<9}  {n}")
@@ -236,6 +236,9 @@ def prune_lines(result: RetentionResult, *, dry_run: bool) -> list[str]:
     lines.append("aged out: " + _counts(result, bookkeeping))
     if result.archive is not None:
         lines.append(f"archived to {result.archive}")
+    if result.behind:
+        lines.append(f"more are due: the run's {result.run_seconds:g} s ran out"
+                     " (ORCHESTRATOR_RETENTION_RUN_SECONDS); run it again")  # fmt: skip
     return lines
 
 

@@ -7,8 +7,10 @@ the series). One scrape is one read-only transaction of five grouped queries, ea
 orc_jobs_running_heartbeat, orc_dead_letters_state_tenant, orc_approvals_pending_expiry,
 orc_llm_usage_recorded_at: the last hour's LLM calls): ``bench/fleet_scrape.py`` times it at
 1,000,000 jobs (before the LLM tokens were added; their read grows with the calls of the last
-hour, not with the jobs). A scrape within ``min_interval`` of the
-last one is answered from it, so several Prometheus replicas cost the database no more than one.
+hour, not with the jobs); and the rollups' and retention's lags, a row each (the rollups'
+watermark, the point retention caught up to: orchestrator.services.retention). A scrape within
+``min_interval`` of the last one is answered from it, so several Prometheus replicas cost the
+database no more than one.
 
 Tenants are user data: past the ``max_tenants`` largest, the rest are summed under the tenant
 ``_other``, so the series stay bounded; so are models (``orchestrator_llm_tokens_recent``: past
@@ -88,6 +90,17 @@ LLM_TOKENS_RECENT = Spec(
     "Tokens of the LLM calls recorded in the last hour (orc_llm_usage), by the job's tenant, the"
     " model and the kind (input, output, cache_read, cache_creation).",
 )  # fmt: skip
+ROLLUP_LAG = Spec(
+    "orchestrator_rollup_lag_seconds", "gauge", (),
+    "How far the rollups' watermark is behind now: jobs that finished since are not counted yet,"
+    " and retention keeps them (one to three minutes when the rollups keep up).",
+)  # fmt: skip
+RETENTION_LAG = Spec(
+    "orchestrator_retention_lag_seconds", "gauge", (),
+    "How far the point retention last caught up to is behind now: no job that became due for"
+    " deletion before it is left, so no job has been overdue longer (about a minute when"
+    " retention keeps up).",
+)  # fmt: skip
 FLEET_UP = Spec("orchestrator_fleet_up", "gauge", (), "1 when the last scrape read the database.")
 SCRAPE_DURATION = Spec(
     "orchestrator_fleet_scrape_duration_seconds", "gauge", (),
@@ -95,8 +108,8 @@ SCRAPE_DURATION = Spec(
 )  # fmt: skip
 FLEET_METRICS = (
     JOBS, RETRYING_RATIO, QUEUE_DEPTH, QUEUE_OLDEST_AGE, DEAD_LETTERS, APPROVALS_WAITING, ZOMBIES,
-    FLOW_PAUSED, FLOW_WAITING, FLOW_RUNNING, FLOW_RATE, LLM_TOKENS_RECENT, FLEET_UP,
-    SCRAPE_DURATION,
+    FLOW_PAUSED, FLOW_WAITING, FLOW_RUNNING, FLOW_RATE, LLM_TOKENS_RECENT, ROLLUP_LAG,
+    RETENTION_LAG, FLEET_UP, SCRAPE_DURATION,
 )  # fmt: skip
 
 
@@ -181,6 +194,8 @@ class FleetMetrics:
             flow[FLOW_RATE].add_metric([row["key"]], float(row["rate_factor"]))
         yield from flow.values()
         yield self._llm_tokens(rows.llm_tokens)
+        yield _value(ROLLUP_LAG, rows.rollup_lag)
+        yield _value(RETENTION_LAG, rows.retention_lag)
 
     def _llm_tokens(self, rows: list[Row]) -> GaugeMetricFamily:
         """The recent tokens by tenant, model and kind: the ``MAX_MODELS`` most used models

@@ -111,7 +111,8 @@ class Maintenance:
                 stores=stores,
                 days=s.job_retention_days, failed_days=s.failed_job_retention_days,
                 config=config,
-                batch_size=s.retention_batch_size, archive_dir=s.archive_dir,
+                batch_size=s.retention_batch_size, run_seconds=s.retention_run_seconds,
+                archive_dir=s.archive_dir,
             ),
             rollup=JobRollup(
                 rollups=stores.rollups, batch_minutes=s.rollup_batch_minutes,
@@ -145,8 +146,13 @@ class Maintenance:
 
 
 def _rows(result: Any) -> dict[str, int]:
-    """A result's counts by action (its fields: retried, failed, passed_over, ...)."""
-    return {k: v for k, v in dataclasses.asdict(result).items() if isinstance(v, int)}
+    """A result's counts by action (its fields: retried, failed, passed_over, ...); a flag
+    (a bool, which Python counts as an int) is not a count of rows."""
+    return {
+        k: v
+        for k, v in dataclasses.asdict(result).items()
+        if isinstance(v, int) and not isinstance(v, bool)
+    }
 
 
 def register(app: procrastinate.App, settings: Settings, config: RetryConfig) -> None:

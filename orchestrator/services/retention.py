@@ -4,18 +4,23 @@ bookkeeping that aged out (River's job cleaner is the model).
 
 A run deletes jobs in batches of ``batch_size``, each one statement in one transaction (the
 ``prune_finished_jobs`` query: which jobs may go is its ``candidates``), going on while a batch
-comes back full, for at most MAX_BATCHES_PER_RUN batches; then, in bounded batches too, the
-maintenance ticks' finished dispatches older than the shortest default retention, expired
+comes back full, for ``run_seconds`` at most: so a run keeps pace with the fleet by itself (a
+fixed number of batches a minute did not above 167 jobs/s), and each transaction stays as short
+as one batch. A run whose time ran out with batches still full fell behind: its log line says
+so, and the point retention has caught up to (recorded by a short batch, 0037) stays where it
+was, so the fleet's ``orchestrator_retention_lag_seconds`` grows. Then, in bounded batches too,
+the maintenance ticks' finished dispatches older than the shortest default retention, expired
 dashboard sessions, lapsed event-listener claims, and API tokens revoked longer ago than the
 longest retention. With an archive directory, each batch of jobs is written to the run's file
 and fsynced before its transaction commits (orchestrator.services.archive).
 
 ``preview`` is the dry run (``orchestrator prune --dry-run``): the same statements, deleting
-nothing, over as many rows as one run would take.
+nothing, over as many rows as MAX_BATCHES_PER_RUN batches.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,8 +55,11 @@ class RetentionResult:
     #: Jobs per statement, in order (a run stops after a short one).
     batches: list[int] = field(default_factory=list)
     archive: Path | None = None
-    #: Of a preview: the most jobs a run takes (more may be due when it took that many).
+    #: Of a preview: the most jobs it counts (more may be due when it counted that many).
     limit: int | None = None
+    #: Of a run: the seconds it may go on for, and whether they ran out with jobs still due.
+    run_seconds: float = 0.0
+    behind: bool = False
 
     @property
     def handled(self) -> int:
@@ -79,6 +87,12 @@ class RetentionResult:
             f" {self.dispatches} dispatches)"
             + (f"; aged out: {bookkeeping}" if bookkeeping else "")
             + (f"; archived to {self.archive}" if self.archive else "")
+            + (
+                f"; fell behind: jobs were still due when the run's {self.run_seconds:g} s ran"
+                " out (ORCHESTRATOR_RETENTION_RUN_SECONDS), the next run goes on"
+                if self.behind
+                else ""
+            )
         )
 
 
@@ -93,6 +107,7 @@ class FinishedPrune:
         failed_days: float,
         config: LiveConfig,
         batch_size: int,
+        run_seconds: float,
         archive_dir: Path | None,
     ) -> None:
         self.stores = stores
@@ -100,6 +115,7 @@ class FinishedPrune:
         self.failed_days = failed_days
         self.config = config
         self.batch_size = batch_size
+        self.run_seconds = run_seconds
         self.archive_dir = archive_dir
 
     @property
@@ -110,16 +126,10 @@ class FinishedPrune:
         )
 
     async def run_once(self) -> RetentionResult:
-        result = RetentionResult()
+        result = RetentionResult(run_seconds=self.run_seconds)
         archive = RunArchive(self.archive_dir) if self.archive_dir is not None else None
         try:
-
-            async def batch(n: int) -> int:
-                jobs = await self.prune_batch(n, archive)
-                result.add(jobs)
-                return len(jobs)
-
-            await in_batches(batch, size=self.batch_size)
+            await self._jobs(result, archive)
         finally:
             if archive is not None:
                 archive.close()
@@ -132,6 +142,18 @@ class FinishedPrune:
 
             setattr(result, kind, await in_batches(rows, size=self.batch_size))
         return result
+
+    async def _jobs(self, result: RetentionResult, archive: RunArchive | None) -> None:
+        """Batches while they come back full and the run's seconds last."""
+        deadline = time.monotonic() + self.run_seconds
+        while True:
+            jobs = await self.prune_batch(self.batch_size, archive)
+            result.add(jobs)
+            if len(jobs) < self.batch_size:
+                return
+            if time.monotonic() >= deadline:
+                result.behind = True
+                return
 
     async def prune_batch(self, limit: int, archive: RunArchive | None) -> list[PrunedJob]:
         """One transaction: the statement that deletes at most ``limit`` jobs, and before its

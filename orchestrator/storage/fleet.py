@@ -22,6 +22,9 @@ class FleetRows:
     llm_tokens: list[Row]
     #: key, paused (bool), running, waiting, rate_factor: the flow keys (docs/flow-control.md)
     flow: list[Row] = field(default_factory=list)
+    #: Seconds the rollups' watermark, and the point retention caught up to, are behind now.
+    rollup_lag: float = 0.0
+    retention_lag: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,8 @@ class FleetStore:
                 conn,
             )
             flow = await self.queries.rows("fleet_flow", None, conn)
-        assert counts is not None
+            lags = await self.queries.row("fleet_lags", None, conn)
+        assert counts is not None and lags is not None
         return FleetRows(
             jobs=jobs,
             queues=queues,
@@ -56,6 +60,8 @@ class FleetStore:
             zombies=counts["zombies"],
             flow=flow,
             llm_tokens=llm_tokens,
+            rollup_lag=float(lags["rollup_lag"]),
+            retention_lag=float(lags["retention_lag"]),
         )
 
     async def unfinished(self, *, zombie_threshold: float) -> Unfinished:

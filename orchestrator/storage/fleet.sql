@@ -47,6 +47,16 @@ SELECT (SELECT count(*) FROM orc_approvals WHERE status = 'pending') AS approval
          WHERE status = 'RUNNING'
            AND heartbeat_at < now() - make_interval(secs => %(threshold)s)) AS zombies
 
+-- fleet_lags --
+-- How far behind now (seconds) the rollups and retention are: the rollups' watermark (before
+-- their first run, the oldest finished job, where that run starts: read from the finish times
+-- only then), and the point retention last caught up to (orc_retention_progress, 0037).
+SELECT extract(epoch FROM now() - coalesce(orc_rolled_up_to_v1(),
+                                           (SELECT min(finished_at) FROM orc_jobs), now()))
+           AS rollup_lag,
+       extract(epoch FROM now() - (SELECT caught_up_to FROM orc_retention_progress))
+           AS retention_lag
+
 -- fleet_flow --
 -- The flow keys for the exporter: paused or not, running and waiting jobs, the adaptive rate.
 -- Keys that are paused, slowed or have waiters first; at most 200 (the series stay bounded).
@@ -84,11 +94,11 @@ SELECT queue,
 
 -- fleet_llm_tokens --
 -- Tokens recorded in the last %(window)s seconds by tenant ('' for none), model and kind, for the
--- fleet exporter (a range of orc_llm_usage_recorded_at).
+-- fleet exporter (a range of orc_llm_usage_recorded_at); numeric sums: a usage row holds any
+-- bigint, so two of them can sum past one.
 SELECT coalesce(u.tenant_id, '') AS tenant, u.model,
-       sum(u.input_tokens)::bigint AS input, sum(u.output_tokens)::bigint AS output,
-       sum(u.cache_read_tokens)::bigint AS cache_read,
-       sum(u.cache_creation_tokens)::bigint AS cache_creation
+       sum(u.input_tokens) AS input, sum(u.output_tokens) AS output,
+       sum(u.cache_read_tokens) AS cache_read, sum(u.cache_creation_tokens) AS cache_creation
   FROM orc_llm_usage AS u
  WHERE u.recorded_at >= now() - make_interval(secs => %(window)s)
  GROUP BY 1, 2

@@ -18,6 +18,11 @@
 -- Returns one row per job taken: its type and status, how many rows of each kind went with it,
 -- and, with %(archive)s, the whole of it as JSON (read from the statement's snapshot: what the
 -- deletes remove). With %(dry_run)s nothing is deleted: the rows are what one batch would take.
+-- A batch that takes fewer than %(limit)s jobs has caught up (`progress`, 0037): every job due
+-- before the earlier of now() and the watermark plus the shortest retention (%(shortest)s
+-- seconds: a job finished after the watermark is due no sooner) is gone, unless kept by the
+-- rule above or locked elsewhere; that point goes into orc_retention_progress, whose lag the
+-- fleet exporter exports (left where it was before the first rollup: nothing is counted yet).
 WITH RECURSIVE job_types AS (
     SELECT min(job_type) AS job_type FROM orc_jobs
     UNION ALL
@@ -83,6 +88,12 @@ WITH RECURSIVE job_types AS (
 ), deleted_jobs AS (
     DELETE FROM orc_jobs AS j
      WHERE j.id = ANY (ARRAY(SELECT c.id FROM candidates AS c)) AND NOT %(dry_run)s
+), progress AS (
+    UPDATE orc_retention_progress
+       SET caught_up_to = least(now(), w.rolled_up_to + make_interval(secs => %(shortest)s))
+      FROM (SELECT orc_rolled_up_to_v1() AS rolled_up_to) AS w
+     WHERE w.rolled_up_to IS NOT NULL AND NOT %(dry_run)s
+       AND (SELECT count(*) FROM candidates) < %(limit)s
 )
 SELECT c.id, c.job_type, c.status,
        (SELECT count(*) FROM orc_job_events AS e WHERE e.job_id = c.id) AS events,

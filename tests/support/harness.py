@@ -34,6 +34,7 @@ TABLES = (
 CLEAR = (
     f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE",
     "UPDATE orc_rollup_watermark SET rolled_up_to = NULL",
+    "UPDATE orc_retention_progress SET caught_up_to = now()",
 )
 
 

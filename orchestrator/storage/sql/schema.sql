@@ -208,7 +208,7 @@ CREATE TABLE orc_job_rollups (
     app_retries integer NOT NULL,
     infra_retries integer NOT NULL,
     timed integer NOT NULL,
-    duration_ms_sum bigint NOT NULL,
+    duration_ms_sum numeric NOT NULL,
     duration_ms_max bigint NOT NULL,
     lt_100ms integer NOT NULL,
     lt_500ms integer NOT NULL,
@@ -221,10 +221,10 @@ CREATE TABLE orc_job_rollups (
     lt_1h integer NOT NULL,
     ge_1h integer NOT NULL,
     llm_calls bigint DEFAULT 0 NOT NULL,
-    input_tokens bigint DEFAULT 0 NOT NULL,
-    output_tokens bigint DEFAULT 0 NOT NULL,
-    cache_read_tokens bigint DEFAULT 0 NOT NULL,
-    cache_creation_tokens bigint DEFAULT 0 NOT NULL,
+    input_tokens numeric DEFAULT 0 NOT NULL,
+    output_tokens numeric DEFAULT 0 NOT NULL,
+    cache_read_tokens numeric DEFAULT 0 NOT NULL,
+    cache_creation_tokens numeric DEFAULT 0 NOT NULL,
     CONSTRAINT orc_job_rollups_period_check CHECK ((period = ANY (ARRAY[60, 3600]))),
     CONSTRAINT orc_job_rollups_pkey PRIMARY KEY (period, at, job_type, queue, tenant)
 );
@@ -343,6 +343,13 @@ CREATE TABLE orc_queue_depth (
     waiting integer NOT NULL,
     running integer NOT NULL,
     CONSTRAINT orc_queue_depth_pkey PRIMARY KEY (at, queue, tenant)
+);
+
+CREATE TABLE orc_retention_progress (
+    one boolean DEFAULT true NOT NULL,
+    caught_up_to timestamp with time zone NOT NULL,
+    CONSTRAINT orc_retention_progress_one_check CHECK (one),
+    CONSTRAINT orc_retention_progress_pkey PRIMARY KEY (one)
 );
 
 CREATE TABLE orc_rollup_watermark (
