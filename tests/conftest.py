@@ -68,8 +68,8 @@ Where each part of the code is tested:
                               test_api_schema (Schemathesis), every error code and limit
                               answered for a real reason: test_api_errors; test_external_workers
                               (a Node.js worker); what the external workers' endpoints write:
-                              test_external_contract; the token cache's window:
-                              test_token_cache; who sees a lease token: test_lease_token; the
+                              test_external_contract; the token cache's window, for
+                              streams and long-polls too: test_token_cache; who sees a lease token: test_lease_token; the
                               dashboard: test_ui (a real Chromium), test_ui_views, its
                               session and CSRF rules over HTTP: test_ui_session; the string
                               rule, everywhere: test_strings; who may call what (every

@@ -5,6 +5,7 @@ the two-person discard across kinds of actor and across the upgrade from the pre
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import http.server
 import os
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import unicodedata
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,17 +27,19 @@ from hypothesis import strategies as st
 
 import tasks
 from orchestrator import Orchestrator
+from orchestrator.domain.errors import DeadLetterError
 from orchestrator.domain.principals import (
-    CONFUSABLES,
     PrincipalNameError,
+    Scope,
     canonical,
     name_of,
     person_of,
+    prototypes,
     skeleton,
 )
 from orchestrator.storage.database import drop_database, ensure_database, with_database
 from tests.support import previous_release
-from tests.support.api_server import ApiServer
+from tests.support.api_server import ApiServer, token
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -97,15 +101,32 @@ def test_a_new_name_is_kept_in_normal_form_and_hidden_characters_are_refused(
 
 # -- the normaliser: pure properties ------------------------------------------------------------
 
-PLAIN = st.text(alphabet="abcdefghijkmnpqrstuvwxyz-_.", min_size=1, max_size=20)
-LATIN_OF = {latin: other for other, latin in CONFUSABLES.items() if latin.isalpha()}
+#: Letters no two of which look alike, nor two of them like a third (l and 1, o and 0; m looks
+#: like r followed by n).
+PLAIN = st.text(alphabet="abcdefghijknpqrstuvwxyz-_.", min_size=1, max_size=20)
+
+
+def uts39(text: str) -> str:
+    """UTS #39's skeleton as the standard defines it (NFD, each character its prototype, NFD),
+    over the same data, written here apart from the code under test."""
+    decomposed = unicodedata.normalize("NFD", text)
+    return unicodedata.normalize("NFD", "".join(prototypes().get(ch, ch) for ch in decomposed))
+
+
+#: Each letter of PLAIN -> the other characters Unicode's confusables data maps to it, as a
+#: name keeps them (case-folded: a Cherokee small letter is kept as its capital, which may look
+#: like another letter).
+LOOKS_LIKE = {
+    latin: sorted(other for other in prototypes() if uts39(canonical(other)) == latin)
+    for latin in "abcdefghijknpqrstuvwxyz"
+}
 HIDDEN = "\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e\u2028\x07"
 
 
 @given(PLAIN, st.data())
 def test_disguises_keep_the_skeleton(name: str, data: st.DataObject) -> None:
     disguised = "".join(
-        data.draw(st.sampled_from([ch, ch.upper(), chr(ord(ch) + 0xFEE0), LATIN_OF.get(ch, ch)]))
+        data.draw(st.sampled_from([ch, ch.upper(), chr(ord(ch) + 0xFEE0), *LOOKS_LIKE[ch]]))
         if ch.isalpha() else ch
         for ch in name
     )  # fmt: skip
@@ -147,8 +168,10 @@ def test_an_accepted_name_is_its_normal_form(text: str) -> None:
 
 
 RECORDED = st.text(
-    alphabet=st.sampled_from(
-        [*"abcXYZ019 -_.:()", *CONFUSABLES, "\uff21", "\uff41", "\u00a0", *HIDDEN, "\t"]
+    alphabet=st.one_of(
+        st.sampled_from([*"abcijXYZ019 -_.:()", "\uff21", "\uff41", "\u00a0", *HIDDEN, "\t",
+                         "\u0130", "\u0307", "\u0301", "\u0323", "\ue000", "\u1e9e"]),
+        st.sampled_from(sorted(prototypes())),  # every look-alike Unicode knows
     ),
     max_size=16,
 ).flatmap(
@@ -162,6 +185,153 @@ def test_the_database_derives_the_same_person(dsn: str, recorded: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT orc_principal_person_v1(%s)", (recorded,)).fetchone()
     assert row is not None and row[0] == person_of(recorded)
+
+
+# -- issue 36, item 8: every look-alike of a Latin letter or digit is its person -------------
+
+
+def _latin(ch: str) -> bool:
+    """A Latin letter a name keeps as it is (case-folded), or a digit."""
+    if ch in "0123456789":
+        return True
+    named = unicodedata.name(ch, "").startswith("LATIN ")
+    return named and unicodedata.category(ch).startswith("L") and canonical(ch) == ch
+
+
+def latin_look_alikes() -> list[tuple[str, str]]:
+    """(a Latin letter or digit, another character), for every character whose skeleton, as a
+    name keeps it (case-folded), is that of a Latin letter or digit: Unicode's whole list."""
+    groups: dict[str, list[str]] = {}
+    for code in [*range(0x30000), *range(0xE0000, 0xE1000)]:
+        ch = chr(code)
+        kept = canonical(ch)  # alone: one that is a space and a mark is kept with its space
+        spaced = any(c.isspace() for c in unicodedata.normalize("NFKC", ch))
+        if unicodedata.category(ch) not in ("Cn", "Co", "Cs") and kept and not spaced:
+            groups.setdefault(uts39(kept), []).append(ch)
+    pairs = []
+    for members in groups.values():
+        latin = [ch for ch in members if _latin(ch)]
+        if latin:
+            first = min(latin, key=lambda ch: (not ch.isascii(), ch))
+            pairs += [(first, other) for other in members if other != first]
+    return pairs
+
+
+LATIN_LOOK_ALIKES = latin_look_alikes()
+
+
+def test_the_look_alikes_are_unicode_s_whole_list() -> None:
+    """The issue's seven among them, and every letter and digit has look-alikes."""
+    found = dict((other, latin) for latin, other in LATIN_LOOK_ALIKES)
+    issue = {"\u03f3": "j", "\u03c3": "o", "\u03f8": "\u00fe", "\u04af": "y", "\u0475": "v",
+             "\u04bd": "e"}  # fmt: skip
+    assert {ch: found.get(ch) for ch in issue} == issue
+    paired = {ch for pair in LATIN_LOOK_ALIKES for ch in pair}
+    assert set("abcdefghijklmnopqrstuvwxyz0123456789") <= paired
+    assert len(LATIN_LOOK_ALIKES) > 1500
+
+
+FAILURE = (
+    '{"ts": "2026-01-01T00:00:00Z", "message": "gone", "code": "HTTP_404",'
+    ' "classification": "PERMANENT", "attempt": 1, "terminal": true}'
+)
+
+
+async def dead_letter(db: psycopg.AsyncConnection[Any], job: uuid.UUID) -> uuid.UUID:
+    """A dead letter of ``job``, awaiting review: its id."""
+    cur = await db.execute(
+        "INSERT INTO orc_dead_letters (id, job_id, job_type, payload, error, state) VALUES"
+        " (gen_random_uuid(), %s, 'http_request', '{}', %s, 'recorded') RETURNING id",
+        (job, FAILURE),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    letter: uuid.UUID = row[0]
+    return letter
+
+
+async def test_no_look_alike_of_a_latin_letter_or_digit_confirms_its_discard(
+    db: psycopg.AsyncConnection[Any], make_orc: Callable[..., Orchestrator]
+) -> None:
+    """For each Latin letter and digit, a discard requested by a token named with it
+    (``token:revNiew``), then confirmed by every look-alike's command line user (``revXiew
+    (cli:root)``), through the Orchestrator's confirm that the CLI and the API call: the
+    database refuses each (its statement compares persons), and Python says why (the same
+    person), so both sides agree on every character."""
+    orc = make_orc()
+    tasks.register_all(orc)
+    async with orc:
+        letters = {}
+        for latin in sorted({latin for latin, _ in LATIN_LOOK_ALIKES}):
+            job = await orc.submit("http_request", {"url": "http://127.0.0.1:9/"})
+            letters[latin] = await dead_letter(db, job)
+            await orc.request_discard(letters[latin], by=f"token:rev{latin}iew", reason="stale")
+        let_through = []
+        for latin, other in LATIN_LOOK_ALIKES:
+            reviewer = f"{canonical(f'rev{other}iew')} (cli:root)"
+            try:
+                await orc.confirm_discard(letters[latin], by=reviewer)
+            except DeadLetterError as refused:
+                if "is the same person" not in str(refused):
+                    let_through.append((other, str(refused)))
+            else:
+                let_through.append((other, "confirmed"))
+    assert let_through == []
+    cur = await db.execute("SELECT count(*) FROM orc_dead_letters WHERE state = 'discarded'")
+    assert await cur.fetchone() == (0,)
+
+
+#: The issue's look-alikes, each with the Latin letter it passed for.
+ISSUE = {"Greek yot": ("\u03f3", "j"), "Greek sigma": ("\u03c3", "o"),
+         "Greek sho": ("\u03f8", "\u00fe"), "Cyrillic straight u": ("\u04af", "y"),
+         "Cyrillic izhitsa": ("\u0475", "v"), "Cyrillic abkhasian che": ("\u04bd", "e"),
+         "j and a dot above": ("j\u0307", "j")}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def serving(dsn: str) -> Iterator[ApiServer]:
+    with ApiServer(dsn) as running:
+        yield running
+
+
+@pytest.mark.parametrize("how", ISSUE)
+async def test_the_issue_s_look_alikes_are_refused_by_the_command_line_and_the_api(
+    dsn: str,
+    db: psycopg.AsyncConnection[Any],
+    make_orc: Callable[..., Orchestrator],
+    serving: ApiServer,
+    how: str,
+) -> None:
+    """A discard requested through the API by ``NAME`` (a token), refused to the command line's
+    look-alike ``--by``; one requested by the look-alike's command line, refused to the token."""
+    look_alike, latin = ISSUE[how]
+    orc = make_orc()
+    tasks.register_all(orc)
+    async with orc:
+        jobs = [await orc.submit("http_request", {"url": "http://127.0.0.1:9/"}) for _ in "ab"]
+        secret = await token(orc.stores.tokens, f"{latin}ade", Scope.OPERATE)
+    letters = [str(await dead_letter(db, job)) for job in jobs]
+    headers = {"Authorization": f"Bearer {secret}"}
+    async with httpx.AsyncClient(base_url=serving.url, headers=headers, timeout=30) as api:
+        asked = await api.post(
+            f"/api/v1/dead-letters/{letters[0]}/discard-request", json={"reason": "stale"}
+        )
+        assert asked.status_code == 200, asked.text
+        confirm = await asyncio.to_thread(
+            orchestrator, dsn, "dlq", "discard", letters[0], "--by", f"{look_alike}ade"
+        )
+        assert confirm.returncode == 2, confirm.stdout
+        assert "is the same person; a second reviewer must confirm it" in confirm.stderr
+        request = await asyncio.to_thread(
+            orchestrator, dsn, "dlq", "discard", letters[1], "--by", f"{look_alike}ade",
+            "--reason", "stale",
+        )  # fmt: skip
+        assert request.returncode == 0, request.stderr
+        by_token = await api.post(f"/api/v1/dead-letters/{letters[1]}/discard-confirm")
+    assert by_token.status_code == 409, by_token.text
+    assert f"and token:{latin}ade is the same person" in by_token.text
+    cur = await db.execute("SELECT count(*) FROM orc_dead_letters WHERE state = 'discarded'")
+    assert await cur.fetchone() == (0,)
 
 
 # -- item 10: the two-person rule across kinds, and across the upgrade --------------------------

@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import stat
 import subprocess
 import sys
 import uuid
@@ -691,6 +692,40 @@ async def test_prune_dry_run_shows_what_would_go_and_prune_deletes_it(
     assert code == 0 and out.splitlines() == ["deleted " + expected[0], *expected[1:]]
     cur = await db.execute("SELECT job_type FROM orc_jobs")
     assert [r[0] for r in await cur.fetchall()] == ["run_agent"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o000], ids=["umask 022", "umask 000"])
+async def test_the_archive_is_its_owner_s_alone_whatever_the_umask(
+    cli: Callable[..., tuple[int, str, str]],
+    db: psycopg.AsyncConnection[Any],
+    tmp_path: Path,
+    umask: int,
+) -> None:
+    """Every tenant's payloads and results are in it: the file is 0600, and each directory the
+    run made for it 0700; a directory that was there keeps its mode."""
+    await finished_job(db, age_days=2)
+    directory = tmp_path / "archive" / "prune"
+    code, out, err, modes = await asyncio.to_thread(prune_into, cli, directory, umask)
+    assert code == 0 and out.startswith("deleted 1 finished jobs"), err
+    assert modes == {"file": 0o600, "directory": 0o700, "its parent": 0o700, "there before": 0o755}
+
+
+def prune_into(
+    cli: Callable[..., tuple[int, str, str]], directory: Path, umask: int
+) -> tuple[int, str, str, dict[str, int]]:
+    """``orchestrator prune`` archiving into ``directory`` (two levels below one of mode 0755)
+    under ``umask``: its answer, and the modes of the file and the directories it is in."""
+    directory.parent.parent.chmod(0o755)
+    previous = os.umask(umask)  # the command's process inherits it
+    try:
+        code, out, err = cli("prune", ORCHESTRATOR_ARCHIVE_DIR=str(directory))
+    finally:
+        os.umask(previous)
+    files = list(directory.glob(f"*{archive.SUFFIX}"))
+    assert len(files) == 1 and len(archive.read(files[0])) == 1, files
+    paths = {"file": files[0], "directory": directory, "its parent": directory.parent,
+             "there before": directory.parent.parent}  # fmt: skip
+    return code, out, err, {what: stat.S_IMODE(p.stat().st_mode) for what, p in paths.items()}
 
 
 async def test_prune_mistakes_are_one_line_and_delete_nothing(

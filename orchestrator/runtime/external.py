@@ -175,21 +175,34 @@ class ExternalRuns:
     # -- claim -----------------------------------------------------------------------------
 
     async def claim(
-        self, job_types: Sequence[str], *, worker: str, limit: int, wait: float
+        self,
+        job_types: Sequence[str],
+        *,
+        worker: str,
+        limit: int,
+        wait: float,
+        check: Callable[[], Awaitable[object]],
+        check_every: float,
     ) -> list[ExternalTask]:
         """Up to ``limit`` jobs of these external types, claimed for ``worker``; waits up to
-        ``wait`` seconds for one to come due when none is (a long-poll), else []."""
+        ``wait`` seconds for one to come due when none is (a long-poll), else []. ``check()``
+        runs before each fetch and every ``check_every`` seconds of the wait: it raises to end
+        it (the worker's token was revoked), and nothing is claimed after it has."""
         queues = sorted({self._queue_of(name) for name in job_types})
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         while True:
+            await check()
             seen = self._work
             tasks = await self._fetch(queues, worker=worker, limit=limit)
             left = deadline - loop.time()
             if tasks or left <= 0:
                 return tasks
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(seen.wait(), min(left, self.settings.fetch_polling_interval))
+            fetch_at = loop.time() + min(left, self.settings.fetch_polling_interval)
+            while not seen.is_set() and (quiet := fetch_at - loop.time()) > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(seen.wait(), min(quiet, check_every))
+                await check()
 
     def _queue_of(self, job_type: str) -> str:
         known = self.job_types.get(job_type)

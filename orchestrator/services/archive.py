@@ -7,6 +7,9 @@ leaves the database. A crash between the fsync and the commit leaves jobs archiv
 deleted: the next run deletes them and archives them again, in its own file (a reader keeps one
 line per ``job.id``). A crash during the write leaves a truncated last member whose jobs were
 not deleted.
+
+The files hold every tenant's payloads and results: each is its owner's alone (0600), and so is
+every directory made for them (0700), whatever the process's umask.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 SUFFIX = ".jsonl.gz"
+FILE_MODE = 0o600
+DIRECTORY_MODE = 0o700
 
 
 class RunArchive:
@@ -39,8 +44,10 @@ class RunArchive:
 
     def _write(self, member: bytes) -> None:
         if self.file is None:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self.file = open(self.path, "xb")  # noqa: SIM115 - held across batches, closed by close()
+            _make_directories(self.directory)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+            os.fchmod(fd, FILE_MODE)  # the umask may have taken bits from FILE_MODE
+            self.file = open(fd, "wb")  # noqa: SIM115 - held across batches, closed by close()
             _fsync_directory(self.directory)  # the new file's name survives a crash too
         self.file.write(member)
         self.file.flush()
@@ -49,6 +56,21 @@ class RunArchive:
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
+
+
+def _make_directories(directory: Path) -> None:
+    """``directory`` and its missing parents, each made DIRECTORY_MODE; one that exists is left
+    as it is (the operator's)."""
+    missing = []
+    while not directory.exists():
+        missing.append(directory)
+        directory = directory.parent
+    for made in reversed(missing):
+        try:
+            os.mkdir(made, DIRECTORY_MODE)
+        except FileExistsError:  # made meanwhile, by another run
+            continue
+        os.chmod(made, DIRECTORY_MODE)
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -14,8 +14,11 @@ One transaction, under an advisory lock (so two pods migrating at once take turn
    (as a restore does), so no file depends on another's order.
 4. The state machine of :mod:`orchestrator.domain.states`, copied into ``orc_states`` and
    ``orc_state_transitions`` for the guard trigger.
+5. What each character of a principal's name looks like (:mod:`orchestrator.domain.principals`,
+   from Unicode's confusables data), copied into ``orc_principal_looks`` for
+   ``orc_principal_person_v1``.
 
-Steps 3 and 4 are left alone when a newer release migrated the database (compatibly: otherwise
+Steps 3 to 5 are left alone when a newer release migrated the database (compatibly: otherwise
 nothing is done at all): its definitions and its state machine are its own, not this code's to
 undo. A function file changes only together with a migration that names it (``-- revises:``),
 so that the migrations' order is the releases' order (docs/architecture.md, "Where the SQL
@@ -30,6 +33,7 @@ whether it may run on a schema newer than it knows (:func:`check_schema`; docs/o
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import re
@@ -44,6 +48,7 @@ from procrastinate.schema import SchemaManager
 from psycopg.rows import tuple_row
 
 from orchestrator.domain.errors import MigrationError, SchemaOutdated, SchemaTooNew
+from orchestrator.domain.principals import look_rows
 from orchestrator.domain.states import TERMINAL, Status, transition_rows
 from orchestrator.storage.queries import QUERIES
 
@@ -260,6 +265,7 @@ async def migrate(
             files = definitions(functions) if functions is not None or folder is None else []
             await _define(conn, files, applied, report)
             await _sync_state_machine(conn)
+            await _sync_principal_looks(conn)
     for name in report.applied:
         logger.info("applied migration %s", name)
     for name in report.defined:
@@ -334,3 +340,14 @@ async def _sync_state_machine(conn: psycopg.AsyncConnection[Any]) -> None:
         QUERIES["sync_transitions"],
         {"sources": [p[0] for p in pairs], "targets": [p[1] for p in pairs]},
     )
+
+
+async def _sync_principal_looks(conn: psycopg.AsyncConnection[Any]) -> None:
+    """orc_principal_looks from Unicode's confusables data (the Python side of the rule), and
+    the persons of the discards it may have changed."""
+    rows = await asyncio.to_thread(look_rows)
+    await conn.execute(
+        QUERIES["sync_principal_looks"],
+        {"chars": [ch for ch, _ in rows], "looks": [looks for _, looks in rows]},
+    )
+    await conn.execute(QUERIES["rederive_requested_persons"])

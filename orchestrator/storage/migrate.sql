@@ -65,3 +65,24 @@ WITH declared AS (
 INSERT INTO orc_state_transitions (from_status, to_status)
 SELECT from_status, to_status FROM declared
 ON CONFLICT DO NOTHING
+
+-- sync_principal_looks --
+-- Make orc_principal_looks exactly the looks of orchestrator.domain.principals.look_rows.
+WITH declared AS (
+    SELECT * FROM unnest(%(chars)s::text[], %(looks)s::text[]) AS d(ch, look)
+), removed AS (
+    DELETE FROM orc_principal_looks AS l
+     WHERE NOT EXISTS (SELECT 1 FROM declared AS d WHERE d.ch = l.ch)
+)
+INSERT INTO orc_principal_looks (ch, look)
+SELECT ch, look FROM declared
+ON CONFLICT (ch) DO UPDATE SET look = EXCLUDED.look
+WHERE orc_principal_looks.look <> EXCLUDED.look
+
+-- rederive_requested_persons --
+-- The requester's person of every discard awaiting confirmation, by the looks just written (the
+-- trigger derives it only when the requester is written; a confirmed discard keeps its persons).
+UPDATE orc_dead_letters
+   SET discard_requested_person = orc_principal_person_v1(discard_requested_by)
+ WHERE discard_requested_by IS NOT NULL AND discarded_by IS NULL
+   AND discard_requested_person IS DISTINCT FROM orc_principal_person_v1(discard_requested_by)

@@ -2,7 +2,9 @@
 principal; each endpoint names the scope it needs (orchestrator.domain.principals).
 
 A token's check is cached for a few seconds, so a busy client costs one lookup per few
-seconds, not one per request; a revoked token stops working within that time.
+seconds, not one per request; a revoked token stops working within that time. A request that
+lasts (an event stream, a long-poll) checks its token again every RECHECK_SECONDS through the
+same cache, and ends once it is revoked.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from orchestrator.domain.principals import Principal, Scope, Unauthorized
 from orchestrator.storage.tokens import TokenStore
 
 CACHE_SECONDS = 5.0
+#: How often a long-lived answer checks its token again (a cached check: no query in between).
+RECHECK_SECONDS = 1.0
 CACHE_SIZE = 10_000
 
 bearer = HTTPBearer(auto_error=False, description="An API token: `orchestrator tokens create`")
@@ -50,6 +54,12 @@ async def authenticate(request: Request) -> Principal:
         raise Unauthorized("an API token is required (Authorization: Bearer orc_...)")
     authenticator: Authenticator = request.app.state.authenticator
     return await authenticator.principal(credentials.credentials)
+
+
+async def still_authenticated(request: Request) -> None:
+    """Unauthorized once the token ``request`` came with is revoked (or has gone): a long-lived
+    answer asks this as it goes (docs/api.md, "Auth")."""
+    await authenticate(request)
 
 
 async def principal(

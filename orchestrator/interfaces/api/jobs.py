@@ -7,9 +7,10 @@ found", exactly as a job that does not exist.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from typing import Annotated
 from uuid import UUID
@@ -22,10 +23,10 @@ from pydantic import ValidationError
 from orchestrator.app import JobSpec, Orchestrator
 from orchestrator.domain.errors import JobNotFound, SubmitError
 from orchestrator.domain.models import Job
-from orchestrator.domain.principals import Principal, Scope
+from orchestrator.domain.principals import Principal, Scope, Unauthorized
 from orchestrator.domain.states import Status
 from orchestrator.domain.usage import JobUsage
-from orchestrator.interfaces.api.auth import Allowed
+from orchestrator.interfaces.api.auth import RECHECK_SECONDS, Allowed, still_authenticated
 from orchestrator.interfaces.api.models import (
     EventPage,
     JobOutcome,
@@ -183,9 +184,10 @@ async def wait(
 ) -> JobOutcome:
     """Wait until the job has finished (COMPLETED, FAILED or CANCELLED), or ``timeout``
     seconds (capped by ORCHESTRATOR_API_WAIT_MAX_SECONDS): woken by the database the moment
-    it finishes."""
+    it finishes. 401 once the caller's token is revoked meanwhile."""
     seconds = min(seconds, request.app.state.settings.api_wait_max_seconds)
     await visible_job(orc, caller, job_id)
+    check = functools.partial(still_authenticated, request)
     async with watch.watching(job_id) as waiter:
         deadline = time.monotonic() + seconds
         while True:
@@ -193,7 +195,7 @@ async def wait(
             left = deadline - time.monotonic()
             if job.finished_at is not None or left <= 0:
                 return JobOutcome(finished=job.finished_at is not None, job=job)
-            await waiter.wait(left)
+            await waiter.wait_checked(left, every=RECHECK_SECONDS, check=check)
 
 
 @router.get(
@@ -206,26 +208,36 @@ async def stream(
     orc: Orc,
     watch: Watch,
     caller: Reader,
+    request: Request,
     after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
     last_event_id: Annotated[str | None, Header(max_length=30)] = None,
 ) -> StreamingResponse:
     """The job's events as Server-Sent Events (``id`` the event id, ``event`` its kind,
     ``data`` the event as JSON), from ``after`` (or ``Last-Event-ID`` on a reconnection),
-    live, until the job has finished and its last event was sent."""
+    live, until the job has finished and its last event was sent, or the caller's token is
+    revoked."""
     await visible_job(orc, caller, job_id)
     cursor = int(last_event_id) if last_event_id and last_event_id.isdigit() else after
+    check = functools.partial(still_authenticated, request)
     return StreamingResponse(
-        _events(orc, watch, job_id, cursor),
+        _events(orc, watch, job_id, cursor, check),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
 
 
 async def _events(
-    orc: Orchestrator, watch: EventWatch, job_id: UUID, cursor: int
+    orc: Orchestrator,
+    watch: EventWatch,
+    job_id: UUID,
+    cursor: int,
+    check: Callable[[], Awaitable[None]],
 ) -> AsyncIterator[str]:
     """Its events from ``cursor`` on, and a keep-alive comment whenever none came for
-    ORCHESTRATOR_API_STREAM_PING_SECONDS (proxies close silent connections)."""
+    ORCHESTRATOR_API_STREAM_PING_SECONDS (proxies close silent connections). ``check``ed
+    before each read that follows a wake-up and every RECHECK_SECONDS meanwhile: the stream
+    ends, sending nothing more, once the caller's token is revoked (a reconnection gets 401)."""
+    ping = orc.settings.api_stream_ping_seconds
     async with watch.watching(job_id) as waiter:
         while True:
             job = await orc.get_job(job_id)
@@ -236,5 +248,9 @@ async def _events(
                     cursor = event.id
             if job.finished_at is not None:
                 return
-            if not await waiter.wait(orc.settings.api_stream_ping_seconds):
+            try:
+                woken = await waiter.wait_checked(ping, every=RECHECK_SECONDS, check=check)
+            except Unauthorized:
+                return
+            if not woken:
                 yield ": ping\n\n"

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from uuid import UUID
 
 import psycopg
@@ -56,6 +56,19 @@ class Waiter:
         woken = self._woken.is_set()
         self._woken.clear()
         return woken
+
+    async def wait_checked(
+        self, seconds: float, *, every: float, check: Callable[[], Awaitable[object]]
+    ) -> bool:
+        """As :meth:`wait`, running ``check()`` every ``every`` seconds meanwhile and once
+        more before answering: it raises to end the wait (the caller's credentials ended)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + seconds
+        while True:
+            woken = await self.wait(max(0.0, min(every, until - loop.time())))
+            await check()
+            if woken or loop.time() >= until:
+                return woken
 
     def wake(self, newest: int) -> None:
         if newest > self.seen:

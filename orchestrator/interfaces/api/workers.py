@@ -10,6 +10,7 @@ nothing about the job. The routes declare exactly that (no 404 but the replay en
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any
 from uuid import UUID
 
@@ -19,7 +20,7 @@ from orchestrator.domain.classification import ErrorClass
 from orchestrator.domain.errors import InvalidTransition, SubmitError
 from orchestrator.domain.principals import Forbidden, Principal, Scope
 from orchestrator.interfaces.api import problems
-from orchestrator.interfaces.api.auth import Allowed
+from orchestrator.interfaces.api.auth import RECHECK_SECONDS, Allowed, still_authenticated
 from orchestrator.interfaces.api.jobs import Orc, visible_job
 from orchestrator.interfaces.api.models import (
     ClaimRequest,
@@ -77,9 +78,13 @@ Runs = Annotated[ExternalRuns, Depends(external_runs)]
 @router.post("/task-claim")
 async def claim(body: ClaimRequest, runs: Runs, caller: Worker, request: Request) -> Tasks:
     """Claim up to ``limit`` due jobs of these external types; with ``wait_seconds``, wait for
-    one to come due (a long-poll). No job: ``{"tasks": []}``."""
+    one to come due (a long-poll; 401 once the caller's token is revoked meanwhile). No job:
+    ``{"tasks": []}``."""
     wait = min(body.wait_seconds, request.app.state.settings.api_wait_max_seconds)
-    tasks = await runs.claim(body.job_types, worker=body.worker, limit=body.limit, wait=wait)
+    tasks = await runs.claim(
+        body.job_types, worker=body.worker, limit=body.limit, wait=wait,
+        check=functools.partial(still_authenticated, request), check_every=RECHECK_SECONDS,
+    )  # fmt: skip
     return Tasks(tasks=[Task.of(task) for task in tasks])
 
 

@@ -15,6 +15,7 @@ the browser says it was sent from this origin, and it carries the CSRF token tha
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import secrets
 from collections.abc import AsyncIterator
@@ -57,6 +58,9 @@ COOKIE = "orc_session"
 LOGIN_COOKIE = "orc_login"
 SESSION_SECONDS = 12 * 3600
 LIST_REFRESH_SECONDS = 2.0
+#: How often a live page's stream checks that its session (and its token) still lives: a
+#: query, so less often than an API stream's cached check (api.auth.RECHECK_SECONDS).
+SESSION_CHECK_SECONDS = 2.0
 JOB_PAGE = 50
 HISTORY_SECONDS = 3600.0  # the overview's counts of finished jobs: the last hour's rollups
 OVERVIEW_SECONDS = 2.0  # how long one read of the overview serves every viewer
@@ -614,14 +618,25 @@ async def config_page(request: Request, orc: Orc, session: Viewer) -> HTMLRespon
 # -- live -------------------------------------------------------------------------------------
 
 
+async def signed_in(request: Request) -> None:
+    """SignInFirst once the session of a live page has ended (signed out, expired, or its
+    token revoked): asked every SESSION_CHECK_SECONDS while it lasts."""
+    await viewer(request)
+
+
 @router.get("/live")
-async def live(session: Viewer) -> StreamingResponse:
-    """The lists' heartbeat: "changed" every two seconds (the page re-reads its fragment)."""
+async def live(request: Request, session: Viewer) -> StreamingResponse:
+    """The lists' heartbeat: "changed" every two seconds (the page re-reads its fragment),
+    while the session lives."""
 
     async def ticks() -> AsyncIterator[str]:
         yield "retry: 2000\n\n"
         while True:
             await asyncio.sleep(LIST_REFRESH_SECONDS)
+            try:
+                await signed_in(request)
+            except SignInFirst:
+                return
             yield "data: changed\n\n"
 
     return StreamingResponse(ticks(), media_type="text/event-stream")
@@ -630,16 +645,19 @@ async def live(session: Viewer) -> StreamingResponse:
 @router.get("/live/jobs/{job_id}")
 async def live_job(request: Request, orc: Orc, session: Viewer, job_id: UUID) -> StreamingResponse:
     """ "changed" the moment the job has new events (woken by the database), and once a second
-    while it waits for a retry (its countdown is drawn by the page)."""
+    while it waits for a retry (its countdown is drawn by the page); while the session lives."""
     await _job(orc, session, job_id)
     watch: EventWatch = request.app.state.watch
+    ping = orc.settings.api_stream_ping_seconds
+    every, check = SESSION_CHECK_SECONDS, functools.partial(signed_in, request)
 
     async def changes() -> AsyncIterator[str]:
         async with watch.watching(job_id) as waiter:
             while True:
-                if await waiter.wait(orc.settings.api_stream_ping_seconds):
-                    yield "data: changed\n\n"
-                else:
-                    yield ": ping\n\n"
+                try:
+                    woken = await waiter.wait_checked(ping, every=every, check=check)
+                except SignInFirst:
+                    return
+                yield "data: changed\n\n" if woken else ": ping\n\n"
 
     return StreamingResponse(changes(), media_type="text/event-stream")

@@ -336,6 +336,12 @@ CREATE TABLE orc_llm_usage (
 CREATE INDEX orc_llm_usage_recorded_at ON public.orc_llm_usage USING btree (recorded_at);
 CREATE INDEX orc_llm_usage_tenant_recorded_at ON public.orc_llm_usage USING btree (tenant_id, recorded_at) INCLUDE (input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens) WHERE (tenant_id IS NOT NULL);
 
+CREATE TABLE orc_principal_looks (
+    ch text NOT NULL,
+    look text NOT NULL,
+    CONSTRAINT orc_principal_looks_pkey PRIMARY KEY (ch)
+);
+
 CREATE TABLE orc_queue_depth (
     at timestamp with time zone NOT NULL,
     queue text NOT NULL,

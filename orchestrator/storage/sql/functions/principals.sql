@@ -1,22 +1,24 @@
 -- Principals: who asked for a discard and who confirmed it, compared as persons (the two-person
 -- rule), whatever the spelling of their recorded names.
 
--- The person behind a recorded principal: a token's name or a CLI user without its host,
--- case-folded, NFKC-normalized, look-alike letters mapped, invisible characters removed.
+-- The person behind a recorded principal: a token's name or a CLI user without its host, as
+-- it looks: each character in NFKD replaced by its look (orc_principal_looks, written by
+-- `orchestrator migrate` from Unicode's confusables data: case-folded, mapped to its UTS #39
+-- prototype, "" for a character nobody sees), private-use characters dropped, spaces collapsed
+-- and trimmed, then NFD, and a dot above hidden by an i's or j's own dot dropped.
 -- orchestrator.domain.principals.person_of is the same rule in Python, held equal by a property
 -- test.
 CREATE OR REPLACE FUNCTION orc_principal_person_v1(recorded text) RETURNS text
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
-    SELECT normalize(lower(btrim(regexp_replace(regexp_replace(
-        translate(
-            normalize(CASE WHEN starts_with(recorded, 'token:') THEN substr(recorded, 7)
-                           ELSE regexp_replace(recorded, ' \(cli:[^()]*\)$', '') END, NFKC),
-            'АВЕКМНОРСТУХЅІЈҮԚԜӀЗаеорсухѕіјһԁԛԝӏгпвкмнтΑΒΕΖΗΙΚΜΝΟΡΤΥΧαγικνορυχ01',
-            'ABEKMHOPCTYXSIJYQWl3aeopcyxsijhdqwlrnbkmhtABEZHIKMNOPTYXayikvopuxol'),
-        '[\u0001-\u001f\u007f-\u009f\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u115f\u1160'
-        '\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u2028-\u202e\u2060-\u206f\u2800\u3164'
-        '\ufe00-\ufe0f\ufeff\uffa0\ufff9-\ufffb\U000e0000-\U000e0fff]', '', 'g'),
-        '[[:space:]]+', ' ', 'g'), ' ')), NFKC)
+LANGUAGE sql STABLE STRICT PARALLEL SAFE AS $$
+    SELECT regexp_replace(normalize(btrim(regexp_replace(coalesce(string_agg(
+               coalesce(l.look, c.ch), '' ORDER BY c.n), ''), ' +', ' ', 'g'), ' '), NFD),
+           '([ij])\u0307+', '\1', 'g')
+      FROM string_to_table(regexp_replace(normalize(
+               CASE WHEN starts_with(recorded, 'token:') THEN substr(recorded, 7)
+                    ELSE regexp_replace(recorded, ' \(cli:[^()]*\)$', '') END, NFKD),
+               '[\ue000-\uf8ff\U000f0000-\U0010ffff]', '', 'g'), NULL)
+                WITH ORDINALITY AS c(ch, n)
+      LEFT JOIN orc_principal_looks AS l ON l.ch = c.ch
 $$;
 
 -- A dead letter's discard columns carry their persons, derived here and nowhere else.
