@@ -66,6 +66,9 @@ INSERT INTO orc_state_transitions (from_status, to_status)
 SELECT from_status, to_status FROM declared
 ON CONFLICT DO NOTHING
 
+-- principal_looks_table_exists --
+SELECT to_regclass('orc_principal_looks') IS NOT NULL
+
 -- sync_principal_looks --
 -- Make orc_principal_looks exactly the looks of orchestrator.domain.principals.look_rows.
 WITH declared AS (
