@@ -47,6 +47,15 @@ SELECT (SELECT count(*) FROM orc_approvals WHERE status = 'pending') AS approval
          WHERE status = 'RUNNING'
            AND heartbeat_at < now() - make_interval(secs => %(threshold)s)) AS zombies
 
+-- fleet_zombies --
+-- Zombies not swept yet (orc_jobs_running_heartbeat); `tenants`: only jobs of these tenants
+-- (null: every job), for the dashboard's overview of a token limited to tenants.
+SELECT count(*) AS zombies
+  FROM orc_jobs
+ WHERE status = 'RUNNING'
+   AND heartbeat_at < now() - make_interval(secs => %(threshold)s)
+   AND (%(tenants)s::text[] IS NULL OR tenant_id = ANY (%(tenants)s))
+
 -- fleet_flow --
 -- The flow keys for the exporter: paused or not, running and waiting jobs, the adaptive rate.
 -- Keys that are paused, slowed or have waiters first; at most 200 (the series stay bounded).
