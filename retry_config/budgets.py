@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from retry_config.models import MAX_VALUE
+from retry_config.names import tenant_refusal
 
 #: Seconds in each period a budget may have.
 PERIODS: dict[str, int] = {"hour": 3_600, "day": 86_400}
@@ -38,8 +39,9 @@ def parse_budgets(raw: Any, path: Path, problems: list[str]) -> dict[str, TokenB
         return {}
     budgets: dict[str, TokenBudget] = {}
     for tenant, entry in raw.items():
-        if not 1 <= len(tenant) <= 200:
-            problems.append(f"{path}: token_budgets: a tenant has 1 to 200 characters")
+        refused = tenant_refusal(tenant)
+        if refused is not None:
+            problems.append(f"{path}: token_budgets: {refused}")
             continue
         try:
             budgets[tenant] = TokenBudget.model_validate(entry)

@@ -12,6 +12,7 @@ from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from retry_config.names import MAX_TENANT, Queue, TenantId, tenant_refusal
 from retry_config.schedule import CRON_FORMS, check_cron, zone
 
 #: No single step should take more than 10 minutes.
@@ -98,11 +99,11 @@ class ScheduleConfig(_Frozen):
         "scheduler's grace (ORCHESTRATOR_SCHEDULE_GRACE_SECONDS).",
     )
     payload: Any = Field(None, description="Every run's payload.")
-    tenant_id: str | None = Field(
-        None, min_length=1, max_length=200, description="The tenant every run belongs to."
-    )
+    tenant_id: TenantId | None = Field(None, description="The tenant every run belongs to.")
     priority: int = Field(0, ge=-(2**31) + 1, le=2**31 - 1, description="Lower runs first.")
-    queue: str | None = Field(None, min_length=1, max_length=128, description="The type's own.")
+    queue: Queue | None = Field(
+        None, description="The type's own; not one the orchestrator reserves."
+    )
     max_retries: int | None = Field(
         None, ge=0, le=MAX_VALUE, description="Application retries; unset: the type's."
     )
@@ -161,6 +162,18 @@ class FlowLimit(_Frozen):
         description="A share's weight (default 1): a share of weight 3 starts three jobs (or "
         "units) for each one of a share of weight 1 while both wait.",
     )
+
+    @field_validator("weights")
+    @classmethod
+    def _shares_named(cls, value: dict[str, float]) -> dict[str, float]:
+        """A share is a tenant (or an agent): named, never empty or blank (retry_config.names)."""
+        for share in value:
+            if tenant_refusal(share) is not None:
+                raise ValueError(
+                    f"weights: {share!r} names no tenant or agent: a share's name has 1 to "
+                    f"{MAX_TENANT} characters, not all whitespace"
+                )
+        return value
 
     @field_validator("key")
     @classmethod
@@ -244,8 +257,10 @@ class JobRetryConfig(_Frozen):
         "Under a flow-control limit, a key paused for longer than this lets the type's jobs "
         "through to the next model.",
     )
-    queue: str | None = Field(
-        None, min_length=1, max_length=128, description="Procrastinate queue; the type's name."
+    queue: Queue | None = Field(
+        None,
+        description="Procrastinate queue; the type's name. Not one the orchestrator reserves "
+        "(maintenance).",
     )
     retention_days: float | None = Field(
         None,

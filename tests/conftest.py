@@ -73,7 +73,11 @@ Where each part of the code is tested:
                               dashboard: test_ui (a real Chromium), test_ui_views, its
                               session and CSRF rules over HTTP: test_ui_session; the string
                               rule, everywhere: test_strings; who may call what (every
-                              operation and page x every credential): test_authorization
+                              operation and page x every credential): test_authorization;
+                              one tenant's token against another tenant and the fleet
+                              (the reserved queues, a schedule's tick keys, the config
+                              read, blank tenants on every path, the overview's zombies,
+                              a job page's 404): test_tenant_isolation
     logs and traces           test_logs, test_tracing
     tasks, demo               test_job_types, test_llm_server, test_demo
     token accounting          usage recorded per call, totals, budgets, the API's tenant

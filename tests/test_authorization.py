@@ -583,8 +583,8 @@ def leaks(world: World, caller: Caller, request: Request, answer: Answer) -> set
 def refused_as(op: Operation, refusal: Refused, answer: Answer) -> bool:
     if refusal == SIGN_IN_FIRST:
         return answer.status == 303 and answer.headers["location"].startswith("/ui/login")
-    if op.ui and refusal.status == 404 and answer.status == 200:  # a page's "Not found"
-        return "<h1>Not found</h1>" in answer.text
+    if op.ui and refusal.status == 404 and "text/html" in answer.headers.get("content-type", ""):
+        return answer.status == 404 and "<h1>Not found</h1>" in answer.text  # a page's
     if answer.status != refusal.status or "problem+json" not in answer.headers.get(
         "content-type", ""
     ):

@@ -312,6 +312,10 @@ async def read(stores: Stores, plans: Plans, job_id: uuid.UUID) -> None:
         "dead letters": lambda: stores.dead_letters.list_letters(limit=50),
         "dead letters of tenants": lambda: stores.dead_letters.list_letters(tenants=tenants),
         "fleet": lambda: stores.fleet.read(zombie_threshold=300),
+        "overview counts": lambda: stores.fleet.unfinished(zombie_threshold=300),
+        "overview counts of tenants": lambda: stores.fleet.unfinished(
+            zombie_threshold=300, tenants=tenants
+        ),
         "queues": lambda: stores.fleet.queue_stats(),
         "queues of tenants": lambda: stores.fleet.queue_stats(tenants=tenants),
         "usage": lambda: stores.usage.totals(

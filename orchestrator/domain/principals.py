@@ -23,11 +23,16 @@ import importlib.metadata
 import re
 import secrets
 import unicodedata
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TypeVar
 from uuid import UUID, uuid4
 
 from orchestrator.domain.errors import OrchestratorError
+from retry_config.names import tenant_refusal
+
+T = TypeVar("T")
 
 
 class Scope(StrEnum):
@@ -88,6 +93,12 @@ class Principal:
         limited to tenants sees no job without a tenant."""
         return self.tenants is None or (tenant_id is not None and tenant_id in self.tenants)
 
+    def own_entries(self, by_tenant: Mapping[str, T]) -> dict[str, T]:
+        """The entries of a table keyed by tenant (the token budgets, a limit's weights) this
+        principal may read: all of them for a principal of every tenant, else its tenants'
+        only (a tenant's name is its own: no other tenant learns it)."""
+        return {tenant: value for tenant, value in by_tenant.items() if self.sees(tenant)}
+
     def tenant_for_submit(self, tenant_id: str | None) -> str | None:
         """The tenant a submit gets: the one asked for, which must be the principal's; a
         principal of exactly one tenant submits into it when none is asked for."""
@@ -96,6 +107,16 @@ class Principal:
         if not self.sees(tenant_id):
             raise Forbidden(f"token {self.name!r} cannot submit for tenant {tenant_id!r}")
         return tenant_id
+
+
+def bound_tenants(stored: Iterable[str] | None) -> frozenset[str] | None:
+    """The tenants a stored token is limited to (None: every tenant). A blank tenant names
+    nobody (retry_config.names): refused since, but a token stored with one before is limited
+    to the others it names, and to none if it names no other: it sees less, never more (the
+    rollups' and usage rows of no tenant, ``''``, are never a limited token's)."""
+    if stored is None:
+        return None
+    return frozenset(tenant for tenant in stored if tenant_refusal(tenant) is None)
 
 
 _TOKEN = re.compile(r"orc_([0-9a-f]{32})_([A-Za-z0-9_-]{43})")

@@ -32,6 +32,10 @@ from retry_config import ScheduleConfig
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_:.-]{0,127}$")
 #: Ticks fired for one schedule in one transaction at most; the rest at the next check, at once.
 MAX_TICKS = 1000
+#: The schedules' namespace of job keys: a run's key is ``schedule/<name>/<tick>``. Only the
+#: scheduler submits such a key; any other submit naming one is refused (key_refusal), so no
+#: submit can take a tick's job over before the tick fires.
+KEY_PREFIX = "schedule/"
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,17 @@ def define(name: str, job_type: str, *, source: str = "code", **options: Any) ->
 
 def job_key(name: str, tick: datetime) -> str:
     """The job key of the run of ``name`` at ``tick``: the same in every process."""
-    return f"schedule/{name}/{tick.astimezone(UTC).isoformat()}"
+    return f"{KEY_PREFIX}{name}/{tick.astimezone(UTC).isoformat()}"
+
+
+def key_refusal(key: str) -> str | None:
+    """Why a submit other than the scheduler's may not use the job key ``key``, or None."""
+    if key.startswith(KEY_PREFIX):
+        return (
+            f"job key {key[:80]!r} is in the schedules' namespace ({KEY_PREFIX}<name>/<tick>): "
+            "only the scheduler submits those keys; use another key"
+        )
+    return None
 
 
 def due_ticks(

@@ -9,6 +9,7 @@ from uuid import UUID
 from orchestrator.domain.errors import InvalidArgument
 from orchestrator.domain.states import Status
 from orchestrator.domain.storable import refusal
+from retry_config.names import tenant_refusal
 
 
 def uuid_of(value: UUID | str, what: str = "job") -> UUID:
@@ -36,5 +37,15 @@ def storable(**texts: str | Collection[str] | None) -> None:
     for name, value in texts.items():
         for text in [value] if isinstance(value, str) else value or ():
             reason = refusal(text)
+            if reason is not None:
+                raise InvalidArgument(f"{name}: {reason}")
+
+
+def tenants_named(**tenants: str | Collection[str] | None) -> None:
+    """Each tenant named (a ``tenant_id``, or a collection of ``tenants``) names one: never
+    empty or blank (retry_config.names), refused naming the argument before anything is read."""
+    for name, value in tenants.items():
+        for tenant in [value] if isinstance(value, str) else value or ():
+            reason = tenant_refusal(tenant)
             if reason is not None:
                 raise InvalidArgument(f"{name}: {reason}")

@@ -18,6 +18,7 @@ from orchestrator.facade.schedules import Schedules
 from orchestrator.runtime.context import JobContext
 from orchestrator.services import maintenance
 from retry_config import LiveConfig, RetryConfig
+from retry_config.names import queue_refusal
 
 F = TypeVar("F", bound=Callable[[JobContext, Any], Awaitable[Any]])
 
@@ -93,6 +94,13 @@ class Definition:
             f"the external job type {external[config.queue_of(name)]!r}"
             for name, job_type in sorted(self.job_types.items())
             if not job_type.is_external and config.queue_of(name) in external
+        ]
+        # A type's queue is its name unless the file names one: a type named after a reserved
+        # queue is refused here too (one the file names is refused when the file is read).
+        clashes += [
+            f"job type {name!r}: {reason}"
+            for name in sorted({*self.job_types, *config.external})
+            if (reason := queue_refusal(config.queue_of(name))) is not None
         ]
         if clashes:
             raise ConfigError(f"{config.path}: " + "; ".join(clashes))

@@ -8,7 +8,7 @@ from uuid import UUID
 
 from orchestrator.domain.models import DeadLetter, Job, JobEvent
 from orchestrator.domain.states import Status
-from orchestrator.facade.arguments import status_of, storable, uuid_of
+from orchestrator.facade.arguments import status_of, storable, tenants_named, uuid_of
 from orchestrator.facade.lifecycle import Lifecycle
 from orchestrator.storage.rows import ApprovalRecord, StepRecord
 
@@ -36,6 +36,7 @@ class Reads:
         limit: int,
     ) -> list[Job]:
         storable(job_type=job_type, tenant_id=tenant_id, job_key=job_key)
+        tenants_named(tenant_id=tenant_id)
         return await self._lifecycle.stores.jobs.list_jobs(
             status=status_of(status) if status else None,
             job_type=job_type,
@@ -53,6 +54,7 @@ class Reads:
         tenants: Collection[str] | None,
     ) -> list[DeadLetter]:
         storable(state=state, tenant_id=tenant_id, tenants=tenants)
+        tenants_named(tenant_id=tenant_id, tenants=tenants)
         return await self._lifecycle.stores.dead_letters.list_letters(
             state=state, tenant_id=tenant_id, limit=limit, tenants=tenants
         )
@@ -64,6 +66,7 @@ class Reads:
         self, *, status: str | None, limit: int, tenants: Collection[str] | None
     ) -> list[ApprovalRecord]:
         storable(status=status, tenants=tenants)
+        tenants_named(tenants=tenants)
         return await self._lifecycle.stores.approvals.list_approvals(
             status=status, limit=limit, tenants=tenants
         )

@@ -12,7 +12,7 @@ from typing import Any
 from orchestrator.domain import crontab
 from orchestrator.domain.errors import ConfigError, OrchestratorError
 from orchestrator.domain.schedules import Schedule, ScheduleView, define
-from orchestrator.facade.arguments import storable
+from orchestrator.facade.arguments import storable, tenants_named
 from orchestrator.facade.lifecycle import Lifecycle
 from orchestrator.facade.submit import JobRows, job_spec
 from orchestrator.services.scheduler import Scheduler
@@ -85,17 +85,23 @@ class Schedules:
             raise ConfigError("\n".join(problems))
 
     def runs(self, schedule: Schedule, ticks: list[datetime]) -> list[dict[str, Any]]:
-        """The job rows of ``schedule``'s runs at ``ticks``: each due at its tick."""
+        """The job rows of ``schedule``'s runs at ``ticks``: each due at its tick, keyed
+        ``schedule/<name>/<tick>``. That key is given to the row, not the spec: the schedules'
+        namespace is refused to every JobSpec (a submit's), the scheduler's being the one
+        writer of those keys."""
         o = schedule.options
         return [
-            self._rows.row(
-                job_spec(
-                    job_type=schedule.job_type, payload=o.payload, run_at=tick,
-                    priority=o.priority, queue=o.queue, max_retries=o.max_retries,
-                    tenant_id=o.tenant_id, job_key=schedule.job_key(tick),
-                    job_key_mode="unsafe_dedupe",
-                )
-            )
+            {
+                **self._rows.row(
+                    job_spec(
+                        job_type=schedule.job_type, payload=o.payload, run_at=tick,
+                        priority=o.priority, queue=o.queue, max_retries=o.max_retries,
+                        tenant_id=o.tenant_id,
+                    )
+                ),
+                "job_key": schedule.job_key(tick),
+                "job_key_mode": "unsafe_dedupe",
+            }
             for tick in ticks
         ]  # fmt: skip
 
@@ -108,6 +114,7 @@ class Schedules:
 
     async def views(self, *, tenants: Collection[str] | None) -> list[ScheduleView]:
         storable(tenants=tenants)
+        tenants_named(tenants=tenants)
         views = await self._lifecycle.stores.schedules.list_schedules(tenants=tenants)
         stored = {view.name for view in views}
         now = datetime.now(UTC)
@@ -121,10 +128,12 @@ class Schedules:
 
     async def pause(self, name: str, *, by: str, tenants: Collection[str] | None) -> ScheduleView:
         storable(name=name, by=by, tenants=tenants)
+        tenants_named(tenants=tenants)
         await self._lifecycle.stores.schedules.sync(self._schedules.values())
         return await self._lifecycle.stores.schedules.pause(name, by=by, tenants=tenants)
 
     async def resume(self, name: str, *, tenants: Collection[str] | None) -> ScheduleView:
         storable(name=name, tenants=tenants)
+        tenants_named(tenants=tenants)
         await self._lifecycle.stores.schedules.sync(self._schedules.values())
         return await self._lifecycle.stores.schedules.resume(name, tenants=tenants)

@@ -11,7 +11,7 @@ from uuid import UUID
 from orchestrator.domain.errors import InvalidArgument
 from orchestrator.domain.rollups import Stats, stats, window
 from orchestrator.domain.usage import JobUsage, UsageTotal, groups_of
-from orchestrator.facade.arguments import storable, uuid_of
+from orchestrator.facade.arguments import storable, tenants_named, uuid_of
 from orchestrator.facade.lifecycle import Lifecycle
 from orchestrator.storage.usage import UsageFilters
 
@@ -30,6 +30,7 @@ class Statistics:
         tenants: Collection[str] | None,
     ) -> Stats:
         storable(tenants=tenants)
+        tenants_named(tenants=tenants)
         asked = window(since=since, until=until, step=step, by=by, now=datetime.now(UTC))
         store = self._lifecycle.stores.rollups
         return stats(
@@ -58,6 +59,7 @@ class Statistics:
             tenant_id=tenant_id, agent_id=agent_id, model=model, job_type=job_type,
             tenants=tenants,
         )  # fmt: skip
+        tenants_named(tenant_id=tenant_id, tenants=tenants)
         if since is not None and until is not None and until <= since:
             raise InvalidArgument(f"until ({until.isoformat()}) is not after since")
         if not 1 <= limit <= 100_000:

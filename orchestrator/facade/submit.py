@@ -24,11 +24,13 @@ from orchestrator.domain.flow import Flow, FlowKeyError, flow_of
 from orchestrator.domain.ids import uuid7
 from orchestrator.domain.job_types import JobType
 from orchestrator.domain.models import SubmitResult
+from orchestrator.domain.schedules import key_refusal
 from orchestrator.domain.storable import Text
 from orchestrator.domain.traceparent import normalized, trace_id_of
 from orchestrator.facade.lifecycle import Lifecycle
 from orchestrator.settings import Settings
 from retry_config import MAX_VALUE, FlowLimit, LiveConfig
+from retry_config.names import MAX_TENANT, named_tenant, open_queue, queue_refusal
 
 if TYPE_CHECKING:
     from orchestrator.runtime.tracing import Tracing
@@ -38,6 +40,14 @@ JobKeyMode = Literal["replace", "preserve_run_at", "unsafe_dedupe"]
 
 #: A W3C traceparent, as version 00 writes it (orchestrator.domain.traceparent).
 Traceparent = Annotated[Text, AfterValidator(normalized)]
+
+
+def _not_a_tick(key: str) -> str:
+    """``key``, or ValueError when it is a schedule's tick's (a pydantic validator)."""
+    reason = key_refusal(key)
+    if reason is not None:
+        raise ValueError(reason)
+    return key
 
 
 class JobSpec(BaseModel):
@@ -51,14 +61,22 @@ class JobSpec(BaseModel):
     agent_id: Text | None = Field(None, max_length=200)
     run_at: AwareDatetime | None = None
     priority: int = Field(0, ge=-(2**31) + 1, le=2**31 - 1, description="Lower runs first.")
-    queue: Text | None = Field(None, min_length=1, max_length=128)
+    #: Not one the orchestrator reserves (retry_config.names: the maintenance queue).
+    queue: Annotated[Text, AfterValidator(open_queue)] | None = Field(
+        None, min_length=1, max_length=128
+    )
     max_retries: int | None = Field(None, ge=0, le=MAX_VALUE)
-    job_key: Text | None = Field(None, min_length=1, max_length=512)
+    #: Not in the schedules' namespace (``schedule/...``): a tick's key is its schedule's own.
+    job_key: Annotated[Text, AfterValidator(_not_a_tick)] | None = Field(
+        None, min_length=1, max_length=512
+    )
     job_key_mode: JobKeyMode = "replace"
     timeout_seconds: int | None = Field(None, gt=0, le=MAX_VALUE)
     trace_id: Text | None = Field(None, min_length=1, max_length=200)
-    #: Whose job it is (docs/contracts.md, "Tenants"); none by default.
-    tenant_id: Text | None = Field(None, min_length=1, max_length=200)
+    #: Whose job it is (docs/contracts.md, "Tenants"); none by default; never empty or blank.
+    tenant_id: Annotated[Text, AfterValidator(named_tenant)] | None = Field(
+        None, min_length=1, max_length=MAX_TENANT
+    )
     #: The W3C trace context the job continues: its trace id becomes the job's trace_id.
     traceparent: Traceparent | None = None
     #: What the job costs in its limit's units (e.g. tokens; docs/flow-control.md); unset: its
@@ -141,8 +159,15 @@ class JobRows:
 
     def _queue_of(self, spec: JobSpec, job_type: JobType) -> str:
         """An external type's jobs stay on its queue, and no other job goes there: in-process
-        workers never take those queues, external workers take only them."""
+        workers never take those queues, external workers take only them. No job goes on a
+        queue the orchestrator reserves, not even by its type's (the spec's own is checked by
+        JobSpec; a type's, by the config's check at start-up and at each reload: this is the
+        last guard, for a submit before either ran)."""
         own = self._config.current.queue_of(spec.job_type)
+        reserved = queue_refusal(spec.queue or own)
+        if reserved is not None:
+            whose = "" if spec.queue else f" (the queue of job type {spec.job_type!r})"
+            raise SubmitError(f"queue: {reserved}{whose}")
         if spec.queue is None or spec.queue == own:
             return own
         if job_type.is_external:

@@ -38,10 +38,12 @@ from orchestrator.services.sweep import ZombieSweep
 from orchestrator.settings import Settings
 from orchestrator.storage.stores import Stores
 from retry_config import LiveConfig, RetryConfig
+from retry_config.names import MAINTENANCE_QUEUE
 
 logger = logging.getLogger(__name__)
 
-QUEUE = "maintenance"
+#: The queue the services tick on (retry_config.names: reserved, no job may go there).
+QUEUE = MAINTENANCE_QUEUE
 TASK_PREFIX = "orchestrator."  # Procrastinate task name of a service: TASK_PREFIX + its name
 #: The services by name; each may have a table of that name in the retry config.
 NAMES = (ZombieSweep.name, RetrySafetyNet.name, ApprovalExpiry.name, CheckpointPrune.name,

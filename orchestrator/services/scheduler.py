@@ -137,11 +137,14 @@ class Scheduler:
         stores = self.stores
 
         async def fire(conn: Conn) -> bool:
+            made = UUID(rows[-1]["id"])
             moved = await stores.schedules.fire(
-                schedule.name, seen=seen, tick=ticks[-1], job_id=UUID(rows[-1]["id"]), conn=conn
+                schedule.name, seen=seen, tick=ticks[-1], job_id=made, conn=conn
             )
             if moved:
-                await stores.jobs.submit(rows, conn)
+                last = (await stores.jobs.submit(rows, conn))[-1].job_id
+                if last != made:  # the tick's key was held: its run is the job holding it
+                    await stores.schedules.last_job(schedule.name, last, conn)
             return moved
 
         return await stores.queries.in_transaction(fire)

@@ -64,11 +64,18 @@ class FleetStore:
             retention_lag=float(lags["retention_lag"]),
         )
 
-    async def unfinished(self, *, zombie_threshold: float) -> Unfinished:
+    async def unfinished(
+        self, *, zombie_threshold: float, tenants: Collection[str] | None = None
+    ) -> Unfinished:
         """The unfinished jobs counted, and the zombies (the dashboard's overview): partial
-        indexes only, never the finished jobs."""
+        indexes only, never the finished jobs. ``tenants``: the zombies of these tenants'
+        jobs only (the jobs are counted per tenant: the caller keeps its own)."""
         jobs = await self.queries.rows("fleet_jobs")
-        counts = await self.queries.row("fleet_counts", {"threshold": zombie_threshold})
+        params = {
+            "threshold": zombie_threshold,
+            "tenants": sorted(tenants) if tenants is not None else None,
+        }
+        counts = await self.queries.row("fleet_zombies", params)
         assert counts is not None
         return Unfinished(jobs=jobs, zombies=counts["zombies"])
 

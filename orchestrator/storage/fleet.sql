@@ -57,6 +57,15 @@ SELECT extract(epoch FROM now() - coalesce(orc_rolled_up_to_v1(),
        extract(epoch FROM now() - (SELECT caught_up_to FROM orc_retention_progress))
            AS retention_lag
 
+-- fleet_zombies --
+-- Zombies not swept yet (orc_jobs_running_heartbeat); `tenants`: only jobs of these tenants
+-- (null: every job), for the dashboard's overview of a token limited to tenants.
+SELECT count(*) AS zombies
+  FROM orc_jobs
+ WHERE status = 'RUNNING'
+   AND heartbeat_at < now() - make_interval(secs => %(threshold)s)
+   AND (%(tenants)s::text[] IS NULL OR tenant_id = ANY (%(tenants)s))
+
 -- fleet_flow --
 -- The flow keys for the exporter: paused or not, running and waiting jobs, the adaptive rate.
 -- Keys that are paused, slowed or have waiters first; at most 200 (the series stay bounded).

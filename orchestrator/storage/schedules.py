@@ -58,6 +58,10 @@ class ScheduleStore:
         params = {"name": name, "seen": seen, "tick": tick, "job_id": job_id}
         return await self.queries.row("fire_schedule", params, conn) is not None
 
+    async def last_job(self, name: str, job_id: UUID, conn: Conn) -> None:
+        """``name``'s last run is ``job_id`` (in the firing's transaction)."""
+        await self.queries.execute("schedule_last_job", {"name": name, "job_id": job_id}, conn)
+
     async def list_schedules(self, *, tenants: Collection[str] | None = None) -> list[ScheduleView]:
         rows = await self.queries.rows("list_schedules", {"tenants": _list(tenants)})
         return [ScheduleView.of(row) for row in rows]

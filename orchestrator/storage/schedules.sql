@@ -33,6 +33,12 @@ UPDATE orc_schedules
  WHERE name = %(name)s AND fire_after = %(seen)s AND paused_at IS NULL
 RETURNING name
 
+-- schedule_last_job --
+-- The job a firing's last run is, when its submit answered with another job than the one it
+-- made: a job holding the tick's key already (one written before submits were refused the
+-- schedules' keys, or by SQL), which the tick's deduplicating submit returned.
+UPDATE orc_schedules SET last_job_id = %(job_id)s WHERE name = %(name)s
+
 -- list_schedules --
 -- `tenants`: only theirs (an API principal's), null for any; a schedule without a tenant is
 -- seen only by a principal of every tenant.

@@ -9,7 +9,7 @@ import secrets
 from dataclasses import dataclass
 from uuid import UUID
 
-from orchestrator.domain.principals import Principal, Scope
+from orchestrator.domain.principals import Principal, Scope, bound_tenants
 from orchestrator.storage.runner import Queries
 
 
@@ -38,11 +38,10 @@ class SessionStore:
         row = await self.queries.row("find_session", {"id_sha256": _digest(session_id)})
         if row is None:
             return None
-        tenants = row["tenants"]
         principal = Principal(
             name=row["name"],
             scopes=frozenset(Scope(s) for s in row["scopes"]),
-            tenants=frozenset(tenants) if tenants is not None else None,
+            tenants=bound_tenants(row["tenants"]),
             token_id=row["id"],
         )
         return Session(principal, row["csrf"])

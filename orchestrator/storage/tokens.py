@@ -16,6 +16,7 @@ from orchestrator.domain.principals import (
     Principal,
     Scope,
     Unauthorized,
+    bound_tenants,
     canonical,
     matches,
     name_of,
@@ -25,6 +26,7 @@ from orchestrator.domain.principals import (
 )
 from orchestrator.storage.database import Conn
 from orchestrator.storage.runner import Queries
+from retry_config.names import tenant_refusal
 
 
 class TokenError(OrchestratorError):
@@ -61,6 +63,10 @@ class TokenStore:
                 f"token {name!r}: the worker scope cannot be limited to tenants (an external "
                 "worker runs whichever job comes due, of any tenant); create it without --tenant"
             )
+        for tenant in tenants or ():
+            reason = tenant_refusal(tenant)
+            if reason is not None:
+                raise TokenError(f"token {name!r}: tenant: {reason}")
         token, typed, name = new_token(), name, name_of(name)
 
         async def create(conn: Conn) -> None:
@@ -102,7 +108,7 @@ class TokenStore:
         return Principal(
             name=row["name"],
             scopes=frozenset(Scope(s) for s in row["scopes"]),
-            tenants=frozenset(tenants) if tenants is not None else None,
+            tenants=bound_tenants(tenants),
             token_id=row["id"],
         )
 

@@ -36,6 +36,7 @@ from orchestrator.interfaces.api.models import (
     SubmitBatch,
     Submitted,
     SubmittedBatch,
+    TenantFilter,
 )
 from orchestrator.interfaces.api.watch import EventWatch
 from orchestrator.storage.jobs import JobFilters
@@ -112,7 +113,7 @@ async def list_jobs(
     caller: Reader,
     status_: Annotated[Status | None, Query(alias="status")] = None,
     job_type: Annotated[str | None, Query(max_length=200)] = None,
-    tenant_id: Annotated[str | None, Query(max_length=200)] = None,
+    tenant_id: TenantFilter = None,
     agent_id: Annotated[str | None, Query(max_length=200)] = None,
     job_key: Annotated[str | None, Query(max_length=512)] = None,
     created_after: datetime | None = None,

@@ -5,10 +5,11 @@ external workers' contract (docs/api.md)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import Query
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from orchestrator.app import JobSpec
 from orchestrator.domain.flow import FlowKey
@@ -19,8 +20,16 @@ from orchestrator.domain.storable import Text
 from orchestrator.domain.usage import UsageTotal
 from orchestrator.runtime.external import ExternalTask
 from orchestrator.storage.rows import ApprovalRecord, StepRecord
+from retry_config.names import MAX_TENANT, named_tenant
 
 MAX_BATCH = 1_000
+
+#: A query's ``tenant_id`` filter: a tenant, never empty or blank (retry_config.names), else
+#: 422 REQUEST_INVALID naming it.
+TenantFilter = Annotated[
+    Annotated[Text, AfterValidator(named_tenant)] | None,
+    Query(min_length=1, max_length=MAX_TENANT),
+]
 
 
 class _In(BaseModel):

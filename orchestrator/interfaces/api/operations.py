@@ -25,8 +25,10 @@ from orchestrator.interfaces.api.models import (
     Requeued,
     RequiredReason,
     RetryConfigView,
+    TenantFilter,
 )
 from orchestrator.storage.rows import ApprovalRecord
+from retry_config import FlowLimit, JobRetryConfig
 
 router = APIRouter(prefix="/api/v1")
 
@@ -48,7 +50,7 @@ async def list_dead_letters(
     orc: Orc,
     caller: Reader,
     state: LetterState | None = None,
-    tenant_id: Annotated[str | None, Query(max_length=200)] = None,
+    tenant_id: TenantFilter = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> DeadLetters:
     letters = await orc.dead_letters(
@@ -130,22 +132,40 @@ async def reject(
     return await _approval(orc, caller, approval_id)
 
 
+def shown_type(config: JobRetryConfig, caller: Principal) -> JobRetryConfig:
+    """A job type's config as ``caller`` may read it: its schedule (a tenant, an expression,
+    a payload) left out unless the schedule is of the caller's tenants, as the schedules'
+    listing leaves it out (one without a tenant: shown to a token of every tenant only)."""
+    if config.schedule is None or caller.sees(config.schedule.tenant_id):
+        return config
+    return config.model_copy(update={"schedule": None})
+
+
+def shown_limit(limit: FlowLimit, caller: Principal) -> FlowLimit:
+    """A limit as ``caller`` may read it: of its weights, those of the caller's tenants only
+    (a tenant's name is its own; a token of every tenant reads them all)."""
+    return limit.model_copy(update={"weights": caller.own_entries(limit.weights)})
+
+
 @router.get("/config", tags=["fleet"])
 async def retry_config(orc: Orc, caller: Reader) -> RetryConfigView:
-    """The effective retry config of every job type (read-only), as this server runs it now."""
+    """The effective retry config of every job type (read-only), as this server runs it now;
+    what names a tenant (a schedule, a weight, a token budget) only for the caller's tenants."""
     config = orc.retry_config
     return RetryConfigView(
         version=config.version,
         defaults=config.defaults.model_dump(mode="json"),
         job_types={
-            name: config.for_type(name).model_dump(mode="json")
+            name: shown_type(config.for_type(name), caller).model_dump(mode="json")
             for name in sorted({*orc.job_types, *config.job_types})
         },
-        limits={name: limit.model_dump(mode="json") for name, limit in config.limits.items()},
+        limits={
+            name: shown_limit(limit, caller).model_dump(mode="json")
+            for name, limit in config.limits.items()
+        },
         token_budgets={  # a tenant's name is its own: only the caller's tenants'
             tenant: budget.model_dump(mode="json")
-            for tenant, budget in sorted(config.token_budgets.items())
-            if caller.sees(tenant)
+            for tenant, budget in sorted(caller.own_entries(config.token_budgets).items())
         },
     )
 

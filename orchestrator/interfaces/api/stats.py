@@ -16,7 +16,7 @@ from orchestrator.domain.rollups import Stats
 from orchestrator.domain.storable import Text
 from orchestrator.interfaces.api.auth import Allowed
 from orchestrator.interfaces.api.jobs import Orc
-from orchestrator.interfaces.api.models import UsageTotals
+from orchestrator.interfaces.api.models import TenantFilter, UsageTotals
 
 router = APIRouter(prefix="/api/v1", tags=["fleet"])
 
@@ -50,7 +50,7 @@ async def usage(
     since: AwareDatetime | None = None,
     until: AwareDatetime | None = None,
     by: Annotated[str, Query(max_length=100, pattern=r"^[a-z_]*(,[a-z_]+)*$")] = "tenant,model",
-    tenant_id: Annotated[Text | None, Query(min_length=1, max_length=200)] = None,
+    tenant_id: TenantFilter = None,
     agent_id: Annotated[Text | None, Query(min_length=1, max_length=200)] = None,
     model: Annotated[Text | None, Query(min_length=1, max_length=200)] = None,
     job_type: Annotated[Text | None, Query(min_length=1, max_length=200)] = None,

@@ -15,6 +15,7 @@ from orchestrator.interfaces.cli.shared import (
     of_tenant,
     on_app,
     print_list,
+    tenant,
     whole,
 )
 
@@ -27,7 +28,7 @@ def add_parsers(commands: Commands) -> None:
     )
     cmd = dlq.add_parser("list", help="list dead letters, newest first")
     cmd.add_argument("--state", type=str.lower, choices=DEAD_LETTER_STATES)
-    cmd.add_argument("--tenant", help="only this tenant's dead letters")
+    cmd.add_argument("--tenant", type=tenant, help="only this tenant's dead letters")
     cmd.add_argument("--limit", type=whole(1, MAX_LIMIT), default=50)
     cmd.set_defaults(handler=cmd_dlq_list)
     cmd = dlq.add_parser("show", help="one dead letter: its job, error, review and payload")

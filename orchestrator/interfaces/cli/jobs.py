@@ -21,6 +21,7 @@ from orchestrator.interfaces.cli.shared import (
     on_app,
     opened,
     print_list,
+    tenant,
     whole,
 )
 
@@ -41,7 +42,7 @@ def add_parsers(commands: Commands) -> None:
     )
     cmd.add_argument("--timeout-seconds", type=int)
     cmd.add_argument("--agent-id")
-    cmd.add_argument("--tenant", help="the tenant the job belongs to (default: none)")
+    cmd.add_argument("--tenant", type=tenant, help="the tenant the job belongs to (default: none)")
     cmd.add_argument(
         "--token-budget", type=int, help="the most tokens its LLM calls may spend (default: none)"
     )
@@ -54,7 +55,7 @@ def add_parsers(commands: Commands) -> None:
     cmd = commands.add_parser("jobs", help="list jobs, newest first")
     cmd.add_argument("--status", type=str.upper, choices=[s.value for s in Status])
     cmd.add_argument("--type", dest="job_type")
-    cmd.add_argument("--tenant", help="only this tenant's jobs")
+    cmd.add_argument("--tenant", type=tenant, help="only this tenant's jobs")
     cmd.add_argument(
         "--job-key", help="only jobs with this key (keys are per tenant: give --tenant for one)"
     )

@@ -22,6 +22,7 @@ import retry_config
 from orchestrator.app import Orchestrator
 from orchestrator.domain.errors import DatabaseUnavailable, OrchestratorError
 from orchestrator.domain.principals import name_of
+from retry_config.names import tenant_refusal
 
 MAX_LIMIT = 100_000  # rows a list command prints at most
 SECONDS_PER_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -183,6 +184,15 @@ def whole(low: int, high: int) -> Callable[[str], int]:
 
 def _clip_arg(value: str) -> str:
     return repr(value) if len(value) <= 40 else repr(value[:40]) + "..."
+
+
+def tenant(value: str) -> str:
+    """A ``--tenant``: one that names a tenant, never empty or blank (an unset shell variable
+    gives ``--tenant ""``; retry_config.names)."""
+    reason = tenant_refusal(value)
+    if reason is not None:
+        raise argparse.ArgumentTypeError(reason)
+    return value
 
 
 def csv_list(value: str) -> list[str]:

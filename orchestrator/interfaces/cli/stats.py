@@ -6,7 +6,14 @@ import argparse
 
 from orchestrator.app import Orchestrator
 from orchestrator.interfaces import render
-from orchestrator.interfaces.cli.shared import Commands, csv_list, iso_time, on_app, whole
+from orchestrator.interfaces.cli.shared import (
+    Commands,
+    csv_list,
+    iso_time,
+    on_app,
+    tenant,
+    whole,
+)
 
 
 def add_parsers(commands: Commands) -> None:
@@ -20,7 +27,7 @@ def add_parsers(commands: Commands) -> None:
         help="seconds per point, whole minutes (default 60; 3600 past a day)",
     )  # fmt: skip
     cmd.add_argument("--by", type=csv_list, default=[], help="split by job_type, queue, tenant")
-    cmd.add_argument("--tenant", help="only this tenant's jobs")
+    cmd.add_argument("--tenant", type=tenant, help="only this tenant's jobs")
     cmd.add_argument("--json", action="store_true", help="print the API's JSON document")
     cmd.set_defaults(handler=cmd_stats)
 

@@ -7,7 +7,13 @@ import sys
 
 from orchestrator.app import Orchestrator
 from orchestrator.domain.principals import Scope, name_of
-from orchestrator.interfaces.cli.shared import Commands, cli_actor, on_app, print_list
+from orchestrator.interfaces.cli.shared import (
+    Commands,
+    cli_actor,
+    on_app,
+    print_list,
+    tenant,
+)
 from orchestrator.storage.tokens import TokenInfo
 
 
@@ -22,7 +28,7 @@ def add_parsers(commands: Commands) -> None:
         choices=[s.value for s in Scope], help="what it may do (repeat for several)",
     )  # fmt: skip
     cmd.add_argument(
-        "--tenant", dest="tenants", action="append",
+        "--tenant", type=tenant, dest="tenants", action="append",
         help="limit it to this tenant's jobs (repeat for several; default: every tenant)",
     )  # fmt: skip
     cmd.set_defaults(handler=cmd_tokens_create)

@@ -9,7 +9,14 @@ from datetime import UTC, datetime, timedelta
 
 from orchestrator.app import Orchestrator
 from orchestrator.interfaces import render
-from orchestrator.interfaces.cli.shared import SECONDS_PER_UNIT, Commands, iso_time, on_app, whole
+from orchestrator.interfaces.cli.shared import (
+    SECONDS_PER_UNIT,
+    Commands,
+    iso_time,
+    on_app,
+    tenant,
+    whole,
+)
 
 _AGE = re.compile(r"(\d+)([smhd])")
 
@@ -28,7 +35,7 @@ def add_parsers(commands: Commands) -> None:
         help="group by any of job, tenant, agent, model, job_type (default tenant,model;"
         " '' for one total)",
     )  # fmt: skip
-    cmd.add_argument("--tenant", help="only this tenant's jobs")
+    cmd.add_argument("--tenant", type=tenant, help="only this tenant's jobs")
     cmd.add_argument("--agent", help="only this agent's jobs")
     cmd.add_argument("--model", help="only calls to this model")
     cmd.add_argument("--type", dest="job_type", help="only jobs of this type")

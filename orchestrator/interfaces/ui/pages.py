@@ -41,10 +41,12 @@ from orchestrator.domain.principals import Scope, Unauthorized
 from orchestrator.domain.states import Status
 from orchestrator.domain.storable import Text
 from orchestrator.interfaces.api.jobs import Orc, orchestrator
+from orchestrator.interfaces.api.operations import shown_limit, shown_type
 from orchestrator.interfaces.api.watch import EventWatch
 from orchestrator.interfaces.ui import views
 from orchestrator.storage.jobs import JobFilters
 from orchestrator.storage.sessions import Session
+from retry_config.names import tenant_refusal
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).with_name("templates"))
@@ -144,12 +146,15 @@ def _back(to: str, *, note: str | None = None, error: str | None = None) -> Redi
     return RedirectResponse(f"{to}?{query}" if query else to, status_code=303)
 
 
-def _page(request: Request, name: str, session: Session, **context: Any) -> HTMLResponse:
+def _page(
+    request: Request, name: str, session: Session, *, status_code: int = 200, **context: Any
+) -> HTMLResponse:
     principal = session.principal
     return templates.TemplateResponse(
         request,
         name,
-        {
+        status_code=status_code,
+        context={
             "principal": principal,
             "can_operate": principal.allows(Scope.OPERATE),
             "csrf": session.csrf,
@@ -256,7 +261,7 @@ async def _overview(orc: Orchestrator, session: Session) -> dict[str, Any]:
     now = datetime.now(UTC)
     stores = orc.stores
     counts = asyncio.gather(
-        stores.fleet.unfinished(zombie_threshold=orc.settings.zombie_threshold),
+        stores.fleet.unfinished(zombie_threshold=orc.settings.zombie_threshold, tenants=tenants),
         orc.stats(since=now - timedelta(hours=1), until=now, step=60, tenants=tenants),
         orc.stats(since=now - timedelta(days=1), until=now, step=3600, tenants=tenants),
         stores.fleet.queue_stats(tenants=tenants),
@@ -317,11 +322,17 @@ def _filters(request: Request, session: Session) -> JobFilters:
     status = q.get("status", "").upper()
     return JobFilters(
         status=Status(status) if status in Status.__members__ else None,
-        job_type=q.get("job_type") or None, tenant_id=q.get("tenant_id") or None,
+        job_type=q.get("job_type") or None, tenant_id=_tenant_filter(q.get("tenant_id")),
         agent_id=q.get("agent_id") or None, job_key=q.get("job_key") or None,
         created_after=_when(q.get("created_after")), created_before=_when(q.get("created_before")),
         tenants=session.principal.tenants,
     )  # fmt: skip
+
+
+def _tenant_filter(value: str | None) -> str | None:
+    """The form's tenant field: an empty or blank one (names no tenant) filters nothing, as
+    the form's other empty fields."""
+    return value if value and tenant_refusal(value) is None else None
 
 
 def _when(value: str | None) -> datetime | None:
@@ -390,8 +401,11 @@ async def _job(orc: Orchestrator, session: Session, job_id: UUID) -> dict[str, A
 async def job_page(request: Request, orc: Orc, session: Viewer, job_id: UUID) -> HTMLResponse:
     try:
         context = await _job(orc, session, job_id)
-    except JobNotFound:
-        return _page(request, "missing.html", session, what=f"job {job_id}", back="/ui/jobs")
+    except JobNotFound:  # unknown, or another tenant's: the same friendly page, and a 404
+        return _page(
+            request, "missing.html", session, status_code=404, what=f"job {job_id}",
+            back="/ui/jobs",
+        )  # fmt: skip
     return _page(request, "job.html", session, **context)
 
 
@@ -593,10 +607,7 @@ async def usage_page(request: Request, orc: Orc, session: Viewer) -> HTMLRespons
         request, "usage.html", session, totals=totals, groups=groups, columns=[
             (g, views.USAGE_COLUMN[g]) for g in groups], ranges=list(USAGE_RANGES),
         chosen=chosen, by=by, groupings=USAGE_GROUPINGS, since=since,
-        budgets=sorted(
-            (t, b) for t, b in orc.retry_config.token_budgets.items()
-            if session.principal.sees(t)
-        ),
+        budgets=sorted(session.principal.own_entries(orc.retry_config.token_budgets).items()),
     )  # fmt: skip
 
 
@@ -605,12 +616,13 @@ async def usage_page(request: Request, orc: Orc, session: Viewer) -> HTMLRespons
 
 @router.get("/config")
 async def config_page(request: Request, orc: Orc, session: Viewer) -> HTMLResponse:
-    config = orc.retry_config
+    config, principal = orc.retry_config, session.principal
     types = sorted({*orc.job_types, *config.job_types})
     return _page(
         request, "config.html", session,
-        types=[(name, config.for_type(name)) for name in types],
-        limits=sorted(config.limits.items()),
+        types=[(name, shown_type(config.for_type(name), principal)) for name in types],
+        limits=sorted((name, shown_limit(limit, principal))
+                      for name, limit in config.limits.items()),
         app_schedule=views.app_schedule, infra_schedule=views.infra_schedule,
     )  # fmt: skip
 
