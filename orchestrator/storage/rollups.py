@@ -41,9 +41,9 @@ class RollupStore:
             assert row is not None
             done = RolledUp(row["since"], row["until"], row["jobs"])
             if done.minutes:
-                await self.queries.execute(
-                    "roll_up_hours", {"since": done.since, "until": done.until}, conn
-                )
+                span = {"since": done.since, "until": done.until}
+                await self.queries.execute("clear_hours", span, conn)
+                await self.queries.execute("roll_up_hours", span, conn)
         return done
 
     async def sample_queue_depth(self) -> int:

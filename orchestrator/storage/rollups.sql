@@ -85,9 +85,18 @@ WITH mark AS (
 )
 SELECT s.since, s.until, (SELECT count(*) FROM finished) AS jobs FROM span AS s
 
+-- clear_hours --
+-- The hour rows that %(since)s..%(until)s touched, which roll_up_hours then writes again (run
+-- after roll_up_minutes, in its transaction).
+DELETE FROM orc_job_rollups
+ WHERE period = 3600
+   AND at >= date_trunc('hour', %(since)s::timestamptz)
+   AND at < date_trunc('hour', %(until)s::timestamptz - interval '1 microsecond')
+            + interval '1 hour'
+
 -- roll_up_hours --
 -- The hours that %(since)s..%(until)s touched, summed again from their minutes (run after
--- roll_up_minutes, in its transaction), each row replaced by its new sum.
+-- clear_hours, in its transaction).
 INSERT INTO orc_job_rollups AS r (
     period, at, job_type, queue, tenant, completed, failed, cancelled, dead_lettered,
     app_retries, infra_retries, timed, duration_ms_sum, duration_ms_max,
@@ -105,18 +114,6 @@ SELECT 3600, date_trunc('hour', at), job_type, queue, tenant, sum(completed), su
    AND at < date_trunc('hour', %(until)s::timestamptz - interval '1 microsecond')
             + interval '1 hour'
  GROUP BY 2, 3, 4, 5
-ON CONFLICT (period, at, job_type, queue, tenant) DO UPDATE
-   SET completed = excluded.completed, failed = excluded.failed,
-       cancelled = excluded.cancelled, dead_lettered = excluded.dead_lettered,
-       app_retries = excluded.app_retries, infra_retries = excluded.infra_retries,
-       timed = excluded.timed, duration_ms_sum = excluded.duration_ms_sum,
-       duration_ms_max = excluded.duration_ms_max, lt_100ms = excluded.lt_100ms,
-       lt_500ms = excluded.lt_500ms, lt_1s = excluded.lt_1s, lt_5s = excluded.lt_5s,
-       lt_15s = excluded.lt_15s, lt_1min = excluded.lt_1min, lt_5min = excluded.lt_5min,
-       lt_15min = excluded.lt_15min, lt_1h = excluded.lt_1h, ge_1h = excluded.ge_1h,
-       llm_calls = excluded.llm_calls, input_tokens = excluded.input_tokens,
-       output_tokens = excluded.output_tokens, cache_read_tokens = excluded.cache_read_tokens,
-       cache_creation_tokens = excluded.cache_creation_tokens
 
 -- sample_queue_depth --
 -- This minute's sample of each queue's and tenant's jobs due and waiting, and running (the
