@@ -58,10 +58,15 @@ def worker(data_dir: Path) -> Iterator[subprocess.Popen[bytes]]:
         )  # fmt: skip
         try:
             embedded = Embedded(data_dir)
-            wait_until(
-                lambda: embedded.running() is not None and process.pid in user_pids(embedded),
-                timeout=120, what="the worker using a running server",
-            )  # fmt: skip
+            try:
+                wait_until(
+                    lambda: embedded.running() is not None and process.pid in user_pids(embedded),
+                    timeout=120, what="the worker using a running server",
+                )  # fmt: skip
+            except AssertionError as exc:
+                log.seek(0)
+                said = log.read().decode(errors="replace")[-4000:]
+                raise AssertionError(f"{exc} (exit {process.poll()}): {said}") from None
             yield process
         finally:
             process.kill()

@@ -115,9 +115,16 @@ def uts39(text: str) -> str:
 
 #: Each letter of PLAIN -> the other characters Unicode's confusables data maps to it, as a
 #: name keeps them (case-folded: a Cherokee small letter is kept as its capital, which may look
-#: like another letter).
+#: like another letter). Not those whose compatibility form starts with a space (U+037A, Greek
+#: ypogegrammeni, is a space and a combining iota): alone, the name's trimmed space hides it; in
+#: the middle of a name the space stays, and the name is another.
 LOOKS_LIKE = {
-    latin: sorted(other for other in prototypes() if uts39(canonical(other)) == latin)
+    latin: sorted(
+        other
+        for other in prototypes()
+        if uts39(canonical(other)) == latin
+        and not unicodedata.normalize("NFKC", other)[:1].isspace()
+    )
     for latin in "abcdefghijknpqrstuvwxyz"
 }
 HIDDEN = "\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e\u2028\x07"
