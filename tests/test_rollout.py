@@ -27,7 +27,7 @@ from orchestrator.storage.migrate import Migration, migrate, own_migrations
 from tasks import register_all
 from tests.support import previous_release
 from tests.support.api_server import ApiServer, token
-from tests.support.harness import free_port, settings_for_tests
+from tests.support.harness import free_port, settings_for_tests, wait_for
 from tests.support.workers import WorkerProcess, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,6 +118,48 @@ async def test_the_previous_release_s_worker_dead_letters_a_job_with_its_tenant(
          "run_id": running["run_id"]}
     ]  # fmt: skip
     assert running["worker"] and running["run_id"]
+
+
+async def test_the_maintenance_ticks_run_beside_the_previous_release(
+    previous: Path, fresh_dsn: str, orc: Orchestrator, tmp_path: Path
+) -> None:
+    """The documented roll (migrate, then roll): a worker of the previous release and one of
+    this release share the maintenance queue, each deferring and fetching ticks every second.
+    Every tick ends well, whichever worker takes it: none ends failed ("no task named"), and
+    the rollups advance."""
+    every_second = {
+        f"ORCHESTRATOR_{name}_CRON": "* * * * * *" for name in ("ROLLUP", "RETENTION", "PRUNE")
+    }
+    old = previous_release.start(
+        previous, fresh_dsn, "worker", "--concurrency", "2",
+        env={"ORCHESTRATOR_FETCH_POLLING_INTERVAL": "0.5", "ORCHESTRATOR_HEALTH_PORT": "0",
+             **every_second},
+    )  # fmt: skip
+    try:
+        with WorkerProcess(fresh_dsn, **every_second) as new:
+
+            async def twenty_ticks() -> bool:
+                async with await psycopg.AsyncConnection.connect(fresh_dsn) as conn:
+                    cur = await conn.execute(
+                        "SELECT count(*) FILTER (WHERE status = 'succeeded'),"
+                        " count(*) FILTER (WHERE status = 'failed')"
+                        " FROM procrastinate_jobs WHERE queue_name = 'maintenance'"
+                    )
+                    done, failed = await cur.fetchone() or (0, 0)
+                assert failed == 0, new.output()
+                return done >= 20
+
+            await wait_for(twenty_ticks, timeout=120)
+            new.signal(signal.SIGTERM)
+            assert new.wait(timeout=60) == 0, new.output()
+            new_log = new.output()
+    finally:
+        old.terminate()
+        _, log = old.communicate(timeout=60)
+    assert "no task named" not in log + new_log, log + new_log
+    async with await psycopg.AsyncConnection.connect(fresh_dsn) as conn:
+        cur = await conn.execute("SELECT rolled_up_to FROM orc_rollup_watermark")
+        assert (await cur.fetchone() or (None,))[0] is not None
 
 
 async def _record_unknown(dsn: str, *, compatible: bool) -> None:

@@ -260,3 +260,55 @@ async def test_the_zombie_sweep_runs_on_time_behind_a_backlog_of_10000_jobs(
         (zombie_id, detected.at, detected.at),
     )
     assert (await busy.fetchone())[0] == 2
+
+
+async def test_a_task_this_worker_does_not_know_is_left_for_one_that_does(
+    make_orc: Callable[..., Orchestrator], db: Any
+) -> None:
+    """A newer release's maintenance tick, fetched by a worker of the release before during a
+    rolling deploy: given back for later, not failed ("no task named"); a worker that knows the
+    task runs it."""
+    name = "orchestrator.from_the_future"
+    ran: list[int] = []
+    older = make_orc(fetch_polling_interval=0.2)
+    newer = make_orc(fetch_polling_interval=0.2)
+
+    @newer.procrastinate.task(name=name, queue="maintenance")
+    async def from_the_future(timestamp: int) -> None:
+        ran.append(timestamp)
+
+    cur = await db.execute(
+        "INSERT INTO procrastinate_jobs (queue_name, task_name, args)"
+        " VALUES ('maintenance', %s, '{\"timestamp\": 1}') RETURNING id",
+        (name,),
+    )
+    (dispatch_id,) = await cur.fetchone()
+
+    async def dispatch() -> tuple[str, int, bool]:
+        row = await (
+            await db.execute(
+                "SELECT status::text, attempts, scheduled_at > now() FROM procrastinate_jobs"
+                " WHERE id = %s",
+                (dispatch_id,),
+            )
+        ).fetchone()
+        return row[0], row[1], row[2]
+
+    async with WorkerRun(older):
+
+        async def given_back() -> bool:
+            return (await dispatch())[1] >= 1
+
+        await wait_for(given_back, timeout=60)
+    status, _, later = await dispatch()
+    assert (status, later, ran) == ("todo", True, [])
+
+    await db.execute("UPDATE procrastinate_jobs SET scheduled_at = now() WHERE id = %s",
+                     (dispatch_id,))  # fmt: skip
+    async with WorkerRun(newer):
+
+        async def succeeded() -> bool:
+            return (await dispatch())[0] == "succeeded"
+
+        await wait_for(succeeded, timeout=60)
+    assert ran == [1]

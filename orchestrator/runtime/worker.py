@@ -20,7 +20,8 @@ maintenance services), which this worker runs like any other Procrastinate task.
                     then on, while the OutcomeWriter writes the outcome with the dispatch's end
                     (the lane bounds those writes, orchestrator.runtime.lanes)
     other dispatch  a Procrastinate task (a maintenance service's tick), run as Procrastinate
-                    runs it: its retry strategy decides a failure
+                    runs it: its retry strategy decides a failure; a task this worker does not
+                    know (a newer release's, in a rolling deploy) is left for one that does
     side loops      wake-ups (one listener, one due-time timer), heartbeats of running jobs,
                     the worker's registry heartbeat, the abort poll, the periodic deferrer;
                     each outlives its errors (orchestrator.runtime.loops)
@@ -39,6 +40,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -74,6 +76,10 @@ NO_SPAN = contextlib.nullcontext(None)
 #: This process, as it appears in ``locked_by`` (``/w<Procrastinate worker id>`` is added).
 HOST = f"{socket.gethostname()}/{os.getpid()}"
 ABORT_POLL_SECONDS = 5.0  # as Procrastinate's: aborts a lost notification would have carried
+#: A task this worker does not know is due again this much later, for another worker ...
+UNKNOWN_TASK_SECONDS = 10.0
+#: ... and fails after this many such turns (an hour): no worker of the fleet knows it.
+UNKNOWN_TASK_TURNS = 360
 
 
 class Worker:
@@ -474,10 +480,7 @@ class Worker:
         ending: Callable[[], Awaitable[object]]
         task = self.app.tasks.get(dispatch.task_name)
         if task is None:
-            logger.error("dispatch %s: no task named %r; ended failed", dispatch.id,
-                         dispatch.task_name)  # fmt: skip
-            ending = partial(store.end, dispatch.id, "failed")
-            await until_written(f"dispatch {dispatch.id}'s end", ending)
+            await self._leave_unknown(dispatch)
             return
         job = dispatch.procrastinate_job()
         context = procrastinate.JobContext(
@@ -507,6 +510,25 @@ class Worker:
             ending = partial(store.end, dispatch.id, "succeeded")
         # Through an outage: a tick's dispatch left doing would hold its lock until the safety
         # net found it.
+        await until_written(f"dispatch {dispatch.id}'s end", ending)
+
+    async def _leave_unknown(self, dispatch: Dispatch) -> None:
+        """A task this worker does not know (a newer release's maintenance tick, in a rolling
+        deploy) is left for a worker that does: given back, due again in a while, rather than
+        failed. One no worker has known for an hour of such turns ends failed."""
+        store = self.stores.dispatches
+        ending: Callable[[], Awaitable[object]]
+        if dispatch.runs >= UNKNOWN_TASK_TURNS:
+            logger.warning(
+                "dispatch %s: no worker has known a task named %r for %d turns; ended failed",
+                dispatch.id, dispatch.task_name, dispatch.runs,
+            )  # fmt: skip
+            ending = partial(store.end, dispatch.id, "failed")
+        else:
+            logger.info("dispatch %s: no task named %r here; left for a worker that knows it",
+                        dispatch.id, dispatch.task_name)  # fmt: skip
+            retry_at = datetime.now(UTC) + timedelta(seconds=UNKNOWN_TASK_SECONDS)
+            ending = partial(store.retry_task, dispatch.id, retry_at)
         await until_written(f"dispatch {dispatch.id}'s end", ending)
 
     # -- side loops ------------------------------------------------------------------------
