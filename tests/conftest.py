@@ -21,6 +21,9 @@ traceback), on the test, its class or its module:
 
 Keep a pattern as narrow as the error the test provokes (docs/testing.md).
 
+No process a test starts outlives the run (tests/support/leftovers.py): those still alive when
+it ends are killed, and the run fails naming them.
+
 Where each part of the code is tested:
 
     orchestrator/domain       states: test_states, test_transitions_db; policy and backoff:
@@ -110,7 +113,7 @@ from orchestrator.storage.database import (
 from orchestrator.storage.migrate import migrate
 from tests.support.harness import clear_tables, settings_for_tests
 
-pytest_plugins = ["tests.support.log_guard"]
+pytest_plugins = ["tests.support.log_guard", "tests.support.leftovers"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
