@@ -5,8 +5,9 @@
 Jobs are submitted in batches of 1,000 while ``--workers`` worker processes run them; the
 submitter keeps at most ``--backlog`` jobs unfinished, so the run measures a steady fleet, not
 a queue filled first and drained after. Retention is short (``--retention`` seconds for every
-finished job, the prune ticking every 15 s with batches of 5,000), so pruning runs during the
-soak, on the same tables the workers write; a job also waits for the rollups to count it
+finished job) and otherwise as it ships (the prune every minute, going on while jobs are due,
+for up to ``ORCHESTRATOR_RETENTION_RUN_SECONDS``), so pruning runs during the soak, on the same
+tables the workers write; a job also waits for the rollups to count it
 (their watermark trails the clock by one to two minutes), which sets the plateau's height.
 
 It prints, per tenth of the jobs (a decile: the time from the previous tenth finished to this
@@ -43,23 +44,17 @@ TABLES = (
     "procrastinate_periodic_defers",
 )  # fmt: skip
 BATCH = 1000
-PRUNE_CRON = "* * * * * */15"  # croniter's sixth field: seconds
-PRUNE_BATCH = 5000
 
 
 def settings(retention_seconds: float) -> Settings:
-    """Every finished job kept ``retention_seconds``; the prune as it was sized for a fleet
-    finishing over a thousand jobs a second while a run stopped after 10 batches (10,000 jobs a
-    minute with the defaults; now a run goes on while jobs are due, docs/operations.md,
-    "Sizing"): every 15 s, in batches of 5,000."""
+    """Every finished job kept ``retention_seconds``; retention otherwise as it ships: a fleet
+    at its full rate needs no tuning of the prune (docs/operations.md, "Sizing")."""
     days = retention_seconds / 86_400
     return Settings(
         metrics=False,
         health_port=0,
         job_retention_days=days,
         failed_job_retention_days=days,
-        retention_cron=PRUNE_CRON,
-        retention_batch_size=PRUNE_BATCH,
     )
 
 
@@ -175,7 +170,7 @@ async def feed(dsn: str, args: argparse.Namespace) -> list[Sample]:
 
 def report(samples: list[Sample], args: argparse.Namespace) -> None:
     print(f"\n{args.jobs:,} no-op jobs, {args.workers} workers x concurrency {args.concurrency}, "
-          f"retention {args.retention:g} s (pruned at {PRUNE_CRON!r}, batches of {PRUNE_BATCH:,}), "
+          f"retention {args.retention:g} s (the prune's other settings as they ship), "
           f"wall {samples[-1].seconds:,.0f} s")  # fmt: skip
     heading = ("decile", "jobs/s", "table MB", "index MB", "dead", "autovac")
     print("{:>6} {:>7} {:>9} {:>9} {:>9} {:>7}".format(*heading))

@@ -88,7 +88,8 @@ Where each part of the code is tested:
     retry_config              test_retry_config
     k8s/, docs/, the layout   test_k8s, test_docs, test_architecture; alert rules and
                               dashboard: test_monitoring; autoscaling: test_autoscaling
-    tests/support             the background-error guard: test_log_guard
+    tests/support             the background-error guard: test_log_guard; no process outliving
+                              the run: test_leftovers
 """
 
 from __future__ import annotations
