@@ -191,7 +191,7 @@ CREATE TABLE orc_job_events (
     CONSTRAINT orc_job_events_job_id_fkey FOREIGN KEY (job_id) REFERENCES orc_jobs(id) ON DELETE CASCADE,
     CONSTRAINT orc_job_events_pkey PRIMARY KEY (job_id, id)
 );
-CREATE TRIGGER orc_job_events_append_only BEFORE UPDATE ON public.orc_job_events FOR EACH ROW EXECUTE FUNCTION orc_events_append_only_v1();
+CREATE TRIGGER orc_job_events_append_only BEFORE UPDATE ON public.orc_job_events FOR EACH ROW EXECUTE FUNCTION orc_history_is_final_v1();
 CREATE TRIGGER orc_job_events_fill BEFORE INSERT ON public.orc_job_events FOR EACH ROW WHEN ((((new.kind = ANY (ARRAY['job.completed'::text, 'job.interrupted'::text])) AND (NOT (new.payload ?& ARRAY['attempt'::text, 'run'::text]))) OR ((new.kind = 'job.retry_scheduled'::text) AND (NOT (new.payload ?& ARRAY['attempt'::text, 'run'::text, 'max_runs'::text, 'retry_count'::text, 'max_retries'::text, 'worker'::text, 'run_id'::text]))) OR ((new.kind = 'job.failed'::text) AND (NOT (new.payload ?& ARRAY['attempt'::text, 'run'::text, 'max_runs'::text, 'retry_count'::text, 'max_retries'::text, 'layer'::text, 'backoff_ms'::text, 'dead_letter_id'::text, 'worker'::text, 'run_id'::text]))))) EXECUTE FUNCTION orc_job_events_fill_v1();
 CREATE TRIGGER orc_job_events_notify AFTER INSERT ON public.orc_job_events FOR EACH STATEMENT EXECUTE FUNCTION orc_notify_event_listeners_v1();
 
@@ -412,7 +412,7 @@ CREATE TABLE orc_side_effects (
     CONSTRAINT orc_side_effects_job_id_fkey FOREIGN KEY (job_id) REFERENCES orc_jobs(id) ON DELETE CASCADE,
     CONSTRAINT orc_side_effects_pkey PRIMARY KEY (job_id, invocation_id)
 );
-CREATE TRIGGER orc_side_effects_committed_is_final BEFORE UPDATE ON public.orc_side_effects FOR EACH ROW EXECUTE FUNCTION orc_side_effect_committed_is_final_v1();
+CREATE TRIGGER orc_side_effects_committed_is_final BEFORE UPDATE ON public.orc_side_effects FOR EACH ROW EXECUTE FUNCTION orc_history_is_final_v1();
 
 CREATE TABLE orc_state_transitions (
     from_status text NOT NULL,
@@ -525,7 +525,6 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_dead_letter_persons_v1()
 --   orc_dispatch_v1(p_job_ids uuid[], p_task_prefix text)
 --   orc_end_dispatch_v1(p_dispatch_id bigint, p_status text)
---   orc_events_append_only_v1()
 --   orc_fail_jobs_v1(p_items jsonb, p_target text, p_sources text[])
 --   orc_fetch_dispatch_v3(p_queues character varying[], p_excluded character varying[], p_worker_id bigint, p_task_prefix text, p_worker text, p_claimable text[], p_running text)
 --   orc_fetch_dispatches_v3(p_limit integer, p_queues character varying[], p_excluded character varying[], p_worker_id bigint, p_task_prefix text, p_worker text, p_claimable text[], p_running text)
@@ -547,6 +546,7 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_flow_spend_v1(p_key text, p_job_id uuid, p_units bigint, p_sent_seconds_ago double precision)
 --   orc_flow_throttled_v1(p_key text, p_until timestamp with time zone, p_reason text)
 --   orc_guard_transition_v1()
+--   orc_history_is_final_v1()
 --   orc_inherited_tenant_v1()
 --   orc_job_events_fill_v1()
 --   orc_max_attempts_v1(p_attempt integer, p_run integer, p_max_runs integer, p_retry_count integer, p_max_retries integer)
@@ -556,7 +556,6 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_replay_ledger_v1()
 --   orc_rolled_up_to_v1()
 --   orc_running_event_v1(j orc_jobs)
---   orc_side_effect_committed_is_final_v1()
 --   orc_submit_jobs_v1(p_specs jsonb, p_initial_status text, p_waiting text[], p_task_prefix text)
 --   orc_submit_jobs_v2(p_specs jsonb, p_initial_status text, p_waiting text[], p_task_prefix text)
 --   orc_take_dispatch_v1(p_queues character varying[], p_excluded character varying[], p_worker_id bigint)

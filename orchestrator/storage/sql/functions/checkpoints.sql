@@ -1,23 +1,7 @@
 -- Checkpoints and the side-effect ledger (checkpoints/): what a committed effect recorded is
 -- final, and a replay carries its replayed job's ledger.
 
--- A committed side effect is history: nothing may make it pending, failed or different again.
-CREATE OR REPLACE FUNCTION orc_side_effect_committed_is_final_v1() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF OLD.status = 'committed' THEN
-        RAISE EXCEPTION 'side effect % of job % is committed and cannot change',
-            OLD.invocation_id, OLD.job_id
-            USING ERRCODE = 'WF003';
-    END IF;
-    NEW.updated_at := now();
-    RETURN NEW;
-END;
-$$;
-
-CREATE OR REPLACE TRIGGER orc_side_effects_committed_is_final
-    BEFORE UPDATE ON orc_side_effects
-    FOR EACH ROW EXECUTE FUNCTION orc_side_effect_committed_is_final_v1();
+-- A committed side effect is history: see orc_history_is_final_v1 (history.sql).
 
 -- A replay (a job requeued from a dead letter) carries the replayed job's ledger, so that no
 -- effect is made again: a committed one returns its result, a pending or failed one (the call

@@ -56,17 +56,32 @@ CREATE OR REPLACE TRIGGER orc_job_events_fill
                                         'dead_letter_id', 'worker', 'run_id']))
     EXECUTE FUNCTION orc_job_events_fill_v1();
 
--- Events are history: never updated (deleted only with their job, by retention).
-CREATE OR REPLACE FUNCTION orc_events_append_only_v1() RETURNS trigger
+-- History is final once written: an event is never updated (deleted only with its job, by
+-- retention); a side effect, once committed, never becomes pending, failed or different again.
+-- A side effect's other changes are dated.
+CREATE OR REPLACE FUNCTION orc_history_is_final_v1() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    RAISE EXCEPTION 'orc_job_events is append-only' USING ERRCODE = 'WF002';
+    IF TG_TABLE_NAME = 'orc_job_events' THEN
+        RAISE EXCEPTION 'orc_job_events is append-only' USING ERRCODE = 'WF002';
+    END IF;
+    IF OLD.status = 'committed' THEN
+        RAISE EXCEPTION 'side effect % of job % is committed and cannot change',
+            OLD.invocation_id, OLD.job_id
+            USING ERRCODE = 'WF003';
+    END IF;
+    NEW.updated_at := now();
+    RETURN NEW;
 END;
 $$;
 
 CREATE OR REPLACE TRIGGER orc_job_events_append_only
     BEFORE UPDATE ON orc_job_events
-    FOR EACH ROW EXECUTE FUNCTION orc_events_append_only_v1();
+    FOR EACH ROW EXECUTE FUNCTION orc_history_is_final_v1();
+
+CREATE OR REPLACE TRIGGER orc_side_effects_committed_is_final
+    BEFORE UPDATE ON orc_side_effects
+    FOR EACH ROW EXECUTE FUNCTION orc_history_is_final_v1();
 
 -- One notification per statement, and only while an event stream listens.
 CREATE OR REPLACE FUNCTION orc_notify_event_listeners_v1() RETURNS trigger

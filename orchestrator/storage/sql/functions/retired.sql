@@ -22,3 +22,9 @@ DROP FUNCTION IF EXISTS orc_dead_letters_tenant_v1() CASCADE;
 -- fetches with orc_fetch_dispatches_v3.
 DROP FUNCTION IF EXISTS orc_fetch_dispatches_v1(integer, varchar[], bigint, text, text, text[], text);
 DROP FUNCTION IF EXISTS orc_fetch_dispatch_v1(varchar[], bigint, text, text, text[], text);
+
+-- Events' append-only rule and a committed side effect's finality had a function each; since
+-- 0043 both triggers run orc_history_is_final_v1 (history.sql). CASCADE as above: history.sql
+-- and checkpoints.sql, changed in the same release, put the triggers back.
+DROP FUNCTION IF EXISTS orc_events_append_only_v1() CASCADE;
+DROP FUNCTION IF EXISTS orc_side_effect_committed_is_final_v1() CASCADE;

@@ -1,0 +1,9 @@
+-- 0043_history_is_final: an event's append-only rule and a committed side effect's finality run
+-- one trigger function, orc_history_is_final_v1 (functions/history.sql), which holds both
+-- rules and dates a side effect's other changes, as the two functions it replaces did
+-- (retired.sql). No table changes; the release before calls neither function.
+--
+-- compatible-with-older-workers: yes
+-- revises: functions/retired.sql 42f2e5543b2ae7e1e72b26facb87243d931cb34c3c3985c25509973dda132628
+-- revises: functions/checkpoints.sql 1bb70d96fd4e0d0cfa97273c5ab1d5bb8c783a4a6455af979124c9e6906ccf0b
+-- revises: functions/history.sql 3942d6239f9444e5f90c144e88ea87734cbd5a4279ac7e7a517248db2bd87535
