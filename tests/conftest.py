@@ -35,7 +35,8 @@ Where each part of the code is tested:
                               the two-person rule across the upgrade): test_principals;
                               schedules' ticks, crontab files: test_schedule_ticks
     orchestrator/storage      submit and job keys: test_submit; tenants, end to end:
-                              test_tenants; migrations: test_migrate; a rolling
+                              test_tenants; migrations: test_migrate; Graphile Worker's
+                              API for producers: test_graphile_compat; a rolling
                               deploy beside the previous release: test_rollout;
                               connections: test_pool; every store operation: test_transitions_db;
                               the embedded server's life: test_embedded; lock order and
@@ -88,7 +89,8 @@ Where each part of the code is tested:
     retry_config              test_retry_config
     k8s/, docs/, the layout   test_k8s, test_docs, test_architecture; alert rules and
                               dashboard: test_monitoring; autoscaling: test_autoscaling
-    tests/support             the background-error guard: test_log_guard
+    tests/support             the background-error guard: test_log_guard; no process
+                              outlives the run: test_leftovers
 """
 
 from __future__ import annotations
