@@ -7,17 +7,26 @@ arguments get Graphile Worker's kind of error with nothing stored."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 import psycopg
 import pytest
+from psycopg import conninfo
 from psycopg.rows import dict_row
 
+from bench.common import GRAPHILE, graphile_node
 from orchestrator import JobContext, Orchestrator, Status
 from orchestrator.domain.errors import ConfigError, MigrationError
-from tests.support.harness import WorkerRun
+from tests.support.harness import ROOT, WorkerRun
+from tests.support.tools import find
+
+PRODUCER = ROOT / "tests" / "support" / "graphile_producer.js"
 
 
 def app(make_orc: Callable[..., Orchestrator], **settings: Any) -> Orchestrator:
@@ -268,3 +277,76 @@ async def test_migrate_refuses_a_tenant_a_submit_would_refuse(
 ) -> None:
     with pytest.raises(ConfigError, match="ORCHESTRATOR_GRAPHILE_TENANT"):
         await app(make_orc, graphile_tenant=" ").migrate()
+
+
+def graphile_producer(dsn: str, calls: list[list[Any]]) -> list[dict[str, Any]]:
+    """Run graphile-worker's own client (tests/support/graphile_producer.js) making ``calls``;
+    each call's answer. Without Node.js or the pinned package the test skips (fails under
+    CI=true)."""
+    find("node")
+    try:
+        node = graphile_node()
+    except RuntimeError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"graphile-worker: {exc}; CI=true requires it")
+        pytest.skip(f"graphile-worker: {exc}")
+    module = GRAPHILE / "node_modules" / "graphile-worker"
+    params = conninfo.conninfo_to_dict(dsn)
+    user = quote(str(params.get("user", "postgres")), safe="")
+    password = f":{quote(str(params['password']), safe='')}" if params.get("password") else ""
+    url = (
+        f"postgresql://{user}{password}@{params.get('host', '127.0.0.1')}:"
+        f"{params.get('port', 5432)}/{quote(str(params['dbname']), safe='')}"
+    )
+    run = subprocess.run(
+        [node, str(PRODUCER), str(module), json.dumps(calls)],
+        env={**os.environ, "DATABASE_URL": url}, capture_output=True, text=True, timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    answers: list[dict[str, Any]] = json.loads(run.stdout.strip().splitlines()[-1])
+    return answers
+
+
+async def test_graphile_workers_own_client_adds_jobs_the_orchestrator_runs(
+    compat: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any], dsn: str
+) -> None:
+    orc = compat()
+    await orc.migrate()
+    at = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
+    calls = [
+        ["addJob", "echo", {"v": 1}, {"jobKey": "k", "priority": 2, "runAt": at}],
+        ["addJob", "echo", {"v": 2}, {"jobKey": "k", "runAt": at}],
+        ["addJob", "echo", [1], {"jobKey": "list"}],
+        ["addJob", "echo", [2], {"jobKey": "list"}],
+        ["addJob", "echo", {}, {"jobKey": "k", "jobKeyMode": "bad"}],
+        ["addJob", "nope", {}],
+        ["quickAddJob", "echo", {"quick": True}],
+        ["addJobs", [{"identifier": "echo", "payload": {"many": 1}},
+                     {"identifier": "echo", "payload": {"many": 2}, "priority": -1}]],
+    ]  # fmt: skip
+    first, second, listed, appended, bad_mode, unknown, quick, many = await asyncio.to_thread(
+        graphile_producer, dsn, calls
+    )
+    # The client found its schema migrated, and installed none of its own tables.
+    assert (
+        await (await db.execute("SELECT to_regclass('graphile_worker._private_jobs')")).fetchone()
+    ) == (None,)
+    assert (second["ok"]["id"], second["ok"]["revision"]) == (first["ok"]["id"], 1)
+    assert second["ok"]["payload"] == {"v": 2} and second["ok"]["priority"] == 0
+    assert appended["ok"]["id"] == listed["ok"]["id"] and appended["ok"]["payload"] == [1, 2]
+    assert bad_mode["error"]["code"] == "GWBKM"
+    assert unknown["error"]["code"] == "22023" and "'nope'" in unknown["error"]["message"]
+    assert quick["ok"]["task_identifier"] == "echo"
+    assert [j["payload"] for j in many["ok"]] == [{"many": 1}, {"many": 2}]
+
+    await orc.open()
+    jobs = await orc.list_jobs()
+    assert len(jobs) == 5  # k, list, the quick one and the two of addJobs; nothing else
+    async with WorkerRun(orc) as worker:
+        await worker.until_finished(*[j.id for j in jobs], timeout=30)
+    done = {json.dumps(j.result, sort_keys=True) for j in await orc.list_jobs()}
+    assert done == {'{"v": 2}', "[1, 2]", '{"quick": true}', '{"many": 1}', '{"many": 2}'}
+    keyed = next(j for j in jobs if j.job_key == "k")
+    kinds = [e.kind for e in await orc.job_events(keyed.id)]
+    assert kinds[:2] == ["job.created", "job.replaced"] and kinds[-1] == "job.completed"
