@@ -207,6 +207,9 @@ BEGIN
     ids := ARRAY(SELECT r.job_id
                    FROM orc_submit_jobs_v2(rows, s.initial_status, s.waiting, s.task_prefix) AS r
                   ORDER BY r.ord);
+    -- Graphile Worker's id for each: only the jobs this API adds have one (0041).
+    UPDATE orc_jobs AS j SET number = nextval('orc_jobs_number_seq')
+     WHERE j.id = ANY (ids) AND j.number IS NULL;
     RETURN QUERY
     SELECT (graphile_worker._job(j, s)).*
       FROM unnest(ids) WITH ORDINALITY AS i (id, n)
