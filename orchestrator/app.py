@@ -98,6 +98,7 @@ class Orchestrator:
         )
         self.secrets = Secrets(self.settings.secrets_dir)
         rows = JobRows(self.job_types, self.live_config, self.settings)
+        self._rows = rows
         self.notifier = Notifier(
             submit_row=lambda job_type, payload: rows.row(
                 job_spec(job_type=job_type, payload=payload)
@@ -325,7 +326,7 @@ class Orchestrator:
         return self.opened.maintenance
 
     async def migrate(self) -> MigrationReport:
-        return await self._lifecycle.migrate()
+        return await self._lifecycle.migrate(self._rows.producers())
 
     # -- submit (orchestrator.facade.submit) ------------------------------------------------
 

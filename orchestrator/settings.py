@@ -272,6 +272,18 @@ class Settings(BaseSettings):
         " a pause, a resume or a definition changed elsewhere is seen.",
     )
 
+    # -- Graphile Worker's producers (docs/graphile.md) --
+    graphile_compat: bool = Field(
+        False,
+        description="`orchestrator migrate` installs Graphile Worker's SQL API for producers"
+        " (add_job, add_jobs, remove_job) in the schema graphile_worker; off: it removes it.",
+    )
+    graphile_tenant: str | None = Field(
+        None,
+        description="The tenant of the jobs added through Graphile Worker's API; unset: none"
+        " (a tenant's name as a submit takes it: `migrate` refuses another).",
+    )
+
     @field_validator(
         "safety_net_cron", "sweep_cron", "approvals_cron", "prune_cron", "retention_cron",
         "rollup_cron",

@@ -35,7 +35,8 @@ Where each part of the code is tested:
                               the two-person rule across the upgrade): test_principals;
                               schedules' ticks, crontab files: test_schedule_ticks
     orchestrator/storage      submit and job keys: test_submit; tenants, end to end:
-                              test_tenants; migrations: test_migrate; a rolling
+                              test_tenants; migrations: test_migrate; Graphile Worker's
+                              API for producers: test_graphile_compat; a rolling
                               deploy beside the previous release: test_rollout;
                               connections: test_pool; every store operation: test_transitions_db;
                               the embedded server's life: test_embedded; lock order and

@@ -21,6 +21,7 @@ from orchestrator.settings import Settings
 from orchestrator.storage import database
 from orchestrator.storage.database import Pool
 from orchestrator.storage.migrate import MigrationReport, migrate
+from orchestrator.storage.producers import Producers
 from orchestrator.storage.runner import OnRefused
 from orchestrator.storage.stores import Stores
 from retry_config import LiveConfig
@@ -138,6 +139,6 @@ class Lifecycle:
     def stores(self) -> Stores:
         return self.opened.stores
 
-    async def migrate(self) -> MigrationReport:
+    async def migrate(self, producers: Producers) -> MigrationReport:
         async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-            return await migrate(conn)
+            return await migrate(conn, producers=producers)

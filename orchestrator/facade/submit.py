@@ -19,18 +19,27 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.domain.errors import InvalidPayload, SubmitError, UnknownJobType
+from orchestrator.domain.errors import ConfigError, InvalidPayload, SubmitError, UnknownJobType
 from orchestrator.domain.flow import Flow, FlowKeyError, flow_of
 from orchestrator.domain.ids import uuid7
 from orchestrator.domain.job_types import JobType
 from orchestrator.domain.models import SubmitResult
-from orchestrator.domain.schedules import key_refusal
+from orchestrator.domain.schedules import KEY_PREFIX, key_refusal
+from orchestrator.domain.states import CLAIMABLE, Status
 from orchestrator.domain.storable import Text
 from orchestrator.domain.traceparent import normalized, trace_id_of
 from orchestrator.facade.lifecycle import Lifecycle
 from orchestrator.settings import Settings
+from orchestrator.storage.jobs import TASK_PREFIX
+from orchestrator.storage.producers import Producers
 from retry_config import MAX_VALUE, FlowLimit, LiveConfig
-from retry_config.names import MAX_TENANT, named_tenant, open_queue, queue_refusal
+from retry_config.names import (
+    MAX_TENANT,
+    named_tenant,
+    open_queue,
+    queue_refusal,
+    tenant_refusal,
+)
 
 if TYPE_CHECKING:
     from orchestrator.runtime.tracing import Tracing
@@ -182,6 +191,38 @@ class JobRows:
                 f"{external[spec.queue]!r}"
             )
         return spec.queue
+
+    def producers(self) -> Producers:
+        """What ``migrate`` publishes for producers writing in SQL: every job type with the
+        defaults a submit gives its jobs, and Graphile Worker's API's settings when it is on
+        (docs/graphile.md)."""
+        current = self._config.current
+        types = []
+        for name, job_type in sorted(self._job_types.items()):
+            config = current.for_type(name)
+            types.append({
+                "job_type": name, "queue": current.queue_of(name),
+                "max_attempts": config.worker_max_attempts, "max_retries": config.app_max_retries,
+                "timeout_seconds": config.job_timeout_seconds, "external": job_type.is_external,
+            })  # fmt: skip
+        return Producers(types, self._graphile() if self._settings.graphile_compat else None)
+
+    def _graphile(self) -> dict[str, Any]:
+        """What Graphile Worker's API reads of this code: the tenant its jobs get, the payload
+        limit, the state machine's names, the dispatches' task prefix, the schedules' keys."""
+        tenant = self._settings.graphile_tenant
+        reason = None if tenant is None else tenant_refusal(tenant)
+        if reason is not None:
+            raise ConfigError(f"ORCHESTRATOR_GRAPHILE_TENANT: {reason}")
+        return {
+            "tenant_id": tenant,
+            "max_payload_bytes": self._settings.max_payload_bytes,
+            "initial_status": Status.PENDING.value,
+            "waiting": sorted(s.value for s in CLAIMABLE),
+            "cancelled": Status.CANCELLED.value,
+            "task_prefix": TASK_PREFIX,
+            "reserved_key_prefix": KEY_PREFIX,
+        }
 
 
 class Submitter:

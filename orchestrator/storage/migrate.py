@@ -50,6 +50,7 @@ from psycopg.rows import tuple_row
 from orchestrator.domain.errors import MigrationError, SchemaOutdated, SchemaTooNew
 from orchestrator.domain.principals import look_rows
 from orchestrator.domain.states import TERMINAL, Status, transition_rows
+from orchestrator.storage.producers import Producers, publish
 from orchestrator.storage.queries import QUERIES
 
 logger = logging.getLogger(__name__)
@@ -233,10 +234,12 @@ async def migrate(
     *,
     folder: Traversable | None = None,
     functions: Traversable | None = None,
+    producers: Producers | None = None,
 ) -> MigrationReport:
     """Apply what is missing or changed; ``folder`` and ``functions`` replace the packaged
     migrations and function files (tests: a folder of migrations of a test's own comes with
-    no function files unless it names some)."""
+    no function files unless it names some); ``producers``: what the code that migrates
+    publishes for producers writing in SQL (its job types; Graphile Worker's API)."""
     report = MigrationReport()
     async with conn.transaction():
         await conn.execute(QUERIES["migrations_lock"])
@@ -266,6 +269,8 @@ async def migrate(
             await _define(conn, files, applied, report)
             await _sync_state_machine(conn)
             await _sync_principal_looks(conn)
+            if producers is not None:
+                await publish(conn, producers)
     for name in report.applied:
         logger.info("applied migration %s", name)
     for name in report.defined:

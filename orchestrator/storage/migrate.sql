@@ -89,3 +89,51 @@ UPDATE orc_dead_letters
    SET discard_requested_person = orc_principal_person_v1(discard_requested_by)
  WHERE discard_requested_by IS NOT NULL AND discarded_by IS NULL
    AND discard_requested_person IS DISTINCT FROM orc_principal_person_v1(discard_requested_by)
+
+-- sync_job_types --
+-- Make orc_job_types the job types of the code that migrates ([{job_type, queue, max_attempts,
+-- max_retries, timeout_seconds, external}]).
+WITH declared AS (
+    SELECT * FROM jsonb_to_recordset(%(types)s::jsonb)
+        AS d (job_type text, queue text, max_attempts integer, max_retries integer,
+              timeout_seconds integer, external boolean)
+), removed AS (
+    DELETE FROM orc_job_types AS t
+     WHERE NOT EXISTS (SELECT FROM declared AS d WHERE d.job_type = t.job_type)
+)
+INSERT INTO orc_job_types AS t (job_type, queue, max_attempts, max_retries, timeout_seconds,
+                                external)
+SELECT job_type, queue, max_attempts, max_retries, timeout_seconds, external FROM declared
+ON CONFLICT (job_type) DO UPDATE
+   SET queue = EXCLUDED.queue, max_attempts = EXCLUDED.max_attempts,
+       max_retries = EXCLUDED.max_retries, timeout_seconds = EXCLUDED.timeout_seconds,
+       external = EXCLUDED.external, updated_at = now()
+ WHERE (t.queue, t.max_attempts, t.max_retries, t.timeout_seconds, t.external)
+       IS DISTINCT FROM (EXCLUDED.queue, EXCLUDED.max_attempts, EXCLUDED.max_retries,
+                         EXCLUDED.timeout_seconds, EXCLUDED.external)
+
+-- graphile_schema --
+-- Is there a schema graphile_worker, and is it the one migrate installs (its settings table)?
+SELECT to_regnamespace('graphile_worker') IS NOT NULL,
+       to_regclass('graphile_worker._orc_settings') IS NOT NULL
+
+-- graphile_drop --
+DROP SCHEMA IF EXISTS graphile_worker CASCADE
+
+-- graphile_forget --
+DELETE FROM orc_schema_migrations WHERE component = %(component)s
+
+-- graphile_checksum --
+SELECT checksum FROM orc_schema_migrations WHERE component = %(component)s
+
+-- graphile_settings --
+-- Graphile Worker's API's settings, from the code that migrates (graphile_worker.sql).
+INSERT INTO graphile_worker._orc_settings (tenant_id, max_payload_bytes, initial_status, waiting,
+                                          cancelled, task_prefix, reserved_key_prefix)
+VALUES (%(tenant_id)s, %(max_payload_bytes)s, %(initial_status)s, %(waiting)s, %(cancelled)s,
+        %(task_prefix)s, %(reserved_key_prefix)s)
+ON CONFLICT (one) DO UPDATE
+   SET tenant_id = EXCLUDED.tenant_id, max_payload_bytes = EXCLUDED.max_payload_bytes,
+       initial_status = EXCLUDED.initial_status, waiting = EXCLUDED.waiting,
+       cancelled = EXCLUDED.cancelled, task_prefix = EXCLUDED.task_prefix,
+       reserved_key_prefix = EXCLUDED.reserved_key_prefix

@@ -238,6 +238,20 @@ CREATE TABLE orc_job_token_budgets (
     CONSTRAINT orc_job_token_budgets_pkey PRIMARY KEY (job_id)
 );
 
+CREATE TABLE orc_job_types (
+    job_type text NOT NULL,
+    queue text NOT NULL,
+    max_attempts integer NOT NULL,
+    max_retries integer NOT NULL,
+    timeout_seconds integer,
+    external boolean NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT orc_job_types_max_attempts_check CHECK ((max_attempts >= 1)),
+    CONSTRAINT orc_job_types_max_retries_check CHECK ((max_retries >= 0)),
+    CONSTRAINT orc_job_types_timeout_seconds_check CHECK ((timeout_seconds > 0)),
+    CONSTRAINT orc_job_types_pkey PRIMARY KEY (job_type)
+);
+
 CREATE TABLE orc_jobs (
     id uuid NOT NULL,
     job_type text NOT NULL,
@@ -276,6 +290,7 @@ CREATE TABLE orc_jobs (
     flow_cost integer,
     flow_share text,
     effects_root uuid,
+    number bigint,
     CONSTRAINT orc_jobs_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT orc_jobs_dispatch_attempt_check CHECK ((dispatch_attempt >= 0)),
     CONSTRAINT orc_jobs_flow_cost_check CHECK ((flow_cost >= 0)),
@@ -295,6 +310,7 @@ CREATE INDEX orc_jobs_finished_by_type ON public.orc_jobs USING btree (job_type,
 CREATE INDEX orc_jobs_flow_running ON public.orc_jobs USING btree (flow_key) WHERE ((status = 'RUNNING'::text) AND (flow_key IS NOT NULL));
 CREATE INDEX orc_jobs_job_type_id ON public.orc_jobs USING btree (job_type, id);
 CREATE UNIQUE INDEX orc_jobs_live_job_key_per_tenant ON public.orc_jobs USING btree (job_key, COALESCE(tenant_id, ''::text)) WHERE ((job_key IS NOT NULL) AND (finished_at IS NULL));
+CREATE UNIQUE INDEX orc_jobs_number ON public.orc_jobs USING btree (number) WHERE (number IS NOT NULL);
 CREATE INDEX orc_jobs_pending_run_at ON public.orc_jobs USING btree (run_at) WHERE (status = 'PENDING'::text);
 CREATE INDEX orc_jobs_replay_of ON public.orc_jobs USING btree (replay_of) WHERE (replay_of IS NOT NULL);
 CREATE INDEX orc_jobs_retry_due ON public.orc_jobs USING btree (next_retry_at) WHERE (status = 'RETRY'::text);
