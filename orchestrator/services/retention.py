@@ -23,11 +23,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import LiteralString
 
 from orchestrator.domain.retention import Retention
 from orchestrator.services.archive import RunArchive
 from orchestrator.services.batches import MAX_BATCHES_PER_RUN, in_batches
-from orchestrator.storage.retention import BOOKKEEPING, PrunedJob
+from orchestrator.storage.retention import BOOKKEEPING, BOOKKEEPING_KINDS, PrunedJob
 from orchestrator.storage.stores import Stores
 from retry_config import LiveConfig
 
@@ -78,7 +79,7 @@ class RetentionResult:
     def sentence(self) -> str:
         bookkeeping = ", ".join(
             f"{getattr(self, kind)} {kind.replace('_', ' ')}"
-            for kind in BOOKKEEPING
+            for kind in BOOKKEEPING_KINDS
             if getattr(self, kind)
         )
         return (
@@ -135,12 +136,20 @@ class FinishedPrune:
                 archive.close()
         if archive is not None and archive.file is not None:
             result.archive = archive.path
-        for kind in BOOKKEEPING:
+        for query, kinds in BOOKKEEPING.items():
+            totals = dict.fromkeys(kinds, 0)
 
-            async def rows(n: int, kind: str = kind) -> int:
-                return await self._bookkeeping(kind, n, dry_run=False)
+            async def rows(
+                n: int, query: LiteralString = query, totals: dict[str, int] = totals
+            ) -> int:
+                counts = await self._bookkeeping(query, n, dry_run=False)
+                for kind, count in counts.items():
+                    totals[kind] += count
+                return max(counts.values())
 
-            setattr(result, kind, await in_batches(rows, size=self.batch_size))
+            await in_batches(rows, size=self.batch_size)
+            for kind, total in totals.items():
+                setattr(result, kind, total)
         return result
 
     async def _jobs(self, result: RetentionResult, archive: RunArchive | None) -> None:
@@ -177,18 +186,21 @@ class FinishedPrune:
                     self.retention, limit=limit, archive=False, dry_run=True, conn=conn
                 )
             )
-        for kind in BOOKKEEPING:
-            setattr(result, kind, await self._bookkeeping(kind, limit, dry_run=True))
+        for query in BOOKKEEPING:
+            for kind, count in (await self._bookkeeping(query, limit, dry_run=True)).items():
+                setattr(result, kind, count)
         return result
 
-    async def _bookkeeping(self, kind: str, limit: int, *, dry_run: bool) -> int:
+    async def _bookkeeping(
+        self, query: LiteralString, limit: int, *, dry_run: bool
+    ) -> dict[str, int]:
         # Maintenance ticks are kept as long as the shortest default (the completed jobs');
         # revoked tokens as long as the longest retention of any job.
         older_than = (
             self.retention.longest()
-            if kind == "revoked_tokens"
+            if query == "prune_revoked_tokens"
             else min(self.retention.default.values())
         )
         return await self.stores.retention.prune_bookkeeping(
-            kind, older_than=older_than, limit=limit, dry_run=dry_run
+            query, older_than=older_than, limit=limit, dry_run=dry_run
         )

@@ -19,13 +19,14 @@ JOB_KINDS = (
     "events", "checkpoints", "side_effects", "approvals", "dead_letters", "dispatches",
     "dispatch_events", "llm_usage",
 )  # fmt: skip
-#: Bookkeeping that ages out, by kind: its query.
-BOOKKEEPING: dict[str, LiteralString] = {
-    "maintenance_dispatches": "prune_maintenance_dispatches",
-    "sessions": "prune_sessions",
-    "event_listeners": "prune_event_listeners",
-    "revoked_tokens": "prune_revoked_tokens",
+#: Bookkeeping that ages out: each query, and the kinds it deletes (its count columns).
+BOOKKEEPING: dict[LiteralString, tuple[str, ...]] = {
+    "prune_maintenance_dispatches": ("maintenance_dispatches",),
+    "prune_expired": ("sessions", "event_listeners"),
+    "prune_revoked_tokens": ("revoked_tokens",),
 }
+#: Every kind of bookkeeping, in that order.
+BOOKKEEPING_KINDS = tuple(kind for kinds in BOOKKEEPING.values() for kind in kinds)
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,10 @@ class RetentionStore:
         ]  # fmt: skip
 
     async def prune_bookkeeping(
-        self, kind: str, *, older_than: float, limit: int, dry_run: bool
-    ) -> int:
-        """Delete (unless ``dry_run``) at most ``limit`` rows of ``kind`` that aged out; how
-        many (would have) gone."""
+        self, query: LiteralString, *, older_than: float, limit: int, dry_run: bool
+    ) -> dict[str, int]:
+        """Delete (unless ``dry_run``) at most ``limit`` rows of each kind ``query`` deletes
+        that aged out; how many of each (would have) gone."""
         params = {"older_than": older_than, "limit": limit, "dry_run": dry_run}
-        row = await self.queries.row(BOOKKEEPING[kind], params)
-        return int(row["n"]) if row else 0
+        row = await self.queries.row(query, params)
+        return {kind: int(row[kind]) if row else 0 for kind in BOOKKEEPING[query]}

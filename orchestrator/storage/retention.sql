@@ -125,7 +125,7 @@ SELECT c.id, c.job_type, c.status,
 -- prune_maintenance_dispatches --
 -- The finished dispatches of the maintenance services' periodic ticks (no lock: no job is
 -- theirs) whose tick is older than %(older_than)s seconds; Procrastinate unlinks the periodic
--- defer that names one. Returns how many went (or, with %(dry_run)s, would go). The queue is
+-- defer that names one. How many went (or, with %(dry_run)s, would go). The queue is
 -- written out (orchestrator.services.maintenance.QUEUE): as a parameter, a generic plan
 -- estimated it by the average queue and read the whole table.
 WITH doomed AS (
@@ -141,27 +141,24 @@ WITH doomed AS (
     DELETE FROM procrastinate_jobs AS p
      WHERE p.id = ANY (ARRAY(SELECT d.id FROM doomed AS d)) AND NOT %(dry_run)s
 )
-SELECT count(*) AS n FROM doomed
+SELECT count(*) AS maintenance_dispatches FROM doomed
 
--- prune_sessions --
--- Dashboard sessions past their expiry (orc_ui_sessions_expires_at).
-WITH doomed AS (
+-- prune_expired --
+-- Rows past their own end, at most %(limit)s of each kind: dashboard sessions past their expiry
+-- (orc_ui_sessions_expires_at), and API servers' claims to wait for events that lapsed (a
+-- server that died without its stop). How many of each went (or, with %(dry_run)s, would go).
+WITH sessions AS (
     SELECT id_sha256 FROM orc_ui_sessions WHERE expires_at < now() LIMIT %(limit)s
-), deleted AS (
-    DELETE FROM orc_ui_sessions AS s USING doomed AS d
-     WHERE s.id_sha256 = d.id_sha256 AND NOT %(dry_run)s
-)
-SELECT count(*) AS n FROM doomed
-
--- prune_event_listeners --
--- API servers' claims to wait for events that lapsed (a server that died without its stop).
-WITH doomed AS (
+), listeners AS (
     SELECT listener FROM orc_event_listeners WHERE until < now() LIMIT %(limit)s
-), deleted AS (
-    DELETE FROM orc_event_listeners AS x USING doomed AS d
-     WHERE x.listener = d.listener AND NOT %(dry_run)s
+), sessions_gone AS (
+    DELETE FROM orc_ui_sessions WHERE id_sha256 IN (SELECT * FROM sessions) AND NOT %(dry_run)s
+), listeners_gone AS (
+    DELETE FROM orc_event_listeners
+     WHERE listener IN (SELECT * FROM listeners) AND NOT %(dry_run)s
 )
-SELECT count(*) AS n FROM doomed
+SELECT (SELECT count(*) FROM sessions) AS sessions,
+       (SELECT count(*) FROM listeners) AS event_listeners
 
 -- prune_revoked_tokens --
 -- API tokens revoked more than %(older_than)s seconds ago (the longest job retention: no kept
@@ -173,4 +170,4 @@ WITH doomed AS (
 ), deleted AS (
     DELETE FROM orc_api_tokens AS t USING doomed AS d WHERE t.id = d.id AND NOT %(dry_run)s
 )
-SELECT count(*) AS n FROM doomed
+SELECT count(*) AS revoked_tokens FROM doomed

@@ -267,11 +267,8 @@ DECLARE
     s graphile_worker._orc_settings := graphile_worker._settings();
     j orc_jobs;
 BEGIN
-    SELECT * INTO j FROM orc_jobs AS o
-     WHERE o.job_key = remove_job.job_key
-       AND coalesce(o.tenant_id, '') = coalesce(s.tenant_id, '')
-       AND o.finished_at IS NULL
-       FOR UPDATE;
+    SELECT * INTO j FROM orc_live_job_with_key_v1(remove_job.job_key, s.tenant_id) AS k
+     WHERE k.id IS NOT NULL;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;

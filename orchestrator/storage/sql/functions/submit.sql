@@ -94,12 +94,8 @@ BEGIN
 
     FOR spec IN SELECT * FROM unnest(specs) AS s WHERE s.job_key IS NOT NULL ORDER BY s.ord
     LOOP
-        -- The live job with this key in the submit's own scope: its tenant, or no tenant.
-        SELECT * INTO existing FROM orc_jobs AS j
-         WHERE j.job_key = spec.job_key
-           AND coalesce(j.tenant_id, '') = coalesce(spec.tenant_id, '')
-           AND j.finished_at IS NULL
-           FOR UPDATE;
+        SELECT * INTO existing FROM orc_live_job_with_key_v1(spec.job_key, spec.tenant_id) AS k
+         WHERE k.id IS NOT NULL;
 
         IF FOUND AND spec.job_key_mode = 'unsafe_dedupe' THEN
             UPDATE orc_jobs AS j SET revision = j.revision + 1 WHERE j.id = existing.id;
@@ -172,6 +168,17 @@ BEGIN
     -- Keyed jobs get their dispatch now (orc_dispatch_v1 also wakes workers for future ones).
     PERFORM orc_dispatch_v1(fresh, p_task_prefix) WHERE cardinality(fresh) > 0;
 END;
+$$;
+
+-- The live job that holds a job key in a scope (a tenant, or none: the no-tenant scope),
+-- locked; none (a row of nulls) if no live job holds it. A key names at most one live job per
+-- scope (orc_jobs_live_job_key_per_tenant).
+CREATE OR REPLACE FUNCTION orc_live_job_with_key_v1(p_key text, p_tenant text) RETURNS orc_jobs
+LANGUAGE sql AS $$
+    SELECT * FROM orc_jobs AS j
+     WHERE j.job_key = p_key AND coalesce(j.tenant_id, '') = coalesce(p_tenant, '')
+       AND j.finished_at IS NULL
+       FOR UPDATE
 $$;
 
 -- job.created's payload, computed inside the submit statement. STABLE, not IMMUTABLE: a

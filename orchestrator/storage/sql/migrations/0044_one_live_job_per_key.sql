@@ -1,0 +1,7 @@
+-- 0044_one_live_job_per_key: the lookup of the live job holding a job key in a scope is one
+-- function, orc_live_job_with_key_v1 (functions/submit.sql), which a keyed submit and Graphile
+-- Worker's remove_job call. No table changes; the release before calls orc_submit_jobs_v2,
+-- whose meaning is unchanged.
+--
+-- compatible-with-older-workers: yes
+-- revises: functions/submit.sql ca8354fe0808c7f1371664877341e056fc1302732ef2f1c195194ac69a24f88b
