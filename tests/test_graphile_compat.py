@@ -294,9 +294,11 @@ def graphile_producer(dsn: str, calls: list[list[Any]]) -> list[dict[str, Any]]:
     params = conninfo.conninfo_to_dict(dsn)
     user = quote(str(params.get("user", "postgres")), safe="")
     password = f":{quote(str(params['password']), safe='')}" if params.get("password") else ""
+    # Host and port as parameters: the embedded server's host is its socket's directory.
     url = (
-        f"postgresql://{user}{password}@{params.get('host', '127.0.0.1')}:"
-        f"{params.get('port', 5432)}/{quote(str(params['dbname']), safe='')}"
+        f"postgresql://{user}{password}@/{quote(str(params['dbname']), safe='')}"
+        f"?host={quote(str(params.get('host', '127.0.0.1')), safe='')}"
+        f"&port={params.get('port', 5432)}"
     )
     run = subprocess.run(
         [node, str(PRODUCER), str(module), json.dumps(calls)],
