@@ -68,16 +68,29 @@ How to read a job:
 """
 
 
+#: The Ctrl-Cs received (main's handler, interrupt).
+INTERRUPTED: list[signal.Signals] = []
+
+
 def run(*, real_llm: bool = False, model: str = "claude-sonnet-4-5") -> int:
-    """The demo, in a database of its own, dropped at the end whatever happens."""
+    """The demo, in a database of its own, dropped at the end whatever happens. A Ctrl-C is a
+    KeyboardInterrupt."""
     settings = Settings()
     where = "the server DATABASE_URL names" if settings.database_url else "the embedded PostgreSQL"
     print(f"Creating the demo's own database on {where} ...")
     with scratch_database(settings, "orc_demo") as dsn:
-        return asyncio.run(main(dsn, real_llm=real_llm, model=model))
+        try:
+            return asyncio.run(main(dsn, real_llm=real_llm, model=model))
+        except asyncio.CancelledError:
+            raise KeyboardInterrupt from None
 
 
 async def main(dsn: str, *, real_llm: bool = False, model: str = "claude-sonnet-4-5") -> int:
+    # A Ctrl-C cancels this task, and is remembered: a cancellation can be lost on its way (a
+    # task that ends normally though cancelled), so every wait of the demo checks it as well.
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGINT, interrupt, main_task)
     with serve() as peers:
         oncall = {"channel": "webhook", "url": f"{peers.url}/oncall"}
         settings = Settings(retry_config=CONFIG, health_port=0, escalation_target=oncall)
@@ -187,9 +200,16 @@ def start_worker(dsn: str) -> subprocess.Popen[bytes]:
     )
 
 
+def interrupt(main_task: asyncio.Task[int]) -> None:
+    INTERRUPTED.append(signal.SIGINT)
+    main_task.cancel()
+
+
 async def until_finished(orc: Orchestrator, job_ids: list[UUID], *, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        if INTERRUPTED:
+            raise KeyboardInterrupt
         if all([(await orc.get_job(job_id)).finished_at for job_id in job_ids]):
             return
         await asyncio.sleep(0.1)
