@@ -71,16 +71,22 @@ async def statuses(orc: Orchestrator, job_ids: list[UUID]) -> list[Status]:
     return [(await orc.get_job(job_id)).status for job_id in job_ids]
 
 
-async def ride_through(
-    cluster: tuple[Cluster, str], service: MessageService, outage_seconds: float
-) -> None:
-    server, dsn = cluster
+async def agents_on(dsn: str) -> Orchestrator:
+    """An orchestrator of the agent job type on ``dsn``, migrated (not opened)."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await migrate(conn)
     orc = Orchestrator(
         settings=settings_for_tests(retry_config=config_with(agent_app.TABLE)), dsn=dsn
     )
     agent_app.register(orc)
+    return orc
+
+
+async def ride_through(
+    cluster: tuple[Cluster, str], service: MessageService, outage_seconds: float
+) -> None:
+    server, dsn = cluster
+    orc = await agents_on(dsn)
     port = free_port()
     plan: dict[str, Any] = {"service": service.url, "steps": 3, "send_at": [], "step_seconds": 0.3}
     env = {"ORCHESTRATOR_HEALTH_PORT": port, "ORCHESTRATOR_DRAIN_SECONDS": 5}
@@ -292,12 +298,7 @@ async def test_after_an_outage_every_worker_works_again_at_once(
     the database away for 32 s: once it is back, each worker finishes jobs again within
     WORKS_AGAIN_WITHIN."""
     server, dsn = cluster
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await migrate(conn)
-    orc = Orchestrator(
-        settings=settings_for_tests(retry_config=config_with(agent_app.TABLE)), dsn=dsn
-    )
-    agent_app.register(orc)
+    orc = await agents_on(dsn)
     plan = {"service": service.url, "steps": 3, "send_at": [], "step_seconds": 0.2}
     env = {"ORCHESTRATOR_DRAIN_SECONDS": 1, "ORCHESTRATOR_WORKER_CONCURRENCY": 10}
     with contextlib.ExitStack() as workers:

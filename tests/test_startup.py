@@ -372,14 +372,8 @@ def test_sigterm_while_waiting_for_the_database_exits_0(
 ) -> None:
     # A rollout or a scale-down during the outage: nothing was claimed, nothing to drain.
     _, dsn = stopped
-    env = {**os.environ, **FAST, "DATABASE_URL": dsn, "ORCHESTRATOR_API_PORT": str(free_port())}
     log = tmp_path / "out.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", "--app", "tests.support.agent_app:orc",
-             command],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    process = _command(command, dsn, log, free_port())
     try:
         deadline = time.monotonic() + 30
         while len(attempt_lines(log.read_text())) < 2:
@@ -461,17 +455,23 @@ def cpu_load() -> Iterator[None]:
             burner.wait(timeout=30)
 
 
-def _started(command: str, dsn: str, log: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """``orchestrator COMMAND`` on ``dsn``, its output in ``log``, once it handles SIGTERM (the
-    entry point's first lines have run): the process and its port."""
-    port = free_port()
+def _command(command: str, dsn: str, log: Path, port: int) -> subprocess.Popen[bytes]:
+    """``orchestrator COMMAND`` of the agent app on ``dsn`` (an API on ``port``), its output
+    in ``log``."""
     env = {**os.environ, **FAST, "DATABASE_URL": dsn, "ORCHESTRATOR_API_PORT": str(port)}
     with log.open("w") as out:
-        process = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", "orchestrator", "--app", "tests.support.agent_app:orc",
              command],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
+
+
+def _started(command: str, dsn: str, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """``orchestrator COMMAND`` on ``dsn``, its output in ``log``, once it handles SIGTERM (the
+    entry point's first lines have run): the process and its port."""
+    port = free_port()
+    process = _command(command, dsn, log, port)
     try:
         until_it_handles_sigterm(process.pid, timeout=120)
     except BaseException:
