@@ -102,6 +102,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import psycopg
 import pytest
 
@@ -116,6 +117,13 @@ from orchestrator.storage.migrate import migrate
 from tests.support.harness import clear_tables, settings_for_tests
 
 pytest_plugins = ["tests.support.log_guard", "tests.support.leftovers"]
+
+# Hypothesis, as every test here: no duration asserted (its per-example deadline, 200 ms, and its
+# health check of slow data generation both fail on a loaded machine, not on a wrong answer).
+hypothesis.settings.register_profile(
+    "suite", deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow]
+)
+hypothesis.settings.load_profile("suite")
 
 ROOT = Path(__file__).resolve().parent.parent
 
