@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from orchestrator import JobContext, Orchestrator, Status
+from orchestrator.runtime.worker import UNKNOWN_TASK_TURNS
 from tests.support import scripted
 from tests.support.harness import WorkerRun, config_with, wait_for
 
@@ -312,3 +313,34 @@ async def test_a_task_this_worker_does_not_know_is_left_for_one_that_does(
 
         await wait_for(succeeded, timeout=60)
     assert ran == [1]
+
+
+async def test_a_task_no_worker_has_known_for_an_hour_of_turns_ends_failed(
+    make_orc: Callable[..., Orchestrator], db: Any
+) -> None:
+    """The turns an unknown task is given back are bounded: after UNKNOWN_TASK_TURNS of them
+    (an hour), no worker of the fleet knows it, and it ends failed rather than circling."""
+    orc = make_orc(fetch_polling_interval=0.2)
+    cur = await db.execute(
+        "INSERT INTO procrastinate_jobs (queue_name, task_name, args, attempts)"
+        " VALUES ('maintenance', 'orchestrator.nobody_knows', '{}', %s) RETURNING id",
+        (UNKNOWN_TASK_TURNS,),
+    )
+    (dispatch_id,) = await cur.fetchone()
+
+    async def ended() -> bool:
+        row = await (
+            await db.execute(
+                "SELECT status::text FROM procrastinate_jobs WHERE id = %s", (dispatch_id,)
+            )
+        ).fetchone()
+        return row[0] not in ("todo", "doing")
+
+    async with WorkerRun(orc):
+        await wait_for(ended, timeout=60)
+    status = await (
+        await db.execute(
+            "SELECT status::text FROM procrastinate_jobs WHERE id = %s", (dispatch_id,)
+        )
+    ).fetchone()
+    assert status == ("failed",)
