@@ -3,9 +3,10 @@
 - raw SQL: the guard trigger accepts legal changes and rejects every other one with
   WF_STATE_TRANSITION_INVALID, changing nothing;
 - the stores' operations (claim, complete, fail, retry, hand back, cancel, approval
-  requests and decisions): the legal ones apply; an illegal one is refused with
-  InvalidTransition (or, for a dispatch's claim, is a no-op) and leaves the row and its history
-  exactly as they were.
+  requests and decisions; a waiting job is completed or failed as Graphile Worker's
+  complete_jobs and permanently_fail_jobs write it, with no lease): the legal ones apply; an
+  illegal one is refused with InvalidTransition (or, for a dispatch's claim, is a no-op) and
+  leaves the row and its history exactly as they were.
 """
 
 from __future__ import annotations
@@ -19,17 +20,18 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from orchestrator.domain import events, states
 from orchestrator.domain.classification import ErrorClass
 from orchestrator.domain.degradation import Degrader, TypeDegradation
-from orchestrator.domain.errors import InvalidTransition
+from orchestrator.domain.errors import InvalidTransition, StaleLease
 from orchestrator.domain.events import Fault
 from orchestrator.domain.failures import Failures
 from orchestrator.domain.models import Claim, Fence
 from orchestrator.domain.notices import Notifier
 from orchestrator.domain.policy import Layer
-from orchestrator.domain.states import TERMINAL, Status
+from orchestrator.domain.states import CLAIMABLE, TERMINAL, Status
 from orchestrator.services.approvals import ApprovalDecisions
 from orchestrator.storage.database import create_pool
 from orchestrator.storage.dispatches import Completion
@@ -199,8 +201,29 @@ def operation(
         decisions = ApprovalDecisions(stores=stores, failures=nobody_notified())
         await decisions.decide(row["id"], decision, by="reviewer", reason="test")
 
+    async def complete_unheld() -> None:  # as graphile_worker.complete_jobs writes it
+        item = {"ord": 0, "job_id": str(job_id), "lease_token": None, "result": None,
+                "event": {}, "procrastinate_job_id": None, "delete_dispatch": False}  # fmt: skip
+        async with stores.queries.connection() as conn:
+            cur = await conn.execute(
+                "SELECT completed FROM orc_complete_jobs_v1(%s, %s, %s)",
+                (Jsonb([item]), target.value, states.sources_of(target)),
+            )
+            [done] = await cur.fetchone() or (False,)
+        if not done:
+            raise await stores.jobs.refusal(job_id, target, None)
+
+    async def fail_unheld() -> None:  # as graphile_worker.permanently_fail_jobs writes it
+        unheld = claim.model_copy(update={"lease_token": None, "locked_by": None})
+        failure = nobody_notified().terminal(unheld, fault, degrade=False)
+        [letter] = await stores.jobs.fail([failure])
+        if letter is None:
+            raise await stores.jobs.refusal(job_id, target, None)
+
     if source is Status.WAITING_APPROVAL and target in (Status.PENDING, Status.FAILED):
         return lambda: decide("approved" if target is Status.PENDING else "rejected")
+    if source in CLAIMABLE and target in (Status.COMPLETED, Status.FAILED):
+        return complete_unheld if target is Status.COMPLETED else fail_unheld
     match target:
         case Status.WAITING_APPROVAL:
             return request_approval
@@ -246,6 +269,22 @@ async def test_store_operations(
         assert info.value.code == "WF_STATE_TRANSITION_INVALID"
         assert (info.value.source, info.value.target) == (source.value, target.value)
         assert await snapshot(db, job_id) == before
+
+
+@log_guard.fails_jobs("X")
+@pytest.mark.parametrize("source", sorted(CLAIMABLE))
+@pytest.mark.parametrize("target", [Status.COMPLETED, Status.FAILED])
+async def test_an_attempts_write_never_ends_a_waiting_job(
+    db: psycopg.AsyncConnection[Any], stores: Stores, source: Status, target: Status
+) -> None:
+    """A waiting job may end COMPLETED or FAILED only by a write that names no lease (Graphile
+    Worker's complete_jobs, permanently_fail_jobs): an attempt's, fenced by its lease, is
+    refused as stale."""
+    job_id = await insert_job(db, source)
+    before = await snapshot(db, job_id)
+    with pytest.raises(StaleLease):
+        await operation(stores, Status.RUNNING, target, job_id)()
+    assert await snapshot(db, job_id) == before
 
 
 async def test_events_are_append_only(db: psycopg.AsyncConnection[Any], stores: Stores) -> None:

@@ -15,9 +15,14 @@ including one made by hand in SQL. Nothing else may list transitions.
        │                                   rejection path) | FAILED (rejected, expired)
        ▼
     CANCELLED ◄── PENDING | RETRY | RUNNING | WAITING_APPROVAL
+    COMPLETED | FAILED ◄── PENDING | RETRY   (a waiting job ended by a producer: Graphile
+                                             Worker's complete_jobs, permanently_fail_jobs)
 
 RUNNING → PENDING is the hand-back of a drained or interrupted attempt: it costs no retry budget,
-and neither does resuming after an approval.
+and neither does resuming after an approval. PENDING | RETRY → COMPLETED | FAILED end a waiting
+job that no attempt holds: Graphile Worker's ``complete_jobs`` and ``permanently_fail_jobs``
+(docs/graphile.md); a worker's own writes are fenced by their lease, which a waiting job has
+not.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ class Status(StrEnum):
 
 
 TRANSITIONS: Mapping[Status, frozenset[Status]] = {
-    Status.PENDING: frozenset({Status.RUNNING, Status.CANCELLED}),
+    Status.PENDING: frozenset({Status.RUNNING, Status.CANCELLED, Status.COMPLETED, Status.FAILED}),
     Status.RUNNING: frozenset(
         {
             Status.COMPLETED,
@@ -48,7 +53,7 @@ TRANSITIONS: Mapping[Status, frozenset[Status]] = {
             Status.WAITING_APPROVAL,
         }
     ),
-    Status.RETRY: frozenset({Status.RUNNING, Status.CANCELLED}),
+    Status.RETRY: frozenset({Status.RUNNING, Status.CANCELLED, Status.COMPLETED, Status.FAILED}),
     Status.WAITING_APPROVAL: frozenset({Status.PENDING, Status.FAILED, Status.CANCELLED}),
     Status.COMPLETED: frozenset(),
     Status.FAILED: frozenset(),

@@ -4,11 +4,12 @@
 
 -- Complete several attempts: p_items is [{ord, job_id, lease_token, result, event,
 -- procrastinate_job_id, delete_dispatch}]. For each, as for one before: COMPLETED with its
--- result and job.completed, fenced by the lease, and its dispatch (when given) finished
--- (succeeded) in the same transaction, so a job is never COMPLETED while its dispatch still
--- shows as running, nor the other way round. The dispatch is finished even when the completion
--- is refused. A dispatch no longer doing (a sweep settled it and took the job) is left alone
--- and its job is not written. Returns, per item, whether its job was COMPLETED.
+-- result and job.completed, fenced by the lease (a null lease completes a job no attempt
+-- holds: Graphile Worker's complete_jobs, docs/graphile.md), and its dispatch (when given)
+-- finished (succeeded) in the same transaction, so a job is never COMPLETED while its dispatch
+-- still shows as running, nor the other way round. The dispatch is finished even when the
+-- completion is refused. A dispatch no longer doing (a sweep settled it and took the job) is
+-- left alone and its job is not written. Returns, per item, whether its job was COMPLETED.
 CREATE OR REPLACE FUNCTION orc_complete_jobs_v1(p_items jsonb, p_target text, p_sources text[])
 RETURNS TABLE (ord integer, completed boolean)
 LANGUAGE plpgsql AS $$
@@ -37,7 +38,7 @@ BEGIN
         UPDATE orc_jobs AS j
            SET status = p_target, result = item.result,
                lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
-         WHERE j.id = item.job_id AND j.lease_token = item.lease_token
+         WHERE j.id = item.job_id AND j.lease_token IS NOT DISTINCT FROM item.lease_token
            AND j.status = ANY (p_sources);
         IF FOUND THEN
             INSERT INTO orc_job_events (job_id, kind, payload)

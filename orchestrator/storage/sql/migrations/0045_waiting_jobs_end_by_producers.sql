@@ -1,0 +1,11 @@
+-- 0045_waiting_jobs_end_by_producers: a waiting job (PENDING or RETRY) that no attempt holds can
+-- end COMPLETED or FAILED (the state machine, orchestrator/domain/states.py), for Graphile
+-- Worker's complete_jobs and permanently_fail_jobs (docs/graphile.md); the completion writer
+-- takes a null lease as the failure writer does, for a job no attempt holds
+-- (functions/outcomes.sql). No table changes. This migration also keeps the state machine's
+-- table as this release writes it: an older release's `migrate` leaves it alone on a database
+-- where a migration it does not know was applied. Compatible: the release before completes
+-- only with a lease, which a waiting job has not, and its state machine is a part of this one.
+--
+-- compatible-with-older-workers: yes
+-- revises: functions/outcomes.sql 3f232ddc3d99b64369e14be4cf8ed30c8f54084f8e655abd5ba2966f32ba2b1c
