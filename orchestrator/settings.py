@@ -276,7 +276,8 @@ class Settings(BaseSettings):
     graphile_compat: bool = Field(
         False,
         description="`orchestrator migrate` installs Graphile Worker's SQL API for producers"
-        " (add_job, add_jobs, remove_job) in the schema graphile_worker; off: it removes it.",
+        " (add_job, add_jobs, remove_job, complete_jobs, permanently_fail_jobs, reschedule_jobs)"
+        " in the schema graphile_worker; off: it removes it.",
     )
     graphile_tenant: str | None = Field(
         None,

@@ -77,6 +77,7 @@ async def test_every_event_kind_has_the_documented_keys(
         heartbeat_interval=60,  # none in the test's time: a heartbeat set back stays stale
         drain_seconds=0.2,
         safety_net_grace_seconds=0,
+        graphile_compat=True,  # Graphile Worker's reschedule_jobs (docs/graphile.md)
     )
     scripted.register(orc)
     agent_app.register(orc)
@@ -114,6 +115,16 @@ async def test_every_event_kind_has_the_documented_keys(
         keyed = await orc.submit("scripted", {"script": ["ok"]}, job_key="k", run_at=later)
         await orc.submit("scripted", {"script": ["ok"]}, job_key="k", run_at=later)
         await orc.cancel(keyed, reason="not needed", by="test")
+        # a producer reschedules a waiting job through Graphile Worker's API
+        await orc.migrate()
+        try:
+            await db.execute(
+                "SELECT graphile_worker.reschedule_jobs(ARRAY[(graphile_worker.add_job("
+                "'scripted', '{\"script\": [\"ok\"]}', run_at => %s)).id], priority => 1)",
+                (later,),
+            )
+        finally:
+            await make_orc().migrate()  # the API removed again
 
     async with WorkerRun(orc) as worker:
         done = [

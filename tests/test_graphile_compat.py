@@ -2,7 +2,10 @@
 `migrate` installs graphile_worker.add_job, add_jobs and remove_job, which write through the
 orchestrator's submit: a producer's trigger adds jobs inside its transaction (gone with its
 rollback), the orchestrator's workers run them, job keys behave as Graphile Worker's, and bad
-arguments get Graphile Worker's kind of error with nothing stored."""
+arguments get Graphile Worker's kind of error with nothing stored. complete_jobs,
+permanently_fail_jobs and reschedule_jobs end or move the API tenant's waiting jobs through the
+orchestrator's own writers, with their events; a running job and another tenant's are left
+alone."""
 
 from __future__ import annotations
 
@@ -21,18 +24,30 @@ from psycopg import conninfo
 from psycopg.rows import dict_row
 
 from bench.common import GRAPHILE, graphile_node
-from orchestrator import JobContext, Orchestrator, Status
+from orchestrator import JobContext, Orchestrator, RetryLater, Status
+from orchestrator.domain import events
+from orchestrator.domain.classification import ErrorClass
 from orchestrator.domain.errors import ConfigError, MigrationError
-from tests.support.harness import ROOT, WorkerRun
+from orchestrator.domain.events import Fault
+from orchestrator.domain.models import Job, JobState
+from tests.support.harness import ROOT, WorkerRun, config_with, wait_for
 from tests.support.tools import find
 
 PRODUCER = ROOT / "tests" / "support" / "graphile_producer.js"
 
 
+#: A job of type ``later`` retries in an hour (the hint its first run gives, under this cap).
+LATER = """
+[job_types.later]
+backoff = { base_ms = 3600000, cap_ms = 3600000, multiplier = 2, jitter = "none" }
+"""
+
+
 def app(make_orc: Callable[..., Orchestrator], **settings: Any) -> Orchestrator:
-    orc = make_orc(graphile_compat=True, **settings)
+    orc = make_orc(graphile_compat=True, retry_config=config_with(LATER), **settings)
     running: list[str] = []
     orc.ran = []  # type: ignore[attr-defined]
+    orc.release = asyncio.Event()  # type: ignore[attr-defined]
 
     @orc.job_type("echo")
     async def echo(ctx: JobContext, payload: Any) -> Any:
@@ -45,6 +60,17 @@ def app(make_orc: Callable[..., Orchestrator], **settings: Any) -> Orchestrator:
         orc.ran.append(list(running))  # type: ignore[attr-defined]
         await asyncio.sleep(0.2)
         running.remove(payload["n"])
+
+    @orc.job_type("later")  # its first run asks to be retried in an hour; the next succeeds
+    async def later(ctx: JobContext, payload: Any) -> str:
+        if ctx.attempt == 1:
+            raise RetryLater(3600, "not yet")
+        return "done"
+
+    @orc.job_type("hold")  # runs until the test releases it
+    async def hold(ctx: JobContext, payload: Any) -> str:
+        await orc.release.wait()  # type: ignore[attr-defined]
+        return "held"
 
     return orc
 
@@ -352,3 +378,303 @@ async def test_graphile_workers_own_client_adds_jobs_the_orchestrator_runs(
     keyed = next(j for j in jobs if j.job_key == "k")
     kinds = [e.kind for e in await orc.job_events(keyed.id)]
     assert kinds[:2] == ["job.created", "job.replaced"] and kinds[-1] == "job.completed"
+
+
+# -- complete_jobs, permanently_fail_jobs, reschedule_jobs ------------------------------------
+
+
+async def add(db: psycopg.AsyncConnection[Any], identifier: str, **options: Any) -> int:
+    """A job added through Graphile Worker's add_job; its Graphile Worker id."""
+    named = "".join(f", {name} => %s" for name in options)
+    (row,) = await call(
+        db, f"SELECT id FROM graphile_worker.add_job(%s{named})", identifier, *options.values()
+    )
+    number: int = row["id"]
+    return number
+
+
+async def job_of(db: psycopg.AsyncConnection[Any], orc: Orchestrator, number: int) -> Job:
+    """The orchestrator's job with that Graphile Worker id, through its Python API."""
+    (row,) = await call(db, "SELECT id FROM orc_jobs WHERE number = %s", number)
+    return await orc.get_job(row["id"])
+
+
+async def waiting_dispatches(db: psycopg.AsyncConnection[Any], job: Job) -> int:
+    (row,) = await call(
+        db,
+        "SELECT count(*) AS n FROM procrastinate_jobs WHERE lock = %s AND status = 'todo'",
+        str(job.id),
+    )
+    n: int = row["n"]
+    return n
+
+
+async def status_is(orc: Orchestrator, job_id: Any, status: Status) -> None:
+    async def there() -> bool:
+        return (await orc.get_job(job_id)).status is status
+
+    await wait_for(there)
+
+
+async def test_complete_jobs_ends_waiting_jobs_completed_and_ignores_unknown_ids(
+    compat: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    orc = compat(graphile_tenant="acme")
+    await orc.migrate()
+    await orc.open()
+    later = datetime.now(UTC) + timedelta(hours=1)
+    now, delayed = await add(db, "echo"), await add(db, "echo", run_at=later)
+    rows = await call(db, "SELECT * FROM graphile_worker.complete_jobs(%s)", [delayed, now, 9999])
+    # each completed job once, as Graphile Worker returns it; the unknown id ignored
+    assert [(r["id"], r["is_available"], r["run_at"]) for r in rows] == [
+        (now, False, rows[0]["run_at"]), (delayed, False, later),
+    ]  # fmt: skip
+    for number in (now, delayed):
+        job = await job_of(db, orc, number)
+        assert (job.status, job.result, job.tenant_id) == (Status.COMPLETED, None, "acme")
+        kinds = [(e.kind, e.payload) for e in await orc.job_events(job.id)]
+        assert kinds[0][0] == "job.created"
+        assert kinds[1:] == [
+            ("job.completed", {"attempt": 0, "run": 0, "run_id": None, "worker": None,
+                               "duration_ms": None})
+        ]  # fmt: skip
+        assert await waiting_dispatches(db, job) == 0
+    # a finished job stays as it ended: a second call completes nothing
+    assert await call(db, "SELECT * FROM graphile_worker.complete_jobs(%s)", [now]) == []
+    async with WorkerRun(orc) as worker:  # nothing is left for a worker to run
+        echo = await orc.get_job(await orc.submit("echo", {"after": True}))
+        await worker.until_finished(echo.id)
+    assert orc.ran == [{"after": True}]  # type: ignore[attr-defined]
+
+
+async def test_permanently_fail_jobs_dead_letters_waiting_jobs_with_the_error_given(
+    compat: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    orc = compat()
+    await orc.migrate()
+    await orc.open()
+    retried = await add(db, "later")
+    async with WorkerRun(orc):  # its first run: retried in an hour
+        await status_is(orc, (await job_of(db, orc, retried)).id, Status.RETRY)
+    pending = await add(db, "echo")
+    before = {n: await job_of(db, orc, n) for n in (retried, pending)}
+    histories = {n: await orc.job_events(job.id) for n, job in before.items()}
+    rows = await call(
+        db, "SELECT * FROM graphile_worker.permanently_fail_jobs(%s, 'no longer wanted')",
+        [pending, retried],
+    )  # fmt: skip
+    assert [(r["id"], r["last_error"], r["is_available"]) for r in rows] == [
+        (retried, "no longer wanted", False), (pending, "no longer wanted", False),
+    ]  # fmt: skip
+    letters = {letter.job_id: letter for letter in await orc.dead_letters()}
+    fault = Fault("no longer wanted", "GRAPHILE_PERMANENTLY_FAILED", ErrorClass.PERMANENT)
+    for number, was in before.items():
+        job = await job_of(db, orc, number)
+        assert (job.status, job.attempt, job.next_retry_at) == (Status.FAILED, was.attempt, None)
+        assert await waiting_dispatches(db, job) == 0
+        # last_error and job.failed shaped as the orchestrator's own failure no attempt held
+        state = JobState.model_validate(was.model_dump() | {"lease_token": None})
+        (raw,) = await call(db, "SELECT last_error FROM orc_jobs WHERE id = %s", job.id)
+        stored = raw["last_error"]
+        assert datetime.fromisoformat(stored.pop("ts")) <= datetime.now(UTC)
+        expected = events.last_error(state, fault, terminal=True)
+        del expected["ts"]
+        assert stored == expected
+        letter = letters[job.id]
+        assert letter.error.message == "no longer wanted"
+        history = await orc.job_events(job.id)
+        assert history[: len(histories[number])] == histories[number]
+        new = history[len(histories[number]) :]
+        assert [e.kind for e in new] == ["job.dead_lettered", "job.failed"]  # nobody notified
+        assert new[1].payload == events.failed(state, fault, terminal=True) | {
+            "dead_letter_id": str(letter.id)
+        }
+    (default,) = await call(
+        db, "SELECT * FROM graphile_worker.permanently_fail_jobs(%s)", [await add(db, "echo")]
+    )
+    assert default["last_error"] == "Manually marked as failed"  # Graphile Worker's words
+    assert (
+        await call(db, "SELECT * FROM graphile_worker.permanently_fail_jobs(%s)", [pending]) == []
+    )
+
+
+async def test_reschedule_jobs_moves_waiting_jobs_and_the_workers_follow(
+    compat: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    orc = compat()
+    await orc.migrate()
+    await orc.open()
+    later = datetime.now(UTC) + timedelta(hours=1)
+    retried = await add(db, "later")
+    async with WorkerRun(orc):  # its first run: retried in an hour
+        await status_is(orc, (await job_of(db, orc, retried)).id, Status.RETRY)
+    first = await add(db, "echo", payload='{"n": 1}', run_at=later, priority=5)
+    second = await add(db, "echo", payload='{"n": 2}', run_at=later, priority=5)
+    rows = await call(
+        db,
+        "SELECT * FROM graphile_worker.reschedule_jobs(%s, run_at => now(), priority => 1,"
+        " max_attempts => 4)",
+        [second, retried, 9999],
+    )
+    assert [(r["id"], r["priority"], r["max_attempts"], r["is_available"]) for r in rows] == [
+        (retried, 1, 4, True), (second, 1, 4, True),
+    ]  # fmt: skip
+    assert all(r["run_at"] <= datetime.now(UTC) for r in rows)
+    for number in (retried, second):
+        job = await job_of(db, orc, number)
+        assert (job.priority, job.max_attempts) == (1, 4)
+        assert await waiting_dispatches(db, job) == 1  # its new one; the old one is gone
+        (event,) = [e for e in await orc.job_events(job.id) if e.kind == "job.rescheduled"]
+        assert event.payload["priority"] == 1 and event.payload["max_runs"] == 4
+        assert datetime.fromisoformat(event.payload["run_at"]) <= datetime.now(UTC)
+    (moved,) = await call(
+        db, "SELECT * FROM graphile_worker.reschedule_jobs(%s, run_at => now())", [first]
+    )
+    assert (moved["priority"], moved["run_at"] <= datetime.now(UTC)) == (5, True)  # kept
+    jobs = {n: (await job_of(db, orc, n)).id for n in (retried, first, second)}
+    async with WorkerRun(orc, concurrency=1) as worker:
+        await worker.until_finished(*jobs.values())
+    # due now instead of in an hour; the priority given runs first (lowest first)
+    assert orc.ran == [{"n": 2}, {"n": 1}]  # type: ignore[attr-defined]
+    assert (await orc.get_job(jobs[retried])).result == "done"
+
+
+async def test_a_running_job_is_left_to_its_attempt(
+    compat: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    orc = compat()
+    await orc.migrate()
+    await orc.open()
+    number = await add(db, "hold")
+    job_id = (await job_of(db, orc, number)).id
+    async with WorkerRun(orc) as worker:
+        await status_is(orc, job_id, Status.RUNNING)
+        running = await orc.get_job(job_id)
+        history = await orc.job_events(job_id)
+        for sql in (
+            "complete_jobs(%s)",
+            "permanently_fail_jobs(%s, 'stop')",
+            "reschedule_jobs(%s, run_at => now() + interval '1 day', priority => 9,"
+            " max_attempts => 9)",
+        ):
+            assert await call(db, f"SELECT * FROM graphile_worker.{sql}", [number]) == []
+        still = await orc.get_job(job_id)
+        assert still.model_dump(exclude={"updated_at", "heartbeat_at"}) == running.model_dump(
+            exclude={"updated_at", "heartbeat_at"}
+        )
+        assert await orc.job_events(job_id) == history
+        orc.release.set()  # type: ignore[attr-defined]
+        await worker.until_finished(job_id)
+    done = await orc.get_job(job_id)
+    assert (done.status, done.result) == (Status.COMPLETED, "held")
+    completed = (await orc.job_events(job_id))[-1]
+    assert completed.kind == "job.completed" and completed.payload["run_id"] is not None
+
+
+async def test_another_tenants_job_numbers_change_nothing(
+    compat: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    victim = compat(graphile_tenant="victim")
+    await victim.migrate()
+    await victim.open()
+    numbers = [await add(db, "echo") for _ in range(3)]
+    await compat().migrate()  # no tenant: another scope
+    numbers.append(await add(db, "echo"))
+    before = [await job_of(db, victim, n) for n in numbers]
+    histories = [await victim.job_events(job.id) for job in before]
+    await compat(graphile_tenant="attacker").migrate()  # the attacker's API, with the numbers
+    for sql in (
+        "complete_jobs(%s)",
+        "permanently_fail_jobs(%s, 'pwned')",
+        "reschedule_jobs(%s, run_at => now() + interval '1 year', priority => -100,"
+        " max_attempts => 1)",
+    ):
+        assert await call(db, f"SELECT * FROM graphile_worker.{sql}", numbers) == []
+    assert [await job_of(db, victim, n) for n in numbers] == before
+    assert [await victim.job_events(job.id) for job in before] == histories
+    assert await victim.dead_letters() == []
+    assert [await waiting_dispatches(db, job) for job in before] == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize(
+    ("sql", "sqlstate", "says"),
+    [
+        ("reschedule_jobs(%s, attempts => 0)", "0A000", "attempts cannot be set"),
+        ("reschedule_jobs(%s, priority => 40000)", "22003", "smallint"),
+        ("reschedule_jobs(%s, max_attempts => 40000)", "22003", "smallint"),
+        ("reschedule_jobs(%s, max_attempts => 0)", "22023", "max_attempts must be at least 1"),
+        ("permanently_fail_jobs(%s, repeat('x', 2001))", "22023", "at most 2000 characters"),
+        ("complete_jobs(%s::text)", "42883", "does not exist"),
+    ],
+    ids=["attempts", "priority", "max-attempts-range", "max-attempts", "message", "type"],
+)
+async def test_bad_arguments_to_change_jobs_get_graphile_workers_kind_of_error(
+    compat: Callable[..., Orchestrator],
+    db: psycopg.AsyncConnection[Any],
+    sql: str,
+    sqlstate: str,
+    says: str,
+) -> None:
+    orc = compat()
+    await orc.migrate()
+    await orc.open()
+    number = await add(db, "echo", run_at=datetime.now(UTC) + timedelta(hours=1))
+    job = await job_of(db, orc, number)
+    history = await orc.job_events(job.id)
+    with pytest.raises(psycopg.Error) as raised:
+        await db.execute(f"SELECT * FROM graphile_worker.{sql}", ([number],))
+    assert raised.value.sqlstate == sqlstate
+    assert says in str(raised.value)
+    assert await orc.get_job(job.id) == job
+    assert await orc.job_events(job.id) == history
+    assert await waiting_dispatches(db, job) == 1
+
+
+async def test_graphile_workers_own_client_completes_fails_and_reschedules_jobs(
+    compat: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any], dsn: str
+) -> None:
+    await compat(graphile_tenant="other").migrate()
+    foreign = await add(db, "echo")
+    orc = compat(graphile_tenant="acme")
+    await orc.migrate()
+    await orc.open()
+    later = datetime.now(UTC) + timedelta(hours=1)
+    done, failed, moved = [await add(db, "echo", run_at=later) for _ in range(3)]
+    at = (datetime.now(UTC) + timedelta(minutes=5)).replace(microsecond=0)
+    calls = [
+        ["completeJobs", [done, 9999]],
+        ["permanentlyFailJobs", [failed], "gave up"],
+        ["rescheduleJobs", [moved], {"runAt": at.isoformat(), "priority": 2, "maxAttempts": 3}],
+        ["rescheduleJobs", [moved], {"attempts": 1}],
+        ["rescheduleJobs", [moved], {"priority": 70000}],
+        ["completeJobs", [foreign]],
+        ["permanentlyFailJobs", [done]],
+    ]
+    answers = await asyncio.to_thread(graphile_producer, dsn, calls)
+    completed, fail, reschedule, attempts, priority, attack, again = answers
+    # ids as node-postgres reads a bigint, and Graphile Worker's own: strings
+    assert [(j["id"], j["is_available"]) for j in completed["ok"]] == [(str(done), False)]
+    assert [(j["id"], j["last_error"]) for j in fail["ok"]] == [(str(failed), "gave up")]
+    (row,) = reschedule["ok"]
+    assert (row["id"], row["priority"], row["max_attempts"]) == (str(moved), 2, 3)
+    assert datetime.fromisoformat(row["run_at"].replace("Z", "+00:00")) == at
+    assert attempts["error"]["code"] == "0A000"
+    assert priority["error"]["code"] == "22003"
+    assert attack["ok"] == [] and again["ok"] == []
+
+    states = {n: await job_of(db, orc, n) for n in (done, failed, moved, foreign)}
+    assert states[done].status == Status.COMPLETED
+    assert states[failed].status == Status.FAILED
+    assert states[failed].last_error is not None
+    assert [letter.job_id for letter in await orc.dead_letters()] == [states[failed].id]
+    assert (states[moved].status, states[moved].priority, states[moved].run_at) == (
+        Status.PENDING, 2, at,
+    )  # fmt: skip
+    assert states[foreign].status == Status.PENDING and states[foreign].tenant_id == "other"
+    kinds = {n: [e.kind for e in await orc.job_events(j.id)] for n, j in states.items()}
+    assert kinds == {
+        done: ["job.created", "job.completed"],
+        failed: ["job.created", "job.dead_lettered", "job.failed"],
+        moved: ["job.created", "job.rescheduled"],
+        foreign: ["job.created"],
+    }

@@ -27,6 +27,7 @@ attempt (stored as its lease token, read out as a one-way digest of it: :func:`s
                           escalation_job_id?}                just after it
     job.interrupted      {attempt, run, run_id, worker, reason}   handed back, no budget used
     job.cancelled        {reason, by}
+    job.rescheduled      {run_at, priority, max_runs}        a producer moved a waiting job
     job.redispatched     {lost_procrastinate_job_id, lost_procrastinate_status}
     job.zombie_detected  {attempt, worker, last_heartbeat, threshold_seconds, reason}
     job.checkpointed     {step, final, effects_committed}
@@ -42,7 +43,11 @@ redacted from every message and stack (orchestrator.domain.secrets) before anyth
 The statement that stores an event adds only what ties it to the rows that statement writes:
 ``dead_letter_id`` (stamped by the one failure writer on a terminal failure's three events),
 ``effects_committed`` and an approval's ``expires_at``. ``job.created`` and ``job.running`` are
-written inside one SQL statement each (the submit, the claim) and shaped there, once.
+written inside one SQL statement each (the submit, the claim) and shaped there, once. Graphile
+Worker's API for producers, all SQL (orchestrator/storage/sql/graphile_worker.sql), shapes
+``job.rescheduled``, its one writer, and, for a waiting job it ends, a ``job.completed``,
+``job.failed`` and ``last_error`` with no attempt (``run_id``, ``worker`` null) that have the keys
+these functions give; tests/test_graphile_compat.py holds them equal.
 """
 
 from __future__ import annotations

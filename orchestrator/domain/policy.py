@@ -130,7 +130,7 @@ def max_attempts(attempt: int, budget: Budget, moment: Moment) -> int:
     After a retry: the claim it leads to (an infrastructure retry keeps the cap; an application
     retry gives up the runs its dispatch had left). Only what is not a failure raises it (a
     hand-back, an approval, a lost dispatch given anew, a keyed submit replacing a waiting job,
-    a pause of its flow key: each gives the job a fresh dispatch).
+    a producer's reschedule, a pause of its flow key: each gives the job a fresh dispatch).
     ``job.running`` is shaped in the claim's SQL, which states the claim's case as
     ``orc_max_attempts_v1`` (migration 0024); tests/test_max_attempts.py holds the two equal.
     """

@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.domain import events
 from orchestrator.domain.errors import ConfigError, InvalidPayload, SubmitError, UnknownJobType
 from orchestrator.domain.flow import Flow, FlowKeyError, flow_of
 from orchestrator.domain.ids import uuid7
@@ -209,7 +210,8 @@ class JobRows:
 
     def _graphile(self) -> dict[str, Any]:
         """What Graphile Worker's API reads of this code: the tenant its jobs get, the payload
-        limit, the state machine's names, the dispatches' task prefix, the schedules' keys."""
+        limit, the state machine's names, the dispatches' task prefix, the schedules' keys, the
+        longest error message a failure stores."""
         tenant = self._settings.graphile_tenant
         reason = None if tenant is None else tenant_refusal(tenant)
         if reason is not None:
@@ -220,8 +222,11 @@ class JobRows:
             "initial_status": Status.PENDING.value,
             "waiting": sorted(s.value for s in CLAIMABLE),
             "cancelled": Status.CANCELLED.value,
+            "completed": Status.COMPLETED.value,
+            "failed": Status.FAILED.value,
             "task_prefix": TASK_PREFIX,
             "reserved_key_prefix": KEY_PREFIX,
+            "max_message": events.MAX_MESSAGE,
         }
 
 

@@ -129,11 +129,13 @@ SELECT checksum FROM orc_schema_migrations WHERE component = %(component)s
 -- graphile_settings --
 -- Graphile Worker's API's settings, from the code that migrates (graphile_worker.sql).
 INSERT INTO graphile_worker._orc_settings (tenant_id, max_payload_bytes, initial_status, waiting,
-                                          cancelled, task_prefix, reserved_key_prefix)
+                                          cancelled, completed, failed, task_prefix,
+                                          reserved_key_prefix, max_message)
 VALUES (%(tenant_id)s, %(max_payload_bytes)s, %(initial_status)s, %(waiting)s, %(cancelled)s,
-        %(task_prefix)s, %(reserved_key_prefix)s)
+        %(completed)s, %(failed)s, %(task_prefix)s, %(reserved_key_prefix)s, %(max_message)s)
 ON CONFLICT (one) DO UPDATE
    SET tenant_id = EXCLUDED.tenant_id, max_payload_bytes = EXCLUDED.max_payload_bytes,
        initial_status = EXCLUDED.initial_status, waiting = EXCLUDED.waiting,
-       cancelled = EXCLUDED.cancelled, task_prefix = EXCLUDED.task_prefix,
-       reserved_key_prefix = EXCLUDED.reserved_key_prefix
+       cancelled = EXCLUDED.cancelled, completed = EXCLUDED.completed,
+       failed = EXCLUDED.failed, task_prefix = EXCLUDED.task_prefix,
+       reserved_key_prefix = EXCLUDED.reserved_key_prefix, max_message = EXCLUDED.max_message

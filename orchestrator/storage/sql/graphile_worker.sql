@@ -1,7 +1,8 @@
 -- Graphile Worker's SQL API for producers (docs/graphile.md), installed by `orchestrator
 -- migrate` into the schema graphile_worker when ORCHESTRATOR_GRAPHILE_COMPAT is on. Each call
--- writes through the orchestrator's own submit (orc_submit_jobs_v2) and status changes, and
--- answers with Graphile Worker 0.17.3's job columns. Nothing here holds data of its own: the
+-- writes through the orchestrator's own submit (orc_submit_jobs_v2), completion
+-- (orc_complete_jobs_v1), failure writer (orc_fail_jobs_v1) and dispatches, under the state
+-- machine's trigger, and answers with Graphile Worker 0.17.3's job columns. Nothing here holds data of its own: the
 -- schema is dropped and created again whenever this file changes (docs/architecture.md,
 -- "Where the SQL lives").
 
@@ -20,7 +21,8 @@ SELECT n, n IN (1, 3, 11, 13, 14, 16, 19) FROM generate_series(1, 19) AS n;
 
 -- What the functions take from the orchestrator, written by each `migrate` from its Python
 -- (one row): the tenant its jobs get, the payload limit, the state machine's names, the
--- Procrastinate task prefix and the key prefix only the scheduler may use.
+-- Procrastinate task prefix, the key prefix only the scheduler may use, and the longest error
+-- message a failure stores.
 CREATE TABLE graphile_worker._orc_settings (
     one boolean PRIMARY KEY DEFAULT true CHECK (one),
     tenant_id text,
@@ -28,8 +30,11 @@ CREATE TABLE graphile_worker._orc_settings (
     initial_status text NOT NULL,
     waiting text[] NOT NULL,
     cancelled text NOT NULL,
+    completed text NOT NULL,
+    failed text NOT NULL,
     task_prefix text NOT NULL,
-    reserved_key_prefix text NOT NULL
+    reserved_key_prefix text NOT NULL,
+    max_message integer NOT NULL
 );
 
 -- Graphile Worker's job_spec, as its WorkerUtils.addJobs sends it.
@@ -290,5 +295,185 @@ BEGIN
                 jsonb_build_object('job_key', remove_job.job_key, 'replaced_by', NULL));
     END IF;
     RETURN graphile_worker._job(j, s);
+END;
+$$;
+
+-- The jobs of Graphile Worker's ids (job numbers) that complete_jobs, permanently_fail_jobs and
+-- reschedule_jobs may change: the API's tenant's (without one, the jobs without a tenant), and
+-- waiting (PENDING or RETRY). As Graphile Worker leaves a locked job alone, a running job is
+-- left to its attempt, one awaiting an approval to its approval, a finished one as it ended; an
+-- unknown id, or another tenant's, is ignored. Locked, in id order (a job before its dispatch:
+-- docs/architecture.md, "Lock order"); one that moved on meanwhile is not returned.
+CREATE FUNCTION graphile_worker._waiting(job_ids bigint[], s graphile_worker._orc_settings)
+RETURNS SETOF orc_jobs
+LANGUAGE sql AS $$
+    SELECT * FROM orc_jobs AS j
+     WHERE j.number = ANY (job_ids)
+       AND coalesce(j.tenant_id, '') = coalesce(s.tenant_id, '')
+       AND j.status = ANY (s.waiting)
+     ORDER BY j.id
+       FOR UPDATE
+$$;
+
+-- The jobs, as Graphile Worker returns them, in the order of their ids there.
+CREATE FUNCTION graphile_worker._jobs(ids uuid[], s graphile_worker._orc_settings)
+RETURNS SETOF graphile_worker.job
+LANGUAGE sql STABLE AS $$
+    SELECT (graphile_worker._job(j, s)).* FROM orc_jobs AS j
+     WHERE j.id = ANY (ids)
+     ORDER BY j.number
+$$;
+
+-- The waiting dispatches of the jobs are deleted, as a keyed replace deletes a replaced job's;
+-- one a worker fetched already finds its job finished, or holding another dispatch: stale.
+CREATE FUNCTION graphile_worker._drop_dispatches(ids uuid[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM procrastinate_cancel_job_v1(j.procrastinate_job_id, false, true)
+       FROM orc_jobs AS j
+      WHERE j.id = ANY (ids) AND j.procrastinate_job_id IS NOT NULL
+      ORDER BY j.id;
+END;
+$$;
+
+-- Graphile Worker's complete_jobs: each waiting job of the ids ends COMPLETED (its result
+-- null) through the orchestrator's completion, its job.completed naming no attempt (run_id,
+-- worker and duration_ms null), and its dispatch deleted. Graphile Worker deletes the job; here
+-- it stays, finished, with its history. The jobs it completed.
+CREATE FUNCTION graphile_worker.complete_jobs(job_ids bigint[])
+RETURNS SETOF graphile_worker.job
+LANGUAGE plpgsql AS $$
+DECLARE
+    s graphile_worker._orc_settings := graphile_worker._settings();
+    ids uuid[] := ARRAY(SELECT w.id FROM graphile_worker._waiting(job_ids, s) AS w);
+    done uuid[];
+BEGIN
+    done := ARRAY(
+        SELECT ids[c.ord]
+          FROM orc_complete_jobs_v1(
+                   (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                               'ord', i.n, 'job_id', j.id, 'lease_token', NULL, 'result', NULL,
+                               'event', jsonb_build_object(
+                                   'attempt', j.attempt, 'run', j.dispatch_attempt,
+                                   'run_id', NULL, 'worker', NULL, 'duration_ms', NULL),
+                               'procrastinate_job_id', NULL, 'delete_dispatch', false)
+                               ORDER BY i.n), '[]')
+                      FROM unnest(ids) WITH ORDINALITY AS i (id, n)
+                      JOIN orc_jobs AS j ON j.id = i.id),
+                   s.completed, s.waiting) AS c
+         WHERE c.completed);
+    PERFORM graphile_worker._drop_dispatches(done);
+    RETURN QUERY SELECT * FROM graphile_worker._jobs(done, s);
+END;
+$$;
+
+-- The counters of a job a terminal failure reports (orchestrator.domain.events.counters; its
+-- max_attempts is the attempt: the job makes no more).
+CREATE FUNCTION graphile_worker._terminal_counters(j orc_jobs) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('attempt', j.attempt, 'max_attempts', j.attempt,
+                              'run', j.dispatch_attempt, 'max_runs', j.max_attempts,
+                              'retry_count', j.retry_count, 'max_retries', j.max_retries)
+$$;
+
+-- Graphile Worker's permanently_fail_jobs: each waiting job of the ids ends FAILED through the
+-- orchestrator's one failure writer (orc_fail_jobs_v1): dead-lettered, with last_error and
+-- job.failed shaped as orchestrator.domain.events shapes a failure no attempt held (a
+-- PERMANENT error, code GRAPHILE_PERMANENTLY_FAILED, message error_message or Graphile
+-- Worker's 'Manually marked as failed'); nobody is notified, as for a rejected approval: the
+-- producer decided it. Its dispatch is deleted. The jobs it failed.
+CREATE FUNCTION graphile_worker.permanently_fail_jobs(job_ids bigint[], error_message text DEFAULT NULL)
+RETURNS SETOF graphile_worker.job
+LANGUAGE plpgsql AS $$
+DECLARE
+    s graphile_worker._orc_settings := graphile_worker._settings();
+    error jsonb;
+    ids uuid[];
+    failed uuid[];
+BEGIN
+    IF length(error_message) > s.max_message THEN
+        RAISE EXCEPTION 'graphile_worker: error_message must be at most % characters (given %)',
+              s.max_message, length(error_message)
+              USING ERRCODE = '22023';
+    END IF;
+    error := jsonb_build_object(
+        'message', coalesce(error_message, 'Manually marked as failed'),
+        'code', 'GRAPHILE_PERMANENTLY_FAILED', 'classification', 'PERMANENT');
+    ids := ARRAY(SELECT w.id FROM graphile_worker._waiting(job_ids, s) AS w);
+    failed := ARRAY(
+        SELECT ids[f.ord]
+          FROM orc_fail_jobs_v1(
+                   (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                               'ord', i.n, 'job_id', j.id, 'lease_token', NULL,
+                               'dead_letter_id', graphile_worker._uuid7(),
+                               'error', error || graphile_worker._terminal_counters(j)
+                                   || jsonb_build_object(
+                                          'ts', to_char(now() AT TIME ZONE 'UTC',
+                                                        'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
+                                          'stack', NULL, 'terminal', true, 'backoff_ms', NULL,
+                                          'next_available_at', NULL, 'output', NULL),
+                               'failed', graphile_worker._terminal_counters(j)
+                                   || jsonb_build_object(
+                                          'terminal', true, 'run_id', NULL, 'worker', NULL,
+                                          'layer', NULL, 'backoff_ms', NULL, 'error', error,
+                                          'dead_letter_id', NULL),
+                               'before', '[]'::jsonb, 'degraded', NULL,
+                               'dispatch_id', NULL, 'dispatch_status', NULL)
+                               ORDER BY i.n), '[]')
+                      FROM unnest(ids) WITH ORDINALITY AS i (id, n)
+                      JOIN orc_jobs AS j ON j.id = i.id),
+                   s.failed, s.waiting) AS f
+         WHERE f.dead_letter_id IS NOT NULL);
+    PERFORM graphile_worker._drop_dispatches(failed);
+    RETURN QUERY SELECT * FROM graphile_worker._jobs(failed, s);
+END;
+$$;
+
+-- Graphile Worker's reschedule_jobs: each waiting job of the ids gets the run time, priority
+-- and runs per dispatch (max_attempts) given (null: kept), a job.rescheduled event saying what
+-- it now has, and a new dispatch for them, as a keyed replace gives a waiting job (its
+-- dispatch's runs start again). As there, the values are smallints (out of range: 22003).
+-- `attempts` is refused: a job's attempts count its every claim, and are never reset.
+CREATE FUNCTION graphile_worker.reschedule_jobs(
+    job_ids bigint[],
+    run_at timestamptz DEFAULT NULL,
+    priority integer DEFAULT NULL,
+    attempts integer DEFAULT NULL,
+    max_attempts integer DEFAULT NULL
+) RETURNS SETOF graphile_worker.job
+LANGUAGE plpgsql AS $$
+DECLARE
+    s graphile_worker._orc_settings := graphile_worker._settings();
+    v_priority smallint := reschedule_jobs.priority::smallint;
+    v_max_attempts smallint := reschedule_jobs.max_attempts::smallint;
+    ids uuid[];
+BEGIN
+    IF reschedule_jobs.attempts IS NOT NULL THEN
+        RAISE EXCEPTION 'graphile_worker: attempts cannot be set (given %): a job''s attempts count its every claim and are never reset; max_attempts gives it more runs (docs/graphile.md)',
+              reschedule_jobs.attempts
+              USING ERRCODE = '0A000';
+    END IF;
+    IF v_max_attempts < 1 THEN
+        RAISE EXCEPTION 'graphile_worker: max_attempts must be at least 1 (given %)', v_max_attempts
+              USING ERRCODE = '22023';
+    END IF;
+    ids := ARRAY(SELECT w.id FROM graphile_worker._waiting(job_ids, s) AS w);
+    UPDATE orc_jobs AS j
+       SET run_at = coalesce(reschedule_jobs.run_at, j.run_at),
+           next_retry_at = CASE WHEN j.next_retry_at IS NULL THEN NULL
+                                ELSE coalesce(reschedule_jobs.run_at, j.next_retry_at) END,
+           priority = coalesce(v_priority, j.priority),
+           max_attempts = coalesce(v_max_attempts, j.max_attempts)
+     WHERE j.id = ANY (ids);
+    INSERT INTO orc_job_events (job_id, kind, payload)
+    SELECT j.id, 'job.rescheduled',
+           jsonb_build_object('run_at', coalesce(j.next_retry_at, j.run_at),
+                              'priority', j.priority, 'max_runs', j.max_attempts)
+      FROM orc_jobs AS j
+     WHERE j.id = ANY (ids)
+     ORDER BY j.id;
+    PERFORM graphile_worker._drop_dispatches(ids);
+    PERFORM orc_dispatch_v1(ids, s.task_prefix) WHERE cardinality(ids) > 0;
+    RETURN QUERY SELECT * FROM graphile_worker._jobs(ids, s);
 END;
 $$;
