@@ -678,3 +678,31 @@ async def test_graphile_workers_own_client_completes_fails_and_reschedules_jobs(
         moved: ["job.created", "job.rescheduled"],
         foreign: ["job.created"],
     }
+
+
+async def test_a_job_waiting_for_its_serial_queue_is_completed_or_moved_and_leaves_the_line(
+    compat: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    orc = compat()
+    await orc.migrate()
+    await orc.open()
+    first, done, moved = [await add(db, "hold", queue_name="serial") for _ in range(3)]
+    ids = {n: (await job_of(db, orc, n)).id for n in (first, done, moved)}
+    async with WorkerRun(orc, concurrency=3) as worker:
+        await status_is(orc, ids[first], Status.RUNNING)
+
+        async def parked() -> bool:
+            return all([(await orc.get_job(ids[n])).waiting_for for n in (done, moved)])
+
+        await wait_for(parked)  # one job of the queue at a time: the others wait in its line
+        assert len(await call(db, "SELECT * FROM graphile_worker.complete_jobs(%s)", [done])) == 1
+        (row,) = await call(
+            db, "SELECT * FROM graphile_worker.reschedule_jobs(%s, priority => 2)", [moved]
+        )
+        assert row["queue_name"] == "serial"
+        orc.release.set()  # type: ignore[attr-defined]
+        await worker.until_finished(ids[first], ids[moved])
+    assert (await orc.get_job(ids[done])).status is Status.COMPLETED
+    assert (await orc.get_job(ids[moved])).result == "held"
+    (left,) = await call(db, "SELECT count(*) AS n FROM orc_flow_waiters")
+    assert left["n"] == 0
