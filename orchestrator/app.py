@@ -132,6 +132,7 @@ class Orchestrator:
         self._config_watch = ConfigWatch(
             self.live_config, check=self._definition.check_config, settings=self.settings,
             metrics=self.metrics,
+            applied=self._lifecycle.apply_flow_limits,  # a change holds every worker at once
         )  # fmt: skip
         self._submitter = Submitter(rows, self._lifecycle, self.tracing)
         self._reads = Reads(self._lifecycle)

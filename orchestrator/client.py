@@ -31,6 +31,13 @@ T = TypeVar("T")
 __all__ = ["ApiError", "AsyncClient", "Client", "Outcome"]
 
 
+def _segment(key: str) -> str:
+    """A flow key as one path segment (docs/api.md, "Flow keys in a path"): every character but
+    letters, digits, ``-``, ``_`` and ``~`` percent-encoded, ``/`` and ``.`` included, so that
+    no client or proxy reads a slash or a ``..`` in the key as the path's own."""
+    return quote(key, safe="").replace(".", "%2E")
+
+
 class ApiError(OrchestratorError):
     def __init__(self, status: int, code: str, detail: str) -> None:
         self.status, self.code, self.detail = status, code, detail
@@ -170,20 +177,18 @@ class _Calls:
 
     @staticmethod
     def flow_key(key: str) -> _Call[FlowKey]:
-        return _Call("GET", f"/api/v1/flow/keys/{quote(key, safe='')}", FlowKey.model_validate)
+        return _Call("GET", f"/api/v1/flow/keys/{_segment(key)}", FlowKey.model_validate)
 
     @staticmethod
     def pause_flow_key(key: str, seconds: float, reason: str = "") -> _Call[FlowKey]:
         return _Call(
-            "POST", f"/api/v1/flow/keys/{quote(key, safe='')}/pause", FlowKey.model_validate,
+            "POST", f"/api/v1/flow/keys/{_segment(key)}/pause", FlowKey.model_validate,
             body={"seconds": seconds, "reason": reason},
         )  # fmt: skip
 
     @staticmethod
     def resume_flow_key(key: str) -> _Call[FlowKey]:
-        return _Call(
-            "POST", f"/api/v1/flow/keys/{quote(key, safe='')}/resume", FlowKey.model_validate
-        )
+        return _Call("POST", f"/api/v1/flow/keys/{_segment(key)}/resume", FlowKey.model_validate)
 
     @staticmethod
     def usage(by: str = "tenant,model", **filters: Any) -> _Call[dict[str, Any]]:

@@ -59,7 +59,9 @@ Where each part of the code is tested:
                               test_config_reload
     flow control              limits per key enforced at the claim, pauses, fairness, worker
                               processes against the local LLM server's rate limit:
-                              test_flow_control
+                              test_flow_control; worker processes' fetches across many keys
+                              (no deadlock), limits changed in the file, pauses changed, the
+                              backstop: test_flow_fleet
     schedules                 firing once per tick (three worker processes), backfill, pause,
                               listings, tenants, refusals: test_schedules
     orchestrator/services     sweep: test_liveness, test_timeouts; safety net, dead letters:

@@ -63,7 +63,7 @@ NOT_FOUND = {"job": "JOB_NOT_FOUND", "dead letter": "DEAD_LETTER_NOT_FOUND",
              "approval": "APPROVAL_NOT_FOUND", "schedule": "SCHEDULE_NOT_FOUND",
              "flow key": "FLOW_KEY_NOT_FOUND"}  # fmt: skip
 #: Shared by the whole fleet: refused to a token limited to tenants (docs/flow-control.md).
-FLEET = ("/api/v1/flow/", "/ui/flow/{key}")
+FLEET = ("/api/v1/flow/", "/ui/flow/")
 #: The dashboard's forms naming their action in the path take the API's verbs (from its document).
 VERBS = {"action": "/api/v1/dead-letters/{dead_letter_id}/",
          "decision": "/api/v1/approvals/{approval_id}/",
@@ -512,7 +512,9 @@ def requests(op: Operation, world: World, caller: Caller, tenant: str) -> Iterat
         for (name, _), value in zip(op.parameters, chosen, strict=True):
             url = url.replace(f"{{{name}}}", value)
         if op.ui:
-            form = {"csrf": caller.csrf or "", "reason": "the authorization table"}
+            form = {"csrf": caller.csrf or "", "reason": "the authorization table",
+                    # the Flow page's Resume names its key in the form, not in its address
+                    "key": str(world.objects[tenant]["flow key"][0])}  # fmt: skip
             yield Request(op.method, url, headers, data=form if op.method == "POST" else None)
             continue
         body = spec.get("requestBody", {}).get("content", {}).get("application/json")

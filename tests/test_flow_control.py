@@ -701,3 +701,50 @@ async def test_the_database_renders_a_key_as_a_submit_does(
         (template, tenant, agent, json.dumps(payload)),
     )
     assert [row[0] for row in await cur.fetchall()] == [expected]
+
+
+async def test_a_call_s_spend_is_written_once_however_often_its_write_is_tried(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    """A spend written again under its call's id (what a try repeated after a lost
+    acknowledgement does) changes nothing in the key's window; another call's spend adds its
+    request and units."""
+    orc = flow_orc(make_orc)
+    await orc.open()
+    job_id = await orc.submit("late_call", {"sent_after": 0, "returned_after": 0})
+    async with WorkerRun(orc, concurrency=10) as run:
+        await run.until_finished(job_id)
+    [call] = (await orc.job_usage(job_id)).calls
+    [before] = await orc.flow_keys("late_call")
+    assert (before.requests_used, before.units_used) == (1, 7)
+    for _ in range(2):
+        await orc.stores.flow.spend("late_call", job_id, units=7, call_id=call.call_id)
+    [again] = await orc.flow_keys("late_call")
+    assert (again.requests_used, again.units_used) == (1, 7)
+    await orc.stores.flow.spend("late_call", job_id, units=5, call_id="another call")
+    [more] = await orc.flow_keys("late_call")
+    assert (more.requests_used, more.units_used) == (2, 12)
+
+
+async def test_a_pause_ends_by_the_database_s_clock(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    """An operator's pause and a provider's hint are lengths; the database adds them to its
+    own clock, as it reads every other time of a key's window (no caller's clock is read)."""
+    orc = flow_orc(make_orc)
+    await orc.open()
+    job_id = await orc.submit("tick", None)
+    async with WorkerRun(orc, concurrency=10) as run:
+        await run.until_finished(job_id)
+    await orc.pause_flow_key("tick", seconds=600, reason="incident", by="test")
+    cur = await db.execute(
+        "SELECT extract(epoch FROM paused_until - clock_timestamp())::float8 FROM orc_flow_keys"
+        " WHERE key = 'tick'"
+    )
+    [(left,)] = await cur.fetchall()
+    assert 590 < left <= 600
+    await db.execute("SELECT orc_flow_throttled_v2('tick', 900, 'rate_limit_error: slow down')")
+    [key] = await orc.flow_keys("tick")
+    assert key.paused_by == "provider" and key.pause_reason == "rate_limit_error: slow down"
+    seconds = await orc.stores.flow.paused_for("tick")
+    assert seconds is not None and 890 < seconds <= 900

@@ -275,9 +275,12 @@ async def make_zombies(dsn: str, lost: uuid.UUID, spent: uuid.UUID) -> None:
 async def operate(stores: Stores, plans: Plans, job_ids: list[uuid.UUID]) -> None:
     plans.path = "cancel"
     await stores.jobs.cancel(job_ids[-1], reason="plans", by="test")
-    plans.path = "flow pump"
-    await stores.flow.pump(None)
-    await stores.flow.pump(["slots:p"])
+    plans.path = "flow backstop"
+    await stores.flow.backstop()
+    plans.path = "flow pause"
+    await stores.flow.pause("slots:p", seconds=60, reason="plans", by="test")
+    plans.path = "flow reschedule"
+    await stores.flow.reschedule(["slots:p"])
     plans.path = "flow resume"
     await stores.flow.resume("slots:p")
     plans.path = "soonest due"

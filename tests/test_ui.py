@@ -23,6 +23,7 @@ import pytest
 from playwright.async_api import async_playwright
 
 from orchestrator import Orchestrator, Status
+from orchestrator.client import AsyncClient
 from orchestrator.domain.principals import Scope
 from orchestrator.interfaces.ui import pages
 from tests.support import log_guard, ui_app
@@ -471,6 +472,91 @@ async def test_the_flow_page_shows_a_paused_key_and_its_waiting_jobs_until_resum
     assert await page.locator("tr[data-key]").count() == 0
     assert "fleet" in await page.locator("main").inner_text()
     await page.context.close()
+
+
+#: Flow keys an attacker's payload may render (the limit's template holds ``{payload.model}``):
+#: a way out of the key's address to another object's, a whole-segment ``..`` and ``.``,
+#: characters an address gives a meaning, an encoding of a slash taken literally, unicode.
+HOSTILE = ("provider:x/../../schedules/victim", "..", ".", "../..", "a/b/", "/lead",
+           "a%2Fb", "what?is=this&x", "a#frag", "with space", "ünïcødé/键/😀", "x/resume")  # fmt: skip
+
+
+async def _hostile_keys(orc: Orchestrator, db: Any) -> None:
+    """The hostile keys, each paused for ten minutes; the first rendered from a payload (a job
+    of it claimed), the others written as a claim writes a key; and a paused schedule named
+    ``victim`` beside them, which none of their actions may reach."""
+    first = await orc.submit("metered", {"model": "x/../../schedules/victim"})
+    async with WorkerRun(orc):
+        await wait_for(lambda: _status(orc, first, Status.COMPLETED))
+    for key in HOSTILE[1:]:
+        await db.execute(
+            "INSERT INTO orc_flow_keys (key, limit_name, task_prefix) VALUES (%s, 'provider',"
+            " 'orc.')",
+            (key,),
+        )
+    for key in HOSTILE:
+        await orc.pause_flow_key(key, seconds=600, reason="hostile", by="test")
+    orc.schedule("victim", "scripted", cron="0 7 * * *", payload={"script": ["ok"]})
+    await orc.stores.schedules.sync(orc.schedules.values())
+    await orc.pause_schedule("victim", by="test")
+
+
+async def _paused(orc: Orchestrator, key: str) -> bool:
+    return (await orc.stores.flow.get(key)).paused_until is not None
+
+
+async def _victim_paused(orc: Orchestrator) -> bool:
+    [victim] = [v for v in await orc.list_schedules() if v.name == "victim"]
+    return victim.paused
+
+
+async def test_the_flow_page_resumes_exactly_the_key_it_shows_whatever_it_holds(
+    orc: Orchestrator, server: ApiServer, browser: Any, db: Any
+) -> None:
+    """Each hostile key's Resume, clicked in Chromium, resumes that key and nothing else: the
+    key whose ``/`` and ``..`` made the button's address ``/ui/schedules/victim/resume`` (the
+    browser resolving it) used to resume the schedule and leave the key paused."""
+    await _hostile_keys(orc, db)
+    page = await signed_in(browser, server, await token(orc.stores.tokens, "flow-hostile"))
+    page.on("dialog", accept)
+    await page.goto(f"{server.url}/ui/flow")
+    for key in HOSTILE:
+        row = page.locator("tr.flow-key").filter(
+            has=page.locator("strong").get_by_text(key, exact=True)
+        )
+        assert await row.get_attribute("data-key") == key
+        await row.get_by_role("button", name="Resume").click()
+        await page.get_by_role("status").filter(has_text=f"{key} resumed").wait_for()
+        assert not await _paused(orc, key), key
+        assert await _victim_paused(orc), key
+    await page.context.close()
+
+
+async def test_the_api_and_its_client_take_any_key_as_one_path_segment(
+    orc: Orchestrator, server: ApiServer, db: Any
+) -> None:
+    """Through a real ``orchestrator serve``, the Python client reads, pauses and resumes each
+    hostile key as itself (a key is one percent-encoded path segment, its ``/`` and ``.``
+    included: docs/api.md); a raw request with the key's slash encoded as ``%2F`` names the
+    same key; and the schedule beside them stays paused."""
+    await _hostile_keys(orc, db)
+    secret = await token(orc.stores.tokens, "flow-api")
+    async with AsyncClient(server.url, secret) as api:
+        for key in HOSTILE:
+            assert (await api.flow_key(key)).key == key
+            resumed = await api.resume_flow_key(key)
+            assert resumed.key == key and resumed.paused_until is None, key
+            paused = await api.pause_flow_key(key, 60, "again")
+            assert paused.key == key and paused.pause_reason == "again", key
+            assert await _paused(orc, key) and await _victim_paused(orc), key
+    async with httpx.AsyncClient(
+        base_url=server.url, headers={"Authorization": f"Bearer {secret}"}
+    ) as raw:
+        answer = await raw.post("/api/v1/flow/keys/a%2Fb%2F/resume")
+        assert answer.status_code == 200 and answer.json()["key"] == "a/b/"
+        answer = await raw.get("/api/v1/flow/keys/a%252Fb")
+        assert answer.status_code == 200 and answer.json()["key"] == "a%2Fb"
+    assert await _victim_paused(orc)
 
 
 async def _status(orc: Orchestrator, job_id: UUID, status: Status) -> bool:

@@ -3,8 +3,6 @@ that holds a key's jobs."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-
 from orchestrator.domain.errors import InvalidArgument
 from orchestrator.domain.flow import FlowKey
 from orchestrator.facade.arguments import storable
@@ -23,8 +21,9 @@ class FlowKeys:
         storable(key=key, reason=reason, by=by)
         if not 0 < seconds <= 86_400 * 30:
             raise InvalidArgument(f"seconds: {seconds:g} is not in (0, 2592000]")
-        until = datetime.now(UTC) + timedelta(seconds=seconds)
-        await self._lifecycle.stores.flow.pause(key, until=until, reason=reason or "paused", by=by)
+        await self._lifecycle.stores.flow.pause(
+            key, seconds=seconds, reason=reason or "paused", by=by
+        )
         return await self._lifecycle.stores.flow.get(key)
 
     async def resume(self, key: str) -> FlowKey:

@@ -3,7 +3,7 @@ watch of its file that a process's workers and API server share."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import retry_config
 from orchestrator.runtime.config_reload import ConfigReload
@@ -35,8 +35,11 @@ class ConfigWatch:
         check: Callable[[RetryConfig], None],
         settings: Settings,
         metrics: Metrics,
+        applied: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
+        """``applied``: what a process writes once a new version is in effect."""
         self._config = config
+        self._applied = applied
         self._check = check
         self._settings = settings
         self._metrics = metrics
@@ -48,6 +51,6 @@ class ConfigWatch:
         if self._reload is None:
             self._reload = ConfigReload(
                 self._config, check=self._check, hold=hold_fixed, metrics=self._metrics,
-                interval=self._settings.retry_config_poll_seconds,
+                interval=self._settings.retry_config_poll_seconds, applied=self._applied,
             )  # fmt: skip
         return self._reload

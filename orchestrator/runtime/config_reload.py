@@ -14,16 +14,20 @@ of known job types, no queue shared with an external type); refused, the old ver
 effect, the refusal is logged once (an ERROR) and counted, and the file's version is marked
 refused until it changes again. Applied, it replaces the config in effect whole (LiveConfig),
 with the fields fixed at start-up held at their old values (named in a warning), and one log
-line per changed scope says what changed (warnings: seen at every log level's default).
+line per changed scope says what changed (warnings: seen at every log level's default). Then
+``applied`` runs: the process writes what the fleet shares of it at once (the flow limits, so
+that a limit removed, raised or lowered holds every worker within the poll interval); while the
+database cannot be reached, the worker's registry heartbeat writes it later.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from orchestrator.runtime.loops import RETRYABLE
 from orchestrator.runtime.metrics import Metrics
 from retry_config import (
     ConfigError,
@@ -48,15 +52,18 @@ class ConfigReload:
         hold: Callable[[RetryConfig, RetryConfig], tuple[RetryConfig, dict[str, list[str]]]],
         metrics: Metrics,
         interval: float,
+        applied: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         """``check``: the application's validation (raises ConfigError); ``hold(new,
-        running)``: ``new`` with the fields fixed at start-up kept, and those it changes."""
+        running)``: ``new`` with the fields fixed at start-up kept, and those it changes;
+        ``applied``: what to write once a new version is in effect."""
         self.live = live
         self.path: Path = live.current.path
         self.check = check
         self.hold = hold
         self.metrics = metrics
         self.interval = interval
+        self.applied = applied
         self._seen = live.current.version  # the file's content last looked at
 
     async def run(self) -> None:
@@ -105,6 +112,14 @@ class ConfigReload:
                 "retry config %s: %s: %s changed in the file; fixed at start-up, it takes effect "
                 "at the next restart", self.path, scope, ", ".join(names),
             )  # fmt: skip
+        if self.applied is not None:
+            try:
+                await self.applied()
+            except RETRYABLE as exc:
+                logger.warning(
+                    "retry config %s: version %s not yet written to the database (%s); the "
+                    "registry heartbeat writes it", self.path, version, exc,
+                )  # fmt: skip
 
     def _refuse(self, seen: str, what: str, exc: ConfigError) -> None:
         """``seen``: what was read (a version, or why nothing could be), refused once."""

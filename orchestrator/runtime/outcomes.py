@@ -113,8 +113,8 @@ def of_failure(
     retry_at = datetime.now(UTC) + timedelta(milliseconds=verdict.delay_ms)
     throttle = None
     if claim.flow_key is not None and classified.throttled:
-        until = retry_at if verdict.layer is Layer.PAUSE else None
-        throttle = Throttle(claim.flow_key, until, f"{fault.code}: {fault.message}"[:500])
+        pause = verdict.delay_ms / 1000 if verdict.layer is Layer.PAUSE else None
+        throttle = Throttle(claim.flow_key, pause, f"{fault.code}: {fault.message}"[:500])
     return Retried(
         throttle=throttle,
         layer=verdict.layer,

@@ -65,7 +65,9 @@ class Accounting:
 
             def write() -> Awaitable[None]:
                 ago = None if sent_at is None else time.monotonic() - sent_at
-                return flow.spend(key, claim.id, units=spent, sent_seconds_ago=ago)
+                return flow.spend(
+                    key, claim.id, units=spent, call_id=usage.call_id, sent_seconds_ago=ago
+                )
 
             await until_written(f"job {claim.id}'s spend on {key}", write)
 

@@ -68,7 +68,7 @@ class RetrySafetyNet:
             return done + refused
 
         await in_batches(batch, size=self.batch_size)
-        woken = await self.stores.flow.pump(None)
+        woken = await self.stores.flow.backstop()
         return SafetyNetResult(redispatched, len(passed_over.keys), woken)
 
     async def redispatch_batch(self, limit: int, passed_over: PassedOver) -> tuple[int, int]:

@@ -68,11 +68,11 @@ class Dispatch:
 
 @dataclass(frozen=True)
 class Throttle:
-    """A provider's 429 or 529 on a flow key: it pauses until ``until`` (its hint), or, with
-    none, the key's rate halves (docs/flow-control.md)."""
+    """A provider's 429 or 529 on a flow key: it pauses for ``seconds`` (its hint) from the
+    database's now, or, with none, the key's rate halves (docs/flow-control.md)."""
 
     key: str
-    until: datetime | None
+    seconds: float | None
     reason: str
 
 
@@ -233,7 +233,7 @@ class DispatchStore:
             if throttle is not None:  # after the job's lock (the lock order: job, then key)
                 await self.queries.row(
                     "flow_throttled",
-                    {"key": throttle.key, "until": throttle.until, "reason": throttle.reason},
+                    {"key": throttle.key, "seconds": throttle.seconds, "reason": throttle.reason},
                     conn,
                 )
             if written and layer is Layer.INFRA:

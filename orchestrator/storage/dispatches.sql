@@ -113,5 +113,6 @@ UPDATE procrastinate_jobs SET status = 'doing', worker_id = %(worker_id)s
 RETURNING id, attempts
 
 -- flow_throttled --
--- The provider behind a key answered 429 or 529: paused until the hint, or its rate halved.
-SELECT orc_flow_throttled_v1(%(key)s, %(until)s, %(reason)s)
+-- The provider behind a key answered 429 or 529: paused for the hint's seconds from now (the
+-- database's clock), or its rate halved.
+SELECT orc_flow_throttled_v2(%(key)s, %(seconds)s, %(reason)s)

@@ -7,7 +7,6 @@ it: a config applied, a provider's 429, an operator's pause, a call's real usage
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -15,7 +14,6 @@ from psycopg.types.json import Jsonb
 
 from orchestrator.domain.errors import FlowKeyNotFound
 from orchestrator.domain.flow import FlowKey
-from orchestrator.storage.database import Conn
 from orchestrator.storage.runner import Queries
 from retry_config import LiveConfig, RetryConfig
 
@@ -27,7 +25,7 @@ class FlowStore:
 
     async def apply(self, config: LiveConfig) -> list[str]:
         """Write the limits of the config in effect, once per version this process applies;
-        the names of those that changed (their keys' waiters are handed any capacity freed)."""
+        the names of those that changed or are gone (their keys' waiters are rescheduled)."""
         current = config.current
         if self._synced == current.version and current.version:
             return []
@@ -49,21 +47,30 @@ class FlowStore:
             if c.limit is not None
         ]  # fmt: skip
         params = {"limits": Jsonb(limits), "types": Jsonb(types)}
-        async with self.queries.transaction() as conn:
-            rows = await self.queries.rows("sync_flow_limits", params, conn)
-            if rows:
-                await self.pump(None, conn)
-        return [row["name"] for row in rows]
+        rows = await self.queries.rows("sync_flow_limits", params)
+        names = [row["name"] for row in rows]
+        if names:  # a limit removed, raised or lowered: its keys' lines, as it now allows
+            keys = await self.queries.rows("flow_keys_of_limits", {"names": names})
+            await self.reschedule([row["key"] for row in keys])
+        return names
 
-    async def pump(self, keys: Sequence[str] | None, conn: Conn | None = None) -> int:
-        """Hand free capacity to the waiters of ``keys`` (None: every key with a waiter and
-        none on its way for a minute): how many got a dispatch."""
-        row = await self.queries.row(
-            "pump_flow_keys",
-            {"keys": list(keys) if keys is not None else None, "stale_seconds": 60},
-            conn,
-        )
-        return int(row["dispatched"]) if row else 0
+    async def reschedule(self, keys: Sequence[str]) -> int:
+        """Hand each key's capacity out afresh, as the key stands now (orc_flow_reschedule_v1),
+        one key per transaction (a transaction waits for one key's lock at most): how many
+        waiters got a dispatch for now."""
+        dispatched = 0
+        for key in keys:
+            row = await self.queries.row("reschedule_flow_key", {"key": key})
+            dispatched += int(row["dispatched"]) if row else 0
+        return dispatched
+
+    async def backstop(self, stale_seconds: float = 60) -> int:
+        """The safety net's backstop for a lost wake-up: the keys with waiters in line and none
+        on its way for ``stale_seconds``, with a waiter whose time passed that long ago and
+        whose dispatch is lost, or with one sent for later than its key's pause and window
+        explain, rescheduled. How many waiters got a dispatch for now."""
+        rows = await self.queries.rows("flow_keys_to_backstop", {"stale_seconds": stale_seconds})
+        return await self.reschedule([row["key"] for row in rows])
 
     async def keys(self, key: str | None = None) -> list[FlowKey]:
         rows = await self.queries.rows("flow_keys", {"key": key})
@@ -75,10 +82,11 @@ class FlowStore:
             raise FlowKeyNotFound(key)
         return found[0]
 
-    async def pause(self, key: str, *, until: datetime, reason: str, by: str) -> None:
-        """No job of ``key`` starts before ``until``."""
-        params = {"key": key, "until": until, "reason": reason, "by": by}
-        if await self.queries.row("pause_flow_key", params) is None:
+    async def pause(self, key: str, *, seconds: float, reason: str, by: str) -> None:
+        """No job of ``key`` starts for ``seconds`` from now, by the database's clock."""
+        params = {"key": key, "seconds": seconds, "reason": reason, "by": by}
+        row = await self.queries.row("pause_flow_key", params)
+        if row is None or not row["paused"]:
             raise FlowKeyNotFound(key)
 
     async def resume(self, key: str) -> int:
@@ -94,13 +102,16 @@ class FlowStore:
         return None if row is None else float(row["seconds"])
 
     async def spend(
-        self, key: str, job_id: UUID, *, units: int, sent_seconds_ago: float | None = None
-    ) -> None:
-        """A call of ``job_id`` used ``units``: its first call since the job's admission
-        corrects the reservation made then, a later one adds a request and its units to the
-        key's window (orc_flow_spend_v1); either dated from when the call was sent, when that
-        is known, as the provider counts it from when it arrives."""
+        self, key: str, job_id: UUID, *, units: int, call_id: str,
+        sent_seconds_ago: float | None = None,
+    ) -> None:  # fmt: skip
+        """The call ``call_id`` of ``job_id`` used ``units``: its first call since the job's
+        admission corrects the reservation made then, a later one adds a request and its units
+        to the key's window (orc_flow_spend_v2); either dated from when the call was sent, when
+        that is known, as the provider counts it from when it arrives. Once per call: written
+        again (a try after a lost acknowledgement), it changes nothing."""
         params: dict[str, Any] = {
             "key": key, "job_id": job_id, "units": units, "sent_seconds_ago": sent_seconds_ago,
+            "call_id": call_id,
         }  # fmt: skip
         await self.queries.execute("flow_spend", params)

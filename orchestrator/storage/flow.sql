@@ -4,8 +4,9 @@
 -- The limits of the config in effect ([{name, concurrency, requests, units, interval_seconds,
 -- weights, key, share_by}]) and which job types run under them ([{job_type, limit,
 -- fallback_after_seconds}]: null when the type names no fallback models), written
--- by each process that applies one; the names of the limits that changed (their keys' waiters
--- are then pumped: a raised limit frees capacity at once).
+-- by each process that applies one; the names of the limits that changed or are gone (a limit
+-- the config no longer has holds nothing back: its keys' waiters are then rescheduled, as are
+-- those of a limit raised or lowered).
 WITH given AS (
     SELECT * FROM jsonb_to_recordset(%(limits)s::jsonb)
         AS g (name text, concurrency integer, requests integer, units bigint,
@@ -40,20 +41,48 @@ WITH given AS (
                              EXCLUDED.interval_seconds, EXCLUDED.weights, EXCLUDED.key_template,
                              EXCLUDED.share_by)
     RETURNING name
+), gone AS (
+    DELETE FROM orc_flow_limits AS o
+     WHERE NOT EXISTS (SELECT FROM given AS g WHERE g.name = o.name)
+    RETURNING name
 )
-SELECT name FROM changed
+SELECT name FROM changed UNION ALL SELECT name FROM gone
 
--- pump_flow_keys --
--- Hand free capacity to the waiters of these keys (null: of every key with a waiter and none on
--- its way: the safety net's sweep, and after limits change). How many got a dispatch.
-SELECT coalesce(sum(orc_flow_pump_v1(k.key)), 0)::integer AS dispatched
-  FROM (SELECT DISTINCT w.key FROM orc_flow_waiters AS w
-         WHERE w.dispatched_at IS NULL
-           AND (%(keys)s::text[] IS NULL OR w.key = ANY (%(keys)s))
-           AND NOT EXISTS (SELECT FROM orc_flow_waiters AS d
-                            WHERE d.key = w.key AND d.dispatched_at IS NOT NULL
-                              AND d.dispatched_at > now() - make_interval(secs => %(stale_seconds)s))
-         ORDER BY w.key) AS k
+-- flow_keys_of_limits --
+-- The keys of these limits that have waiters (to be rescheduled once the limits changed).
+SELECT k.key FROM orc_flow_keys AS k
+ WHERE k.limit_name = ANY (%(names)s::text[])
+   AND EXISTS (SELECT FROM orc_flow_waiters AS w WHERE w.key = k.key)
+ ORDER BY k.key
+
+-- flow_keys_to_backstop --
+-- The safety net's backstop: the keys whose line may have missed its wake-up. A key with
+-- waiters in line and none on its way for `stale_seconds`; a key with a waiter sent for a time
+-- `stale_seconds` gone whose dispatch is lost; a key with a waiter sent for later than its
+-- pause and its window explain (a pause shortened by a writer that did not reschedule).
+SELECT k.key FROM orc_flow_keys AS k
+  LEFT JOIN orc_flow_limits AS l ON l.name = k.limit_name
+ WHERE EXISTS (SELECT FROM orc_flow_waiters AS w WHERE w.key = k.key)
+   AND ((EXISTS (SELECT FROM orc_flow_waiters AS w
+                  WHERE w.key = k.key AND w.dispatched_at IS NULL)
+         AND NOT EXISTS (SELECT FROM orc_flow_waiters AS d
+                          WHERE d.key = k.key AND d.dispatched_at IS NOT NULL
+                            AND d.dispatched_at > now() - make_interval(secs => %(stale_seconds)s)))
+        OR EXISTS (SELECT FROM orc_flow_waiters AS w JOIN orc_jobs AS j ON j.id = w.job_id
+                    WHERE w.key = k.key
+                      AND w.dispatched_at <= now() - make_interval(secs => %(stale_seconds)s)
+                      AND NOT EXISTS (SELECT FROM procrastinate_jobs AS p
+                                       WHERE p.id = j.procrastinate_job_id
+                                         AND p.status IN ('todo', 'doing')))
+        OR EXISTS (SELECT FROM orc_flow_waiters AS w
+                    WHERE w.key = k.key
+                      AND w.dispatched_at > greatest(now(), k.paused_until)
+                                            + make_interval(secs => coalesce(l.interval_seconds, 0) + 1)))
+ ORDER BY k.key
+
+-- reschedule_flow_key --
+-- Hand the key's capacity out afresh (orc_flow_reschedule_v1): how many waiters go now.
+SELECT orc_flow_reschedule_v1(%(key)s) AS dispatched
 
 -- flow_keys --
 -- Every key: its limit, what runs and waits on it, what it spent in its window, its pause.
@@ -76,11 +105,9 @@ SELECT k.key, k.limit_name, k.paused_until, k.pause_reason, k.paused_by, k.throt
  ORDER BY k.key
 
 -- pause_flow_key --
--- An operator pauses a key until a time: no job of it starts before then.
-UPDATE orc_flow_keys
-   SET paused_until = %(until)s, pause_reason = %(reason)s, paused_by = %(by)s
- WHERE key = %(key)s
-RETURNING key
+-- An operator pauses a key for so many seconds from now, by the database's clock; its waiters
+-- sent ahead are rescheduled for the new end (orc_flow_pause_v1). False: no such key.
+SELECT orc_flow_pause_v1(%(key)s, %(seconds)s, %(reason)s, %(by)s) AS paused
 
 -- resume_flow_key --
 -- An operator lifts a key's pause (and resets its adaptive rate): its waiters go at once
@@ -93,7 +120,7 @@ SELECT extract(epoch FROM paused_until - clock_timestamp())::float8 AS seconds
   FROM orc_flow_keys WHERE key = %(key)s AND paused_until > clock_timestamp()
 
 -- flow_spend --
--- What an admitted job's call really used (see orc_flow_spend_v1): its reservation corrected
+-- What an admitted job's call really used (see orc_flow_spend_v2): its reservation corrected
 -- (the first call since its admission), or a later call's request and units added; dated from
--- when the call was sent.
-SELECT orc_flow_spend_v1(%(key)s, %(job_id)s, %(units)s, %(sent_seconds_ago)s)
+-- when the call was sent; once per call id.
+SELECT orc_flow_spend_v2(%(key)s, %(job_id)s, %(units)s, %(sent_seconds_ago)s, %(call_id)s)

@@ -577,9 +577,13 @@ async def flow_fragment(request: Request, orc: Orc, session: Viewer) -> HTMLResp
     return _page(request, "_flow.html", session, **await _flow(orc, session))
 
 
-@router.post("/flow/{key:path}/resume")  # (a key may hold a slash)
-async def resume_flow_key(orc: Orc, session: Acting, key: str) -> Response:
-    """Lift a key's pause and slow-down; a session limited to tenants is refused (403)."""
+@router.post("/flow/resume")
+async def resume_flow_key(
+    orc: Orc, session: Acting, key: Annotated[Text, Form(min_length=1, max_length=200)]
+) -> Response:
+    """Lift a key's pause and slow-down; a session limited to tenants is refused (403). The key
+    is a field of the form, not a part of its address: rendered from a payload, it may hold
+    any character, and a key of ``..`` (or ``%2e%2e``) is a path segment a browser removes."""
     session.principal.require_fleet("flow keys")
     return await _acted("/ui/flow", f"{key} resumed", orc.resume_flow_key(key))
 

@@ -166,6 +166,13 @@ CREATE TABLE orc_flow_spends (
 CREATE INDEX orc_flow_spends_job ON public.orc_flow_spends USING btree (job_id) WHERE (job_id IS NOT NULL);
 CREATE INDEX orc_flow_spends_key_at ON public.orc_flow_spends USING btree (key, at);
 
+CREATE TABLE orc_flow_spent_calls (
+    job_id uuid NOT NULL,
+    call_id text NOT NULL,
+    CONSTRAINT orc_flow_spent_calls_job_id_fkey FOREIGN KEY (job_id) REFERENCES orc_jobs(id) ON DELETE CASCADE,
+    CONSTRAINT orc_flow_spent_calls_pkey PRIMARY KEY (job_id, call_id)
+);
+
 CREATE TABLE orc_flow_waiters (
     job_id uuid NOT NULL,
     key text NOT NULL,
@@ -554,13 +561,18 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_flow_lock_key_v1(p_key text, p_limit text, p_task_prefix text)
 --   orc_flow_lock_v1(p_key text)
 --   orc_flow_passes_pause_v1(k orc_flow_keys, p_job_type text)
+--   orc_flow_pause_v1(p_key text, p_seconds double precision, p_reason text, p_by text)
 --   orc_flow_pump_v1(p_key text)
 --   orc_flow_record_spend_v1(p_key text, p_job_id uuid, p_requests integer, p_units bigint)
 --   orc_flow_release_v1()
 --   orc_flow_render_v1(p_template text, j orc_jobs)
+--   orc_flow_reschedule_v1(p_key text)
 --   orc_flow_resume_v1(p_key text)
 --   orc_flow_spend_v1(p_key text, p_job_id uuid, p_units bigint, p_sent_seconds_ago double precision)
+--   orc_flow_spend_v2(p_key text, p_job_id uuid, p_units bigint, p_sent_seconds_ago double precision, p_call_id text)
 --   orc_flow_throttled_v1(p_key text, p_until timestamp with time zone, p_reason text)
+--   orc_flow_throttled_v2(p_key text, p_seconds double precision, p_reason text)
+--   orc_flow_try_lock_v1(p_key text)
 --   orc_guard_transition_v1()
 --   orc_history_is_final_v1()
 --   orc_inherited_tenant_v1()

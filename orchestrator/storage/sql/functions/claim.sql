@@ -29,6 +29,12 @@ $$;
 -- another transaction holds at that instant is not waited for: the dispatch comes back with
 -- `claim_later`, and the worker claims it afterwards (orc_claim_v2). The gate is skipped for a
 -- job with no key and a type without a limit.
+-- A transaction waits for one flow key's lock at most, so that fetches meeting several keys in
+-- different orders cannot deadlock: the first job under a limit that a fetch's transaction
+-- meets goes through the gate, waiting for its key as it must; after it, a job of another key
+-- goes through only if its key's lock is free at that instant (orc_flow_try_lock_v1), else it
+-- comes back with `claim_later`, to be claimed in a statement of its own (as is a job that
+-- has no key yet). The transaction-local setting orc.flow_key_locked says a gate was passed.
 -- Past 100 parked in one call, the last one comes back without a claim (a stale dispatch),
 -- so its worker fetches again at once rather than this statement running on.
 CREATE OR REPLACE FUNCTION orc_fetch_dispatch_v3(
@@ -58,6 +64,14 @@ BEGIN
         END IF;
         gated := j.flow_key IS NOT NULL
                  OR EXISTS (SELECT FROM orc_flow_job_types AS t WHERE t.job_type = j.job_type);
+        IF gated AND current_setting('orc.flow_key_locked', true) = 'yes'
+           AND (j.flow_key IS NULL OR NOT orc_flow_try_lock_v1(j.flow_key)) THEN
+            fetched.args := fetched.args || '{"claim": null, "claim_later": true}';
+            RETURN NEXT fetched;
+            RETURN;
+        ELSIF gated THEN
+            PERFORM set_config('orc.flow_key_locked', 'yes', true);
+        END IF;
         IF NOT gated OR NOT orc_flow_gate_v1(job, fetched.id, p_claimable, p_task_prefix) THEN
             SELECT to_jsonb(c) INTO claim
               FROM orc_claim_v1(job, fetched.id, fetched.attempts + 1,

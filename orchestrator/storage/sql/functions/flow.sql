@@ -37,6 +37,14 @@ LANGUAGE sql AS $$
     SELECT pg_advisory_xact_lock(hashtextextended('orc_flow_key:' || p_key, 0))
 $$;
 
+-- The key's lock if no other transaction holds it, without waiting: whether this one holds it
+-- now. The fetch's way to a second key: a transaction waits for one key's lock at most, so key
+-- locks cannot deadlock (claim.sql, orc_fetch_dispatch_v3).
+CREATE OR REPLACE FUNCTION orc_flow_try_lock_v1(p_key text) RETURNS boolean
+LANGUAGE sql AS $$
+    SELECT pg_try_advisory_xact_lock(hashtextextended('orc_flow_key:' || p_key, 0))
+$$;
+
 -- The key's row, under the key's lock (created on first use): two claims can never both take
 -- the last unit of capacity.
 CREATE OR REPLACE FUNCTION orc_flow_lock_key_v1(p_key text, p_limit text, p_task_prefix text)
@@ -495,9 +503,12 @@ $$;
 
 -- What an admitted job's call really used (`p_units`): the first call since its admission
 -- corrects the reservation made then (and marks it reconciled), a later one (an agent's next
--- turn) adds a request and its units. Nothing for a key without requests or units.
-CREATE OR REPLACE FUNCTION orc_flow_spend_v1(
-    p_key text, p_job_id uuid, p_units bigint, p_sent_seconds_ago double precision DEFAULT NULL
+-- turn) adds a request and its units. Nothing for a key without requests or units. Written once
+-- per call (`p_call_id`, the id its usage is recorded under): a try repeated after a lost
+-- acknowledgement changes nothing (orc_flow_spent_calls).
+CREATE OR REPLACE FUNCTION orc_flow_spend_v2(
+    p_key text, p_job_id uuid, p_units bigint, p_sent_seconds_ago double precision,
+    p_call_id text
 ) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -509,6 +520,13 @@ BEGIN
       WHERE k.key = p_key AND (l.requests IS NOT NULL OR l.units IS NOT NULL);
     IF NOT FOUND THEN
         RETURN;
+    END IF;
+    IF p_call_id IS NOT NULL THEN
+        INSERT INTO orc_flow_spent_calls (job_id, call_id) VALUES (p_job_id, p_call_id)
+        ON CONFLICT DO NOTHING;
+        IF NOT FOUND THEN
+            RETURN;  -- written already
+        END IF;
     END IF;
     SELECT * INTO reserved FROM orc_flow_spends
      WHERE job_id = p_job_id AND key = p_key AND NOT reconciled
@@ -527,14 +545,25 @@ BEGIN
 END;
 $$;
 
--- A 429 or 529 from the provider behind a key. With the server's hint, the key pauses for the
--- whole fleet until then; without one, its rate factor halves.
-CREATE OR REPLACE FUNCTION orc_flow_throttled_v1(p_key text, p_until timestamptz, p_reason text)
+-- orc_flow_spend_v2 without a call id (the release before calls it): not protected against a
+-- repeated try.
+CREATE OR REPLACE FUNCTION orc_flow_spend_v1(
+    p_key text, p_job_id uuid, p_units bigint, p_sent_seconds_ago double precision DEFAULT NULL
+) RETURNS void
+LANGUAGE sql AS $$
+    SELECT orc_flow_spend_v2(p_key, p_job_id, p_units, p_sent_seconds_ago, NULL)
+$$;
+
+-- A 429 or 529 from the provider behind a key. With the server's hint (`p_seconds` from now,
+-- by the database's clock), the key pauses for the whole fleet until then, its waiters sent
+-- ahead rescheduled when that moves its end; without one, its rate factor halves.
+CREATE OR REPLACE FUNCTION orc_flow_throttled_v2(p_key text, p_seconds double precision, p_reason text)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     k orc_flow_keys;
     lim orc_flow_limits;
+    until timestamptz := clock_timestamp() + make_interval(secs => p_seconds);
 BEGIN
     PERFORM orc_flow_lock_v1(p_key);
     SELECT * INTO k FROM orc_flow_keys WHERE key = p_key;
@@ -542,31 +571,60 @@ BEGIN
         RETURN;
     END IF;
     SELECT * INTO lim FROM orc_flow_limits WHERE name = k.limit_name;
-    IF p_until IS NOT NULL THEN
-        UPDATE orc_flow_keys
-           SET paused_until = greatest(paused_until, p_until),
-               pause_reason = CASE WHEN paused_until >= p_until THEN pause_reason ELSE p_reason END,
-               paused_by = CASE WHEN paused_until >= p_until THEN paused_by ELSE 'provider' END,
-               throttled = throttled + 1
-         WHERE key = p_key;
-    ELSE
+    IF until IS NULL THEN
         UPDATE orc_flow_keys
            SET rate_factor = greatest(1.0 / 64,
                                       coalesce(orc_flow_factor_v1(k, lim), rate_factor) / 2),
                factor_at = now(),
                throttled = throttled + 1
          WHERE key = p_key;
+        RETURN;
+    END IF;
+    UPDATE orc_flow_keys
+       SET paused_until = greatest(paused_until, until),
+           pause_reason = CASE WHEN paused_until >= until THEN pause_reason ELSE p_reason END,
+           paused_by = CASE WHEN paused_until >= until THEN paused_by ELSE 'provider' END,
+           throttled = throttled + 1
+     WHERE key = p_key;
+    IF k.paused_until IS NULL OR k.paused_until < until THEN
+        PERFORM orc_flow_reschedule_v1(p_key);
     END IF;
 END;
 $$;
 
--- An operator lifts a key's pause (and its adaptive slow-down). The waiter sent for the end of
--- the pause comes back to the line (its future dispatch deleted), and the line goes now.
+-- orc_flow_throttled_v2 with the pause's end as a time of the caller's clock (the release
+-- before calls it).
+CREATE OR REPLACE FUNCTION orc_flow_throttled_v1(p_key text, p_until timestamptz, p_reason text)
+RETURNS void
+LANGUAGE sql AS $$
+    SELECT orc_flow_throttled_v2(p_key, extract(epoch FROM p_until - clock_timestamp()), p_reason)
+$$;
+
+-- An operator pauses a key for `p_seconds` from now, by the database's clock: no job of it
+-- starts before then. Its waiters sent ahead are rescheduled for the new end, whether it comes
+-- sooner or later than the one they had. False: no such key.
+CREATE OR REPLACE FUNCTION orc_flow_pause_v1(
+    p_key text, p_seconds double precision, p_reason text, p_by text
+) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM orc_flow_lock_v1(p_key);
+    UPDATE orc_flow_keys
+       SET paused_until = clock_timestamp() + make_interval(secs => p_seconds),
+           pause_reason = p_reason, paused_by = p_by
+     WHERE key = p_key;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM orc_flow_reschedule_v1(p_key);
+    RETURN true;
+END;
+$$;
+
+-- An operator lifts a key's pause (and its adaptive slow-down): its line goes now.
 -- NULL: no such key; else how many waiters got a dispatch.
 CREATE OR REPLACE FUNCTION orc_flow_resume_v1(p_key text) RETURNS integer
 LANGUAGE plpgsql AS $$
-DECLARE
-    scout record;
 BEGIN
     PERFORM orc_flow_lock_v1(p_key);
     UPDATE orc_flow_keys
@@ -576,16 +634,52 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
+    RETURN orc_flow_reschedule_v1(p_key);
+END;
+$$;
+
+-- Hand the key's capacity out afresh, as the key stands now: after its pause changed (set,
+-- shortened, extended, lifted) or its limit did, and when the safety net's backstop finds a
+-- waiter whose time was lost or is later than the key explains. Each waiter sent for a time
+-- still to come (its dispatch waiting for that time), or whose dispatch is gone, comes back to
+-- its place in line, its share's virtual time given back; one whose dispatch is due, or that a
+-- worker is claiming, is left to its claim (which parks it again if it finds no room). Then the
+-- key is pumped. Neither a waiter nor its dispatch that another transaction holds is waited
+-- for. How many waiters got a dispatch for now.
+CREATE OR REPLACE FUNCTION orc_flow_reschedule_v1(p_key text) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    lim orc_flow_limits;
+    scout record;
+    due timestamptz;
+BEGIN
+    PERFORM orc_flow_lock_v1(p_key);
+    SELECT l.* INTO lim
+      FROM orc_flow_keys AS k JOIN orc_flow_limits AS l ON l.name = k.limit_name
+     WHERE k.key = p_key;
     FOR scout IN
-        SELECT j.id, j.procrastinate_job_id
+        SELECT w.job_id, w.share, w.cost, j.procrastinate_job_id AS dispatch_id
           FROM orc_flow_waiters AS w JOIN orc_jobs AS j ON j.id = w.job_id
          WHERE w.key = p_key AND w.dispatched_at IS NOT NULL
            FOR NO KEY UPDATE OF j SKIP LOCKED
     LOOP
-        IF procrastinate_cancel_job_v1(scout.procrastinate_job_id, false, true) IS NOT NULL THEN
-            UPDATE orc_flow_waiters SET dispatched_at = NULL WHERE job_id = scout.id;
-            UPDATE orc_jobs SET procrastinate_job_id = NULL WHERE id = scout.id;
+        SELECT coalesce(p.scheduled_at, '-infinity') INTO due
+          FROM procrastinate_jobs AS p
+         WHERE p.id = scout.dispatch_id AND p.status = 'todo'
+           FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            CONTINUE WHEN due <= now();  -- due: its claim decides
+            PERFORM procrastinate_cancel_job_v1(scout.dispatch_id, false, true);
+        ELSIF EXISTS (SELECT FROM procrastinate_jobs AS p
+                       WHERE p.id = scout.dispatch_id AND p.status IN ('todo', 'doing')) THEN
+            CONTINUE;  -- a worker has it (or is fetching it): its claim decides
         END IF;
+        UPDATE orc_flow_waiters SET dispatched_at = NULL WHERE job_id = scout.job_id;
+        UPDATE orc_jobs SET procrastinate_job_id = NULL WHERE id = scout.job_id;
+        UPDATE orc_flow_shares AS s
+           SET vtime = s.vtime - CASE WHEN lim.units IS NULL THEN 1 ELSE scout.cost END
+                                 / coalesce((lim.weights ->> scout.share)::double precision, 1)
+         WHERE s.key = p_key AND s.share = scout.share AND lim.name IS NOT NULL;
     END LOOP;
     RETURN orc_flow_pump_v1(p_key);
 END;
