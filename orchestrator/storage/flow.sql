@@ -97,3 +97,12 @@ SELECT extract(epoch FROM paused_until - clock_timestamp())::float8 AS seconds
 -- (the first call since its admission), or a later call's request and units added; dated from
 -- when the call was sent.
 SELECT orc_flow_spend_v1(%(key)s, %(job_id)s, %(units)s, %(sent_seconds_ago)s)
+
+-- flow_call_window --
+-- A running job's next call: its key's window as the call meets it, under the key's lock for
+-- the rest of the transaction (see orc_flow_call_window_v1). No row: nothing limits its calls.
+SELECT * FROM orc_flow_call_window_v1(%(key)s, %(job_id)s, %(job_type)s, %(first)s)
+
+-- flow_call_spend --
+-- ... and, in the same transaction, the call admitted: its spend recorded in the window.
+SELECT orc_flow_call_spend_v1(%(key)s, %(job_id)s, %(units)s, %(reuse)s)
