@@ -39,6 +39,7 @@ from pydantic import ValidationError
 
 from retry_config.budgets import TokenBudget, parse_budgets
 from retry_config.models import FlowLimit, JobRetryConfig, ScheduleConfig
+from retry_config.names import limit_refusal
 
 DEFAULT_PATH = Path(__file__).with_name("default.toml")
 _TOP_LEVEL = {"defaults", "job_types", "limits", "token_budgets"}
@@ -190,6 +191,10 @@ def _limits(raw: Mapping[str, Any], path: Path, problems: list[str]) -> dict[str
     limits: dict[str, FlowLimit] = {}
     before = len(problems)
     for name, entry in raw.items():
+        reserved = limit_refusal(name)
+        if reserved is not None:
+            problems.append(f"{path}: [limits.{name}]: {reserved}")
+            continue
         try:
             limits[name] = FlowLimit.model_validate(_table(entry, path, f"[limits.{name}]"))
         except ValidationError as exc:

@@ -142,7 +142,11 @@ class FlowLimit(_Frozen):
         None, gt=0, le=MAX_VALUE, description="The most jobs of one key running at once."
     )
     requests: int | None = Field(
-        None, gt=0, le=MAX_VALUE, description="Jobs (requests) one key may start per interval."
+        None,
+        gt=0,
+        le=MAX_VALUE,
+        description="Calls (requests) one key may make per interval; a job's start admits its "
+        "first call, and each further call is admitted before it is sent.",
     )
     units: int | None = Field(
         None,

@@ -7,6 +7,9 @@ config's own models check its files by them).
   pruning, retention and the rollups tick. No job goes there: a submit naming it (the API, the
   Python API, the command line, a batch), a schedule naming it, or a job type whose queue it is
   (in this file, or by its name) is refused (docs/api.md, "Queues the orchestrator reserves").
+- **A limit the orchestrator owns** (``RESERVED_LIMITS``): the limit of Graphile Worker's serial
+  queues, which its schema writes (docs/graphile.md); a config's ``[limits.<name>]`` of that name
+  is refused, since the config's sync never changes a limit it does not own.
 - **A tenant** (``tenant_refusal``): 1 to 200 characters, not all of them whitespace. An empty
   or blank tenant (an unset shell variable gives one) names nobody: refused wherever a tenant is
   named, so it can neither own a job nor limit a token (docs/operations.md, "Tokens").
@@ -22,6 +25,9 @@ from pydantic import AfterValidator, Field
 MAINTENANCE_QUEUE = "maintenance"
 #: The queues no job may be put on.
 RESERVED_QUEUES = frozenset({MAINTENANCE_QUEUE})
+
+#: The flow limits no config may define: Graphile Worker's serial queues' (its schema writes it).
+RESERVED_LIMITS = frozenset({"graphile_worker_queue"})
 
 #: The longest tenant, in characters (the job table's ``tenant_id`` holds as many).
 MAX_TENANT = 200
@@ -43,6 +49,16 @@ def open_queue(queue: str) -> str:
     if reason is not None:
         raise ValueError(reason)
     return queue
+
+
+def limit_refusal(name: str) -> str | None:
+    """Why no config may define the limit ``name``, or None when one may."""
+    if name in RESERVED_LIMITS:
+        return (
+            f"limit {name!r} is reserved by the orchestrator (the limit of Graphile Worker's "
+            "serial queues, docs/graphile.md); name the limit otherwise"
+        )
+    return None
 
 
 def tenant_refusal(tenant: str) -> str | None:

@@ -29,7 +29,7 @@ from typing import Any, Self
 from pydantic import BaseModel, Field, model_validator
 
 from orchestrator import JobContext, Orchestrator, PermanentError
-from tasks.llm import LlmResponse, Usage, fallback_chain, generate_with_fallback
+from tasks.llm import LlmResponse, Usage, call_estimate, fallback_chain, generate_with_fallback
 from tasks.payload import Payload
 from tasks.tools import TOOLS, ToolRegistry
 
@@ -43,10 +43,14 @@ class AgentRequest(Payload):
     max_tokens: int = Field(1024, gt=0)
 
 
-def estimated_tokens(request: AgentRequest) -> int:
-    """The first call's cost, in tokens: the prompt at about four characters a token, plus
-    ``max_tokens``. Each later call's usage is added as it is made (docs/flow-control.md)."""
-    return (len(request.prompt) + len(request.system or "")) // 4 + 1 + request.max_tokens
+def first_call(request: AgentRequest, offered: list[dict[str, Any]]) -> dict[str, Any]:
+    """The agent's first call's parameters (but its model): the prompt, the tools offered."""
+    return {
+        "max_tokens": request.max_tokens,
+        "messages": [{"role": "user", "content": request.prompt}],
+        **({"system": request.system} if request.system else {}),
+        **({"tools": offered} if offered else {}),
+    }
 
 
 class ToolCallRecord(BaseModel):
@@ -85,10 +89,16 @@ def register(orc: Orchestrator, tools: ToolRegistry = TOOLS) -> None:
                 )
             return self
 
+    def estimated_tokens(request: AgentRequest) -> int:
+        """The job's cost, in tokens: its first call's estimate (each later call is admitted
+        on its own estimate before it is sent; docs/flow-control.md)."""
+        offered = [tools.get(name).definition() for name in request.tools]
+        return call_estimate(first_call(request, offered))
+
     @orc.job_type("run_agent", cost=estimated_tokens)
     async def run_agent(ctx: JobContext, request: Request) -> Transcript:
         offered = [tools.get(name).definition() for name in request.tools]
-        start = Transcript(messages=[{"role": "user", "content": request.prompt}])
+        start = Transcript(messages=first_call(request, offered)["messages"])
         steps = ctx.steps(Transcript, initial=start, max_steps=request.max_steps)
         async for step in steps:
             before = step.state

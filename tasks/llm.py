@@ -172,6 +172,7 @@ async def generate(ctx: JobContext, **params: Any) -> LlmResponse:
     await ctx.check_token_budget()  # TOKEN_BUDGET_EXHAUSTED (PERMANENT) once a budget is spent
     sdk = client(ctx)
     model = str(params.get("model"))
+    await ctx.admit_call(call_estimate(params))  # in its flow key's window, before it is sent
     call = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "anthropic",
             "gen_ai.request.model": model}  # fmt: skip
     try:
@@ -196,13 +197,18 @@ async def generate(ctx: JobContext, **params: Any) -> LlmResponse:
 
 
 def estimated_tokens(request: LlmRequest) -> int:
-    """A call's cost before it is made, in tokens: its input at about four characters a token,
-    plus ``max_tokens`` (what the provider reserves for the output). Reconciled with the usage
-    the reply reports (docs/flow-control.md)."""
-    text = json.dumps([m.model_dump(mode="json") for m in request.messages]) + (
-        request.system or ""
-    )
-    return len(text) // 4 + 1 + request.max_tokens
+    """A job's cost before its call is made, in tokens (:func:`call_estimate`)."""
+    return call_estimate(request.model_dump(mode="json", exclude_none=True))
+
+
+def call_estimate(params: dict[str, Any]) -> int:
+    """A call's cost before it is made, in tokens: its input (messages, system prompt, tools) at
+    about four characters a token, plus ``max_tokens`` (what the provider reserves for the
+    output). Reconciled with the usage the reply reports (docs/flow-control.md)."""
+    text = json.dumps(params.get("messages", [])) + str(params.get("system") or "")
+    if params.get("tools"):
+        text += json.dumps(params["tools"])
+    return len(text) // 4 + 1 + int(params.get("max_tokens", 0))
 
 
 def fallback_chain(model: str, fallback: Sequence[str]) -> list[str]:

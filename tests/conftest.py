@@ -61,7 +61,10 @@ Where each part of the code is tested:
                               processes against the local LLM server's rate limit:
                               test_flow_control; worker processes' fetches across many keys
                               (no deadlock), limits changed in the file, pauses changed, the
-                              backstop: test_flow_fleet
+                              backstop: test_flow_fleet; every call admitted (a fleet of agents
+                              held to the window, a parked agent resuming at its call, worker
+                              processes): test_flow_calls; the call's admission as a pure
+                              rule (property tests), equal to the claim's SQL: test_flow_window
     schedules                 firing once per tick (three worker processes), backfill, pause,
                               listings, tenants, refusals: test_schedules
     orchestrator/services     sweep: test_liveness, test_timeouts; safety net, dead letters:

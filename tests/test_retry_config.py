@@ -132,6 +132,8 @@ def test_types_override_defaults_field_by_field(tmp_path: Path) -> None:
          ["job type 'llm_generate'", "field 'fallback_models'", "valid list"]),
         ("[job_types.llm_generate]\nfallback_after_seconds = -1\n",
          ["job type 'llm_generate'", "field 'fallback_after_seconds'", "greater than or equal to 0"]),
+        ("[limits.graphile_worker_queue]\nconcurrency = 5\n",
+         ["[limits.graphile_worker_queue]", "reserved by the orchestrator"]),
         ("[job_type.t]\n", ["unknown top-level key(s) 'job_type'"]),
         ("job_types = 3\n", ["[job_types] must be a table"]),
         ("[job_types\n", ["not valid TOML"]),

@@ -15,6 +15,7 @@
     own database unreachable
     abandoned (lease lost, job cancelled) -> Abandoned: nothing is written
     waiting for an approval     -> Waiting: the wait itself was written by the task's step
+    a call's room is far off    -> Parked: PENDING, a waiter of its flow key, no budget used
 
 Before any outcome, side-effect results the attempt still holds are committed (ledger flush);
 if that write is refused, the attempt was superseded and its outcome is not written
@@ -45,6 +46,7 @@ from orchestrator.domain.errors import (
 )
 from orchestrator.domain.events import Fault
 from orchestrator.domain.failures import Failures
+from orchestrator.domain.flow_window import CallParked
 from orchestrator.domain.job_types import JobType
 from orchestrator.domain.models import Claim
 from orchestrator.domain.secrets import Secrets
@@ -58,6 +60,7 @@ from orchestrator.runtime.outcomes import (
     Completed,
     HandedBack,
     Outcome,
+    Parked,
     Superseded,
     Waiting,
     of_failure,
@@ -120,6 +123,13 @@ class Attempt:
             None if kit.tracing is None else kit.tracing.steps(self.step_clock)
         )
         self.ledger = Ledger(kit.checkpoints, claim.fence, list(kit.classifiers))
+        limit = kit.config.current.limits.get(self.config.limit or "")
+        #: Its calls are admitted in its flow key's window (its limit counts requests or units).
+        self.windowed = (
+            claim.flow_key is not None
+            and limit is not None
+            and (limit.requests is not None or limit.units is not None)
+        )
 
     def abandon(self, reason: str) -> None:
         """It no longer holds its job: cancel it, and let it write nothing."""
@@ -194,6 +204,7 @@ class Attempt:
                 kit.metrics,
                 lambda tenant: kit.config.current.token_budgets.get(tenant),
                 kit.flow,
+                windowed=self.windowed,
             ),
         )
 
@@ -221,6 +232,9 @@ class Attempt:
             finally:
                 self._task_running = False
             result = self.job_type.result_json(output)
+        except CallParked as parked:  # its next call's room is far off: it waits in line
+            return await self._ending(Parked(parked.key, parked.blocked, parked.cost,
+                                             parked.release))  # fmt: skip
         except AwaitingApproval as waiting:
             self.releasing = True  # the wait was written: the job is no longer RUNNING
             return Waiting(waiting.approval_id)  # asking was this attempt's outcome

@@ -130,6 +130,25 @@ class JobContext:
             call_id=call_id, sent_at=sent_at,
         )  # fmt: skip
 
+    async def admit_call(self, units: int = 1) -> None:
+        """Before each LLM call the task sends through its own client: admit it in its job's
+        flow key's window (``requests`` and ``units`` per interval, fleet-wide), ``units`` its
+        estimate in the limit's units (e.g. its input at about four characters a token plus
+        ``max_tokens``), corrected to the reply's usage by ``record_llm_usage`` after. A call
+        that fits goes at once; one whose room comes within a couple of seconds waits for it
+        here; one that would wait longer ends the attempt: the job gives its worker slot back
+        and waits in its key's line, then resumes from its last checkpoint, at this call. The
+        built-in ``llm_generate`` and ``run_agent`` admit each of their calls. Nothing for a job
+        whose limit has no window (docs/flow-control.md, "Every call admitted")::
+
+            await ctx.admit_call(units=estimate)
+            sent_at = time.monotonic()
+            reply = await client.messages.create(...)
+            await ctx.record_llm_usage(model, input_tokens=..., output_tokens=..., sent_at=sent_at)
+        """
+        if self._accounting is not None:
+            await self._accounting.admit(units)
+
     async def flow_key_paused_for(self) -> float | None:
         """Seconds the job's flow key stays paused from now (None: it is not paused, or the
         job runs under no limit): a job whose type can move to a fallback model is let through

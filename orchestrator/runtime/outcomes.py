@@ -12,6 +12,8 @@ transaction (orchestrator.storage.dispatches):
     Failed       dead letter, FAILED, degradation (orchestrator.domain.failures)
     HandedBack   PENDING + job.interrupted, a new dispatch, no budget used (drain)
     Waiting      nothing more (the step wrote WAITING_APPROVAL); the dispatch succeeded
+    Parked       PENDING + job.waiting_for_capacity, a waiter of its flow key (its next call's
+                 room is far off), no budget used; the dispatch succeeded
     Abandoned    nothing: the attempt lost its job (swept, cancelled); the dispatch is aborted
     Superseded   nothing: a write of the task itself was refused by the lease
 
@@ -75,6 +77,16 @@ class HandedBack:
 
 
 @dataclass(frozen=True)
+class Parked:
+    """Its next LLM call found no room on its flow key for a while (docs/flow-control.md)."""
+
+    key: str
+    blocked: str  # requests, units or paused
+    cost: int  # the call's estimate
+    release: bool  # the claim's reservation, unused, leaves the window
+
+
+@dataclass(frozen=True)
 class Waiting:
     approval_id: UUID
 
@@ -90,7 +102,7 @@ class Superseded:
     error: Exception
 
 
-Outcome = Completed | Retried | Failed | HandedBack | Waiting | Abandoned | Superseded
+Outcome = Completed | Retried | Failed | HandedBack | Parked | Waiting | Abandoned | Superseded
 NONE = "none"
 
 
@@ -196,6 +208,11 @@ class OutcomeWriter:
             case HandedBack(event=event):
                 written = await self.dispatches.hand_back(claim, dispatch_id, event)
                 return await self._refused_unless(written, claim, Status.PENDING, "interrupted")
+            case Parked(cost=cost, blocked=blocked, release=release):
+                written = await self.dispatches.park(
+                    claim, dispatch_id, cost=cost, blocked=blocked, release=release
+                )
+                return await self._refused_unless(written, claim, Status.PENDING, "parked")
             case Waiting():
                 await self.dispatches.end(dispatch_id, "succeeded")
                 return True

@@ -13,12 +13,14 @@ reload applies to the next call).
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator.domain.errors import TokenBudgetExhausted
+from orchestrator.domain.flow_window import Admit, CallParked, waits_in_place
 from orchestrator.domain.models import Claim
 from orchestrator.domain.usage import budget_spent
 from orchestrator.runtime.loops import until_written
@@ -30,14 +32,42 @@ from retry_config.budgets import TokenBudget
 BudgetOf = Callable[[str], TokenBudget | None]
 
 
-@dataclass(frozen=True)
+@dataclass
 class Accounting:
     claim: Claim
     store: UsageStore
     metrics: Metrics
     tenant_budget: BudgetOf  # the tenant's budget in the retry config in effect now
-    #: Flow control: a call's usage reconciles its job's reservation in its key's window.
+    #: Flow control: each call is admitted in its job's key's window before it is sent, and its
+    #: usage reconciles its reservation there.
     flow: FlowStore | None = None
+    #: The job's limit counts requests or units per interval (as the attempt's config says).
+    windowed: bool = False
+    _calls: int = field(default=0, init=False)  # calls admitted by this attempt
+
+    async def admit(self, units: int) -> None:
+        """Admit the job's next call, estimated at ``units``, in its key's window before it is
+        sent: at once if it fits; after a wait in place if its room comes soon; else raise
+        CallParked (the attempt ends, its job waits in the key's line). The attempt's first
+        call takes the claim's reservation. Nothing for a job whose limit has no window."""
+        key = self.claim.flow_key
+        if self.flow is None or key is None or not self.windowed:
+            return
+        if units < 0:
+            raise ValueError(f"a call's estimate cannot be negative: {units}")
+        first = self._calls == 0
+        waited = 0.0
+        while True:
+            verdict = await self.flow.admit_call(
+                key, self.claim.id, self.claim.job_type, units=units, first=first
+            )
+            if isinstance(verdict, Admit):
+                self._calls += 1
+                return
+            if not waits_in_place(verdict.at, waited):
+                raise CallParked(key, verdict.blocked, units, release=verdict.reserved)
+            await asyncio.sleep(verdict.at + 0.005)  # (a few ms over: the room is free then)
+            waited += verdict.at
 
     async def record(
         self, model: str, *, input_tokens: int, output_tokens: int, cache_read_tokens: int,

@@ -258,6 +258,24 @@ class DispatchStore:
             await self.end(dispatch_id, "aborted", conn)
         return row is not None
 
+    async def park(
+        self, claim: Claim, dispatch_id: int, *, cost: int, blocked: str, release: bool
+    ) -> bool:
+        """RUNNING -> PENDING without using budget, as a waiter of the job's flow key for a call
+        of ``cost`` that found no room (``blocked``: requests, units or paused); ``release``:
+        the claim's reservation, which no call used, leaves the window. This dispatch ends
+        succeeded; the key's pump gives the job a new one when its room frees. False: refused."""
+        async with self.queries.transaction() as conn:
+            row = await self.queries.row(
+                "park_job",
+                {**_fence(claim, Status.PENDING), "cost": cost, "blocked": blocked,
+                 "release": release},
+                conn,
+            )  # fmt: skip
+            parked = bool(row and row["parked"])
+            await self.end(dispatch_id, "succeeded" if parked else "failed", conn)
+        return parked
+
     async def end(self, dispatch_id: int, status: DispatchStatus, conn: Conn | None = None) -> bool:
         """End the dispatch, if it is still doing; whether it was."""
         row = await self.queries.row(

@@ -76,6 +76,12 @@ WITH released AS (
 )
 SELECT id FROM released
 
+-- park_job --
+-- A running job whose next call would wait long for its flow key's room gives its slot back:
+-- PENDING, no budget used, a waiter of its key (orc_flow_park_v1, fenced by its lease).
+SELECT orc_flow_park_v1(%(job_id)s, %(lease_token)s, %(sources)s, %(cost)s, %(blocked)s,
+                        %(release)s) AS parked
+
 -- register_worker --
 -- A worker's entry in Procrastinate's registry (its fetches name it; its heartbeats keep it).
 SELECT worker_id FROM procrastinate_register_worker_v1()

@@ -14,6 +14,15 @@ from psycopg.types.json import Jsonb
 
 from orchestrator.domain.errors import FlowKeyNotFound
 from orchestrator.domain.flow import FlowKey
+from orchestrator.domain.flow_window import (
+    Admit,
+    Allowance,
+    CallWindow,
+    Room,
+    Spend,
+    admit_call,
+)
+from orchestrator.storage.database import Conn
 from orchestrator.storage.runner import Queries
 from retry_config import LiveConfig, RetryConfig
 
@@ -100,6 +109,45 @@ class FlowStore:
         """Seconds ``key`` stays paused from now, by the database's clock (None: not paused)."""
         row = await self.queries.row("flow_key_paused_for", {"key": key})
         return None if row is None else float(row["seconds"])
+
+    async def admit_call(
+        self, key: str, job_id: UUID, job_type: str, *, units: int, first: bool
+    ) -> Admit | Room:
+        """Admit a running job's next call, estimated at ``units``, before it is sent: its spend
+        recorded in the key's window if it fits now (``first``: the job's first call since its
+        claim, which takes the claim's reservation), else when it will (its ``at`` in seconds
+        from now). Decided under the key's lock (orchestrator.domain.flow_window)."""
+
+        async def decide(conn: Conn) -> Admit | Room:
+            params = {"key": key, "job_id": job_id, "job_type": job_type, "first": first}
+            row = await self.queries.row("flow_call_window", params, conn)
+            if row is None:
+                return Admit(units, reuse=False)  # nothing limits the key's calls
+            window = CallWindow(
+                allowance=Allowance(
+                    row["allowed_requests"], row["allowed_units"], row["window_seconds"]
+                ),
+                spends=tuple(
+                    Spend(-age, requests, spent)
+                    for age, requests, spent in zip(
+                        row["ages"], row["spent_requests"], row["spent_units"], strict=True
+                    )
+                ),
+                held=row["held"],
+                held_cost=row["held_cost"],
+                paused_for=row["paused_for"],
+                reserved=row["reserved"],
+            )
+            verdict = admit_call(window, units, first=first)
+            if isinstance(verdict, Admit):
+                await self.queries.execute(
+                    "flow_call_spend",
+                    {**params, "units": verdict.units, "reuse": verdict.reuse},
+                    conn,
+                )
+            return verdict
+
+        return await self.queries.in_transaction(decide)
 
     async def spend(
         self, key: str, job_id: UUID, *, units: int, call_id: str,

@@ -41,9 +41,9 @@ WITH given AS (
                              EXCLUDED.interval_seconds, EXCLUDED.weights, EXCLUDED.key_template,
                              EXCLUDED.share_by)
     RETURNING name
-), gone AS (
+), gone AS (  -- the config's own limits only (0049: the Graphile schema's is its own)
     DELETE FROM orc_flow_limits AS o
-     WHERE NOT EXISTS (SELECT FROM given AS g WHERE g.name = o.name)
+     WHERE o.owner = 'config' AND NOT EXISTS (SELECT FROM given AS g WHERE g.name = o.name)
     RETURNING name
 )
 SELECT name FROM changed UNION ALL SELECT name FROM gone
@@ -124,3 +124,12 @@ SELECT extract(epoch FROM paused_until - clock_timestamp())::float8 AS seconds
 -- (the first call since its admission), or a later call's request and units added; dated from
 -- when the call was sent; once per call id.
 SELECT orc_flow_spend_v2(%(key)s, %(job_id)s, %(units)s, %(sent_seconds_ago)s, %(call_id)s)
+
+-- flow_call_window --
+-- A running job's next call: its key's window as the call meets it, under the key's lock for
+-- the rest of the transaction (see orc_flow_call_window_v1). No row: nothing limits its calls.
+SELECT * FROM orc_flow_call_window_v1(%(key)s, %(job_id)s, %(job_type)s, %(first)s)
+
+-- flow_call_spend --
+-- ... and, in the same transaction, the call admitted: its spend recorded in the window.
+SELECT orc_flow_call_spend_v1(%(key)s, %(job_id)s, %(units)s, %(reuse)s)

@@ -1,19 +1,23 @@
 """The flow-control tests' application (docs/flow-control.md): ``hold`` jobs that run for a
-while under a concurrency limit, ``tick`` and ``late_call`` jobs under a rate limit, and the built-in
-``llm_generate`` under a per-model limit, for in-process workers and worker processes
+while under a concurrency limit, ``tick`` and ``late_call`` jobs under a rate limit, the built-in
+``llm_generate`` and ``run_agent`` (with the job-type tests' tools) and ``chat`` (several calls
+of its own client, each admitted with ``ctx.admit_call``, one checkpointed step each) under a
+per-model limit, for in-process workers and worker processes
 (``--app tests.support.flow_app:orc``). Settings come from the environment; its retry config
 is CONFIG, or ``config(...)``'s, given by ORCHESTRATOR_RETRY_CONFIG."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from orchestrator import JobContext, Orchestrator
-from tasks import llm
+from tasks import agent, llm
+from tests.support import job_types_app
 from tests.support.harness import config_with
 
 TABLE = """
@@ -53,6 +57,12 @@ limit = "shared"
 limit = "anthropic"
 app_max_retries = 2
 @LLM_GENERATE@
+
+[job_types.run_agent]
+limit = "anthropic"
+
+[job_types.chat]
+limit = "anthropic"
 """
 
 
@@ -77,6 +87,13 @@ class LateCall(BaseModel):
     returned_after: float  # and returned
 
 
+class Chat(BaseModel):
+    model: str
+    calls: int = 5
+    estimate: int = 15  # each call's, in tokens
+    tag: str = ""  # its prompt, so that each job's calls can be told apart
+
+
 def register(orc: Orchestrator) -> None:
     @orc.job_type("hold")
     async def hold(ctx: JobContext, payload: Hold) -> None:
@@ -98,7 +115,29 @@ def register(orc: Orchestrator) -> None:
     async def fair(ctx: JobContext, payload: None) -> None:
         await asyncio.sleep(0.02)
 
+    @orc.job_type("chat", cost=lambda chat: chat.estimate)
+    async def chat(ctx: JobContext, payload: Chat) -> int:
+        """``calls`` Messages calls through its own client, one checkpointed step each."""
+        url = os.environ["ANTHROPIC_BASE_URL"] + "/v1/messages"
+        headers = {"x-api-key": ctx.secrets.get("ANTHROPIC_API_KEY")}
+        steps = ctx.steps(int, initial=0, max_steps=payload.calls)
+        async for step in steps:
+            await ctx.admit_call(units=payload.estimate)
+            sent_at = time.monotonic()
+            body = {"model": payload.model, "max_tokens": 5,
+                    "messages": [{"role": "user", "content": f"{payload.tag} {step.number}"}]}  # fmt: skip
+            response = await ctx.http.post(url, json=body, headers=headers)
+            response.raise_for_status()
+            usage = response.json()["usage"]
+            await ctx.record_llm_usage(
+                payload.model, input_tokens=usage["input_tokens"],
+                output_tokens=usage["output_tokens"], sent_at=sent_at,
+            )  # fmt: skip
+            await step.checkpoint(step.number, final=step.number == payload.calls)
+        return int(steps.state)
+
     llm.register(orc)
+    agent.register(orc, job_types_app.TOOLS)
 
 
 orc = Orchestrator()

@@ -75,11 +75,13 @@ CREATE TYPE graphile_worker.job AS (
 CREATE FUNCTION graphile_worker._queue_limit() RETURNS text
 LANGUAGE sql IMMUTABLE AS $$ SELECT 'graphile_worker_queue' $$;
 
--- The limit itself, in the flow limits' table (a config's limits never remove another's).
-INSERT INTO orc_flow_limits (name, concurrency, interval_seconds, share_by)
-VALUES (graphile_worker._queue_limit(), 1, 1, 'none')
+-- The limit itself, in the flow limits' table, as its owner (no config's sync changes or
+-- deletes it: migration 0049; a config cannot name it: retry_config/names.py).
+INSERT INTO orc_flow_limits (name, concurrency, interval_seconds, share_by, owner)
+VALUES (graphile_worker._queue_limit(), 1, 1, 'none', 'graphile_worker')
 ON CONFLICT (name) DO UPDATE
-   SET concurrency = 1, requests = NULL, units = NULL, share_by = 'none', updated_at = now();
+   SET concurrency = 1, requests = NULL, units = NULL, share_by = 'none',
+       owner = 'graphile_worker', updated_at = now();
 
 CREATE FUNCTION graphile_worker._settings() RETURNS graphile_worker._orc_settings
 LANGUAGE plpgsql STABLE AS $$

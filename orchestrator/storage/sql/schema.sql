@@ -138,8 +138,10 @@ CREATE TABLE orc_flow_limits (
     key_template text DEFAULT '{job_type}'::text NOT NULL,
     share_by text DEFAULT 'tenant'::text NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    owner text DEFAULT 'config'::text NOT NULL,
     CONSTRAINT orc_flow_limits_concurrency_check CHECK ((concurrency > 0)),
     CONSTRAINT orc_flow_limits_interval_seconds_check CHECK ((interval_seconds > (0)::double precision)),
+    CONSTRAINT orc_flow_limits_owner_check CHECK ((owner = ANY (ARRAY['config'::text, 'graphile_worker'::text]))),
     CONSTRAINT orc_flow_limits_requests_check CHECK ((requests > 0)),
     CONSTRAINT orc_flow_limits_share_by_check CHECK ((share_by = ANY (ARRAY['tenant'::text, 'agent'::text, 'none'::text]))),
     CONSTRAINT orc_flow_limits_units_check CHECK ((units > 0)),
@@ -552,6 +554,8 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_fetch_dispatch_v3(p_queues character varying[], p_excluded character varying[], p_worker_id bigint, p_task_prefix text, p_worker text, p_claimable text[], p_running text)
 --   orc_fetch_dispatches_v3(p_limit integer, p_queues character varying[], p_excluded character varying[], p_worker_id bigint, p_task_prefix text, p_worker text, p_claimable text[], p_running text)
 --   orc_flow_admit_v1(j orc_jobs, p_task_prefix text)
+--   orc_flow_call_spend_v1(p_key text, p_job_id uuid, p_units bigint, p_reuse boolean)
+--   orc_flow_call_window_v1(p_key text, p_job_id uuid, p_job_type text, p_first boolean)
 --   orc_flow_capacity_v1(k orc_flow_keys, lim orc_flow_limits, p_cost bigint, p_held integer, p_held_cost bigint, OUT blocked text, OUT wake timestamp with time zone)
 --   orc_flow_dispatch_v2(p_job_ids uuid[], p_ats timestamp with time zone[], p_task_prefix text)
 --   orc_flow_expire_v1(k orc_flow_keys, lim orc_flow_limits)
@@ -560,6 +564,7 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_flow_leave_v1()
 --   orc_flow_lock_key_v1(p_key text, p_limit text, p_task_prefix text)
 --   orc_flow_lock_v1(p_key text)
+--   orc_flow_park_v1(p_job_id uuid, p_lease_token uuid, p_sources text[], p_cost bigint, p_blocked text, p_release boolean)
 --   orc_flow_passes_pause_v1(k orc_flow_keys, p_job_type text)
 --   orc_flow_pause_v1(p_key text, p_seconds double precision, p_reason text, p_by text)
 --   orc_flow_pump_v1(p_key text)

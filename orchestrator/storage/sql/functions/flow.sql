@@ -684,3 +684,143 @@ BEGIN
     RETURN orc_flow_pump_v1(p_key);
 END;
 $$;
+
+-- A running job's next call, before it is sent (docs/flow-control.md, "Every call admitted"):
+-- its key's window as the call meets it, read under the key's lock, which the caller's
+-- transaction keeps while it decides (orchestrator.domain.flow_window) and records the call
+-- (orc_flow_call_spend_v1). The window's spends by age in seconds, oldest first, but, for the
+-- job's first call since its claim (`p_first`), the claim's reservation (its units: `reserved`,
+-- null for none); `paused_for` null when the key is not paused for this job (a type that can move to a
+-- fallback model passes a pause longer than its threshold). No row: nothing limits the key's
+-- calls (no such key, its limit gone, or a limit of concurrency alone).
+CREATE OR REPLACE FUNCTION orc_flow_call_window_v1(
+    p_key text, p_job_id uuid, p_job_type text, p_first boolean
+)
+RETURNS TABLE (
+    allowed_requests bigint, allowed_units bigint, window_seconds double precision,
+    paused_for double precision, held integer, held_cost bigint, reserved bigint,
+    ages double precision[], spent_requests integer[], spent_units bigint[]
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    k orc_flow_keys;
+    lim orc_flow_limits;
+    factor double precision;
+    unused orc_flow_spends;
+BEGIN
+    PERFORM orc_flow_lock_v1(p_key);
+    SELECT * INTO k FROM orc_flow_keys AS f WHERE f.key = p_key;
+    SELECT * INTO lim FROM orc_flow_limits AS l WHERE l.name = k.limit_name;
+    IF lim.name IS NULL OR (lim.requests IS NULL AND lim.units IS NULL) THEN
+        RETURN;
+    END IF;
+    k := orc_flow_expire_v1(k, lim);
+    factor := orc_flow_factor_v1(k, lim);
+    IF p_first THEN
+        SELECT * INTO unused FROM orc_flow_spends AS s
+         WHERE s.job_id = p_job_id AND s.key = p_key AND NOT s.reconciled
+         ORDER BY s.id DESC LIMIT 1;
+    END IF;
+    RETURN QUERY
+    SELECT CASE WHEN lim.requests IS NOT NULL
+                THEN greatest(1, floor(lim.requests * factor))::bigint END,
+           CASE WHEN lim.units IS NOT NULL THEN greatest(1, floor(lim.units * factor))::bigint END,
+           lim.interval_seconds,
+           CASE WHEN k.paused_until > clock_timestamp()
+                     AND NOT orc_flow_passes_pause_v1(k, p_job_type)
+                THEN extract(epoch FROM k.paused_until - clock_timestamp())::float8 END,
+           h.n::integer, h.cost::bigint, unused.units,
+           coalesce(w.ages, '{}'), coalesce(w.requests, '{}'), coalesce(w.units, '{}')
+      FROM (SELECT count(*) AS n, coalesce(sum(o.cost), 0) AS cost FROM orc_flow_waiters AS o
+             WHERE o.key = p_key AND o.dispatched_at <= clock_timestamp()) AS h,
+           (SELECT array_agg(extract(epoch FROM clock_timestamp() - s.at)::float8
+                             ORDER BY s.at, s.id) AS ages,
+                   array_agg(s.requests ORDER BY s.at, s.id) AS requests,
+                   array_agg(s.units ORDER BY s.at, s.id) AS units
+              FROM orc_flow_spends AS s
+             WHERE s.key = p_key
+               AND s.at > clock_timestamp() - make_interval(secs => lim.interval_seconds)
+               AND s.id IS DISTINCT FROM unused.id) AS w;
+END;
+$$;
+
+-- A running job's call admitted (after orc_flow_call_window_v1, in its transaction): a request
+-- and its estimate recorded in the key's window at this instant; `p_reuse`: the job's first call
+-- since its claim, whose reservation moves here and takes the call's estimate instead.
+CREATE OR REPLACE FUNCTION orc_flow_call_spend_v1(
+    p_key text, p_job_id uuid, p_units bigint, p_reuse boolean
+) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    unused orc_flow_spends;
+BEGIN
+    IF NOT p_reuse THEN
+        PERFORM orc_flow_record_spend_v1(p_key, p_job_id, 1, p_units);
+        RETURN;
+    END IF;
+    SELECT * INTO unused FROM orc_flow_spends AS s
+     WHERE s.job_id = p_job_id AND s.key = p_key AND NOT s.reconciled
+     ORDER BY s.id DESC LIMIT 1;
+    UPDATE orc_flow_spends SET at = clock_timestamp(), units = p_units WHERE id = unused.id;
+    UPDATE orc_flow_keys SET window_units = greatest(0, window_units + p_units - unused.units)
+     WHERE key = p_key;
+END;
+$$;
+
+-- A running job whose next call would wait long for its key's room gives its worker slot back
+-- (fenced by its lease): PENDING again, no budget used, its cost the call's estimate, a waiter of
+-- its key (`p_blocked`: requests, units or paused) whom the pump hands a dispatch when its room
+-- frees; the claim then admits the call. `p_release`: the claim's reservation, which no call
+-- used, leaves the window. False: the lease was gone.
+CREATE OR REPLACE FUNCTION orc_flow_park_v1(
+    p_job_id uuid, p_lease_token uuid, p_sources text[], p_cost bigint, p_blocked text,
+    p_release boolean
+) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    j orc_jobs;
+    unused orc_flow_spends;
+    floor_vtime double precision;
+BEGIN
+    UPDATE orc_jobs
+       SET status = 'PENDING', next_retry_at = NULL, lease_token = NULL, locked_by = NULL,
+           heartbeat_at = NULL, procrastinate_job_id = NULL,
+           flow_cost = least(p_cost, 2147483647)
+     WHERE id = p_job_id AND lease_token = p_lease_token AND status = ANY (p_sources)
+       AND flow_key IS NOT NULL
+    RETURNING * INTO j;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM orc_flow_lock_v1(j.flow_key);
+    IF p_release THEN
+        DELETE FROM orc_flow_spends
+         WHERE id = (SELECT max(s.id) FROM orc_flow_spends AS s
+                      WHERE s.job_id = j.id AND s.key = j.flow_key AND NOT s.reconciled)
+        RETURNING * INTO unused;
+        UPDATE orc_flow_keys
+           SET window_requests = greatest(0, window_requests - unused.requests),
+               window_units = greatest(0, window_units - unused.units)
+         WHERE key = j.flow_key AND unused.id IS NOT NULL;
+    END IF;
+    -- A share that starts waiting starts level with the shares already waiting.
+    SELECT min(s.vtime) INTO floor_vtime
+      FROM orc_flow_shares AS s
+     WHERE s.key = j.flow_key
+       AND EXISTS (SELECT FROM orc_flow_waiters AS w
+                    WHERE w.key = j.flow_key AND w.share = s.share AND w.dispatched_at IS NULL);
+    INSERT INTO orc_flow_shares AS s (key, share, vtime)
+    VALUES (j.flow_key, coalesce(j.flow_share, ''), coalesce(floor_vtime, 0))
+    ON CONFLICT (key, share) DO UPDATE
+       SET vtime = greatest(s.vtime, coalesce(floor_vtime, s.vtime))
+     WHERE NOT EXISTS (SELECT FROM orc_flow_waiters AS w
+                        WHERE w.key = s.key AND w.share = s.share AND w.dispatched_at IS NULL);
+    INSERT INTO orc_flow_waiters (job_id, key, share, cost, blocked_on)
+    VALUES (j.id, j.flow_key, coalesce(j.flow_share, ''), j.flow_cost, p_blocked);
+    INSERT INTO orc_job_events (job_id, kind, payload)
+    VALUES (j.id, 'job.waiting_for_capacity',
+            jsonb_build_object('key', j.flow_key, 'waiting_on', p_blocked, 'status', j.status));
+    PERFORM orc_flow_pump_v1(j.flow_key);  -- its room may be known: it is sent for then
+    RETURN true;
+END;
+$$;

@@ -1,0 +1,10 @@
+-- 0047_every_call_admitted: each LLM call of a running job is admitted in its flow key's
+-- window before it is sent, not only its first at the claim (docs/flow-control.md, "Every call
+-- admitted"; functions/flow.sql): orc_flow_call_window_v1 reads the key's window under its
+-- lock for the worker to decide on, orc_flow_call_spend_v1 records the admitted call, and
+-- orc_flow_park_v1 parks a running job whose call would wait long (PENDING, a waiter of its
+-- key, no budget used). No table changes; new functions only, which the release before does
+-- not call (its workers' calls are counted after they return, as before).
+--
+-- compatible-with-older-workers: yes
+-- revises: functions/flow.sql 140f9432b9e9b1df4ff875d21badfb2d91787575390c60cb5d5dad185af1faee

@@ -1,0 +1,214 @@
+"""The admission of each call in its flow key's window (orchestrator.domain.flow_window), as a
+pure rule: whatever the sequence of claims, calls, costs, reconciliations and clock advances, the
+spends it lets in never hold more than ``requests`` requests or ``units`` units in any interval,
+and a call told to wait fits when its room comes. A claim (in SQL) meets the same window."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from orchestrator.domain.flow_window import (
+    Admit,
+    Allowance,
+    CallWindow,
+    Room,
+    Spend,
+    admit_call,
+    room,
+    waits_in_place,
+)
+
+
+@dataclass
+class Key:
+    """A key's window as the database keeps it: spends placed at their admission's instant."""
+
+    allowance: Allowance
+    now: float = 0.0
+    spends: list[list[float]] = field(default_factory=list)  # [at, requests, units, job]
+    reserved: dict[int, int] = field(default_factory=dict)  # job -> its claim's spend's index
+
+    def window(self, job: int | None) -> CallWindow:
+        mine = self.reserved.get(job) if job is not None else None
+        return CallWindow(
+            allowance=self.allowance,
+            spends=tuple(
+                Spend(at - self.now, int(r), int(u))
+                for n, (at, r, u, _) in enumerate(self.spends)
+                if n != mine
+            ),
+            held=0,
+            held_cost=0,
+            paused_for=None,
+            reserved=None if mine is None else int(self.spends[mine][2]),
+        )
+
+    def claim(self, job: int, cost: int) -> None:
+        """A job's claim, admitted by the same rule, reserves its first call's request."""
+        cap = cost if self.allowance.units is None else min(cost, self.allowance.units)
+        spends = self.window(None).spends
+        if room(self.allowance, spends, 0.0, requests=1, units=cap) is None:
+            self.reserved[job] = len(self.spends)
+            self.spends.append([self.now, 1, cap, job])
+
+    def call(self, job: int, cost: int) -> Admit | Room:
+        verdict = admit_call(self.window(job), cost, first=job in self.reserved)
+        if isinstance(verdict, Admit):
+            if verdict.reuse:
+                self.spends[self.reserved.pop(job)][:3] = [self.now, 1, verdict.units]
+            else:
+                self.spends.append([self.now, 1, verdict.units, job])
+        return verdict
+
+    def most_in_any_interval(self) -> tuple[int, int]:
+        seconds = self.allowance.interval
+        requests = units = 0
+        for start, *_ in self.spends:
+            inside = [s for s in self.spends if start <= s[0] < start + seconds]
+            requests = max(requests, int(sum(s[1] for s in inside)))
+            units = max(units, int(sum(s[2] for s in inside)))
+        return requests, units
+
+
+allowances = st.builds(
+    Allowance,
+    requests=st.one_of(st.none(), st.integers(1, 6)),
+    units=st.one_of(st.none(), st.integers(1, 60)),
+    interval=st.sampled_from([0.5, 1.0, 2.0, 10.0]),
+).filter(lambda a: a.requests is not None or a.units is not None)
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("claim"), st.integers(0, 4), st.integers(0, 40)),
+        st.tuples(st.just("call"), st.integers(0, 4), st.integers(0, 40)),
+        st.tuples(st.just("reconcile"), st.integers(0, 50), st.floats(0, 1)),
+        st.tuples(st.just("advance"), st.integers(0, 0), st.floats(0, 3)),
+    ),
+    max_size=60,
+)
+
+
+@given(allowances, operations)
+@example(  # a claim's reservation topped up where it stood would make [0, 10) hold 13 units
+    Allowance(requests=None, units=10, interval=10.0),
+    [("call", 0, 5), ("advance", 0, 5.0), ("claim", 1, 5), ("advance", 0, 6.0), ("call", 1, 8)],
+)
+def test_no_interval_ever_holds_more_than_the_allowance(
+    allowance: Allowance, ops: list[tuple[str, int, float]]
+) -> None:
+    key = Key(allowance)
+    for op, n, amount in ops:
+        if op == "claim":
+            key.claim(n, int(amount))
+        elif op == "call":
+            key.call(n, int(amount))
+        elif op == "reconcile" and key.spends:  # the reply's usage, never above the estimate
+            spend = key.spends[n % len(key.spends)]
+            spend[2] = int(spend[2] * amount)
+        elif op == "advance":
+            key.now += amount
+        requests, units = key.most_in_any_interval()
+        assert allowance.requests is None or requests <= allowance.requests
+        assert allowance.units is None or units <= allowance.units
+
+
+@given(allowances, operations, st.integers(0, 4), st.integers(0, 40))
+def test_a_call_told_to_wait_fits_when_its_room_comes(
+    allowance: Allowance, ops: list[tuple[str, int, float]], job: int, cost: int
+) -> None:
+    key = Key(allowance)
+    for op, n, amount in ops:
+        if op == "claim":
+            key.claim(n, int(amount))
+        elif op == "call":
+            key.call(n, int(amount))
+        elif op == "advance":
+            key.now += amount
+    verdict = key.call(job, cost)
+    if isinstance(verdict, Room):
+        assert 0 < verdict.at <= allowance.interval
+        key.now += verdict.at + 1e-9  # (the worker sleeps a few ms over)
+        assert isinstance(key.call(job, cost), Admit)
+
+
+def test_a_paused_key_holds_a_call_until_its_pause_ends_or_its_room_comes() -> None:
+    allowance = Allowance(requests=1, units=None, interval=10.0)
+    full = (Spend(-4.0, 1, 1),)  # its room comes in 6 s
+    paused = CallWindow(allowance, (), 0, 0, paused_for=3.0, reserved=None)
+    assert admit_call(paused, 1, first=False) == Room("paused", 3.0)
+    both = CallWindow(allowance, full, 0, 0, paused_for=3.0, reserved=None)
+    assert admit_call(both, 1, first=False) == Room("paused", 6.0)
+
+
+def test_the_first_call_takes_its_claim_s_reservation_and_a_waiter_s_room_is_kept() -> None:
+    allowance = Allowance(requests=2, units=None, interval=10.0)
+    other = (Spend(-1.0, 1, 5),)
+    mine = CallWindow(allowance, other, 0, 0, paused_for=None, reserved=5)
+    assert admit_call(mine, 7, first=True) == Admit(7, reuse=True)
+    assert admit_call(mine, 7, first=False) == Admit(7, reuse=False)
+    held = CallWindow(allowance, other, held=1, held_cost=5, paused_for=None, reserved=None)
+    assert admit_call(held, 7, first=False) == Room("requests", 9.0)
+    mine_held = CallWindow(allowance, other, held=1, held_cost=5, paused_for=None, reserved=5)
+    assert admit_call(mine_held, 7, first=True) == Admit(7, reuse=True)  # its room, its claim's
+
+
+def test_a_short_wait_is_waited_in_place_and_a_long_one_parks() -> None:
+    assert waits_in_place(0.5, 0.0) and waits_in_place(1.0, 1.0)
+    assert not waits_in_place(1.5, 1.0) and not waits_in_place(60.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("requests", "units", "ages", "cost", "held"),
+    [
+        (3, None, [0.5, 0.2], 1, 0),  # room now
+        (2, None, [0.9, 0.5, 0.1], 1, 0),  # full: the second oldest must slide out
+        (None, 100, [0.8, 0.3], 50, 0),  # 80 of 100 units spent: the oldest must go
+        (None, 100, [0.8, 0.3], 500, 0),  # dearer than the window: alone in one
+        (3, 100, [0.7, 0.4], 30, 1),  # a waiter's room held: requests bind
+        (5, 60, [0.6, 0.3], 10, 1),  # ... units bind
+    ],
+)
+async def test_a_call_and_a_claim_meet_the_same_window(
+    db: psycopg.AsyncConnection[Any],
+    requests: int | None,
+    units: int | None,
+    ages: list[float],
+    cost: int,
+    held: int,
+) -> None:
+    """The window's rule lives twice: in Python for a running job's calls (room) and in SQL for
+    claims (orc_flow_capacity_v1). On the same window, both see the same room (each spend 20
+    units)."""
+    interval = 1.0
+    for age in ages:
+        await db.execute(
+            "INSERT INTO orc_flow_spends (key, requests, units, at)"
+            " VALUES ('same', 1, 20, clock_timestamp() - make_interval(secs => %s))",
+            (age,),
+        )
+    cur = await db.execute(
+        "SELECT c.blocked, extract(epoch FROM c.wake - clock_timestamp())"
+        "  FROM orc_flow_capacity_v1("
+        "    jsonb_populate_record(NULL::orc_flow_keys, jsonb_build_object('key', 'same',"
+        "      'rate_factor', 1, 'factor_at', now(), 'window_requests', %s::int,"
+        "      'window_units', %s::int)),"
+        "    jsonb_populate_record(NULL::orc_flow_limits, jsonb_build_object('requests', %s::int,"
+        "      'units', %s::int, 'interval_seconds', %s::float8)),"
+        "    %s, %s, %s) AS c",
+        (len(ages), 20 * len(ages), requests, units, interval, cost, held, 20 * held),
+    )
+    [(blocked, wake)] = await cur.fetchall()
+    python = room(
+        Allowance(requests, units, interval), [Spend(-age, 1, 20) for age in ages], 0.0,
+        requests=1, units=cost, held=held, held_cost=20 * held,
+    )  # fmt: skip
+    if python is None:
+        assert blocked is None
+    else:
+        assert (blocked, float(wake)) == (python.blocked, pytest.approx(python.at, abs=0.05))
