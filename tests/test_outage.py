@@ -325,14 +325,67 @@ async def test_an_attempt_abandoned_in_an_outage_gives_its_slot_back_at_once(
                 what="every slot free again while the database is away",
             )  # fmt: skip
         except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{worker.output()[-4000:]}") from None
-        assert "abandoned: no heartbeat" in worker.output(), worker.output()[-4000:]
+            raise AssertionError(f"{exc}\n{_own_lines(worker.output())}") from None
+        assert "abandoned: no heartbeat" in worker.output(), _own_lines(worker.output())
         server.start()
-        back = await _now(dsn)
-        await eventually(
-            lambda: _in(worker.pid, _workers_since(dsn, back, "job.running")),
-            timeout=WORKS_AGAIN_WITHIN, what="a claim once the database is back",
-        )  # fmt: skip
+        back = await _started(dsn)
+        try:
+            await eventually(
+                lambda: _in(worker.pid, _workers_since(dsn, back, "job.running")),
+                timeout=WORKS_AGAIN_WITHIN, what="a claim once the database is back",
+            )  # fmt: skip
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{_own_lines(worker.output())}") from None
+
+
+async def test_an_attempt_abandoned_while_it_commits_held_results_gives_its_slot_back(
+    cluster: tuple[Cluster, str], service: MessageService
+) -> None:
+    """An attempt whose step holds a side effect's result when a write of the step fails (the
+    database went away between two calls) ends by committing that result, which it tries again
+    until the database takes it; abandoned meanwhile for lack of heartbeats (80 % of a 10 s
+    zombie threshold), it stops trying and its slot is free while the database is still away
+    (the result is reconciled by the job's next attempt, as after a crash)."""
+    server, dsn = cluster
+    orc = await agents_on(dsn)
+    port = free_port()
+    plan = {
+        "service": service.url, "steps": 1, "send_at": [1], "second_send_after": 3,
+        "step_seconds": 600,
+    }  # fmt: skip
+    env = {
+        "ORCHESTRATOR_HEALTH_PORT": port, "ORCHESTRATOR_WORKER_CONCURRENCY": 4,
+        "ORCHESTRATOR_ZOMBIE_THRESHOLD": 10, "ORCHESTRATOR_POOL_TIMEOUT": 1,
+        "ORCHESTRATOR_DRAIN_SECONDS": 1,
+    }  # fmt: skip
+    with WorkerProcess(dsn, **env) as worker:
+        async with orc:
+            await orc.submit_many([{"job_type": "agent", "payload": plan}] * 4)
+            await eventually(lambda: _is(_sent(service), 4), what="every first message sent")
+        server.stop()  # before the second messages: each step's write of them fails
+        try:
+            await eventually(
+                lambda: _is(free_slots(port), 4), timeout=20,
+                what="every slot free again while the database is away",
+            )  # fmt: skip
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{_own_lines(worker.output())}") from None
+        log = worker.output()
+        assert "side effects: database unreachable" in log, _own_lines(log)
+
+
+#: Lines a worker logs again and again while the database is away.
+_REPEATED = ("psycopg.pool", "heartbeat failed", "due-time refresh failed", "Is the server")
+
+
+def _own_lines(log: str) -> str:
+    """The worker's last lines, without those it repeats through the outage."""
+    lines = log.splitlines()
+    return "\n".join(line for line in lines if not any(r in line for r in _REPEATED))[-4000:]
+
+
+async def _sent(service: MessageService) -> int:
+    return len(service.deliveries)
 
 
 async def free_slots(port: int) -> int | None:
@@ -413,7 +466,7 @@ async def test_after_an_outage_every_worker_works_again_at_once(
         server.stop()
         await asyncio.sleep(40)
         server.start()
-        back = await _now(dsn)
+        back = await _started(dsn)
         for kind in ("job.running", "job.completed"):  # claims, then completions
             try:
                 await eventually(
@@ -425,10 +478,12 @@ async def test_after_an_outage_every_worker_works_again_at_once(
                 raise AssertionError(f"{exc}: {kind} of {sorted(some)} of {sorted(pids)}") from None
 
 
-async def _now(dsn: str) -> str:
-    """The database's clock (once it answers)."""
+async def _started(dsn: str) -> str:
+    """When the database's server started (by its clock): what was written since, was written
+    once it was back (a worker may claim before the test could read the clock)."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        return str((await (await conn.execute("SELECT now()")).fetchone())[0])
+        cur = await conn.execute("SELECT pg_postmaster_start_time()")
+        return str((await cur.fetchone())[0])
 
 
 async def _in(pid: int, pids: Awaitable[set[int]]) -> bool:
