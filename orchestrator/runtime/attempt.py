@@ -112,6 +112,7 @@ class Attempt:
         self.releasing = False
         self._task: asyncio.Task[Any] | None = None
         self._task_running = False  # the task function is running: a stop cancels it
+        self._flushing = False  # it commits the results it holds (_ending): an abandonment stops it
         self.job_type = kit.job_types[claim.job_type]
         self.config: JobRetryConfig = kit.config.current.for_type(claim.job_type)
         self.timeout_seconds = claim.timeout_seconds or self.config.job_timeout_seconds
@@ -132,9 +133,13 @@ class Attempt:
         )
 
     def abandon(self, reason: str) -> None:
-        """It no longer holds its job: cancel it, and let it write nothing."""
+        """It no longer holds its job: cancel it, and let it write nothing, not even the
+        side-effect results it holds (its job's next attempt reconciles them, as after a crash):
+        it ends at once, and frees its slot, even while the database is away."""
         self.lost = reason
         self._cancel()  # repeated at each heartbeat while it runs (see heartbeat.py)
+        if self._flushing and self._task is not None:
+            self._task.cancel()
 
     def interrupt(self, reason: str) -> None:
         """Stop it and hand its job back (drain): ``ctx.should_abort()`` and a cancellation."""
@@ -314,11 +319,21 @@ class Attempt:
 
     async def _ending(self, outcome: Outcome) -> Outcome:
         """Commit the side-effect results still held, before the outcome is written; a refusal
-        means this attempt was superseded, and its outcome is not written."""
+        means this attempt was superseded, and its outcome is not written. The commit is tried
+        until the database takes it, unless the attempt is abandoned meanwhile (its heartbeats
+        failed for most of the zombie threshold: the database is away)."""
+        self._flushing = True
         try:
             await until_written(f"job {self.claim.id}'s side effects", self.ledger.flush)
         except StaleLease as exc:
             return Superseded(type(outcome).__name__.lower(), exc)
+        except asyncio.CancelledError:
+            if self.lost is None:
+                raise  # not this attempt's own: the event loop is closing
+            self._uncancel()
+            return Abandoned(self.lost)
+        finally:
+            self._flushing = False
         return outcome
 
 

@@ -135,8 +135,8 @@ def drop_database(dsn: str, dbname: str) -> None:
 IDLE_CHECK_SECONDS = 5.0
 #: How long the pool keeps trying to replace a connection it lost before it gives that attempt
 #: up (psycopg_pool's reconnect_timeout; its default, 5 minutes, backs off 1, 2, 4, 8 ... s).
-#: Short, so that after an outage no attempt is left asleep in its back-off: the next statement
-#: that finds the pool empty makes it connect at once.
+#: Short, so that no attempt is left asleep in a back-off that doubled through an outage: while
+#: a statement waits, an attempt given up is made again at once (:func:`create_pool`).
 RECONNECT_SECONDS = 1.0
 
 Conn = psycopg.AsyncConnection[Any]
@@ -161,9 +161,12 @@ def create_pool(
     through its worker task, a detour for each statement; a connection held longer than that is
     only checked once more. A statement waits ``timeout`` seconds at most for a connection.
 
-    A connection lost (the database away) is tried again for RECONNECT_SECONDS only: once the
-    database is back, the first statement that waits grows the pool at once, rather than after
-    a back-off that doubled through the outage (half a minute after a 30 s one).
+    A connection lost (the database away) is tried again for RECONNECT_SECONDS only, and then
+    again at once for as long as a statement waits for a connection: the pool tries to connect
+    about every second through an outage of any length while it is needed, and a statement that
+    waited through it has its connection within a second of the database's return, rather than
+    after a back-off that doubled through the outage (half a minute after a 30 s one), or at its
+    own ``timeout``. With no statement waiting it tries nothing: the next one makes it connect.
     """
     handed_out_at: weakref.WeakKeyDictionary[Conn, float] = weakref.WeakKeyDictionary()
 
@@ -176,12 +179,20 @@ def create_pool(
         if now - last > idle_check_seconds:
             await AsyncConnectionPool.check_connection(conn)
 
+    async def connect_again_if_awaited(pool: Pool) -> None:
+        # An attempt was given up after RECONNECT_SECONDS. A pool with no connection grows when
+        # checked; a statement that started waiting before the attempt did would otherwise wait
+        # until its timeout, since only a new statement makes the pool grow.
+        if pool.get_stats().get("requests_waiting"):
+            await pool.check()
+
     return AsyncConnectionPool(
         dsn,
         min_size=min_size,
         max_size=max_size,
         timeout=timeout,
         reconnect_timeout=RECONNECT_SECONDS,
+        reconnect_failed=connect_again_if_awaited,
         open=False,
         configure=configure,
         check=check_if_idle,

@@ -46,6 +46,9 @@ class Plan(BaseModel):
     approval_expires_in: float = 3600
     approval_notify: dict[str, Any] | None = None  # the step's own notice target
     step_seconds: float = 0.0  # time each step takes before its checkpoint
+    #: In a step that sends: wait this long, then send a second message (two side effects in one
+    #: step: the first one's result is held, not yet committed, while the second is made).
+    second_send_after: float | None = None
     slow_step: int | None = None  # in the job's first attempt, this step takes slow_seconds
     slow_seconds: float = 30.0
 
@@ -103,6 +106,9 @@ def register(orc: Orchestrator) -> None:
 
                 receipt = await step.effect("send", call, args={"step": n}, reconcile=reconcile)
                 line += f" sent {receipt['text']!r}"
+                if plan.second_send_after is not None:
+                    await asyncio.sleep(plan.second_send_after)
+                    await step.effect("send", call, args={"step": n}, reconcile=reconcile)
                 if n in plan.transient_after_send_at and _once(ctx.job_id, f"after_send:{n}"):
                     raise RetryLater(0.01, f"step {n} hit a rate limit after sending")
             seconds = plan.step_seconds
