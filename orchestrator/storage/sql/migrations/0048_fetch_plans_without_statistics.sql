@@ -1,0 +1,12 @@
+-- 0048_fetch_plans_without_statistics: the fetch of a dispatch (orc_take_dispatch_v1,
+-- functions/claim.sql) no longer runs Procrastinate's procrastinate_fetch_job_v2, whose plan
+-- followed the queue's statistics: analyzed while few dispatches waited (always, for a queue
+-- whose waiting rows come and go between two ANALYZEs), it read every waiting dispatch and
+-- sorted them, or read its lock's index whole for each candidate, on every fetch (14 ms instead
+-- of 0.1 at a backlog of 5,000: docs/operations.md, "Hot paths"). It walks the waiting
+-- dispatches' index from its head, and checks a candidate's lock with a lookup of that lock
+-- (orc_dispatch_held_back_v1). Same rule, same signature: compatible (the release before
+-- calls it through orc_fetch_dispatch_v3, and gains the same plan).
+--
+-- compatible-with-older-workers: yes
+-- revises: functions/claim.sql b7673c12e96beb74a9dd1adffad2e8b65f782606a88dfd5977100b6eab931323
