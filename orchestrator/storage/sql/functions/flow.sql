@@ -364,7 +364,8 @@ BEGIN
     ELSIF waiter.dispatched_at IS NULL
           AND EXISTS (SELECT FROM orc_flow_waiters AS w
                        WHERE w.key = j.flow_key AND w.job_id <> j.id
-                         AND (w.dispatched_at IS NULL OR w.dispatched_at > clock_timestamp())
+                         AND (w.dispatched_at IS NULL
+                              OR (w.dispatched_at > clock_timestamp() AND w.blocked_on <> 'share'))
                          AND (NOT passes
                               OR orc_flow_passes_pause_v1(paused, (SELECT o.job_type FROM orc_jobs AS o
                                                                     WHERE o.id = w.job_id))))
@@ -519,7 +520,9 @@ BEGIN
         k := orc_flow_expire_v1(k, lim);
     END IF;
     SELECT count(*), coalesce(sum(w.cost), 0) INTO held, held_cost
-      FROM orc_flow_waiters AS w WHERE w.key = p_key AND w.dispatched_at IS NOT NULL;
+      FROM orc_flow_waiters AS w
+     WHERE w.key = p_key AND w.dispatched_at IS NOT NULL
+       AND NOT (w.blocked_on = 'share' AND w.dispatched_at > clock_timestamp());
     pass_only := lim.name IS NOT NULL
                  AND coalesce(k.paused_until > clock_timestamp()
                                                + make_interval(secs => least(lim.interval_seconds, 1)),
@@ -596,15 +599,20 @@ BEGIN
             END IF;
             EXIT WHEN wake > horizon;  -- the admission of one sent ahead pumps again
         END IF;
-        IF capped_by IS NOT NULL THEN  -- its share's room frees at a known time: sent for then
+        PERFORM orc_flow_charge_v1(p_key, pick, orc_flow_charged_v1(cost, lim), lim);
+        IF capped_by IS NOT NULL THEN
+            -- Its share's room frees at a known time: sent for then, holding nothing of the
+            -- key's until then (its claim decides on the key as it is at that time).
             wake := greatest(wake, to_timestamp(ceil(extract(epoch FROM capped_until) * 20) / 20));
             capped := capped || pick;  -- (its next ones wait for its admission's pump)
+            UPDATE orc_flow_waiters SET dispatched_at = wake, blocked_on = 'share'
+             WHERE job_id = waiter.job_id;
+        ELSE
+            UPDATE orc_flow_waiters SET dispatched_at = coalesce(wake, now())
+             WHERE job_id = waiter.job_id;
+            held := held + 1;
+            held_cost := held_cost + cost;
         END IF;
-        PERFORM orc_flow_charge_v1(p_key, pick, orc_flow_charged_v1(cost, lim), lim);
-        UPDATE orc_flow_waiters SET dispatched_at = coalesce(wake, now())
-         WHERE job_id = waiter.job_id;
-        held := held + 1;
-        held_cost := held_cost + cost;
         IF wake IS NULL THEN
             now_ids := now_ids || waiter.job_id;
         ELSE
