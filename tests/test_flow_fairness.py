@@ -102,9 +102,7 @@ async def test_one_tenant_holds_no_more_of_a_key_than_its_share(
         await wait_for(lambda: _none_left(db, slots_b), timeout=10)
 
         quick = {"seconds": 0.1}
-        huge = [
-            await orc.submit("hold_tokens", quick, tenant_id="a", cost=10**9) for _ in range(3)
-        ]
+        huge = [await orc.submit("hold_tokens", quick, tenant_id="a", cost=10**9) for _ in range(3)]
         await wait_for(lambda: _none_left(db, huge[:1]), timeout=30)
         fair = await orc.submit("hold_tokens", quick, tenant_id="b", cost=10)
         await wait_for(lambda: _none_left(db, [fair]), timeout=10)
