@@ -166,6 +166,14 @@ class FlowLimit(_Frozen):
         description="A share's weight (default 1): a share of weight 3 starts three jobs (or "
         "units) for each one of a share of weight 1 while both wait.",
     )
+    tenant_share: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="The most of one key's concurrency, requests and units that one share (a "
+        'tenant; an agent with share_by = "agent") may hold at once, as a fraction (e.g. 0.5; '
+        "each at least 1). Unset: a share may take the whole key when no other waits.",
+    )
 
     @field_validator("weights")
     @classmethod
@@ -197,6 +205,11 @@ class FlowLimit(_Frozen):
     def _limits_something(self) -> FlowLimit:
         if self.concurrency is None and self.requests is None and self.units is None:
             raise ValueError("set at least one of concurrency, requests and units")
+        if self.tenant_share is not None and self.share_by == "none":
+            raise ValueError(
+                'tenant_share caps one share of a key, and share_by = "none" makes none: set '
+                'share_by to "tenant" or "agent", or remove tenant_share'
+            )
         return self
 
 

@@ -172,7 +172,7 @@ async def generate(ctx: JobContext, **params: Any) -> LlmResponse:
     await ctx.check_token_budget()  # TOKEN_BUDGET_EXHAUSTED (PERMANENT) once a budget is spent
     sdk = client(ctx)
     model = str(params.get("model"))
-    await ctx.admit_call(call_estimate(params))  # in its flow key's window, before it is sent
+    await ctx.admit_call(call_estimate(params), model=model)  # in its model's key, before sent
     call = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "anthropic",
             "gen_ai.request.model": model}  # fmt: skip
     try:
@@ -235,14 +235,15 @@ async def generate_with_fallback(
     type's ``fallback_models`` when None) as the module says, each move recorded with the
     agent's ``step`` if any; the reply's ``answered_by`` names the model that answered.
     ``on_job_key``: ``params["model"]`` is the model the job's flow key is for (the payload's);
-    while that key is paused for longer than ``fallback_after_seconds`` (the claim let the job
-    through for that), the call starts on the next model."""
+    while that key is paused by its provider for longer than ``fallback_after_seconds`` (as
+    the database reads it: the claim let the job through for that), the call starts on the
+    next model."""
     models = fallback_chain(
         str(params.get("model")), ctx.config.fallback_models if fallback is None else fallback
     )
     if on_job_key and len(models) > 1:
-        paused_for = await ctx.flow_key_paused_for()
-        if paused_for is not None and paused_for > ctx.config.fallback_after_seconds:
+        paused_for = await ctx.flow_key_passable_for()
+        if paused_for is not None:
             ctx.log.warning("model %s's key is paused: moving to %s", models[0], models[1])
             await ctx.record_model_fallback(
                 models[0], models[1], None, step=step, paused_for=paused_for

@@ -304,12 +304,19 @@ async def test_a_429_with_a_hint_pauses_the_key_for_every_job_and_spends_no_budg
     assert key.waiting == 0 and key.running == 0
 
 
+async def provider_pause(db: psycopg.AsyncConnection[Any], key: str, seconds: float) -> None:
+    """The key paused by its provider (a 429's hint), as a worker's retry pauses it."""
+    await db.execute("SELECT orc_flow_throttled_v2(%s, %s, 'overloaded_error')", (key, seconds))
+
+
 async def test_a_job_that_can_fall_back_does_not_wait_out_a_long_pause_of_its_key(
-    make_orc: Callable[..., Orchestrator], model_server: llm.LocalLLM
-) -> None:
-    """While its key is paused for longer than the type's fallback_after_seconds, a job whose
-    type names fallback models is let through the pause and calls the next model at once (a
-    ``job.model_fallback`` event, reason ``key_paused``); the paused model is not called."""
+    make_orc: Callable[..., Orchestrator], model_server: llm.LocalLLM,
+    db: psycopg.AsyncConnection[Any],
+) -> None:  # fmt: skip
+    """While its key is paused by its provider for longer than the type's
+    fallback_after_seconds, a job whose type names fallback models is let through the pause and
+    calls the next model at once (a ``job.model_fallback`` event, reason ``key_paused``); the
+    paused model is not called."""
     model_server.script("m", [llm.Text("ok")])
     model_server.script("m2", [llm.Text("from the fallback")])
     orc = make_orc(
@@ -321,7 +328,7 @@ async def test_a_job_that_can_fall_back_does_not_wait_out_a_long_pause_of_its_ke
     await orc.open()
     async with WorkerRun(orc, concurrency=10) as run:
         await run.until_finished(await orc.submit("llm_generate", ask("m")))  # the key exists
-        await orc.pause_flow_key("anthropic:m", seconds=60, reason="the provider is down")
+        await provider_pause(db, "anthropic:m", 60)
         job_id = await orc.submit("llm_generate", ask("m"))
         await run.until_finished(job_id, timeout=15)
     job, events = await orc.get_job(job_id), await orc.job_events(job_id)
@@ -338,9 +345,9 @@ async def test_a_waiter_that_can_fall_back_is_handed_room_through_a_long_pause(
     model_server: llm.LocalLLM,
     db: psycopg.AsyncConnection[Any],
 ) -> None:
-    """A job already waiting for room when its key is paused: when room frees, the pump hands
-    it on as its type meets the key (through a pause longer than its fallback threshold), not
-    at the pause's end."""
+    """A job already waiting for room when its provider pauses its key: when room frees, the
+    pump hands it on as its type meets the key (through a pause longer than its fallback
+    threshold), not at the pause's end."""
     model_server.script("m", [llm.Text("slow answer", chunks=10, every=0.2)])
     model_server.script("m2", [llm.Text("from the fallback")])
     orc = make_orc(
@@ -355,7 +362,7 @@ async def test_a_waiter_that_can_fall_back_is_handed_room_through_a_long_pause(
         await wait_for(lambda: _running_one(db, "anthropic:m"))
         waiter = await orc.submit("llm_generate", ask("m"))
         await wait_for(lambda: _waits(orc, waiter))
-        await orc.pause_flow_key("anthropic:m", seconds=60, reason="the provider is down")
+        await provider_pause(db, "anthropic:m", 60)
         await run.until_finished(slow, waiter, timeout=15)
     assert model_server.requests["m"] == 1 and model_server.requests["m2"] == 1
     [moved] = [e.payload for e in await orc.job_events(waiter) if e.kind == "job.model_fallback"]
@@ -744,7 +751,11 @@ async def test_a_pause_ends_by_the_database_s_clock(
     [(left,)] = await cur.fetchall()
     assert 590 < left <= 600
     await db.execute("SELECT orc_flow_throttled_v2('tick', 900, 'rate_limit_error: slow down')")
-    [key] = await orc.flow_keys("tick")
-    assert key.paused_by == "provider" and key.pause_reason == "rate_limit_error: slow down"
-    seconds = await orc.stores.flow.paused_for("tick")
-    assert seconds is not None and 890 < seconds <= 900
+    [key] = await orc.flow_keys("tick")  # extended, and still the operator's (no type passes it)
+    assert key.paused_by == "test" and key.pause_reason == "incident"
+    cur = await db.execute(
+        "SELECT extract(epoch FROM paused_until - clock_timestamp())::float8 FROM orc_flow_keys"
+        " WHERE key = 'tick'"
+    )
+    [(seconds,)] = await cur.fetchall()
+    assert 890 < seconds <= 900

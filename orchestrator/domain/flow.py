@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from orchestrator.domain.flow_share import estimate
 from retry_config.models import FlowLimit
 
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
@@ -21,7 +22,7 @@ _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 MAX_KEY = 200
 
 #: What a waiting job waits for (``orc_flow_waiters.blocked_on``).
-Blocked = Literal["concurrency", "requests", "units", "paused", "line"]
+Blocked = Literal["concurrency", "requests", "units", "paused", "line", "share"]
 
 
 class FlowKeyError(ValueError):
@@ -80,12 +81,14 @@ def flow_of(
     payload: Any,
     cost: int,
 ) -> Flow:
-    """The job's flow under the limit ``name``."""
+    """The job's flow under the limit ``name``; its ``cost`` (declared or estimated) an estimate
+    bounded to ``[1, the units one share may hold]`` (orchestrator.domain.flow_share)."""
     key = render_key(
         limit.key, job_type=job_type, tenant_id=tenant_id, agent_id=agent_id, payload=payload
     )
     share = {"tenant": tenant_id, "agent": agent_id, "none": None}[limit.share_by]
-    return Flow(key=key, limit=name, cost=cost, share=share or "")
+    bounded = estimate(cost, limit.units, limit.tenant_share)
+    return Flow(key=key, limit=name, cost=bounded, share=share or "")
 
 
 def waiting_reason(key: str, blocked_on: Blocked, paused_until: datetime | None) -> str:
@@ -95,6 +98,7 @@ def waiting_reason(key: str, blocked_on: Blocked, paused_until: datetime | None)
         "requests": "its requests per interval are spent",
         "units": "its units per interval are spent",
         "line": "in line behind other jobs of the key",
+        "share": "its share of the key (tenant_share) is in use",
         "paused": "paused",
     }[blocked_on]
     if blocked_on == "paused" and paused_until is not None:

@@ -11,7 +11,9 @@ at its instant, and spends are placed at their admissions' instants, in order: s
 interval holds no more than the last admission in it checked. A job's first call after its
 claim takes the claim's reservation instead of a request more: the reservation moves to the
 call's instant, with the call's estimate, if the window without it has room for it there
-(moving a spend later, checked as a new one, keeps that rule true).
+(moving a spend later, checked as a new one, keeps that rule true). Under a limit with a
+``tenant_share``, the call's share must also fit its cap: its own spends of the window, checked
+by the same rule against the capped allowance (orchestrator.domain.flow_share.cap).
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from orchestrator.domain.flow_share import cap
+
 #: A call whose room comes within this many seconds (all its waits together) waits for it in
 #: place; one that would wait longer gives its worker slot back, its job parked as a waiter of
 #: its key until its room is handed to it.
 WAIT_IN_PLACE_SECONDS = 2.0
 
-CallBlocked = Literal["requests", "units", "paused"]
+CallBlocked = Literal["requests", "units", "paused", "share"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,17 @@ def room(
 
 
 @dataclass(frozen=True)
+class ShareWindow:
+    """The call's share's part of the window: its cap (the limit's ``tenant_share``), its own
+    spends, and its waiters handed room now."""
+
+    tenant_share: float
+    spends: tuple[Spend, ...]
+    held: int
+    held_cost: int
+
+
+@dataclass(frozen=True)
 class CallWindow:
     """A key's window as a running job's call meets it, read under the key's lock, on a clock
     whose ``now`` is 0 (each spend's ``at`` is minus its age)."""
@@ -103,6 +118,8 @@ class CallWindow:
     paused_for: float | None  # seconds the key stays paused for this job (None: it is not)
     #: Units the job's claim reserved and no call has used (None: no reservation).
     reserved: int | None
+    #: The job's share's cap and use (None: the limit caps no share).
+    share: ShareWindow | None = None
 
 
 @dataclass(frozen=True)
@@ -117,16 +134,27 @@ class Admit:
 def admit_call(window: CallWindow, units: int, *, first: bool) -> Admit | Room:
     """May a call estimated at ``units`` go now? The job's ``first`` call since its claim takes
     the claim's reservation, if it still has one."""
-    allowed = window.allowance.units
+    allowance, share = window.allowance, window.share
+    capped = None if share is None else Allowance(
+        cap(allowance.requests, share.tenant_share), cap(allowance.units, share.tenant_share),
+        allowance.interval,
+    )  # fmt: skip
+    allowed = (capped or allowance).units
     ask = Admit(
         units if allowed is None else min(units, allowed),
         reuse=first and window.reserved is not None,
     )
     held, held_cost = (0, 0) if ask.reuse else (window.held, window.held_cost)  # its own room
     wait = room(
-        window.allowance, window.spends, 0.0, requests=1, units=ask.units, held=held,
-        held_cost=held_cost,
-    )  # fmt: skip
+        allowance, window.spends, 0.0, requests=1, units=ask.units, held=held, held_cost=held_cost
+    )
+    if share is not None and capped is not None:
+        mine, theirs = (0, 0) if ask.reuse else (share.held, share.held_cost)
+        over = room(
+            capped, share.spends, 0.0, requests=1, units=ask.units, held=mine, held_cost=theirs
+        )
+        if over is not None:
+            wait = Room("share", max(over.at, wait.at if wait is not None else 0.0))
     if window.paused_for is not None and window.paused_for > 0:
         at = max(window.paused_for, wait.at if wait is not None else 0.0)
         return Room("paused", at, ask.reuse)
@@ -136,11 +164,17 @@ def admit_call(window: CallWindow, units: int, *, first: bool) -> Admit | Room:
 class CallParked(BaseException):
     """Raised by ``ctx.admit_call`` when the call's room is further off than a wait in place:
     the attempt ends, its job parked as a waiter of ``key`` for a call of ``cost`` units
-    (``release``: the claim's reservation, which no call used, leaves the window). A
-    BaseException, so that a task's ``except Exception`` cannot swallow it by accident."""
+    (``release``: the claim's reservation, which no call used, leaves the window;
+    ``not_before``: seconds from now before which its call cannot go, known for a fallback
+    model's key, whose room its own key's pump does not see). A BaseException, so that a
+    task's ``except Exception`` cannot swallow it by accident."""
 
-    def __init__(self, key: str, blocked: CallBlocked, cost: int, *, release: bool) -> None:
+    def __init__(
+        self, key: str, blocked: CallBlocked, cost: int, *, release: bool,
+        not_before: float | None = None,
+    ) -> None:  # fmt: skip
         self.key, self.blocked, self.cost, self.release = key, blocked, cost, release
+        self.not_before = not_before
         super().__init__(f"waiting for capacity on {key} ({blocked}) before its next call")
 
 

@@ -130,7 +130,7 @@ class JobContext:
             call_id=call_id, sent_at=sent_at,
         )  # fmt: skip
 
-    async def admit_call(self, units: int = 1) -> None:
+    async def admit_call(self, units: int = 1, *, model: str | None = None) -> None:
         """Before each LLM call the task sends through its own client: admit it in its job's
         flow key's window (``requests`` and ``units`` per interval, fleet-wide), ``units`` its
         estimate in the limit's units (e.g. its input at about four characters a token plus
@@ -138,8 +138,10 @@ class JobContext:
         that fits goes at once; one whose room comes within a couple of seconds waits for it
         here; one that would wait longer ends the attempt: the job gives its worker slot back
         and waits in its key's line, then resumes from its last checkpoint, at this call. The
-        built-in ``llm_generate`` and ``run_agent`` admit each of their calls. Nothing for a job
-        whose limit has no window (docs/flow-control.md, "Every call admitted")::
+        built-in ``llm_generate`` and ``run_agent`` admit each of their calls. ``model``: the
+        model the call goes to, when it is not the one the job's key is for (a fallback model):
+        the call is admitted against that model's key, its usage reconciled there. Nothing for
+        a job whose limit has no window (docs/flow-control.md, "Every call admitted")::
 
             await ctx.admit_call(units=estimate)
             sent_at = time.monotonic()
@@ -147,13 +149,15 @@ class JobContext:
             await ctx.record_llm_usage(model, input_tokens=..., output_tokens=..., sent_at=sent_at)
         """
         if self._accounting is not None:
-            await self._accounting.admit(units)
+            await self._accounting.admit(units, model)
 
-    async def flow_key_paused_for(self) -> float | None:
-        """Seconds the job's flow key stays paused from now (None: it is not paused, or the
-        job runs under no limit): a job whose type can move to a fallback model is let through
-        a pause longer than its ``fallback_after_seconds``, and calls the next model."""
-        return None if self._accounting is None else await self._accounting.key_paused_for()
+    async def flow_key_passable_for(self) -> float | None:
+        """Seconds the job's flow key stays paused from now when the job may pass the pause on
+        a fallback model (None: it may not, the key is not paused, or the job runs under no
+        limit): a provider's pause longer than the type's ``fallback_after_seconds`` as the
+        fleet's config has it, the database deciding as the claim that let the job through
+        did. The job then calls the next model, admitted against that model's key."""
+        return None if self._accounting is None else await self._accounting.key_passable_for()
 
     async def check_token_budget(self) -> None:
         """Before an LLM call: raise :class:`~orchestrator.domain.errors.TokenBudgetExhausted`

@@ -81,9 +81,10 @@ class Parked:
     """Its next LLM call found no room on its flow key for a while (docs/flow-control.md)."""
 
     key: str
-    blocked: str  # requests, units or paused
+    blocked: str  # requests, units, share or paused
     cost: int  # the call's estimate
     release: bool  # the claim's reservation, unused, leaves the window
+    not_before: float | None = None  # seconds before which its call cannot go, when known
 
 
 @dataclass(frozen=True)
@@ -208,10 +209,11 @@ class OutcomeWriter:
             case HandedBack(event=event):
                 written = await self.dispatches.hand_back(claim, dispatch_id, event)
                 return await self._refused_unless(written, claim, Status.PENDING, "interrupted")
-            case Parked(cost=cost, blocked=blocked, release=release):
+            case Parked(cost=cost, blocked=blocked, release=release, not_before=not_before):
                 written = await self.dispatches.park(
-                    claim, dispatch_id, cost=cost, blocked=blocked, release=release
-                )
+                    claim, dispatch_id, cost=cost, blocked=blocked, release=release,
+                    not_before=not_before,
+                )  # fmt: skip
                 return await self._refused_unless(written, claim, Status.PENDING, "parked")
             case Waiting():
                 await self.dispatches.end(dispatch_id, "succeeded")

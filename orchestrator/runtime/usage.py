@@ -14,6 +14,7 @@ reload applies to the next call).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -44,12 +45,15 @@ class Accounting:
     #: The job's limit counts requests or units per interval (as the attempt's config says).
     windowed: bool = False
     _calls: int = field(default=0, init=False)  # calls admitted by this attempt
+    _keys: dict[str, str] = field(default_factory=dict, init=False)  # a model's, once admitted
 
-    async def admit(self, units: int) -> None:
-        """Admit the job's next call, estimated at ``units``, in its key's window before it is
-        sent: at once if it fits; after a wait in place if its room comes soon; else raise
-        CallParked (the attempt ends, its job waits in the key's line). The attempt's first
-        call takes the claim's reservation. Nothing for a job whose limit has no window."""
+    async def admit(self, units: int, model: str | None = None) -> None:
+        """Admit the job's next call, to ``model`` (None: the one its key is for), estimated at
+        ``units``, before it is sent, in the window of that model's key (a fallback model's
+        call: that model's): at once if it fits; after a wait in place if its room comes soon;
+        else raise CallParked (the attempt ends, its job waits in its own key's line, sent for
+        when a fallback model's room comes if that is known). The attempt's first call takes
+        the claim's reservation. Nothing for a job whose limit has no window."""
         key = self.claim.flow_key
         if self.flow is None or key is None or not self.windowed:
             return
@@ -58,14 +62,20 @@ class Accounting:
         first = self._calls == 0
         waited = 0.0
         while True:
-            verdict = await self.flow.admit_call(
-                key, self.claim.id, self.claim.job_type, units=units, first=first
+            admitted_at, verdict = await self.flow.admit_call(
+                self.claim.id, model, units=units, first=first
             )
             if isinstance(verdict, Admit):
                 self._calls += 1
+                if model is not None and admitted_at is not None:
+                    self._keys[model] = admitted_at  # its usage reconciles there
                 return
             if not waits_in_place(verdict.at, waited):
-                raise CallParked(key, verdict.blocked, units, release=verdict.reserved)
+                elsewhere = admitted_at != key and math.isfinite(verdict.at)
+                raise CallParked(
+                    key, verdict.blocked, units, release=verdict.reserved,
+                    not_before=verdict.at if elsewhere else None,
+                )  # fmt: skip
             await asyncio.sleep(verdict.at + 0.005)  # (a few ms over: the room is free then)
             waited += verdict.at
 
@@ -91,7 +101,7 @@ class Accounting:
         await until_written(f"job {claim.id}'s LLM usage", lambda: self.store.record(usage))
         if self.flow is not None and claim.flow_key is not None:
             spent = input_tokens + cache_creation_tokens + output_tokens  # as providers count
-            flow, key = self.flow, claim.flow_key
+            flow, key = self.flow, self._keys.get(model, claim.flow_key)
 
             def write() -> Awaitable[None]:
                 ago = None if sent_at is None else time.monotonic() - sent_at
@@ -101,11 +111,12 @@ class Accounting:
 
             await until_written(f"job {claim.id}'s spend on {key}", write)
 
-    async def key_paused_for(self) -> float | None:
-        """Seconds the job's flow key stays paused (None: not paused, or no key)."""
+    async def key_passable_for(self) -> float | None:
+        """Seconds the job's flow key stays paused when its type may pass the pause on a
+        fallback model, as the database decides (None: it may not, or no key)."""
         if self.flow is None or self.claim.flow_key is None:
             return None
-        return await self.flow.paused_for(self.claim.flow_key)
+        return await self.flow.passable_for(self.claim.id)
 
     async def check(self) -> None:
         claim = self.claim

@@ -259,17 +259,21 @@ class DispatchStore:
         return row is not None
 
     async def park(
-        self, claim: Claim, dispatch_id: int, *, cost: int, blocked: str, release: bool
-    ) -> bool:
+        self, claim: Claim, dispatch_id: int, *, cost: int, blocked: str, release: bool,
+        not_before: float | None = None,
+    ) -> bool:  # fmt: skip
         """RUNNING -> PENDING without using budget, as a waiter of the job's flow key for a call
-        of ``cost`` that found no room (``blocked``: requests, units or paused); ``release``:
-        the claim's reservation, which no call used, leaves the window. This dispatch ends
-        succeeded; the key's pump gives the job a new one when its room frees. False: refused."""
+        of ``cost`` that found no room (``blocked``: requests, units, share or paused);
+        ``release``: the claim's reservation, which no call used, leaves the window. This
+        dispatch ends succeeded; the key's pump gives the job a new one when its room frees, or
+        it is sent for ``not_before`` seconds from now (its room on a fallback model's key), and
+        while its key is paused for the pause's end at the soonest (orc_flow_park_v2). False:
+        refused."""
         async with self.queries.transaction() as conn:
             row = await self.queries.row(
                 "park_job",
                 {**_fence(claim, Status.PENDING), "cost": cost, "blocked": blocked,
-                 "release": release},
+                 "release": release, "not_before": not_before},
                 conn,
             )  # fmt: skip
             parked = bool(row and row["parked"])

@@ -78,9 +78,10 @@ SELECT id FROM released
 
 -- park_job --
 -- A running job whose next call would wait long for its flow key's room gives its slot back:
--- PENDING, no budget used, a waiter of its key (orc_flow_park_v1, fenced by its lease).
-SELECT orc_flow_park_v1(%(job_id)s, %(lease_token)s, %(sources)s, %(cost)s, %(blocked)s,
-                        %(release)s) AS parked
+-- PENDING, no budget used, a waiter of its key, sent for its earliest time when it has one
+-- (orc_flow_park_v2, fenced by its lease).
+SELECT orc_flow_park_v2(%(job_id)s, %(lease_token)s, %(sources)s, %(cost)s, %(blocked)s,
+                        %(release)s, %(not_before)s) AS parked
 
 -- register_worker --
 -- A worker's entry in Procrastinate's registry (its fetches name it; its heartbeats keep it).

@@ -19,6 +19,7 @@ from orchestrator.domain.flow_window import (
     Allowance,
     CallWindow,
     Room,
+    ShareWindow,
     Spend,
     admit_call,
 )
@@ -46,7 +47,7 @@ class FlowStore:
         limits = [
             {"name": name, **limit.model_dump(include={"concurrency", "requests", "units",
                                                        "interval_seconds", "weights", "key",
-                                                       "share_by"})}
+                                                       "share_by", "tenant_share"})}
             for name, limit in config.limits.items()
         ]  # fmt: skip
         types = [
@@ -105,47 +106,60 @@ class FlowStore:
             raise FlowKeyNotFound(key)
         return int(row["dispatched"])
 
-    async def paused_for(self, key: str) -> float | None:
-        """Seconds ``key`` stays paused from now, by the database's clock (None: not paused)."""
-        row = await self.queries.row("flow_key_paused_for", {"key": key})
+    async def passable_for(self, job_id: UUID) -> float | None:
+        """Seconds the job's key stays paused from now, by the database's clock, when its type
+        may pass the pause on a fallback model, as its claim decides (None: it may not)."""
+        row = await self.queries.row("flow_key_passable_for", {"job_id": job_id})
         return None if row is None else float(row["seconds"])
 
     async def admit_call(
-        self, key: str, job_id: UUID, job_type: str, *, units: int, first: bool
-    ) -> Admit | Room:
-        """Admit a running job's next call, estimated at ``units``, before it is sent: its spend
-        recorded in the key's window if it fits now (``first``: the job's first call since its
-        claim, which takes the claim's reservation), else when it will (its ``at`` in seconds
-        from now). Decided under the key's lock (orchestrator.domain.flow_window)."""
+        self, job_id: UUID, model: str | None, *, units: int, first: bool
+    ) -> tuple[str | None, Admit | Room]:
+        """Admit a running job's next call, to ``model`` (None: the one its key is for),
+        estimated at ``units``, before it is sent, against the key of that model (the job's
+        own, or a fallback model's): its spend recorded in that key's window if it fits now
+        (``first``: the job's first call since its claim, which takes the claim's reservation
+        there), else when it will (its ``at`` in seconds from now). Decided under the key's lock
+        (orchestrator.domain.flow_window). The key, with the verdict (None: nothing limits the
+        call)."""
 
-        async def decide(conn: Conn) -> Admit | Room:
-            params = {"key": key, "job_id": job_id, "job_type": job_type, "first": first}
+        async def decide(conn: Conn) -> tuple[str | None, Admit | Room]:
+            params = {"job_id": job_id, "model": model, "first": first}
             row = await self.queries.row("flow_call_window", params, conn)
             if row is None:
-                return Admit(units, reuse=False)  # nothing limits the key's calls
+                return None, Admit(units, reuse=False)  # nothing limits the key's calls
+            spends = tuple(
+                Spend(-age, requests, spent)
+                for age, requests, spent in zip(
+                    row["ages"], row["spent_requests"], row["spent_units"], strict=True
+                )
+            )
+            share = None if row["tenant_share"] is None else ShareWindow(
+                tenant_share=row["tenant_share"],
+                spends=tuple(s for s, mine in zip(spends, row["mine"], strict=True) if mine),
+                held=row["share_held"],
+                held_cost=row["share_held_cost"],
+            )  # fmt: skip
             window = CallWindow(
                 allowance=Allowance(
                     row["allowed_requests"], row["allowed_units"], row["window_seconds"]
                 ),
-                spends=tuple(
-                    Spend(-age, requests, spent)
-                    for age, requests, spent in zip(
-                        row["ages"], row["spent_requests"], row["spent_units"], strict=True
-                    )
-                ),
+                spends=spends,
                 held=row["held"],
                 held_cost=row["held_cost"],
                 paused_for=row["paused_for"],
                 reserved=row["reserved"],
+                share=share,
             )
             verdict = admit_call(window, units, first=first)
             if isinstance(verdict, Admit):
                 await self.queries.execute(
                     "flow_call_spend",
-                    {**params, "units": verdict.units, "reuse": verdict.reuse},
+                    {"key": row["key"], "job_id": job_id, "units": verdict.units,
+                     "reuse": verdict.reuse},
                     conn,
-                )
-            return verdict
+                )  # fmt: skip
+            return row["key"], verdict
 
         return await self.queries.in_transaction(decide)
 

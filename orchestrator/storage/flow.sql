@@ -2,7 +2,7 @@
 
 -- sync_flow_limits --
 -- The limits of the config in effect ([{name, concurrency, requests, units, interval_seconds,
--- weights, key, share_by}]) and which job types run under them ([{job_type, limit,
+-- weights, key, share_by, tenant_share}]) and which job types run under them ([{job_type, limit,
 -- fallback_after_seconds}]: null when the type names no fallback models), written
 -- by each process that applies one; the names of the limits that changed or are gone (a limit
 -- the config no longer has holds nothing back: its keys' waiters are then rescheduled, as are
@@ -10,7 +10,8 @@
 WITH given AS (
     SELECT * FROM jsonb_to_recordset(%(limits)s::jsonb)
         AS g (name text, concurrency integer, requests integer, units bigint,
-              interval_seconds double precision, weights jsonb, key text, share_by text)
+              interval_seconds double precision, weights jsonb, key text, share_by text,
+              tenant_share double precision)
 ), types AS (
     SELECT * FROM jsonb_to_recordset(%(types)s::jsonb)
         AS t (job_type text, "limit" text, fallback_after_seconds double precision)
@@ -26,20 +27,20 @@ WITH given AS (
            fallback_after_seconds = EXCLUDED.fallback_after_seconds
 ), changed AS (
     INSERT INTO orc_flow_limits AS l (name, concurrency, requests, units, interval_seconds,
-                                      weights, key_template, share_by)
+                                      weights, key_template, share_by, tenant_share)
     SELECT name, concurrency, requests, units, interval_seconds, coalesce(weights, '{}'), key,
-           share_by
+           share_by, tenant_share
       FROM given
     ON CONFLICT (name) DO UPDATE
        SET concurrency = EXCLUDED.concurrency, requests = EXCLUDED.requests,
            units = EXCLUDED.units, interval_seconds = EXCLUDED.interval_seconds,
            weights = EXCLUDED.weights, key_template = EXCLUDED.key_template,
-           share_by = EXCLUDED.share_by, updated_at = now()
+           share_by = EXCLUDED.share_by, tenant_share = EXCLUDED.tenant_share, updated_at = now()
      WHERE (l.concurrency, l.requests, l.units, l.interval_seconds, l.weights, l.key_template,
-            l.share_by)
+            l.share_by, l.tenant_share)
            IS DISTINCT FROM (EXCLUDED.concurrency, EXCLUDED.requests, EXCLUDED.units,
                              EXCLUDED.interval_seconds, EXCLUDED.weights, EXCLUDED.key_template,
-                             EXCLUDED.share_by)
+                             EXCLUDED.share_by, EXCLUDED.tenant_share)
     RETURNING name
 ), gone AS (  -- the config's own limits only (0049: the Graphile schema's is its own)
     DELETE FROM orc_flow_limits AS o
@@ -114,10 +115,14 @@ SELECT orc_flow_pause_v1(%(key)s, %(seconds)s, %(reason)s, %(by)s) AS paused
 -- (see orc_flow_resume_v1). dispatched null: no such key.
 SELECT orc_flow_resume_v1(%(key)s) AS dispatched
 
--- flow_key_paused_for --
--- Seconds the key stays paused from now (no row: it is not paused).
-SELECT extract(epoch FROM paused_until - clock_timestamp())::float8 AS seconds
-  FROM orc_flow_keys WHERE key = %(key)s AND paused_until > clock_timestamp()
+-- flow_key_passable_for --
+-- Seconds the job's key stays paused from now, when its type may pass the pause on a fallback
+-- model (a provider's pause longer than the fleet's threshold: orc_flow_passes_pause_v1, as the
+-- claim decides). No row: it may not, or the key is not paused.
+SELECT extract(epoch FROM k.paused_until - clock_timestamp())::float8 AS seconds
+  FROM orc_jobs AS j JOIN orc_flow_keys AS k ON k.key = j.flow_key
+ WHERE j.id = %(job_id)s AND k.paused_until > clock_timestamp()
+   AND orc_flow_passes_pause_v1(k, j.job_type)
 
 -- flow_spend --
 -- What an admitted job's call really used (see orc_flow_spend_v2): its reservation corrected
@@ -126,10 +131,11 @@ SELECT extract(epoch FROM paused_until - clock_timestamp())::float8 AS seconds
 SELECT orc_flow_spend_v2(%(key)s, %(job_id)s, %(units)s, %(sent_seconds_ago)s, %(call_id)s)
 
 -- flow_call_window --
--- A running job's next call: its key's window as the call meets it, under the key's lock for
--- the rest of the transaction (see orc_flow_call_window_v1). No row: nothing limits its calls.
-SELECT * FROM orc_flow_call_window_v1(%(key)s, %(job_id)s, %(job_type)s, %(first)s)
+-- A running job's next call, on a model (null: its own): the key it is admitted against and
+-- that key's window as the call meets it, under the key's lock for the rest of the transaction
+-- (see orc_flow_call_window_v2). No row: nothing limits its calls.
+SELECT * FROM orc_flow_call_window_v2(%(job_id)s, %(model)s, %(first)s)
 
 -- flow_call_spend --
 -- ... and, in the same transaction, the call admitted: its spend recorded in the window.
-SELECT orc_flow_call_spend_v1(%(key)s, %(job_id)s, %(units)s, %(reuse)s)
+SELECT orc_flow_call_spend_v2(%(key)s, %(job_id)s, %(units)s, %(reuse)s)

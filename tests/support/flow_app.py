@@ -1,10 +1,12 @@
 """The flow-control tests' application (docs/flow-control.md): ``hold`` jobs that run for a
-while under a concurrency limit, ``tick`` and ``late_call`` jobs under a rate limit, the built-in
-``llm_generate`` and ``run_agent`` (with the job-type tests' tools) and ``chat`` (several calls
-of its own client, each admitted with ``ctx.admit_call``, one checkpointed step each) under a
-per-model limit, for in-process workers and worker processes
-(``--app tests.support.flow_app:orc``). Settings come from the environment; its retry config
-is CONFIG, or ``config(...)``'s, given by ORCHESTRATOR_RETRY_CONFIG."""
+while under a concurrency limit, ``tick`` and ``late_call`` jobs under a rate limit, ``spend``
+jobs (a call of a given real usage) under a metered key, ``hold_slot`` and ``hold_tokens`` under
+keys that cap one tenant's share, the built-in ``llm_generate`` and ``run_agent`` (with the
+job-type tests' tools) and ``chat`` (several calls of its own client, each admitted with
+``ctx.admit_call``, one checkpointed step each) under a per-model limit, for in-process workers
+and worker processes (``--app tests.support.flow_app:orc``). Settings come from the
+environment; its retry config is CONFIG, or ``config(...)``'s, given by
+ORCHESTRATOR_RETRY_CONFIG."""
 
 from __future__ import annotations
 
@@ -41,8 +43,36 @@ concurrency = 2
 share_by = "tenant"
 weights = { heavy = 3 }
 
+[limits.metered]
+key = "metered"
+concurrency = 2
+units = 1000000
+share_by = "tenant"
+
+[limits.slots]
+key = "slots"
+concurrency = 4
+share_by = "tenant"
+tenant_share = 0.5
+
+[limits.tokens]
+key = "tokens"
+units = 100
+interval_seconds = 60
+share_by = "tenant"
+tenant_share = 0.5
+
 [job_types.hold]
 limit = "held"
+
+[job_types.spend]
+limit = "metered"
+
+[job_types.hold_slot]
+limit = "slots"
+
+[job_types.hold_tokens]
+limit = "tokens"
 
 [job_types.tick]
 limit = "ticks"
@@ -82,6 +112,11 @@ class Hold(BaseModel):
     seconds: float = 0.3
 
 
+class Spend(BaseModel):
+    tokens: int  # what its call really spends (its type's estimate too)
+    seconds: float = 0.05
+
+
 class LateCall(BaseModel):
     sent_after: float  # seconds after its claim the job's call was sent
     returned_after: float  # and returned
@@ -97,6 +132,20 @@ class Chat(BaseModel):
 def register(orc: Orchestrator) -> None:
     @orc.job_type("hold")
     async def hold(ctx: JobContext, payload: Hold) -> None:
+        await asyncio.sleep(payload.seconds)
+
+    @orc.job_type("spend", cost=lambda spend: spend.tokens)
+    async def spend(ctx: JobContext, payload: Spend) -> None:
+        """A call of its own client that spends ``tokens``, whatever its submit declared."""
+        await asyncio.sleep(payload.seconds)
+        await ctx.record_llm_usage("m", input_tokens=payload.tokens)
+
+    @orc.job_type("hold_slot")
+    async def hold_slot(ctx: JobContext, payload: Hold) -> None:
+        await asyncio.sleep(payload.seconds)
+
+    @orc.job_type("hold_tokens")
+    async def hold_tokens(ctx: JobContext, payload: Hold) -> None:
         await asyncio.sleep(payload.seconds)
 
     @orc.job_type("tick")

@@ -139,11 +139,13 @@ CREATE TABLE orc_flow_limits (
     share_by text DEFAULT 'tenant'::text NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     owner text DEFAULT 'config'::text NOT NULL,
+    tenant_share double precision,
     CONSTRAINT orc_flow_limits_concurrency_check CHECK ((concurrency > 0)),
     CONSTRAINT orc_flow_limits_interval_seconds_check CHECK ((interval_seconds > (0)::double precision)),
     CONSTRAINT orc_flow_limits_owner_check CHECK ((owner = ANY (ARRAY['config'::text, 'graphile_worker'::text]))),
     CONSTRAINT orc_flow_limits_requests_check CHECK ((requests > 0)),
     CONSTRAINT orc_flow_limits_share_by_check CHECK ((share_by = ANY (ARRAY['tenant'::text, 'agent'::text, 'none'::text]))),
+    CONSTRAINT orc_flow_limits_tenant_share_check CHECK (((tenant_share > (0)::double precision) AND (tenant_share <= (1)::double precision))),
     CONSTRAINT orc_flow_limits_units_check CHECK ((units > 0)),
     CONSTRAINT orc_flow_limits_pkey PRIMARY KEY (name)
 );
@@ -163,6 +165,7 @@ CREATE TABLE orc_flow_spends (
     requests integer NOT NULL,
     units bigint NOT NULL,
     reconciled boolean DEFAULT false NOT NULL,
+    share text,
     CONSTRAINT orc_flow_spends_pkey PRIMARY KEY (id)
 );
 CREATE INDEX orc_flow_spends_job ON public.orc_flow_spends USING btree (job_id) WHERE (job_id IS NOT NULL);
@@ -184,12 +187,13 @@ CREATE TABLE orc_flow_waiters (
     blocked_on text NOT NULL,
     parked_at timestamp with time zone DEFAULT now() NOT NULL,
     dispatched_at timestamp with time zone,
-    CONSTRAINT orc_flow_waiters_blocked_on_check CHECK ((blocked_on = ANY (ARRAY['concurrency'::text, 'requests'::text, 'units'::text, 'paused'::text, 'line'::text]))),
+    priority integer DEFAULT 0 NOT NULL,
+    CONSTRAINT orc_flow_waiters_blocked_on_check CHECK ((blocked_on = ANY (ARRAY['concurrency'::text, 'requests'::text, 'units'::text, 'paused'::text, 'line'::text, 'share'::text]))),
     CONSTRAINT orc_flow_waiters_job_id_fkey FOREIGN KEY (job_id) REFERENCES orc_jobs(id) ON DELETE CASCADE,
     CONSTRAINT orc_flow_waiters_pkey PRIMARY KEY (job_id)
 );
 CREATE INDEX orc_flow_waiters_dispatched ON public.orc_flow_waiters USING btree (key) WHERE (dispatched_at IS NOT NULL);
-CREATE INDEX orc_flow_waiters_line ON public.orc_flow_waiters USING btree (key, share, seq) WHERE (dispatched_at IS NULL);
+CREATE INDEX orc_flow_waiters_line ON public.orc_flow_waiters USING btree (key, share, priority, seq) WHERE (dispatched_at IS NULL);
 
 CREATE TABLE orc_job_events (
     job_id uuid NOT NULL,
@@ -555,17 +559,22 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_fetch_dispatch_v3(p_queues character varying[], p_excluded character varying[], p_worker_id bigint, p_task_prefix text, p_worker text, p_claimable text[], p_running text)
 --   orc_fetch_dispatches_v3(p_limit integer, p_queues character varying[], p_excluded character varying[], p_worker_id bigint, p_task_prefix text, p_worker text, p_claimable text[], p_running text)
 --   orc_flow_admit_v1(j orc_jobs, p_task_prefix text)
---   orc_flow_call_spend_v1(p_key text, p_job_id uuid, p_units bigint, p_reuse boolean)
---   orc_flow_call_window_v1(p_key text, p_job_id uuid, p_job_type text, p_first boolean)
+--   orc_flow_call_spend_v2(p_key text, p_job_id uuid, p_units bigint, p_reuse boolean)
+--   orc_flow_call_window_v2(p_job_id uuid, p_model text, p_first boolean)
+--   orc_flow_cap_v1(p_allowed double precision, p_share double precision)
 --   orc_flow_capacity_v1(k orc_flow_keys, lim orc_flow_limits, p_cost bigint, p_held integer, p_held_cost bigint, OUT blocked text, OUT wake timestamp with time zone)
+--   orc_flow_charge_v1(p_key text, p_share text, p_amount double precision, lim orc_flow_limits)
+--   orc_flow_charged_v1(p_units bigint, lim orc_flow_limits)
 --   orc_flow_dispatch_v2(p_job_ids uuid[], p_ats timestamp with time zone[], p_task_prefix text)
+--   orc_flow_estimate_v1(p_cost bigint, lim orc_flow_limits)
 --   orc_flow_expire_v1(k orc_flow_keys, lim orc_flow_limits)
 --   orc_flow_factor_v1(k orc_flow_keys, lim orc_flow_limits)
 --   orc_flow_gate_v1(p_job_id uuid, p_dispatch_id bigint, p_claimable text[], p_task_prefix text)
 --   orc_flow_leave_v1()
 --   orc_flow_lock_key_v1(p_key text, p_limit text, p_task_prefix text)
 --   orc_flow_lock_v1(p_key text)
---   orc_flow_park_v1(p_job_id uuid, p_lease_token uuid, p_sources text[], p_cost bigint, p_blocked text, p_release boolean)
+--   orc_flow_model_key_v1(j orc_jobs, p_model text)
+--   orc_flow_park_v2(p_job_id uuid, p_lease_token uuid, p_sources text[], p_cost bigint, p_blocked text, p_release boolean, p_not_before double precision)
 --   orc_flow_passes_pause_v1(k orc_flow_keys, p_job_type text)
 --   orc_flow_pause_v1(p_key text, p_seconds double precision, p_reason text, p_by text)
 --   orc_flow_pump_v1(p_key text)
@@ -574,6 +583,7 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_flow_render_v1(p_template text, j orc_jobs)
 --   orc_flow_reschedule_v1(p_key text)
 --   orc_flow_resume_v1(p_key text)
+--   orc_flow_share_capacity_v1(k orc_flow_keys, lim orc_flow_limits, p_share text, p_cost bigint, p_held integer, p_held_cost bigint, OUT blocked text, OUT wake timestamp with time zone)
 --   orc_flow_spend_v1(p_key text, p_job_id uuid, p_units bigint, p_sent_seconds_ago double precision)
 --   orc_flow_spend_v2(p_key text, p_job_id uuid, p_units bigint, p_sent_seconds_ago double precision, p_call_id text)
 --   orc_flow_throttled_v1(p_key text, p_until timestamp with time zone, p_reason text)

@@ -105,14 +105,134 @@ BEGIN
 END;
 $$;
 
--- Is the key paused for longer than the fallback threshold of `p_job_type` (false for a type
--- without fallback models, or a key not paused)?
+-- May a job of `p_job_type` pass the key's pause, its call moving to a fallback model? Only a
+-- provider's pause (a 429's hint), and only one longer than the type's fallback threshold: the
+-- fleet's, as the last config applied wrote it (orc_flow_job_types), the one place both the
+-- claim and the worker read it (docs/flow-control.md, "Model fallback"). An operator's pause
+-- stops every type. False for a type without fallback models, or a key not paused.
 CREATE OR REPLACE FUNCTION orc_flow_passes_pause_v1(k orc_flow_keys, p_job_type text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce(
+    SELECT coalesce(k.paused_by = 'provider', false) AND coalesce(
         (SELECT k.paused_until > clock_timestamp() + make_interval(secs => t.fallback_after_seconds)
            FROM orc_flow_job_types AS t WHERE t.job_type = p_job_type),
         false)
+$$;
+
+-- A fraction of an allowance: the most one share may hold of it (the limit's tenant_share; at
+-- least 1), or the whole allowance without a cap (orchestrator.domain.flow_share.cap).
+CREATE OR REPLACE FUNCTION orc_flow_cap_v1(p_allowed double precision, p_share double precision)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_share IS NULL THEN floor(p_allowed)
+                ELSE greatest(1, floor(p_allowed * p_share)) END::bigint
+$$;
+
+-- A job's (or a call's) declared or estimated cost as the key takes it: at least 1, at most the
+-- units one share may hold (the whole window's without a cap), whatever was declared
+-- (orchestrator.domain.flow_share.estimate).
+CREATE OR REPLACE FUNCTION orc_flow_estimate_v1(p_cost bigint, lim orc_flow_limits) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT greatest(1, least(coalesce(p_cost, 1), orc_flow_cap_v1(lim.units, lim.tenant_share)))
+$$;
+
+-- What `p_units` spent (or reserved) counts for its share's fairness: its units, at least 1,
+-- under a limit with units; else 1, a start or a call (orchestrator.domain.flow_share.charge).
+CREATE OR REPLACE FUNCTION orc_flow_charged_v1(p_units bigint, lim orc_flow_limits) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN lim.units IS NULL THEN 1 ELSE greatest(1, coalesce(p_units, 1)) END
+$$;
+
+-- A share's virtual time moves by `p_amount` over its weight: a start or call charged, a
+-- reservation corrected to what its call really spent, or given back. Only a share with a row
+-- (one that waited lately) has a virtual time: idle time is not saved up as credit.
+CREATE OR REPLACE FUNCTION orc_flow_charge_v1(
+    p_key text, p_share text, p_amount double precision, lim orc_flow_limits
+) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE orc_flow_shares AS s
+       SET vtime = s.vtime + p_amount / coalesce((lim.weights ->> p_share)::double precision, 1)
+     WHERE s.key = p_key AND s.share = coalesce(p_share, '') AND p_amount <> 0
+       AND lim.name IS NOT NULL
+$$;
+
+-- Can one more job of the share `p_share`, of `p_cost`, start on the key now within the share's
+-- cap (the limit's tenant_share of its concurrency, requests and units), beside the share's
+-- `p_held` jobs (of `p_held_cost` units) that hold a dispatch? (NULL, NULL): yes, or the limit
+-- caps no share; else 'share' and, when known, the time the share's own spends have slid out
+-- enough (its room under a concurrency cap comes with a release, which pumps).
+CREATE OR REPLACE FUNCTION orc_flow_share_capacity_v1(
+    k orc_flow_keys, lim orc_flow_limits, p_share text, p_cost bigint, p_held integer,
+    p_held_cost bigint, OUT blocked text, OUT wake timestamptz
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    factor double precision;
+    allowed bigint;
+    running integer;
+    used bigint;
+    cost bigint;
+    slid_at timestamptz;
+    known boolean := true;
+BEGIN
+    IF lim.tenant_share IS NULL THEN
+        RETURN;
+    END IF;
+    factor := orc_flow_factor_v1(k, lim);
+    IF lim.concurrency IS NOT NULL THEN
+        allowed := orc_flow_cap_v1(greatest(1, floor(lim.concurrency * factor)), lim.tenant_share);
+        SELECT count(*) INTO running
+          FROM (SELECT FROM orc_jobs AS j
+                 WHERE j.flow_key = k.key AND j.status = 'RUNNING' AND j.flow_key IS NOT NULL
+                   AND j.flow_share IS NOT DISTINCT FROM p_share
+                 LIMIT allowed) AS r;
+        IF running + p_held >= allowed THEN
+            blocked := 'share';
+            RETURN;
+        END IF;
+    END IF;
+    IF lim.requests IS NOT NULL THEN
+        allowed := orc_flow_cap_v1(greatest(1, floor(lim.requests * factor)), lim.tenant_share);
+        SELECT coalesce(sum(s.requests), 0) INTO used FROM orc_flow_spends AS s
+         WHERE s.key = k.key AND s.share = p_share
+           AND s.at > clock_timestamp() - make_interval(secs => lim.interval_seconds);
+        IF used + p_held + 1 > allowed THEN
+            blocked := 'share';
+            SELECT w.at + make_interval(secs => lim.interval_seconds) INTO slid_at
+              FROM (SELECT s.at, sum(s.requests) OVER (ORDER BY s.at, s.id) AS slid
+                      FROM orc_flow_spends AS s
+                     WHERE s.key = k.key AND s.share = p_share
+                       AND s.at > clock_timestamp() - make_interval(secs => lim.interval_seconds)) AS w
+             WHERE w.slid >= used + p_held + 1 - allowed
+             ORDER BY w.at
+             LIMIT 1;
+            known := slid_at IS NOT NULL;
+            wake := slid_at;
+        END IF;
+    END IF;
+    IF lim.units IS NOT NULL THEN
+        allowed := orc_flow_cap_v1(greatest(1, floor(lim.units * factor)), lim.tenant_share);
+        cost := least(p_cost, allowed);  -- a job dearer than the share's cap runs alone in it
+        SELECT coalesce(sum(s.units), 0) INTO used FROM orc_flow_spends AS s
+         WHERE s.key = k.key AND s.share = p_share
+           AND s.at > clock_timestamp() - make_interval(secs => lim.interval_seconds);
+        IF used + p_held_cost + cost > allowed THEN
+            blocked := 'share';
+            SELECT w.at + make_interval(secs => lim.interval_seconds) INTO slid_at
+              FROM (SELECT s.at, sum(s.units) OVER (ORDER BY s.at, s.id) AS slid
+                      FROM orc_flow_spends AS s
+                     WHERE s.key = k.key AND s.share = p_share
+                       AND s.at > clock_timestamp() - make_interval(secs => lim.interval_seconds)) AS w
+             WHERE w.slid >= used + p_held_cost + cost - allowed
+             ORDER BY w.at
+             LIMIT 1;
+            known := known AND slid_at IS NOT NULL;
+            wake := greatest(wake, slid_at);
+        END IF;
+    END IF;
+    IF NOT known THEN
+        wake := NULL;
+    END IF;
+END;
 $$;
 
 -- Can one more job of `p_cost` start on the key now, beyond the `p_held` jobs (of `p_held_cost`
@@ -197,18 +317,23 @@ $$;
 -- dispatch detached from it: the caller deletes it) and the answer is what it waits for. A job
 -- that is not a waiter sent ahead also waits behind waiters scheduled ahead; only the waiters
 -- due by now hold capacity; a waiter sent ahead that is admitted pumps its key first, so the
--- schedule keeps a horizon ahead. A job whose type can move to a fallback model passes a pause
--- longer than its threshold, and does not wait in line behind the jobs that wait for it.
+-- schedule keeps a horizon ahead. A job whose type can move to a fallback model passes a
+-- provider's pause longer than its threshold (its call goes to another model's key: it
+-- reserves nothing in this key's window), and waits in line only behind the waiters that can
+-- pass it too. Within the key, the job's share holds no more than its cap (tenant_share). A
+-- job admitted that no pump handed room is charged to its share here.
 CREATE OR REPLACE FUNCTION orc_flow_admit_v1(j orc_jobs, p_task_prefix text) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
     k orc_flow_keys := orc_flow_lock_key_v1(j.flow_key, j.flow_limit, p_task_prefix);
+    paused orc_flow_keys;
     lim orc_flow_limits;
     waiter orc_flow_waiters;
     blocked text;
     wake timestamptz;
     floor_vtime double precision;
     passes boolean;
+    cost bigint;
 BEGIN
     SELECT * INTO lim FROM orc_flow_limits WHERE name = k.limit_name;
     SELECT * INTO waiter FROM orc_flow_waiters WHERE job_id = j.id;
@@ -225,6 +350,8 @@ BEGIN
     THEN
         k := orc_flow_expire_v1(k, lim);
     END IF;
+    cost := orc_flow_estimate_v1(j.flow_cost, lim);  -- whatever was declared: 1 to a cap
+    paused := k;
     passes := false;
     IF k.paused_until > clock_timestamp() THEN  -- (the type is read only for a paused key)
         passes := orc_flow_passes_pause_v1(k, j.job_type);
@@ -234,31 +361,43 @@ BEGIN
     END IF;
     IF k.paused_until > clock_timestamp() THEN
         blocked := 'paused';
-    ELSIF waiter.dispatched_at IS NULL AND NOT passes
-          AND (EXISTS (SELECT FROM orc_flow_waiters AS w
-                        WHERE w.key = j.flow_key AND w.dispatched_at IS NULL
-                          AND w.job_id <> j.id)
-               OR EXISTS (SELECT FROM orc_flow_waiters AS w
-                           WHERE w.key = j.flow_key AND w.dispatched_at > clock_timestamp()))
+    ELSIF waiter.dispatched_at IS NULL
+          AND EXISTS (SELECT FROM orc_flow_waiters AS w
+                       WHERE w.key = j.flow_key AND w.job_id <> j.id
+                         AND (w.dispatched_at IS NULL
+                              OR (w.dispatched_at > clock_timestamp() AND w.blocked_on <> 'share'))
+                         AND (NOT passes
+                              OR orc_flow_passes_pause_v1(paused, (SELECT o.job_type FROM orc_jobs AS o
+                                                                    WHERE o.id = w.job_id))))
     THEN
-        blocked := 'line';  -- others were first
+        blocked := 'line';  -- others were first (those that can go as it can)
     ELSE
         SELECT c.blocked, c.wake INTO blocked, wake
           FROM (SELECT count(*) AS held, coalesce(sum(w.cost), 0) AS held_cost
                   FROM orc_flow_waiters AS w
                  WHERE w.key = j.flow_key AND w.dispatched_at <= clock_timestamp()
                    AND w.job_id <> j.id) AS h,
-               orc_flow_capacity_v1(
-                   k, lim, coalesce(j.flow_cost, 1), h.held::integer, h.held_cost::bigint) AS c;
+               orc_flow_capacity_v1(k, lim, cost, h.held::integer, h.held_cost::bigint) AS c;
+        IF blocked IS NULL AND lim.tenant_share IS NOT NULL THEN
+            SELECT c.blocked, c.wake INTO blocked, wake
+              FROM (SELECT count(*) AS held, coalesce(sum(w.cost), 0) AS held_cost
+                      FROM orc_flow_waiters AS w
+                     WHERE w.key = j.flow_key AND w.dispatched_at <= clock_timestamp()
+                       AND w.share = coalesce(j.flow_share, '') AND w.job_id <> j.id) AS h,
+                   orc_flow_share_capacity_v1(k, lim, coalesce(j.flow_share, ''), cost,
+                                              h.held::integer, h.held_cost::bigint) AS c;
+        END IF;
     END IF;
     IF blocked IS NULL THEN
-        IF lim.requests IS NOT NULL OR lim.units IS NOT NULL THEN
+        IF waiter.dispatched_at IS NULL THEN  -- (a pump charged the waiters it handed room)
+            PERFORM orc_flow_charge_v1(j.flow_key, j.flow_share, orc_flow_charged_v1(cost, lim),
+                                       lim);
+        END IF;
+        IF (lim.requests IS NOT NULL OR lim.units IS NOT NULL) AND NOT passes THEN
             IF waiter.dispatched_at IS NOT NULL THEN
                 PERFORM orc_flow_pump_v1(j.flow_key);
             END IF;
-            PERFORM orc_flow_record_spend_v1(
-                j.flow_key, j.id, 1, least(coalesce(j.flow_cost, 1)::bigint, lim.units)
-            );
+            PERFORM orc_flow_record_spend_v1(j.flow_key, j.id, 1, cost);
         END IF;
         IF waiter.job_id IS NOT NULL THEN
             DELETE FROM orc_flow_waiters WHERE job_id = j.id;
@@ -279,15 +418,21 @@ BEGIN
      WHERE NOT EXISTS (SELECT FROM orc_flow_waiters AS w
                         WHERE w.key = s.key AND w.share = s.share AND w.dispatched_at IS NULL);
     IF waiter.job_id IS NULL THEN
-        INSERT INTO orc_flow_waiters (job_id, key, share, cost, blocked_on)
-        VALUES (j.id, j.flow_key, coalesce(j.flow_share, ''), coalesce(j.flow_cost, 1), blocked);
+        INSERT INTO orc_flow_waiters (job_id, key, share, cost, blocked_on, priority)
+        VALUES (j.id, j.flow_key, coalesce(j.flow_share, ''), cost::integer, blocked, j.priority);
         INSERT INTO orc_job_events (job_id, kind, payload)
         VALUES (j.id, 'job.waiting_for_capacity',
                 jsonb_build_object('key', j.flow_key, 'waiting_on', blocked, 'status', j.status));
-    ELSE  -- back in line, at its old place
+    ELSE  -- back in line, at its old place, its charge given back
         UPDATE orc_flow_waiters
            SET dispatched_at = NULL, blocked_on = blocked, key = j.flow_key
          WHERE job_id = j.id;
+        IF waiter.dispatched_at IS NOT NULL THEN
+            PERFORM orc_flow_charge_v1(j.flow_key, waiter.share,
+                                       -orc_flow_charged_v1(orc_flow_estimate_v1(waiter.cost, lim),
+                                                            lim),
+                                       lim);
+        END IF;
     END IF;
     UPDATE orc_jobs SET procrastinate_job_id = NULL WHERE id = j.id;
     PERFORM orc_flow_pump_v1(j.flow_key);  -- the head of the line may go, or wait for a time
@@ -334,8 +479,13 @@ $$;
 -- now; one that fits at a known time (a window sliding, a pause ending) gets a dispatch for
 -- then, as long as that time lies within the horizon (a second, or the interval if shorter)
 -- of the soonest dispatch scheduled ahead (or of the first it schedules). Each waiter meets the
--- key as its type does: a pause longer than its fallback threshold does not hold back a job
--- that can move to a fallback model. Returns how many got a dispatch for now.
+-- key as its type does: a provider's pause longer than its fallback threshold does not hold
+-- back a job that can move to a fallback model, and while such a pause lasts beyond the
+-- horizon only those waiters are handed room (the others wait for its end without holding the
+-- line). A share at its cap (tenant_share) is passed over for the next share, its own head
+-- sent for the time its spends slide out when that is known (even past the horizon: nothing
+-- else would pump for it). Each waiter handed room is charged to its share. Returns how many
+-- got a dispatch for now.
 CREATE OR REPLACE FUNCTION orc_flow_pump_v1(p_key text) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -348,12 +498,16 @@ DECLARE
     pick text;
     blocked text;
     wake timestamptz;
-    horizon timestamptz;  -- no dispatch is scheduled later than this
+    capped_by text;
+    capped_until timestamptz;
+    horizon timestamptz;  -- no dispatch is scheduled later than this (but a capped share's)
+    pass_only boolean := false;  -- a provider's pause past the horizon: only who can pass it
     now_ids uuid[] := '{}';
     later_ids uuid[] := '{}';
     later_at timestamptz[] := '{}';
     busy uuid[] := '{}';  -- waiters another transaction holds (a cancel): left for later
-    weight double precision;
+    capped text[] := '{}';  -- shares at their cap, with no known time their room frees
+    cost bigint;
     floor_vtime double precision;
 BEGIN
     PERFORM orc_flow_lock_v1(p_key);
@@ -366,14 +520,23 @@ BEGIN
         k := orc_flow_expire_v1(k, lim);
     END IF;
     SELECT count(*), coalesce(sum(w.cost), 0) INTO held, held_cost
-      FROM orc_flow_waiters AS w WHERE w.key = p_key AND w.dispatched_at IS NOT NULL;
+      FROM orc_flow_waiters AS w
+     WHERE w.key = p_key AND w.dispatched_at IS NOT NULL
+       AND NOT (w.blocked_on = 'share' AND w.dispatched_at > clock_timestamp());
+    pass_only := lim.name IS NOT NULL
+                 AND coalesce(k.paused_until > clock_timestamp()
+                                               + make_interval(secs => least(lim.interval_seconds, 1)),
+                              false);
     FOR i IN 1 .. 500 LOOP  -- bounded: a later release or the safety net pumps the rest
         SELECT s.share INTO pick
           FROM orc_flow_shares AS s
-         WHERE s.key = p_key
+         WHERE s.key = p_key AND s.share <> ALL (capped)
            AND EXISTS (SELECT FROM orc_flow_waiters AS w
                         WHERE w.key = p_key AND w.share = s.share AND w.dispatched_at IS NULL
-                          AND w.job_id <> ALL (busy))
+                          AND w.job_id <> ALL (busy)
+                          AND (NOT pass_only
+                               OR orc_flow_passes_pause_v1(k, (SELECT j.job_type FROM orc_jobs AS j
+                                                                WHERE j.id = w.job_id))))
          ORDER BY s.vtime, s.share
          LIMIT 1;
         EXIT WHEN pick IS NULL;
@@ -381,7 +544,10 @@ BEGIN
           FROM orc_flow_waiters AS w
          WHERE w.key = p_key AND w.share = pick AND w.dispatched_at IS NULL
            AND w.job_id <> ALL (busy)
-         ORDER BY w.seq
+           AND (NOT pass_only
+                OR orc_flow_passes_pause_v1(k, (SELECT j.job_type FROM orc_jobs AS j
+                                                 WHERE j.id = w.job_id)))
+         ORDER BY w.priority, w.seq  -- within a share: by the jobs' priority, then in turn
          LIMIT 1;
         -- The key is locked before the job here (the gate locks them the other way round), so
         -- a waiter another transaction holds is skipped rather than waited for.
@@ -392,18 +558,36 @@ BEGIN
         END IF;
         blocked := NULL;
         wake := NULL;
+        capped_by := NULL;
+        capped_until := NULL;
         seen := k;  -- the key as this waiter meets it: a long pause passed by its fallback
         IF k.paused_until > clock_timestamp()
            AND orc_flow_passes_pause_v1(k, (SELECT j.job_type FROM orc_jobs AS j
                                              WHERE j.id = waiter.job_id)) THEN
             seen.paused_until := NULL;
         END IF;
+        cost := waiter.cost;
         IF lim.name IS NOT NULL THEN  -- (a limit no longer configured holds nothing back)
+            cost := orc_flow_estimate_v1(waiter.cost, lim);
             SELECT c.blocked, c.wake INTO blocked, wake
-              FROM orc_flow_capacity_v1(seen, lim, waiter.cost, held, held_cost) AS c;
+              FROM orc_flow_capacity_v1(seen, lim, cost, held, held_cost) AS c;
+            EXIT WHEN blocked IS NOT NULL AND wake IS NULL;  -- room comes with a release or
+                                                             -- an admission, which pump
+            IF lim.tenant_share IS NOT NULL THEN
+                SELECT c.blocked, c.wake INTO capped_by, capped_until
+                  FROM (SELECT count(*) AS n, coalesce(sum(w.cost), 0) AS units
+                          FROM orc_flow_waiters AS w
+                         WHERE w.key = p_key AND w.share = pick
+                           AND w.dispatched_at IS NOT NULL) AS h,
+                       orc_flow_share_capacity_v1(seen, lim, pick, cost, h.n::integer,
+                                                  h.units::bigint) AS c;
+                IF capped_by IS NOT NULL AND capped_until IS NULL THEN
+                    capped := capped || pick;  -- the next share's turn
+                    CONTINUE;
+                END IF;
+            END IF;
         END IF;
         IF blocked IS NOT NULL THEN
-            EXIT WHEN wake IS NULL;  -- room comes with a release or an admission, which pump
             -- Waiters freed within 50 ms of each other share one due time (one wake-up).
             wake := to_timestamp(ceil(extract(epoch FROM wake) * 20) / 20);
             IF horizon IS NULL THEN
@@ -415,14 +599,20 @@ BEGIN
             END IF;
             EXIT WHEN wake > horizon;  -- the admission of one sent ahead pumps again
         END IF;
-        weight := coalesce((lim.weights ->> pick)::double precision, 1);
-        UPDATE orc_flow_shares AS s
-           SET vtime = s.vtime + CASE WHEN lim.units IS NULL THEN 1 ELSE waiter.cost END / weight
-         WHERE s.key = p_key AND s.share = pick;
-        UPDATE orc_flow_waiters SET dispatched_at = coalesce(wake, now())
-         WHERE job_id = waiter.job_id;
-        held := held + 1;
-        held_cost := held_cost + waiter.cost;
+        PERFORM orc_flow_charge_v1(p_key, pick, orc_flow_charged_v1(cost, lim), lim);
+        IF capped_by IS NOT NULL THEN
+            -- Its share's room frees at a known time: sent for then, holding nothing of the
+            -- key's until then (its claim decides on the key as it is at that time).
+            wake := greatest(wake, to_timestamp(ceil(extract(epoch FROM capped_until) * 20) / 20));
+            capped := capped || pick;  -- (its next ones wait for its admission's pump)
+            UPDATE orc_flow_waiters SET dispatched_at = wake, blocked_on = 'share'
+             WHERE job_id = waiter.job_id;
+        ELSE
+            UPDATE orc_flow_waiters SET dispatched_at = coalesce(wake, now())
+             WHERE job_id = waiter.job_id;
+            held := held + 1;
+            held_cost := held_cost + cost;
+        END IF;
         IF wake IS NULL THEN
             now_ids := now_ids || waiter.job_id;
         ELSE
@@ -489,13 +679,15 @@ CREATE OR REPLACE TRIGGER orc_jobs_flow_leave
     WHEN (OLD.flow_key IS NOT NULL AND NEW.finished_at IS NOT NULL AND OLD.finished_at IS NULL)
     EXECUTE FUNCTION orc_flow_leave_v1();
 
--- A job's spend in its key's window: recorded with the window's sums.
+-- A job's spend in its key's window: recorded with the window's sums, and its job's share (whose
+-- cap counts it).
 CREATE OR REPLACE FUNCTION orc_flow_record_spend_v1(
     p_key text, p_job_id uuid, p_requests integer, p_units bigint
 ) RETURNS void
 LANGUAGE sql AS $$
-    INSERT INTO orc_flow_spends (key, job_id, requests, units)
-    VALUES (p_key, p_job_id, p_requests, p_units);
+    INSERT INTO orc_flow_spends (key, job_id, requests, units, share)
+    VALUES (p_key, p_job_id, p_requests, p_units,
+            (SELECT coalesce(j.flow_share, '') FROM orc_jobs AS j WHERE j.id = p_job_id));
     UPDATE orc_flow_keys
        SET window_requests = window_requests + p_requests, window_units = window_units + p_units
      WHERE key = p_key;
@@ -505,7 +697,8 @@ $$;
 -- corrects the reservation made then (and marks it reconciled), a later one (an agent's next
 -- turn) adds a request and its units. Nothing for a key without requests or units. Written once
 -- per call (`p_call_id`, the id its usage is recorded under): a try repeated after a lost
--- acknowledgement changes nothing (orc_flow_spent_calls).
+-- acknowledgement changes nothing (orc_flow_spent_calls). The job's share is charged what the
+-- call really spent (at least 1), its estimate's charge corrected.
 CREATE OR REPLACE FUNCTION orc_flow_spend_v2(
     p_key text, p_job_id uuid, p_units bigint, p_sent_seconds_ago double precision,
     p_call_id text
@@ -513,12 +706,14 @@ CREATE OR REPLACE FUNCTION orc_flow_spend_v2(
 LANGUAGE plpgsql AS $$
 DECLARE
     reserved orc_flow_spends;
+    lim orc_flow_limits;
+    job_share text := (SELECT j.flow_share FROM orc_jobs AS j WHERE j.id = p_job_id);
     sent timestamptz := clock_timestamp() - make_interval(secs => p_sent_seconds_ago);
 BEGIN
     PERFORM orc_flow_lock_v1(p_key);
-    PERFORM FROM orc_flow_keys AS k JOIN orc_flow_limits AS l ON l.name = k.limit_name
+    SELECT l.* INTO lim FROM orc_flow_keys AS k JOIN orc_flow_limits AS l ON l.name = k.limit_name
       WHERE k.key = p_key AND (l.requests IS NOT NULL OR l.units IS NOT NULL);
-    IF NOT FOUND THEN
+    IF lim.name IS NULL THEN
         RETURN;
     END IF;
     IF p_call_id IS NOT NULL THEN
@@ -535,8 +730,12 @@ BEGIN
         PERFORM orc_flow_record_spend_v1(p_key, p_job_id, 1, p_units);
         UPDATE orc_flow_spends SET reconciled = true, at = least(at, coalesce(sent, at))
          WHERE id = (SELECT max(id) FROM orc_flow_spends WHERE job_id = p_job_id AND key = p_key);
+        PERFORM orc_flow_charge_v1(p_key, job_share, orc_flow_charged_v1(p_units, lim), lim);
         RETURN;
     END IF;
+    PERFORM orc_flow_charge_v1(
+        p_key, job_share, orc_flow_charged_v1(p_units, lim) - orc_flow_charged_v1(reserved.units, lim),
+        lim);
     UPDATE orc_flow_spends
        SET units = p_units, reconciled = true, at = greatest(at, coalesce(sent, at))
      WHERE id = reserved.id;
@@ -580,10 +779,15 @@ BEGIN
          WHERE key = p_key;
         RETURN;
     END IF;
+    -- An operator's pause stays the operator's (no type passes it) when a hint extends it.
     UPDATE orc_flow_keys
        SET paused_until = greatest(paused_until, until),
-           pause_reason = CASE WHEN paused_until >= until THEN pause_reason ELSE p_reason END,
-           paused_by = CASE WHEN paused_until >= until THEN paused_by ELSE 'provider' END,
+           pause_reason = CASE WHEN paused_until >= until
+                                    OR (paused_until > clock_timestamp() AND paused_by <> 'provider')
+                               THEN pause_reason ELSE p_reason END,
+           paused_by = CASE WHEN paused_until >= until
+                                 OR (paused_until > clock_timestamp() AND paused_by <> 'provider')
+                            THEN paused_by ELSE 'provider' END,
            throttled = throttled + 1
      WHERE key = p_key;
     IF k.paused_until IS NULL OR k.paused_until < until THEN
@@ -676,40 +880,75 @@ BEGIN
         END IF;
         UPDATE orc_flow_waiters SET dispatched_at = NULL WHERE job_id = scout.job_id;
         UPDATE orc_jobs SET procrastinate_job_id = NULL WHERE id = scout.job_id;
-        UPDATE orc_flow_shares AS s
-           SET vtime = s.vtime - CASE WHEN lim.units IS NULL THEN 1 ELSE scout.cost END
-                                 / coalesce((lim.weights ->> scout.share)::double precision, 1)
-         WHERE s.key = p_key AND s.share = scout.share AND lim.name IS NOT NULL;
+        PERFORM orc_flow_charge_v1(
+            p_key, scout.share, -orc_flow_charged_v1(orc_flow_estimate_v1(scout.cost, lim), lim),
+            lim);
     END LOOP;
     RETURN orc_flow_pump_v1(p_key);
 END;
 $$;
 
--- A running job's next call, before it is sent (docs/flow-control.md, "Every call admitted"):
--- its key's window as the call meets it, read under the key's lock, which the caller's
--- transaction keeps while it decides (orchestrator.domain.flow_window) and records the call
--- (orc_flow_call_spend_v1). The window's spends by age in seconds, oldest first, but, for the
--- job's first call since its claim (`p_first`), the claim's reservation (its units: `reserved`,
--- null for none); `paused_for` null when the key is not paused for this job (a type that can move to a
--- fallback model passes a pause longer than its threshold). No row: nothing limits the key's
--- calls (no such key, its limit gone, or a limit of concurrency alone).
-CREATE OR REPLACE FUNCTION orc_flow_call_window_v1(
-    p_key text, p_job_id uuid, p_job_type text, p_first boolean
-)
+-- The key a job's call to `p_model` is admitted against: the job's own for the model it asked
+-- for (its payload's `model`; or no model named), else the key its limit's template renders for
+-- the job with that model (a fallback model's key, with its own window and pauses). Rendered by
+-- the fleet's template, as the claim renders a key (orc_flow_render_v1).
+CREATE OR REPLACE FUNCTION orc_flow_model_key_v1(j orc_jobs, p_model text) RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    template text;
+BEGIN
+    IF p_model IS NULL OR jsonb_typeof(j.payload) IS DISTINCT FROM 'object'
+       OR j.payload ->> 'model' IS NOT DISTINCT FROM p_model THEN
+        RETURN j.flow_key;
+    END IF;
+    SELECT l.key_template INTO template
+      FROM orc_flow_keys AS k JOIN orc_flow_limits AS l ON l.name = k.limit_name
+     WHERE k.key = j.flow_key;
+    IF template IS NULL THEN
+        RETURN j.flow_key;
+    END IF;
+    j.payload := j.payload || jsonb_build_object('model', p_model);
+    RETURN orc_flow_render_v1(template, j);
+END;
+$$;
+
+-- A running job's next call, before it is sent (docs/flow-control.md, "Every call admitted"), on
+-- `p_model` (null: the model its key is for): the key it is admitted against
+-- (orc_flow_model_key_v1) and that key's window as the call meets it, read under the key's lock,
+-- which the caller's transaction keeps while it decides (orchestrator.domain.flow_window) and
+-- records the call (orc_flow_call_spend_v2). The window's spends by age in seconds, oldest first,
+-- `mine` marking those of the job's share, but, for the job's first call since its claim
+-- (`p_first`), the claim's reservation on that key (its units: `reserved`, null for none);
+-- `paused_for` null when the key is not paused (a call is never let through a pause: a job
+-- that passes its own key's provider pause calls a fallback model, on that model's key);
+-- `tenant_share` the limit's cap of one share, with the share's waiters handed room. No row:
+-- nothing limits the key's calls (no key, its limit gone, or a limit of concurrency alone).
+CREATE OR REPLACE FUNCTION orc_flow_call_window_v2(p_job_id uuid, p_model text, p_first boolean)
 RETURNS TABLE (
-    allowed_requests bigint, allowed_units bigint, window_seconds double precision,
+    key text, allowed_requests bigint, allowed_units bigint, window_seconds double precision,
     paused_for double precision, held integer, held_cost bigint, reserved bigint,
-    ages double precision[], spent_requests integer[], spent_units bigint[]
+    ages double precision[], spent_requests integer[], spent_units bigint[], mine boolean[],
+    tenant_share double precision, share_held integer, share_held_cost bigint
 )
 LANGUAGE plpgsql AS $$
 DECLARE
+    j orc_jobs;
+    own orc_flow_keys;
+    call_key text;
+    job_share text;
     k orc_flow_keys;
     lim orc_flow_limits;
     factor double precision;
     unused orc_flow_spends;
 BEGIN
-    PERFORM orc_flow_lock_v1(p_key);
-    SELECT * INTO k FROM orc_flow_keys AS f WHERE f.key = p_key;
+    SELECT * INTO j FROM orc_jobs AS o WHERE o.id = p_job_id;
+    SELECT * INTO own FROM orc_flow_keys AS f WHERE f.key = j.flow_key;
+    IF own.key IS NULL THEN
+        RETURN;
+    END IF;
+    call_key := orc_flow_model_key_v1(j, p_model);
+    job_share := coalesce(j.flow_share, '');
+    k := orc_flow_lock_key_v1(call_key, own.limit_name, own.task_prefix);
     SELECT * INTO lim FROM orc_flow_limits AS l WHERE l.name = k.limit_name;
     IF lim.name IS NULL OR (lim.requests IS NULL AND lim.units IS NULL) THEN
         RETURN;
@@ -718,44 +957,55 @@ BEGIN
     factor := orc_flow_factor_v1(k, lim);
     IF p_first THEN
         SELECT * INTO unused FROM orc_flow_spends AS s
-         WHERE s.job_id = p_job_id AND s.key = p_key AND NOT s.reconciled
+         WHERE s.job_id = p_job_id AND s.key = call_key AND NOT s.reconciled
          ORDER BY s.id DESC LIMIT 1;
     END IF;
     RETURN QUERY
-    SELECT CASE WHEN lim.requests IS NOT NULL
+    SELECT call_key,
+           CASE WHEN lim.requests IS NOT NULL
                 THEN greatest(1, floor(lim.requests * factor))::bigint END,
            CASE WHEN lim.units IS NOT NULL THEN greatest(1, floor(lim.units * factor))::bigint END,
            lim.interval_seconds,
            CASE WHEN k.paused_until > clock_timestamp()
-                     AND NOT orc_flow_passes_pause_v1(k, p_job_type)
                 THEN extract(epoch FROM k.paused_until - clock_timestamp())::float8 END,
            h.n::integer, h.cost::bigint, unused.units,
-           coalesce(w.ages, '{}'), coalesce(w.requests, '{}'), coalesce(w.units, '{}')
-      FROM (SELECT count(*) AS n, coalesce(sum(o.cost), 0) AS cost FROM orc_flow_waiters AS o
-             WHERE o.key = p_key AND o.dispatched_at <= clock_timestamp()) AS h,
+           coalesce(w.ages, '{}'), coalesce(w.requests, '{}'), coalesce(w.units, '{}'),
+           coalesce(w.mine, '{}'), lim.tenant_share, h.share_n::integer, h.share_cost::bigint
+      FROM (SELECT count(*) AS n, coalesce(sum(o.cost), 0) AS cost,
+                   count(*) FILTER (WHERE o.share = job_share) AS share_n,
+                   coalesce(sum(o.cost) FILTER (WHERE o.share = job_share), 0) AS share_cost
+              FROM orc_flow_waiters AS o
+             WHERE o.key = call_key AND o.dispatched_at <= clock_timestamp()) AS h,
            (SELECT array_agg(extract(epoch FROM clock_timestamp() - s.at)::float8
                              ORDER BY s.at, s.id) AS ages,
                    array_agg(s.requests ORDER BY s.at, s.id) AS requests,
-                   array_agg(s.units ORDER BY s.at, s.id) AS units
+                   array_agg(s.units ORDER BY s.at, s.id) AS units,
+                   array_agg(s.share IS NOT DISTINCT FROM job_share ORDER BY s.at, s.id) AS mine
               FROM orc_flow_spends AS s
-             WHERE s.key = p_key
+             WHERE s.key = call_key
                AND s.at > clock_timestamp() - make_interval(secs => lim.interval_seconds)
                AND s.id IS DISTINCT FROM unused.id) AS w;
 END;
 $$;
 
--- A running job's call admitted (after orc_flow_call_window_v1, in its transaction): a request
--- and its estimate recorded in the key's window at this instant; `p_reuse`: the job's first call
--- since its claim, whose reservation moves here and takes the call's estimate instead.
-CREATE OR REPLACE FUNCTION orc_flow_call_spend_v1(
+-- A running job's call admitted (after orc_flow_call_window_v2, in its transaction) on the key
+-- it named: a request and its estimate recorded in the key's window at this instant, and
+-- charged to the job's share; `p_reuse`: the job's first call since its claim, whose
+-- reservation moves here and takes the call's estimate instead (its charge corrected).
+CREATE OR REPLACE FUNCTION orc_flow_call_spend_v2(
     p_key text, p_job_id uuid, p_units bigint, p_reuse boolean
 ) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     unused orc_flow_spends;
+    lim orc_flow_limits;
+    job_share text := (SELECT j.flow_share FROM orc_jobs AS j WHERE j.id = p_job_id);
 BEGIN
+    SELECT l.* INTO lim FROM orc_flow_keys AS k JOIN orc_flow_limits AS l ON l.name = k.limit_name
+     WHERE k.key = p_key;
     IF NOT p_reuse THEN
         PERFORM orc_flow_record_spend_v1(p_key, p_job_id, 1, p_units);
+        PERFORM orc_flow_charge_v1(p_key, job_share, orc_flow_charged_v1(p_units, lim), lim);
         RETURN;
     END IF;
     SELECT * INTO unused FROM orc_flow_spends AS s
@@ -764,28 +1014,38 @@ BEGIN
     UPDATE orc_flow_spends SET at = clock_timestamp(), units = p_units WHERE id = unused.id;
     UPDATE orc_flow_keys SET window_units = greatest(0, window_units + p_units - unused.units)
      WHERE key = p_key;
+    PERFORM orc_flow_charge_v1(
+        p_key, job_share, orc_flow_charged_v1(p_units, lim) - orc_flow_charged_v1(unused.units, lim),
+        lim);
 END;
 $$;
 
--- A running job whose next call would wait long for its key's room gives its worker slot back
+-- A running job whose next call would wait long for its room gives its worker slot back
 -- (fenced by its lease): PENDING again, no budget used, its cost the call's estimate, a waiter of
--- its key (`p_blocked`: requests, units or paused) whom the pump hands a dispatch when its room
--- frees; the claim then admits the call. `p_release`: the claim's reservation, which no call
--- used, leaves the window. False: the lease was gone.
-CREATE OR REPLACE FUNCTION orc_flow_park_v1(
+-- its key (`p_blocked`: requests, units, share or paused) whom the pump hands a dispatch when
+-- its room frees; the claim then admits the call. `p_release`: the claim's reservation, which no
+-- call used, leaves the window (and its share's charge). `p_not_before`: seconds from now before
+-- which its call cannot go (its room on a fallback model's key); the waiter is sent for then,
+-- and, while its own key is paused, for the pause's end at the soonest: a job whose call could
+-- not go where its pass through the pause led is not let through it again at once. False: the
+-- lease was gone.
+CREATE OR REPLACE FUNCTION orc_flow_park_v2(
     p_job_id uuid, p_lease_token uuid, p_sources text[], p_cost bigint, p_blocked text,
-    p_release boolean
+    p_release boolean, p_not_before double precision
 ) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     j orc_jobs;
+    k orc_flow_keys;
+    lim orc_flow_limits;
     unused orc_flow_spends;
     floor_vtime double precision;
+    until timestamptz := clock_timestamp() + make_interval(secs => p_not_before);
 BEGIN
     UPDATE orc_jobs
        SET status = 'PENDING', next_retry_at = NULL, lease_token = NULL, locked_by = NULL,
            heartbeat_at = NULL, procrastinate_job_id = NULL,
-           flow_cost = least(p_cost, 2147483647)
+           flow_cost = greatest(1, least(p_cost, 2147483647))
      WHERE id = p_job_id AND lease_token = p_lease_token AND status = ANY (p_sources)
        AND flow_key IS NOT NULL
     RETURNING * INTO j;
@@ -793,6 +1053,8 @@ BEGIN
         RETURN false;
     END IF;
     PERFORM orc_flow_lock_v1(j.flow_key);
+    SELECT * INTO k FROM orc_flow_keys WHERE key = j.flow_key;
+    SELECT * INTO lim FROM orc_flow_limits WHERE name = k.limit_name;
     IF p_release THEN
         DELETE FROM orc_flow_spends
          WHERE id = (SELECT max(s.id) FROM orc_flow_spends AS s
@@ -802,6 +1064,13 @@ BEGIN
            SET window_requests = greatest(0, window_requests - unused.requests),
                window_units = greatest(0, window_units - unused.units)
          WHERE key = j.flow_key AND unused.id IS NOT NULL;
+        IF unused.id IS NOT NULL THEN
+            PERFORM orc_flow_charge_v1(j.flow_key, j.flow_share,
+                                       -orc_flow_charged_v1(unused.units, lim), lim);
+        END IF;
+    END IF;
+    IF k.paused_until > clock_timestamp() THEN
+        until := greatest(until, k.paused_until);
     END IF;
     -- A share that starts waiting starts level with the shares already waiting.
     SELECT min(s.vtime) INTO floor_vtime
@@ -815,11 +1084,19 @@ BEGIN
        SET vtime = greatest(s.vtime, coalesce(floor_vtime, s.vtime))
      WHERE NOT EXISTS (SELECT FROM orc_flow_waiters AS w
                         WHERE w.key = s.key AND w.share = s.share AND w.dispatched_at IS NULL);
-    INSERT INTO orc_flow_waiters (job_id, key, share, cost, blocked_on)
-    VALUES (j.id, j.flow_key, coalesce(j.flow_share, ''), j.flow_cost, p_blocked);
+    INSERT INTO orc_flow_waiters (job_id, key, share, cost, blocked_on, dispatched_at, priority)
+    VALUES (j.id, j.flow_key, coalesce(j.flow_share, ''), j.flow_cost, p_blocked, until,
+            j.priority);
     INSERT INTO orc_job_events (job_id, kind, payload)
     VALUES (j.id, 'job.waiting_for_capacity',
             jsonb_build_object('key', j.flow_key, 'waiting_on', p_blocked, 'status', j.status));
+    IF until IS NOT NULL THEN  -- sent for then, charged as the pump charges whom it sends
+        PERFORM orc_flow_charge_v1(j.flow_key, j.flow_share,
+                                   orc_flow_charged_v1(orc_flow_estimate_v1(j.flow_cost, lim), lim),
+                                   lim);
+        PERFORM orc_flow_dispatch_v2(ARRAY[j.id], ARRAY[until], k.task_prefix);
+        RETURN true;
+    END IF;
     PERFORM orc_flow_pump_v1(j.flow_key);  -- its room may be known: it is sent for then
     RETURN true;
 END;

@@ -28,3 +28,11 @@ DROP FUNCTION IF EXISTS orc_fetch_dispatch_v1(varchar[], bigint, text, text, tex
 -- and checkpoints.sql, changed in the same release, put the triggers back.
 DROP FUNCTION IF EXISTS orc_events_append_only_v1() CASCADE;
 DROP FUNCTION IF EXISTS orc_side_effect_committed_is_final_v1() CASCADE;
+
+-- A running job's call read and recorded its job's own key only, and a parked job was sent for
+-- no later time (0047); since 0051 a call names its model (a fallback model's key) and a park
+-- its earliest time: orc_flow_call_window_v2, orc_flow_call_spend_v2, orc_flow_park_v2. The
+-- release before (0032) calls none of them.
+DROP FUNCTION IF EXISTS orc_flow_call_window_v1(text, uuid, text, boolean);
+DROP FUNCTION IF EXISTS orc_flow_call_spend_v1(text, uuid, bigint, boolean);
+DROP FUNCTION IF EXISTS orc_flow_park_v1(uuid, uuid, text[], bigint, text, boolean);
