@@ -1,6 +1,6 @@
 """Soak: a million no-op jobs through workers while retention prunes what they finish.
 
-    ./dev bench soak [--jobs 1000000] [--workers 2] [--concurrency 10] [--retention 60]
+    ./dev bench soak [--jobs 1000000] [--workers 1] [--concurrency 10] [--retention 60]
 
 Jobs are submitted in batches of 1,000 while ``--workers`` worker processes run them; the
 submitter keeps at most ``--backlog`` jobs unfinished, so the run measures a steady fleet, not
@@ -15,7 +15,13 @@ one), the jobs/s of that decile and, at its end, each table's size and its index
 live and dead tuples, and how often autovacuum and autoanalyze have run on it. Goals (printed
 as verdicts): the last decile's throughput at least 0.9 x the first's, and the tables' and
 indexes' total size at the end at most 1.1 x its size at the fifth decile (a plateau once
-retention deletes as fast as jobs finish).
+retention deletes as fast as jobs finish), and the last decile at least 0.8 x the plain drain.
+
+The plain drain is ``./dev bench throughput``'s orchestrator side, measured in the same run on a
+database of its own, before the soak and after it: ``--drain-jobs`` no-op jobs queued
+beforehand, then one worker process of the same concurrency runs them until the queue is empty,
+with nothing submitted and nothing pruned meanwhile. The verdict takes the faster of the two
+drains, so the machine's drift within the run counts against the soak.
 
 Finished-job counts are read as "submitted minus unfinished" (an indexed count of the live
 jobs): a count of COMPLETED rows would shrink as retention deletes them.
@@ -34,6 +40,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from bench import throughput
 from bench.common import fresh_database, machine, quiet_orchestrator, server_version
 from orchestrator import JobContext, Orchestrator, Settings
 
@@ -168,7 +175,17 @@ async def feed(dsn: str, args: argparse.Namespace) -> list[Sample]:
     return samples
 
 
-def report(samples: list[Sample], args: argparse.Namespace) -> None:
+def plain_drain(jobs: int, concurrency: int) -> float:
+    """The throughput bench's drain of ``jobs`` queued no-op jobs, in jobs/s."""
+    with fresh_database("orc_soak_drain") as dsn:
+        asyncio.run(throughput.fill_orc(dsn, jobs))
+        asyncio.run(throughput.analyze(dsn))
+        rate = jobs / throughput.drain("orc", dsn, concurrency)
+    print(json.dumps({"plain_drain_jobs_per_second": round(rate)}), flush=True)
+    return rate
+
+
+def report(samples: list[Sample], drains: list[float], args: argparse.Namespace) -> None:
     print(f"\n{args.jobs:,} no-op jobs, {args.workers} workers x concurrency {args.concurrency}, "
           f"retention {args.retention:g} s (the prune's other settings as they ship), "
           f"wall {samples[-1].seconds:,.0f} s")  # fmt: skip
@@ -201,15 +218,22 @@ def report(samples: list[Sample], args: argparse.Namespace) -> None:
           f"{'met' if ratio >= 0.9 else 'NOT met'}")  # fmt: skip
     print(f"size at the end ÷ size at the fifth decile: {growth:.2f} (goal ≤ 1.1, a plateau): "
           f"{'met' if growth <= 1.1 else 'NOT met'}")  # fmt: skip
+    against = samples[-1].jobs_per_second / max(drains)
+    print(
+        f"plain drain ({args.drain_jobs:,} jobs, one worker x concurrency {args.concurrency}) "
+        f"before and after: {', '.join(f'{d:,.0f}' for d in drains)} jobs/s; last decile ÷ "
+        f"the faster: {against:.2f} (goal ≥ 0.8): {'met' if against >= 0.8 else 'NOT met'}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=1_000_000)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=1, help="1: the plain drain's fleet")
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--retention", type=float, default=60.0, help="seconds")
     parser.add_argument("--backlog", type=int, default=5000, help="most jobs unfinished at once")
+    parser.add_argument("--drain-jobs", type=int, default=20_000, help="the plain drain's jobs")
     parser.add_argument("--work", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dsn", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -219,9 +243,12 @@ def main() -> None:
     if args.jobs < 10 * BATCH:
         parser.error("--jobs: at least 10,000 (ten deciles of whole batches)")
     print(json.dumps({"machine": machine()}))
+    drains = [plain_drain(args.drain_jobs, args.concurrency)]
     with fresh_database("orc_soak") as dsn:
         print(json.dumps({"server": asyncio.run(server_version(dsn))}))
-        report(soak(dsn, args), args)
+        samples = soak(dsn, args)
+    drains.append(plain_drain(args.drain_jobs, args.concurrency))
+    report(samples, drains, args)
 
 
 if __name__ == "__main__":
