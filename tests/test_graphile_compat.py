@@ -5,7 +5,8 @@ rollback), the orchestrator's workers run them, job keys behave as Graphile Work
 arguments get Graphile Worker's kind of error with nothing stored. complete_jobs,
 permanently_fail_jobs and reschedule_jobs end or move the API tenant's waiting jobs through the
 orchestrator's own writers, with their events; a running job and another tenant's are left
-alone."""
+alone. A job added this way is its tenant's in the HTTP API, the command line and the dashboard
+(a real ``orchestrator serve``), and another tenant's token does not find it."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import asyncio
 import json
 import os
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
+import httpx
 import psycopg
 import pytest
 from psycopg import conninfo
@@ -30,6 +33,7 @@ from orchestrator.domain.classification import ErrorClass
 from orchestrator.domain.errors import ConfigError, MigrationError
 from orchestrator.domain.events import Fault
 from orchestrator.domain.models import Job, JobState
+from tests.support.api_server import ApiServer, ui_session
 from tests.support.harness import ROOT, WorkerRun, config_with, wait_for
 from tests.support.tools import find
 
@@ -125,6 +129,68 @@ async def test_a_producers_trigger_adds_jobs_in_its_transaction_and_a_rollback_l
     assert (job.job_type, job.status, job.result) == ("echo", Status.COMPLETED, {"order": 2})
     events = [e.kind for e in await orc.job_events(job_id)]
     assert events[0] == "job.created" and events[-1] == "job.completed"
+
+
+def orchestrator_cli(dsn: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """``orchestrator ARGV`` as an operator runs it: a real process."""
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *argv], capture_output=True, text=True, cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": dsn}, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def seen_by_the_api_the_cli_and_the_dashboard(dsn: str, job_id: str) -> None:
+    """The job, of tenant acme, through a real ``orchestrator serve`` with tokens made by the
+    command line (acme's, and another tenant's: the attacker), and ``orchestrator status``."""
+    secrets = {}
+    for tenant in ("other", "acme"):  # the attacker first
+        made = orchestrator_cli(dsn, "tokens", "create", tenant, "--scope", "read",
+                                "--tenant", tenant)  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        secrets[tenant] = made.stdout.strip()
+    with ApiServer(dsn) as server:
+        for tenant, secret in secrets.items():
+            with httpx.Client(
+                base_url=server.url, headers={"Authorization": f"Bearer {secret}"}, timeout=30
+            ) as client:
+                job, history = (client.get(f"/api/v1/jobs/{job_id}{p}") for p in ("", "/events"))
+                if tenant == "other":
+                    assert (job.status_code, history.status_code) == (404, 404), job.text
+                    continue
+                body = job.json()
+                assert (job.status_code, body.get("status"), body.get("tenant_id")) == (
+                    200, "COMPLETED", "acme",
+                ), job.text  # fmt: skip
+                kinds = [e["kind"] for e in history.json()["events"]]
+                assert kinds[0] == "job.created" and kinds[-1] == "job.completed", kinds
+            with ui_session(server, secret) as (browser, _):
+                page = browser.get(f"/ui/jobs/{job_id}")
+                if tenant == "other":
+                    assert page.status_code == 404 and job_id not in page.text
+                else:
+                    assert page.status_code == 200 and job_id in page.text, page.status_code
+    shown = orchestrator_cli(dsn, "status", job_id)
+    assert shown.returncode == 0, shown.stderr
+    for said in (f"job {job_id}  echo  COMPLETED", "tenant acme", "job.created", "job.completed"):
+        assert said in shown.stdout, shown.stdout
+
+
+async def test_a_job_added_in_a_producers_transaction_is_its_tenants_everywhere(
+    compat: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any], dsn: str
+) -> None:
+    """The API's tenant's job, with its events, in the HTTP API, the command line and the
+    dashboard; another tenant's token does not find it."""
+    orc = compat(graphile_tenant="acme")
+    await orc.migrate()
+    await orc.open()
+    async with db.transaction():  # the producer's: its own write, and the job
+        await db.execute("CREATE TEMP TABLE orders (id integer PRIMARY KEY)")
+        await db.execute("INSERT INTO orders VALUES (7)")
+        number = await add(db, "echo", payload='{"order": 7}')
+    job_id = (await job_of(db, orc, number)).id
+    async with WorkerRun(orc) as worker:
+        await worker.until_finished(job_id)
+    await asyncio.to_thread(seen_by_the_api_the_cli_and_the_dashboard, dsn, str(job_id))
 
 
 async def test_add_job_answers_with_graphile_workers_columns_and_the_types_defaults(
