@@ -14,6 +14,7 @@ from psycopg.types.json import Jsonb
 
 from orchestrator.domain.errors import FlowKeyNotFound
 from orchestrator.domain.flow import FlowKey
+from orchestrator.domain.flow_learned import Allowances, Learned, allowances
 from orchestrator.domain.flow_window import (
     Admit,
     Allowance,
@@ -46,7 +47,7 @@ class FlowStore:
         limits = [
             {"name": name, **limit.model_dump(include={"concurrency", "requests", "units",
                                                        "interval_seconds", "weights", "key",
-                                                       "share_by"})}
+                                                       "share_by", "learn"})}
             for name, limit in config.limits.items()
         ]  # fmt: skip
         types = [
@@ -82,8 +83,19 @@ class FlowStore:
         return await self.reschedule([row["key"] for row in rows])
 
     async def keys(self, key: str | None = None) -> list[FlowKey]:
-        rows = await self.queries.rows("flow_keys", {"key": key})
-        return [FlowKey.model_validate(row) for row in rows]
+        """Every key (or ``key``), its ``requests`` and ``units`` the allowances in effect: its
+        limit's, lowered to what its provider allows when the limit learns."""
+        found = []
+        for row in await self.queries.rows("flow_keys", {"key": key}):
+            effect = allowances(
+                Allowances(row["requests"], row["units"]),
+                Allowances(row["learned_requests"], row["learned_units"]),
+                learn=row["learn"],
+            )
+            found.append(
+                FlowKey.model_validate(row | {"requests": effect.requests, "units": effect.units})
+            )
+        return found
 
     async def get(self, key: str) -> FlowKey:
         found = await self.keys(key)
@@ -109,6 +121,15 @@ class FlowStore:
         """Seconds ``key`` stays paused from now, by the database's clock (None: not paused)."""
         row = await self.queries.row("flow_key_paused_for", {"key": key})
         return None if row is None else float(row["seconds"])
+
+    async def learn(self, key: str, reply: Learned) -> None:
+        """What a reply of ``key``'s provider said of its limits (orc_flow_learn_v1): kept, if
+        the key's limit learns; the key held until a spent limit's reset."""
+        params = {
+            "key": key, "requests": reply.requests, "units": reply.units, "hold": reply.hold,
+            "reason": reply.reason if reply.spent else None,
+        }  # fmt: skip
+        await self.queries.execute("flow_learn", params)
 
     async def admit_call(
         self, key: str, job_id: UUID, job_type: str, *, units: int, first: bool

@@ -2,7 +2,7 @@
 
 -- sync_flow_limits --
 -- The limits of the config in effect ([{name, concurrency, requests, units, interval_seconds,
--- weights, key, share_by}]) and which job types run under them ([{job_type, limit,
+-- weights, key, share_by, learn}]) and which job types run under them ([{job_type, limit,
 -- fallback_after_seconds}]: null when the type names no fallback models), written
 -- by each process that applies one; the names of the limits that changed or are gone (a limit
 -- the config no longer has holds nothing back: its keys' waiters are then rescheduled, as are
@@ -10,7 +10,8 @@
 WITH given AS (
     SELECT * FROM jsonb_to_recordset(%(limits)s::jsonb)
         AS g (name text, concurrency integer, requests integer, units bigint,
-              interval_seconds double precision, weights jsonb, key text, share_by text)
+              interval_seconds double precision, weights jsonb, key text, share_by text,
+              learn boolean)
 ), types AS (
     SELECT * FROM jsonb_to_recordset(%(types)s::jsonb)
         AS t (job_type text, "limit" text, fallback_after_seconds double precision)
@@ -26,20 +27,20 @@ WITH given AS (
            fallback_after_seconds = EXCLUDED.fallback_after_seconds
 ), changed AS (
     INSERT INTO orc_flow_limits AS l (name, concurrency, requests, units, interval_seconds,
-                                      weights, key_template, share_by)
+                                      weights, key_template, share_by, learn)
     SELECT name, concurrency, requests, units, interval_seconds, coalesce(weights, '{}'), key,
-           share_by
+           share_by, coalesce(learn, false)
       FROM given
     ON CONFLICT (name) DO UPDATE
        SET concurrency = EXCLUDED.concurrency, requests = EXCLUDED.requests,
            units = EXCLUDED.units, interval_seconds = EXCLUDED.interval_seconds,
            weights = EXCLUDED.weights, key_template = EXCLUDED.key_template,
-           share_by = EXCLUDED.share_by, updated_at = now()
+           share_by = EXCLUDED.share_by, learn = EXCLUDED.learn, updated_at = now()
      WHERE (l.concurrency, l.requests, l.units, l.interval_seconds, l.weights, l.key_template,
-            l.share_by)
+            l.share_by, l.learn)
            IS DISTINCT FROM (EXCLUDED.concurrency, EXCLUDED.requests, EXCLUDED.units,
                              EXCLUDED.interval_seconds, EXCLUDED.weights, EXCLUDED.key_template,
-                             EXCLUDED.share_by)
+                             EXCLUDED.share_by, EXCLUDED.learn)
     RETURNING name
 ), gone AS (  -- the config's own limits only (0049: the Graphile schema's is its own)
     DELETE FROM orc_flow_limits AS o
@@ -85,10 +86,12 @@ SELECT k.key FROM orc_flow_keys AS k
 SELECT orc_flow_reschedule_v1(%(key)s) AS dispatched
 
 -- flow_keys --
--- Every key: its limit, what runs and waits on it, what it spent in its window, its pause.
+-- Every key: its limit (`requests` and `units` as configured, `learn`: its provider's limits,
+-- learned, lower them), what runs and waits on it, what it spent in its window, its pause.
 SELECT k.key, k.limit_name, k.paused_until, k.pause_reason, k.paused_by, k.throttled,
        orc_flow_factor_v1(k, l) AS rate_factor,
-       l.concurrency, l.requests, l.units, l.interval_seconds,
+       l.concurrency, l.requests, l.units, l.interval_seconds, coalesce(l.learn, false) AS learn,
+       k.learned_requests, k.learned_units, k.learned_at,
        (SELECT count(*) FROM orc_jobs AS j
          WHERE j.flow_key = k.key AND j.status = 'RUNNING' AND j.flow_key IS NOT NULL)::integer
            AS running,
@@ -133,3 +136,7 @@ SELECT * FROM orc_flow_call_window_v1(%(key)s, %(job_id)s, %(job_type)s, %(first
 -- flow_call_spend --
 -- ... and, in the same transaction, the call admitted: its spend recorded in the window.
 SELECT orc_flow_call_spend_v1(%(key)s, %(job_id)s, %(units)s, %(reuse)s)
+
+-- flow_learn --
+-- What a reply of the key's provider said of its limits (see orc_flow_learn_v1).
+SELECT orc_flow_learn_v1(%(key)s, %(requests)s, %(units)s, %(hold)s, %(reason)s)
