@@ -44,7 +44,9 @@ Every reply to ``/v1/messages`` in this mode (a success, a scripted error, a 429
 ``anthropic-ratelimit-requests-{limit,remaining,reset}`` (with a request limit) and
 ``anthropic-ratelimit-tokens-{limit,remaining,reset}`` (with a token limit): ``remaining`` what
 the window still allows after this request, ``reset`` (RFC 3339) when the oldest request counted
-leaves the window and frees its request and tokens (now when none is counted).
+leaves the window and frees its request and tokens (now when none is counted). With
+``ratelimit_headers="openai"`` they are OpenAI's instead, ``x-ratelimit-{limit,remaining,reset}-
+{requests,tokens}``, their ``reset`` a duration (``1.250s``).
 
 Stats (``GET /_stats``, and properties): requests by model and in all, and ``accepted`` (by the
 limits: every request that got past them, all of them when no limit is set), ``rate_limited``
@@ -74,7 +76,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.client import responses
-from typing import Any, TypedDict, Unpack
+from typing import Any, Literal, TypedDict, Unpack
 
 Json = dict[str, Any]
 
@@ -130,6 +132,7 @@ class Options(TypedDict, total=False):
     window_seconds: float
     max_concurrent: int | None
     retry_after_ms: bool
+    ratelimit_headers: Literal["anthropic", "openai"]
 
 
 @dataclass
@@ -159,6 +162,7 @@ class _Window:
         tokens: int | None,
         seconds: float,
         concurrent: int | None,
+        style: Literal["anthropic", "openai"] = "anthropic",
     ) -> None:
         for name, value in (("requests_per_window", requests), ("tokens_per_window", tokens),
                             ("max_concurrent", concurrent)):  # fmt: skip
@@ -168,6 +172,7 @@ class _Window:
             raise ValueError(f"window_seconds must be > 0, got {seconds}")
         self.requests, self.tokens, self.seconds = requests, tokens, seconds
         self.concurrent = concurrent
+        self.style = style
         self.entries: deque[tuple[float, int]] = deque()  # (accepted at, tokens), oldest first
         self.in_window = 0  # tokens of the entries
         self.in_flight = 0
@@ -205,22 +210,23 @@ class _Window:
         return max(self.entries[index][0] + self.seconds - now, 1e-3)
 
     def _headers(self, now: float) -> dict[str, str]:
-        reset = _rfc3339(self._frees_at(0, now) if self.entries else 0.0)
+        frees = self._frees_at(0, now) if self.entries else 0.0
+        reset = _rfc3339(frees) if self.style == "anthropic" else f"{frees:.3f}s"
         headers: dict[str, str] = {}
-        if self.requests is not None:
-            headers |= {
-                "anthropic-ratelimit-requests-limit": str(self.requests),
-                "anthropic-ratelimit-requests-remaining": str(
-                    max(0, self.requests - len(self.entries))
-                ),
-                "anthropic-ratelimit-requests-reset": reset,
-            }
-        if self.tokens is not None:
-            headers |= {
-                "anthropic-ratelimit-tokens-limit": str(self.tokens),
-                "anthropic-ratelimit-tokens-remaining": str(max(0, self.tokens - self.in_window)),
-                "anthropic-ratelimit-tokens-reset": reset,
-            }
+        for name, limit, used in (
+            ("requests", self.requests, len(self.entries)),
+            ("tokens", self.tokens, self.in_window),
+        ):
+            if limit is None:
+                continue
+            said = {"limit": str(limit), "remaining": str(max(0, limit - used)), "reset": reset}
+            for part, value in said.items():
+                header = (
+                    f"anthropic-ratelimit-{name}-{part}"
+                    if self.style == "anthropic"
+                    else f"x-ratelimit-{part}-{name}"
+                )
+                headers[header] = value
         return headers
 
 
@@ -245,13 +251,15 @@ class LocalLLM:
         window_seconds: float = 60.0,
         max_concurrent: int | None = None,
         retry_after_ms: bool = False,
+        ratelimit_headers: Literal["anthropic", "openai"] = "anthropic",
     ) -> None:
         self.url = ""
         self._port, self._chunks, self._every = port, chunks, chunk_every
         self._agent_steps, self._api_key = agent_steps, api_key
         self._window = _Window(
-            requests_per_window, tokens_per_window, window_seconds, max_concurrent
-        )
+            requests_per_window, tokens_per_window, window_seconds, max_concurrent,
+            ratelimit_headers,
+        )  # fmt: skip
         self._send_retry_after_ms = retry_after_ms
         self._lock = threading.Lock()
         self._requests: Counter[str] = Counter()
@@ -742,6 +750,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="requests in flight at once")  # fmt: skip
     limits.add_argument("--retry-after-ms", action="store_true",
                         help="send retry-after-ms with retry-after on a 429")  # fmt: skip
+    limits.add_argument("--ratelimit-headers", choices=("anthropic", "openai"),
+                        default="anthropic", help="whose rate-limit headers to send")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         llm = LocalLLM(**vars(args))

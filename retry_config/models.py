@@ -158,6 +158,13 @@ class FlowLimit(_Frozen):
     interval_seconds: float = Field(
         60, gt=0, le=86_400, description="The sliding window of requests and units."
     )
+    learn: bool = Field(
+        False,
+        description="Learn each key's limits from its provider's replies (their "
+        "anthropic-ratelimit-* or x-ratelimit-* headers): a lower provider limit lowers the "
+        "key's requests and units (the configured ones stay ceilings), a limit with nothing "
+        "remaining holds the key until its reset. With learn, no number need be configured.",
+    )
     share_by: Literal["tenant", "agent", "none"] = Field(
         "tenant", description="Whose jobs share a key's capacity fairly when they wait."
     )
@@ -203,8 +210,9 @@ class FlowLimit(_Frozen):
 
     @model_validator(mode="after")
     def _limits_something(self) -> FlowLimit:
-        if self.concurrency is None and self.requests is None and self.units is None:
-            raise ValueError("set at least one of concurrency, requests and units")
+        numbers = (self.concurrency, self.requests, self.units)
+        if all(number is None for number in numbers) and not self.learn:
+            raise ValueError("set at least one of concurrency, requests and units, or learn = true")
         if self.tenant_share is not None and self.share_by == "none":
             raise ValueError(
                 'tenant_share caps one share of a key, and share_by = "none" makes none: set '

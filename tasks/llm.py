@@ -22,6 +22,10 @@ is a ``job.model_fallback`` event; each call is counted under its own model; the
 ``answered_by`` names the model that answered, as asked (``model`` is the name the provider
 answered with). A new attempt starts again from the requested model.
 
+Each reply's headers, a failed call's included, go to ``ctx.record_rate_limits``: under a limit
+that learns, the provider's rate-limit headers keep the job's flow key in step with its limits
+(docs/flow-control.md, "Limits learned from the provider").
+
 The API key is the secret ``ANTHROPIC_API_KEY`` (environment or mounted secret); the endpoint
 is ``ANTHROPIC_BASE_URL`` when set (the bundled local server, a proxy), else Anthropic's.
 With tracing on, the call has a span, ``chat <model>`` (docs/operations.md, "Traces").
@@ -32,7 +36,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -179,13 +183,17 @@ async def generate(ctx: JobContext, **params: Any) -> LlmResponse:
         with ctx.span(f"chat {model}", client=True, attributes=call):
             sent_at = time.monotonic()
             async with ctx.call_limit(), sdk.messages.stream(**params) as stream:
+                headers = stream.response.headers
                 async for _event in within_gaps(stream, ctx.config.inter_chunk_timeout(), "LLM"):
                     pass
                 final = await stream.get_final_message()
         reply = LlmResponse.model_validate(final.model_dump(mode="json"))
     except BaseException as exc:
         ctx.record_llm_call(model, ok=False, failure=ctx.classify(exc))
+        if isinstance(exc, Exception) and (said := reply_headers(exc)) is not None:
+            await ctx.record_rate_limits(said, model=model)  # a 429's too
         raise
+    await ctx.record_rate_limits(headers, model=model)
     usage = reply.usage
     await ctx.record_llm_usage(  # under the model asked for, as a failed call is
         model, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
@@ -194,6 +202,13 @@ async def generate(ctx: JobContext, **params: Any) -> LlmResponse:
         sent_at=sent_at,
     )  # fmt: skip
     return reply
+
+
+def reply_headers(exc: Exception) -> Mapping[str, str] | None:
+    """The headers of the reply a failed call got (an HTTP error's, or a stream's that failed
+    mid-way), if it got one."""
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    return headers if isinstance(headers, Mapping) else None
 
 
 def estimated_tokens(request: LlmRequest) -> int:

@@ -64,7 +64,13 @@ Where each part of the code is tested:
                               backstop: test_flow_fleet; every call admitted (a fleet of agents
                               held to the window, a parked agent resuming at its call, worker
                               processes): test_flow_calls; the call's admission as a pure
-                              rule (property tests), equal to the claim's SQL: test_flow_window
+                              rule (property tests), equal to the claim's SQL: test_flow_window;
+                              limits learned from the provider's headers (pure rules, equal to
+                              the gate's SQL; worker processes against the local server's
+                              Anthropic and OpenAI headers): test_flow_learned; fairness on
+                              real spend and tenant_share (worker processes):
+                              test_flow_fairness, as a pure policy (property tests):
+                              test_flow_share; the fallback pass-through: test_flow_fallback
     schedules                 firing once per tick (three worker processes), backfill, pause,
                               listings, tenants, refusals: test_schedules
     orchestrator/services     sweep: test_liveness, test_timeouts; safety net, dead letters:

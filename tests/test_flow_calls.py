@@ -22,6 +22,11 @@ from tests.support.workers import WorkerProcess
 
 KEY = "sk-test-flow-calls-0123456789"
 APP = "tests.support.flow_app:orc"
+#: No job here is a zombie. On a loaded machine a worker's heartbeat can be seconds late (its
+#: first LLM call imports the SDK on its event loop; its connections wait for a CPU): under the
+#: workers' fast zombie threshold (1.5 s, for crash tests) a live job was swept and retried, a
+#: retry these tests' jobs do not expect (they assert retry_count 0).
+NOT_ZOMBIES = {"ORCHESTRATOR_HEARTBEAT_INTERVAL": "1", "ORCHESTRATOR_ZOMBIE_THRESHOLD": "60"}
 
 
 @pytest.fixture
@@ -42,7 +47,7 @@ def workers(
 ) -> list[WorkerProcess]:  # fmt: skip
     settings = {
         "ORCHESTRATOR_RETRY_CONFIG": config, "ORCHESTRATOR_WORKER_CONCURRENCY": concurrency,
-        "ANTHROPIC_BASE_URL": server.url, "ANTHROPIC_API_KEY": KEY, **env,
+        "ANTHROPIC_BASE_URL": server.url, "ANTHROPIC_API_KEY": KEY, **NOT_ZOMBIES, **env,
     }  # fmt: skip
     return [stack.enter_context(WorkerProcess(dsn, APP, **settings)) for _ in range(count)]
 

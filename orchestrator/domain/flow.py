@@ -115,9 +115,18 @@ class FlowKey(BaseModel):
     key: str
     limit_name: str
     concurrency: int | None
+    #: Its allowances per interval in effect: its limit's, lowered to what its provider allows
+    #: when the limit learns (``learn``); None: no such limit.
     requests: int | None
     units: int | None
     interval_seconds: float | None
+    #: Its limit learns the provider's limits from its replies' rate-limit headers.
+    learn: bool = False
+    #: The provider's limits of requests and units per its period, as its replies last said.
+    learned_requests: int | None = None
+    learned_units: int | None = None
+    #: When what it learned last changed.
+    learned_at: datetime | None = None
     running: int
     waiting: int
     requests_used: int

@@ -73,6 +73,10 @@ def flow_key_line(k: FlowKey) -> str:
         parts.append(f"requests {k.requests_used}/{k.requests} per {window}")
     if k.units is not None:
         parts.append(f"units {k.units_used}/{k.units} per {window}")
+    if k.learn:
+        said = [f"{n} {v}" for n, v in (("requests", k.learned_requests),
+                                         ("units", k.learned_units)) if v is not None]  # fmt: skip
+        parts.append(f"provider's: {', '.join(said)}" if said else "learning from replies")
     parts.append(f"waiting {k.waiting}")
     if k.paused_until is not None and k.paused_until > datetime.now(UTC):
         parts.append(f"PAUSED until {_utc(k.paused_until)} by {k.paused_by}: {k.pause_reason}")

@@ -125,8 +125,11 @@ class Attempt:
         )
         self.ledger = Ledger(kit.checkpoints, claim.fence, list(kit.classifiers))
         limit = kit.config.current.limits.get(self.config.limit or "")
-        #: Its calls are admitted in its flow key's window (its limit counts requests or units).
-        self.windowed = (
+        #: Its limit learns its key's limits from the provider's replies.
+        self.learns = claim.flow_key is not None and limit is not None and limit.learn
+        #: Its calls are admitted in its flow key's window (its limit counts requests or units,
+        #: or learns them).
+        self.windowed = self.learns or (
             claim.flow_key is not None
             and limit is not None
             and (limit.requests is not None or limit.units is not None)
@@ -210,6 +213,7 @@ class Attempt:
                 lambda tenant: kit.config.current.token_budgets.get(tenant),
                 kit.flow,
                 windowed=self.windowed,
+                learns=self.learns,
             ),
         )
 

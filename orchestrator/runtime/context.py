@@ -130,6 +130,26 @@ class JobContext:
             call_id=call_id, sent_at=sent_at,
         )  # fmt: skip
 
+    async def record_rate_limits(
+        self, headers: Mapping[str, str], *, model: str | None = None
+    ) -> None:
+        """After each reply of a model's provider, a success or an error: its ``headers``. Under a
+        limit that learns (``learn = true``), their rate-limit headers
+        (``anthropic-ratelimit-*``, or ``x-ratelimit-*`` of OpenAI-compatible servers) keep the
+        job's flow key in step with the provider's limits, for the whole fleet: a lower
+        provider limit lowers the key's, and a limit with nothing remaining holds the key until
+        its reset (docs/flow-control.md, "Limits learned from the provider"). The built-in
+        ``llm_generate`` and ``run_agent`` do it for each of their calls. Nothing for a reply
+        without them, or a job whose limit does not learn. ``model``: the model the call was
+        admitted for (``admit_call(model=...)``), so a fallback model's headers go to its own
+        key::
+
+            response = await ctx.http.post(url, json=body)
+            await ctx.record_rate_limits(response.headers)
+        """
+        if self._accounting is not None:
+            await self._accounting.learn(headers, model)
+
     async def admit_call(self, units: int = 1, *, model: str | None = None) -> None:
         """Before each LLM call the task sends through its own client: admit it in its job's
         flow key's window (``requests`` and ``units`` per interval, fleet-wide), ``units`` its

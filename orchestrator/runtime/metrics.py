@@ -109,6 +109,11 @@ LLM_TOKENS = Spec(
     "orchestrator_llm_tokens_total", "counter", ("model", "kind"),
     "Tokens of the LLM calls made by job types, as the provider counted them.",
 )  # fmt: skip
+FLOW_CALL_WAIT = Spec(
+    "orchestrator_flow_call_wait_seconds_total", "counter", ("job_type",),
+    "Seconds running jobs' LLM calls waited in place for room in their flow key's window, their"
+    " worker slots held meanwhile (a longer wait parks the job instead).",
+)  # fmt: skip
 RETRY_CONFIG_RELOADS = Spec(
     "orchestrator_retry_config_reloads_total", "counter", ("result",),
     "New versions of the retry config file this process read: applied, or refused (invalid;"
@@ -140,8 +145,8 @@ HEARTBEAT_AGE = Spec(
 WORKER_METRICS = (
     ATTEMPTS_STARTED, ATTEMPTS_FINISHED, ATTEMPT_DURATION, QUEUE_WAIT, RETRY_LATENESS,
     HEARTBEATS, HEARTBEAT_DURATION, STALE_WRITES, TRANSITIONS_REFUSED, MAINTENANCE_RUNS,
-    MAINTENANCE_ROWS, LLM_CALLS, LLM_TOKENS, RETRY_CONFIG_RELOADS, RETRY_CONFIG_REFUSED,
-    RETRY_CONFIG_VERSION, RUNNING_JOBS, SLOTS, FREE_SLOTS, WORKER_READY,
+    MAINTENANCE_ROWS, LLM_CALLS, LLM_TOKENS, FLOW_CALL_WAIT, RETRY_CONFIG_RELOADS,
+    RETRY_CONFIG_REFUSED, RETRY_CONFIG_VERSION, RUNNING_JOBS, SLOTS, FREE_SLOTS, WORKER_READY,
     HEARTBEAT_AGE,
 )  # fmt: skip
 
@@ -167,6 +172,7 @@ class Metrics:
         self.maintenance_rows = self._counter(MAINTENANCE_ROWS)
         self.llm_calls = self._counter(LLM_CALLS)
         self.llm_tokens = self._counter(LLM_TOKENS)
+        self.flow_call_wait = self._counter(FLOW_CALL_WAIT)
         self.config_reloads = self._counter(RETRY_CONFIG_RELOADS)
         self.config_refused_now = self._gauge(RETRY_CONFIG_REFUSED)
         self.config_version = self._gauge(RETRY_CONFIG_VERSION)
@@ -247,6 +253,11 @@ class Metrics:
         for kind, count in (tokens or {}).items():
             if count:
                 self.llm_tokens.labels(model, kind).inc(count)
+
+    def call_waited(self, job_type: str, seconds: float) -> None:
+        """A call of a running ``job_type`` job waited ``seconds`` in place for room in its
+        flow key's window."""
+        self.flow_call_wait.labels(job_type).inc(seconds)
 
     def config_applied(self, version: str) -> None:
         """The retry config ``version`` is in effect (at start-up, or applied by a reload, or
@@ -347,6 +358,9 @@ class NoMetrics(Metrics):
     def llm_call(
         self, model: str, *, outcome: LlmOutcome, tokens: dict[str, int] | None = None
     ) -> None:
+        pass
+
+    def call_waited(self, job_type: str, seconds: float) -> None:
         pass
 
     def config_applied(self, version: str) -> None:

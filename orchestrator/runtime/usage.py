@@ -6,9 +6,10 @@ database outage (``until_written``) under one call id, so it is written once, an
 whatever the attempt does next: the tokens were spent. With flow control
 (docs/flow-control.md), the call's tokens (input, cache writes and output; cache reads are not
 counted against a rate, as providers do not) then reconcile its job's reservation in its key's
-window. The budget check reads the job's own budget and spend, and its tenant's spend in the
-current period (the tenant's budget is read from the retry config in effect at each check: a
-reload applies to the next call).
+window, and, for a limit that learns, the headers of each reply keep the key in step with its
+provider's limits (orchestrator.domain.flow_learned). The budget check reads the job's own
+budget and spend, and its tenant's spend in the current period (the tenant's budget is read
+from the retry config in effect at each check: a reload applies to the next call).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import asyncio
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from orchestrator.domain.errors import TokenBudgetExhausted
+from orchestrator.domain.flow_learned import learned
 from orchestrator.domain.flow_window import Admit, CallParked, waits_in_place
 from orchestrator.domain.models import Claim
 from orchestrator.domain.usage import budget_spent
@@ -42,8 +44,11 @@ class Accounting:
     #: Flow control: each call is admitted in its job's key's window before it is sent, and its
     #: usage reconciles its reservation there.
     flow: FlowStore | None = None
-    #: The job's limit counts requests or units per interval (as the attempt's config says).
+    #: The job's limit counts requests or units per interval, or learns them (as the attempt's
+    #: config says).
     windowed: bool = False
+    #: The job's limit learns its key's limits from the provider's replies.
+    learns: bool = False
     _calls: int = field(default=0, init=False)  # calls admitted by this attempt
     _keys: dict[str, str] = field(default_factory=dict, init=False)  # a model's, once admitted
 
@@ -76,7 +81,9 @@ class Accounting:
                     key, verdict.blocked, units, release=verdict.reserved,
                     not_before=verdict.at if elsewhere else None,
                 )  # fmt: skip
+            started = time.monotonic()
             await asyncio.sleep(verdict.at + 0.005)  # (a few ms over: the room is free then)
+            self.metrics.call_waited(self.claim.job_type, time.monotonic() - started)
             waited += verdict.at
 
     async def record(
@@ -110,6 +117,20 @@ class Accounting:
                 )
 
             await until_written(f"job {claim.id}'s spend on {key}", write)
+
+    async def learn(self, headers: Mapping[str, str], model: str | None = None) -> None:
+        """A reply's ``headers``: for a job whose limit learns, what their rate-limit headers
+        say of the provider's limits is kept in its key's row (the key its call to ``model``
+        was admitted on: a fallback model's own), for the whole fleet (written through a
+        database outage). Nothing for a reply without them, or another job."""
+        key = self.claim.flow_key if model is None else self._keys.get(model, self.claim.flow_key)
+        if self.flow is None or key is None or not self.learns:
+            return
+        reply = learned(headers)
+        if reply is None:
+            return
+        flow = self.flow
+        await until_written(f"{key}'s provider limits", lambda: flow.learn(key, reply))
 
     async def key_passable_for(self) -> float | None:
         """Seconds the job's flow key stays paused when its type may pass the pause on a

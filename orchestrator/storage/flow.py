@@ -14,6 +14,7 @@ from psycopg.types.json import Jsonb
 
 from orchestrator.domain.errors import FlowKeyNotFound
 from orchestrator.domain.flow import FlowKey
+from orchestrator.domain.flow_learned import Allowances, Learned, allowances
 from orchestrator.domain.flow_window import (
     Admit,
     Allowance,
@@ -47,7 +48,8 @@ class FlowStore:
         limits = [
             {"name": name, **limit.model_dump(include={"concurrency", "requests", "units",
                                                        "interval_seconds", "weights", "key",
-                                                       "share_by", "tenant_share"})}
+                                                       "share_by", "tenant_share",
+                                                       "learn"})}
             for name, limit in config.limits.items()
         ]  # fmt: skip
         types = [
@@ -83,8 +85,19 @@ class FlowStore:
         return await self.reschedule([row["key"] for row in rows])
 
     async def keys(self, key: str | None = None) -> list[FlowKey]:
-        rows = await self.queries.rows("flow_keys", {"key": key})
-        return [FlowKey.model_validate(row) for row in rows]
+        """Every key (or ``key``), its ``requests`` and ``units`` the allowances in effect: its
+        limit's, lowered to what its provider allows when the limit learns."""
+        found = []
+        for row in await self.queries.rows("flow_keys", {"key": key}):
+            effect = allowances(
+                Allowances(row["requests"], row["units"]),
+                Allowances(row["learned_requests"], row["learned_units"]),
+                learn=row["learn"],
+            )
+            found.append(
+                FlowKey.model_validate(row | {"requests": effect.requests, "units": effect.units})
+            )
+        return found
 
     async def get(self, key: str) -> FlowKey:
         found = await self.keys(key)
@@ -111,6 +124,15 @@ class FlowStore:
         may pass the pause on a fallback model, as its claim decides (None: it may not)."""
         row = await self.queries.row("flow_key_passable_for", {"job_id": job_id})
         return None if row is None else float(row["seconds"])
+
+    async def learn(self, key: str, reply: Learned) -> None:
+        """What a reply of ``key``'s provider said of its limits (orc_flow_learn_v1): kept, if
+        the key's limit learns; the key held until a spent limit's reset."""
+        params = {
+            "key": key, "requests": reply.requests, "units": reply.units, "hold": reply.hold,
+            "reason": reply.reason if reply.spent else None,
+        }  # fmt: skip
+        await self.queries.execute("flow_learn", params)
 
     async def admit_call(
         self, job_id: UUID, model: str | None, *, units: int, first: bool

@@ -2,8 +2,8 @@
 
 -- sync_flow_limits --
 -- The limits of the config in effect ([{name, concurrency, requests, units, interval_seconds,
--- weights, key, share_by, tenant_share}]) and which job types run under them ([{job_type, limit,
--- fallback_after_seconds}]: null when the type names no fallback models), written
+-- weights, key, share_by, tenant_share, learn}]) and which job types run under them
+-- ([{job_type, limit, fallback_after_seconds}]: null when the type names no fallback models), written
 -- by each process that applies one; the names of the limits that changed or are gone (a limit
 -- the config no longer has holds nothing back: its keys' waiters are then rescheduled, as are
 -- those of a limit raised or lowered).
@@ -11,7 +11,7 @@ WITH given AS (
     SELECT * FROM jsonb_to_recordset(%(limits)s::jsonb)
         AS g (name text, concurrency integer, requests integer, units bigint,
               interval_seconds double precision, weights jsonb, key text, share_by text,
-              tenant_share double precision)
+              tenant_share double precision, learn boolean)
 ), types AS (
     SELECT * FROM jsonb_to_recordset(%(types)s::jsonb)
         AS t (job_type text, "limit" text, fallback_after_seconds double precision)
@@ -27,20 +27,21 @@ WITH given AS (
            fallback_after_seconds = EXCLUDED.fallback_after_seconds
 ), changed AS (
     INSERT INTO orc_flow_limits AS l (name, concurrency, requests, units, interval_seconds,
-                                      weights, key_template, share_by, tenant_share)
+                                      weights, key_template, share_by, tenant_share, learn)
     SELECT name, concurrency, requests, units, interval_seconds, coalesce(weights, '{}'), key,
-           share_by, tenant_share
+           share_by, tenant_share, coalesce(learn, false)
       FROM given
     ON CONFLICT (name) DO UPDATE
        SET concurrency = EXCLUDED.concurrency, requests = EXCLUDED.requests,
            units = EXCLUDED.units, interval_seconds = EXCLUDED.interval_seconds,
            weights = EXCLUDED.weights, key_template = EXCLUDED.key_template,
-           share_by = EXCLUDED.share_by, tenant_share = EXCLUDED.tenant_share, updated_at = now()
+           share_by = EXCLUDED.share_by, tenant_share = EXCLUDED.tenant_share,
+           learn = EXCLUDED.learn, updated_at = now()
      WHERE (l.concurrency, l.requests, l.units, l.interval_seconds, l.weights, l.key_template,
-            l.share_by, l.tenant_share)
+            l.share_by, l.tenant_share, l.learn)
            IS DISTINCT FROM (EXCLUDED.concurrency, EXCLUDED.requests, EXCLUDED.units,
                              EXCLUDED.interval_seconds, EXCLUDED.weights, EXCLUDED.key_template,
-                             EXCLUDED.share_by, EXCLUDED.tenant_share)
+                             EXCLUDED.share_by, EXCLUDED.tenant_share, EXCLUDED.learn)
     RETURNING name
 ), gone AS (  -- the config's own limits only (0049: the Graphile schema's is its own)
     DELETE FROM orc_flow_limits AS o
@@ -86,10 +87,12 @@ SELECT k.key FROM orc_flow_keys AS k
 SELECT orc_flow_reschedule_v1(%(key)s) AS dispatched
 
 -- flow_keys --
--- Every key: its limit, what runs and waits on it, what it spent in its window, its pause.
+-- Every key: its limit (`requests` and `units` as configured, `learn`: its provider's limits,
+-- learned, lower them), what runs and waits on it, what it spent in its window, its pause.
 SELECT k.key, k.limit_name, k.paused_until, k.pause_reason, k.paused_by, k.throttled,
        orc_flow_factor_v1(k, l) AS rate_factor,
-       l.concurrency, l.requests, l.units, l.interval_seconds,
+       l.concurrency, l.requests, l.units, l.interval_seconds, coalesce(l.learn, false) AS learn,
+       k.learned_requests, k.learned_units, k.learned_at,
        (SELECT count(*) FROM orc_jobs AS j
          WHERE j.flow_key = k.key AND j.status = 'RUNNING' AND j.flow_key IS NOT NULL)::integer
            AS running,
@@ -139,3 +142,7 @@ SELECT * FROM orc_flow_call_window_v2(%(job_id)s, %(model)s, %(first)s)
 -- flow_call_spend --
 -- ... and, in the same transaction, the call admitted: its spend recorded in the window.
 SELECT orc_flow_call_spend_v2(%(key)s, %(job_id)s, %(units)s, %(reuse)s)
+
+-- flow_learn --
+-- What a reply of the key's provider said of its limits (see orc_flow_learn_v1).
+SELECT orc_flow_learn_v1(%(key)s, %(requests)s, %(units)s, %(hold)s, %(reason)s)

@@ -3,9 +3,10 @@ while under a concurrency limit, ``tick`` and ``late_call`` jobs under a rate li
 jobs (a call of a given real usage) under a metered key, ``hold_slot`` and ``hold_tokens`` under
 keys that cap one tenant's share, the built-in ``llm_generate`` and ``run_agent`` (with the
 job-type tests' tools) and ``chat`` (several calls of its own client, each admitted with
-``ctx.admit_call``, one checkpointed step each) under a per-model limit, for in-process workers
-and worker processes (``--app tests.support.flow_app:orc``). Settings come from the
-environment; its retry config is CONFIG, or ``config(...)``'s, given by
+``ctx.admit_call``, its reply's rate-limit headers given to ``ctx.record_rate_limits``, one
+checkpointed step each) under a per-model limit, for in-process workers and worker processes
+(``--app tests.support.flow_app:orc``). Settings come from the environment; its retry config
+is CONFIG, or ``config(...)``'s, given by
 ORCHESTRATOR_RETRY_CONFIG."""
 
 from __future__ import annotations
@@ -176,6 +177,7 @@ def register(orc: Orchestrator) -> None:
             body = {"model": payload.model, "max_tokens": 5,
                     "messages": [{"role": "user", "content": f"{payload.tag} {step.number}"}]}  # fmt: skip
             response = await ctx.http.post(url, json=body, headers=headers)
+            await ctx.record_rate_limits(response.headers)
             response.raise_for_status()
             usage = response.json()["usage"]
             await ctx.record_llm_usage(

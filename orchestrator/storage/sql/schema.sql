@@ -124,6 +124,11 @@ CREATE TABLE orc_flow_keys (
     window_requests bigint DEFAULT 0 NOT NULL,
     window_units bigint DEFAULT 0 NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
+    learned_requests integer,
+    learned_units bigint,
+    learned_at timestamp with time zone,
+    CONSTRAINT orc_flow_keys_learned_requests_check CHECK ((learned_requests > 0)),
+    CONSTRAINT orc_flow_keys_learned_units_check CHECK ((learned_units > 0)),
     CONSTRAINT orc_flow_keys_rate_factor_check CHECK (((rate_factor > (0)::double precision) AND (rate_factor <= (1)::double precision))),
     CONSTRAINT orc_flow_keys_pkey PRIMARY KEY (key)
 );
@@ -139,6 +144,7 @@ CREATE TABLE orc_flow_limits (
     share_by text DEFAULT 'tenant'::text NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     owner text DEFAULT 'config'::text NOT NULL,
+    learn boolean DEFAULT false NOT NULL,
     tenant_share double precision,
     CONSTRAINT orc_flow_limits_concurrency_check CHECK ((concurrency > 0)),
     CONSTRAINT orc_flow_limits_interval_seconds_check CHECK ((interval_seconds > (0)::double precision)),
@@ -570,7 +576,9 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_flow_expire_v1(k orc_flow_keys, lim orc_flow_limits)
 --   orc_flow_factor_v1(k orc_flow_keys, lim orc_flow_limits)
 --   orc_flow_gate_v1(p_job_id uuid, p_dispatch_id bigint, p_claimable text[], p_task_prefix text)
+--   orc_flow_learn_v1(p_key text, p_requests bigint, p_units bigint, p_hold double precision, p_reason text)
 --   orc_flow_leave_v1()
+--   orc_flow_limit_of_v1(k orc_flow_keys, lim orc_flow_limits)
 --   orc_flow_lock_key_v1(p_key text, p_limit text, p_task_prefix text)
 --   orc_flow_lock_v1(p_key text)
 --   orc_flow_model_key_v1(j orc_jobs, p_model text)
