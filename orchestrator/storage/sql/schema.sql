@@ -558,7 +558,6 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_complete_jobs_v1(p_items jsonb, p_target text, p_sources text[])
 --   orc_created_event_v1(j orc_jobs)
 --   orc_dead_letter_persons_v1()
---   orc_dispatch_held_back_v1(p_lock text, p_priority integer, p_id bigint)
 --   orc_dispatch_v1(p_job_ids uuid[], p_task_prefix text)
 --   orc_end_dispatch_v1(p_dispatch_id bigint, p_status text)
 --   orc_fail_jobs_v1(p_items jsonb, p_target text, p_sources text[])

@@ -90,18 +90,8 @@ BEGIN
 END;
 $$;
 
--- Procrastinate's fetch (procrastinate_fetch_job_v2: the first waiting dispatch, by priority
--- then id, that is due, on one of `p_queues` (all when null), and not held back by another
--- dispatch of its lock: one doing, or one waiting ahead of it), leaving the `p_excluded`
--- queues alone (those of external job types). Written so its plan cannot depend on the
--- queue's statistics, which are always stale (a queue's waiting rows come and go between two
--- ANALYZEs). Estimating a handful of waiting rows, Procrastinate's own statement read every
--- waiting dispatch and sorted them, or read its lock's index whole for each candidate, on
--- every fetch: its lock check is a NOT EXISTS, which the planner turns into a join of its
--- choosing. Here the check is a lookup of the one lock (orc_dispatch_held_back_v1, plpgsql: never
--- inlined, and costly to the planner per row), so the plan is the walk down
--- procrastinate_jobs_priority_idx_v1 from its head, stopping at the first dispatch it may take
--- (tests/test_plans.py plants the stale statistics).
+-- Procrastinate's fetch (procrastinate_fetch_job_v2), leaving the `p_excluded` queues alone
+-- (those of external job types); with none excluded, Procrastinate's own function.
 CREATE OR REPLACE FUNCTION orc_take_dispatch_v1(
     p_queues character varying[], p_excluded character varying[], p_worker_id bigint
 ) RETURNS procrastinate_jobs
@@ -109,14 +99,26 @@ LANGUAGE plpgsql AS $$
 DECLARE
     fetched procrastinate_jobs;
 BEGIN
+    IF coalesce(cardinality(p_excluded), 0) = 0 THEN
+        RETURN procrastinate_fetch_job_v2(p_queues, p_worker_id);
+    END IF;
     WITH candidate AS (
-        SELECT jobs.id
+        SELECT jobs.*
           FROM procrastinate_jobs AS jobs
-         WHERE jobs.status = 'todo'
+         WHERE NOT EXISTS (
+                   SELECT 1
+                     FROM procrastinate_jobs AS other_jobs
+                    WHERE jobs.lock IS NOT NULL
+                      AND other_jobs.lock = jobs.lock
+                      AND (other_jobs.status = 'doing'
+                           OR (other_jobs.status = 'todo'
+                               AND (other_jobs.priority > jobs.priority
+                                    OR (other_jobs.priority = jobs.priority
+                                        AND other_jobs.id < jobs.id)))))
+           AND jobs.status = 'todo'
            AND (p_queues IS NULL OR jobs.queue_name = ANY (p_queues))
-           AND jobs.queue_name <> ALL (coalesce(p_excluded, '{}'))
+           AND jobs.queue_name <> ALL (p_excluded)
            AND (jobs.scheduled_at IS NULL OR jobs.scheduled_at <= now())
-           AND NOT orc_dispatch_held_back_v1(jobs.lock, jobs.priority, jobs.id)
          ORDER BY jobs.priority DESC, jobs.id ASC
          LIMIT 1
            FOR UPDATE OF jobs SKIP LOCKED
@@ -127,23 +129,6 @@ BEGIN
      WHERE procrastinate_jobs.id = candidate.id
     RETURNING procrastinate_jobs.* INTO fetched;
     RETURN fetched;
-END;
-$$;
-
--- Whether a waiting dispatch of `p_lock` is held back by another of its lock (Procrastinate's
--- rule): one doing, or one waiting with a higher priority, or the same and queued first.
--- plpgsql, so never inlined: a lookup of one lock in orc_procrastinate_jobs_live_lock.
-CREATE OR REPLACE FUNCTION orc_dispatch_held_back_v1(
-    p_lock text, p_priority integer, p_id bigint
-) RETURNS boolean
-LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    RETURN p_lock IS NOT NULL AND EXISTS (
-        SELECT FROM procrastinate_jobs AS other
-         WHERE other.lock = p_lock AND other.status IN ('todo', 'doing')
-           AND (other.status = 'doing'
-                OR other.priority > p_priority
-                OR (other.priority = p_priority AND other.id < p_id)));
 END;
 $$;
 
