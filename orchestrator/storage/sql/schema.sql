@@ -591,6 +591,7 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_flow_reschedule_v1(p_key text)
 --   orc_flow_resume_v1(p_key text)
 --   orc_flow_share_capacity_v1(k orc_flow_keys, lim orc_flow_limits, p_share text, p_cost bigint, p_held integer, p_held_cost bigint, OUT blocked text, OUT wake timestamp with time zone)
+--   orc_flow_share_waits_v1(p_key text, p_share text)
 --   orc_flow_spend_v1(p_key text, p_job_id uuid, p_units bigint, p_sent_seconds_ago double precision)
 --   orc_flow_spend_v2(p_key text, p_job_id uuid, p_units bigint, p_sent_seconds_ago double precision, p_call_id text)
 --   orc_flow_throttled_v1(p_key text, p_until timestamp with time zone, p_reason text)

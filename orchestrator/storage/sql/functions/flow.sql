@@ -331,7 +331,6 @@ DECLARE
     waiter orc_flow_waiters;
     blocked text;
     wake timestamptz;
-    floor_vtime double precision;
     passes boolean;
     cost bigint;
 BEGIN
@@ -406,18 +405,8 @@ BEGIN
         RETURN NULL;
     END IF;
 
-    -- Parked. A share that starts waiting starts level with the shares already waiting.
-    SELECT min(s.vtime) INTO floor_vtime
-      FROM orc_flow_shares AS s
-     WHERE s.key = j.flow_key
-       AND EXISTS (SELECT FROM orc_flow_waiters AS w
-                    WHERE w.key = j.flow_key AND w.share = s.share AND w.dispatched_at IS NULL);
-    INSERT INTO orc_flow_shares AS s (key, share, vtime)
-    VALUES (j.flow_key, coalesce(j.flow_share, ''), coalesce(floor_vtime, 0))
-    ON CONFLICT (key, share) DO UPDATE
-       SET vtime = greatest(s.vtime, coalesce(floor_vtime, s.vtime))
-     WHERE NOT EXISTS (SELECT FROM orc_flow_waiters AS w
-                        WHERE w.key = s.key AND w.share = s.share AND w.dispatched_at IS NULL);
+    -- Parked.
+    PERFORM orc_flow_share_waits_v1(j.flow_key, coalesce(j.flow_share, ''));
     IF waiter.job_id IS NULL THEN
         INSERT INTO orc_flow_waiters (job_id, key, share, cost, blocked_on, priority)
         VALUES (j.id, j.flow_key, coalesce(j.flow_share, ''), cost::integer, blocked, j.priority);
@@ -1043,7 +1032,6 @@ DECLARE
     k orc_flow_keys;
     lim orc_flow_limits;
     unused orc_flow_spends;
-    floor_vtime double precision;
     until timestamptz := clock_timestamp() + make_interval(secs => p_not_before);
 BEGIN
     UPDATE orc_jobs
@@ -1076,18 +1064,7 @@ BEGIN
     IF k.paused_until > clock_timestamp() THEN
         until := greatest(until, k.paused_until);
     END IF;
-    -- A share that starts waiting starts level with the shares already waiting.
-    SELECT min(s.vtime) INTO floor_vtime
-      FROM orc_flow_shares AS s
-     WHERE s.key = j.flow_key
-       AND EXISTS (SELECT FROM orc_flow_waiters AS w
-                    WHERE w.key = j.flow_key AND w.share = s.share AND w.dispatched_at IS NULL);
-    INSERT INTO orc_flow_shares AS s (key, share, vtime)
-    VALUES (j.flow_key, coalesce(j.flow_share, ''), coalesce(floor_vtime, 0))
-    ON CONFLICT (key, share) DO UPDATE
-       SET vtime = greatest(s.vtime, coalesce(floor_vtime, s.vtime))
-     WHERE NOT EXISTS (SELECT FROM orc_flow_waiters AS w
-                        WHERE w.key = s.key AND w.share = s.share AND w.dispatched_at IS NULL);
+    PERFORM orc_flow_share_waits_v1(j.flow_key, coalesce(j.flow_share, ''));
     INSERT INTO orc_flow_waiters (job_id, key, share, cost, blocked_on, dispatched_at, priority)
     VALUES (j.id, j.flow_key, coalesce(j.flow_share, ''), j.flow_cost, p_blocked, until,
             j.priority);
@@ -1182,5 +1159,28 @@ BEGIN
     IF changed THEN
         PERFORM orc_flow_reschedule_v1(p_key);
     END IF;
+END;
+$$;
+
+-- A share of `p_key` that starts waiting starts level with the shares already waiting (the
+-- lowest virtual time among them), so time it spent idle buys it no run of turns; a share
+-- already waiting keeps its own. Called as a job joins its key's line: at its claim, and as a
+-- running job parks.
+CREATE OR REPLACE FUNCTION orc_flow_share_waits_v1(p_key text, p_share text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    floor_vtime double precision;
+BEGIN
+    SELECT min(s.vtime) INTO floor_vtime
+      FROM orc_flow_shares AS s
+     WHERE s.key = p_key
+       AND EXISTS (SELECT FROM orc_flow_waiters AS w
+                    WHERE w.key = p_key AND w.share = s.share AND w.dispatched_at IS NULL);
+    INSERT INTO orc_flow_shares AS s (key, share, vtime)
+    VALUES (p_key, p_share, coalesce(floor_vtime, 0))
+    ON CONFLICT (key, share) DO UPDATE
+       SET vtime = greatest(s.vtime, coalesce(floor_vtime, s.vtime))
+     WHERE NOT EXISTS (SELECT FROM orc_flow_waiters AS w
+                        WHERE w.key = s.key AND w.share = s.share AND w.dispatched_at IS NULL);
 END;
 $$;

@@ -13,7 +13,7 @@
 --
 -- compatible-with-older-workers: yes
 -- revises: functions/retired.sql de90394a047b937c3d17ff2653c3236542d4cc20038a8099205448b72db50028
--- revises: functions/flow.sql 6fb477c7293b39d579fbf31e8d41ce677ea3ef409b7d02b524fca3c73808bfdc
+-- revises: functions/flow.sql 879eed54407675b0adda9e284269735cf0bfadcea5bff0f23257cef8dd7d131d
 
 ALTER TABLE orc_flow_limits
     ADD COLUMN tenant_share double precision
