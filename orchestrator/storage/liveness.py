@@ -86,7 +86,9 @@ class LivenessStore:
         self, *, threshold: float, limit: int, passed_over: Sequence[UUID] = (), conn: Conn
     ) -> list[Zombie]:
         """Up to ``limit`` zombies but the jobs ``passed_over``, oldest heartbeat first, locked
-        (SKIP LOCKED: sweepers running at once never share one)."""
+        (SKIP LOCKED: sweepers running at once never share one), and then the flow keys their
+        release pumps, all at once in one order (docs/flow-control.md, "Key locks in one
+        order"): the writes that follow take no other."""
         rows = await self.queries.rows(
             "zombies",
             {
@@ -96,7 +98,12 @@ class LivenessStore:
             },
             conn,
         )
-        return [Zombie.model_validate(row) for row in rows]
+        zombies = [Zombie.model_validate(row) for row in rows]
+        if len(zombies) > 1:
+            await self.queries.execute(
+                "lock_flow_keys_of", {"job_ids": [z.id for z in zombies]}, conn
+            )
+        return zombies
 
     async def retry_zombies(self, retries: Sequence[ZombieRetry], conn: Conn) -> list[UUID]:
         """RETRY (retry_count + 1, lease superseded) and a new dispatch for each; returns the

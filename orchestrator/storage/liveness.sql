@@ -90,6 +90,11 @@ SELECT id, job_type, tenant_id, payload, lease_token, heartbeat_at, deadline_at,
  LIMIT %(limit)s
    FOR UPDATE SKIP LOCKED
 
+-- lock_flow_keys_of --
+-- The flow keys the jobs' writes may pump, locked in one order (orc_flow_lock_keys_of_v1), once
+-- the jobs are locked and before any is written.
+SELECT orc_flow_lock_keys_of_v1(%(job_ids)s::uuid[])
+
 -- sweep_to_retry --
 -- Zombies with budget left ([{id, lease_token, next_retry_at, error, zombie, retry}]): RETRY,
 -- retry_count + 1, with job.zombie_detected and job.retry_scheduled (attempt bumped at the next

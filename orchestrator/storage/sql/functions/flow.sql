@@ -3,6 +3,16 @@
 -- a waiter; the pump hands freed capacity to waiters in fair order, with a dispatch for now or
 -- for the time their room frees. Every admission, pump, spend, pause and resume of a key takes
 -- the key's lock.
+--
+-- Key locks are deadlock-free by construction (docs/flow-control.md, "Key locks in one order"):
+-- a transaction waits for one key's lock at most, or takes all the keys it may need at once,
+-- in one global order. A statement whose rows may lead to several keys (a batch of completions
+-- or failures, a sweep of zombies: each job leaving RUNNING pumps its key, each waiter leaving
+-- the line its key) locks its jobs first, then every key they may lead to, in the order of the
+-- keys' lock ids (orc_flow_lock_keys_of_v1), before any per-row work; a fetch waits for its
+-- first key only and tries any other (orc_flow_try_lock_v1); every other writer takes one key
+-- per transaction. A key's lock is always taken after the jobs that lead to it, and a
+-- transaction holding a key only tries the jobs and dispatches it meets after (SKIP LOCKED).
 
 -- A key from its limit's template, in SQL (orchestrator.domain.flow.render_key's rule, for a job
 -- that came without its key): {job_type}, {tenant}, {agent} ('-' for none), {payload.a.b}
@@ -29,12 +39,19 @@ BEGIN
 END;
 $$;
 
+-- The id of the key's advisory lock: the one global order in which a transaction takes several
+-- keys' locks (orc_flow_lock_keys_of_v1).
+CREATE OR REPLACE FUNCTION orc_flow_lock_id_v1(p_key text) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT hashtextextended('orc_flow_key:' || p_key, 0)
+$$;
+
 -- The key's lock: every admission, pump, spend, pause and resume of a key takes it for its
 -- transaction, so they take turns per key. An advisory lock, not the row's: a claim that only
 -- counts (a concurrency limit) writes nothing, not even a row lock.
 CREATE OR REPLACE FUNCTION orc_flow_lock_v1(p_key text) RETURNS void
 LANGUAGE sql AS $$
-    SELECT pg_advisory_xact_lock(hashtextextended('orc_flow_key:' || p_key, 0))
+    SELECT pg_advisory_xact_lock(orc_flow_lock_id_v1(p_key))
 $$;
 
 -- The key's lock if no other transaction holds it, without waiting: whether this one holds it
@@ -42,7 +59,35 @@ $$;
 -- locks cannot deadlock (claim.sql, orc_fetch_dispatch_v3).
 CREATE OR REPLACE FUNCTION orc_flow_try_lock_v1(p_key text) RETURNS boolean
 LANGUAGE sql AS $$
-    SELECT pg_try_advisory_xact_lock(hashtextextended('orc_flow_key:' || p_key, 0))
+    SELECT pg_try_advisory_xact_lock(orc_flow_lock_id_v1(p_key))
+$$;
+
+-- Every key the jobs' writes may lock, locked now, in the order of their lock ids: the key of
+-- each job still RUNNING (its release pumps it: orc_flow_release_v1) and of each waiter among
+-- them (its leaving the line pumps it: orc_flow_leave_v1). For a statement that writes several
+-- jobs, called once its jobs are locked and before it writes any: the triggers then take only
+-- keys it holds, so two such statements meeting keys A, B and B, A take turns rather than
+-- deadlock. Nothing when they lead to one key at most: a transaction that waits for one key
+-- only cannot close a cycle of key locks.
+CREATE OR REPLACE FUNCTION orc_flow_lock_keys_of_v1(p_job_ids uuid[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    ids bigint[] := ARRAY(
+        SELECT DISTINCT orc_flow_lock_id_v1(k.key)
+          FROM (SELECT j.flow_key AS key FROM orc_jobs AS j
+                 WHERE j.id = ANY (p_job_ids) AND j.status = 'RUNNING'
+                UNION
+                SELECT w.key FROM orc_flow_waiters AS w WHERE w.job_id = ANY (p_job_ids)) AS k
+         WHERE k.key IS NOT NULL
+         ORDER BY 1);
+    lock_id bigint;
+BEGIN
+    IF cardinality(ids) > 1 THEN
+        FOREACH lock_id IN ARRAY ids LOOP
+            PERFORM pg_advisory_xact_lock(lock_id);
+        END LOOP;
+    END IF;
+END;
 $$;
 
 -- The key's row, under the key's lock (created on first use): two claims can never both take

@@ -3,19 +3,42 @@
 -- the worker's, the sweep's, an operator's).
 
 -- Complete several attempts: p_items is [{ord, job_id, lease_token, result, event,
--- procrastinate_job_id, delete_dispatch}]. For each, as for one before: COMPLETED with its
--- result and job.completed, fenced by the lease (a null lease completes a job no attempt
--- holds: Graphile Worker's complete_jobs, docs/graphile.md), and its dispatch (when given)
--- finished (succeeded) in the same transaction, so a job is never COMPLETED while its dispatch
--- still shows as running, nor the other way round. The dispatch is finished even when the
--- completion is refused. A dispatch no longer doing (a sweep settled it and took the job) is
--- left alone and its job is not written. Returns, per item, whether its job was COMPLETED.
+-- procrastinate_job_id, delete_dispatch}], in job-id order. For each, as for one before:
+-- COMPLETED with its result and job.completed, fenced by the lease (a null lease completes a
+-- job no attempt holds: Graphile Worker's complete_jobs, docs/graphile.md), and its dispatch
+-- (when given) finished (succeeded) in the same transaction, so a job is never COMPLETED while
+-- its dispatch still shows as running, nor the other way round. The dispatch is finished even
+-- when the completion is refused. A dispatch no longer doing (a sweep settled it and took the
+-- job) is left alone and its job is not written. Every job and dispatch is locked first, then
+-- every flow key the writes may pump, in one order (orc_flow_lock_keys_of_v1), then the jobs
+-- are written: a batch never holds one key while it waits for another. Returns, per item,
+-- whether its job was COMPLETED.
 CREATE OR REPLACE FUNCTION orc_complete_jobs_v1(p_items jsonb, p_target text, p_sources text[])
 RETURNS TABLE (ord integer, completed boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     item record;
+    settled bigint[] := '{}';  -- dispatches no longer doing: their jobs are left alone
 BEGIN
+    FOR item IN
+        SELECT * FROM jsonb_to_recordset(p_items) AS i (job_id uuid, procrastinate_job_id bigint)
+    LOOP
+        -- Locked, so that no sweep settles it between this check and the finish below; the
+        -- job first, as the sweeps lock them (a sweep settles dispatches after their jobs).
+        PERFORM FROM orc_jobs AS j WHERE j.id = item.job_id FOR UPDATE;
+        IF item.procrastinate_job_id IS NOT NULL THEN
+            PERFORM FROM procrastinate_jobs AS p
+              WHERE p.id = item.procrastinate_job_id AND p.status = 'doing'
+                FOR UPDATE;
+            IF NOT FOUND THEN
+                settled := settled || item.procrastinate_job_id;
+            END IF;
+        END IF;
+    END LOOP;
+    IF jsonb_array_length(p_items) > 1 THEN
+        PERFORM orc_flow_lock_keys_of_v1(
+            ARRAY(SELECT i.job_id FROM jsonb_to_recordset(p_items) AS i (job_id uuid)));
+    END IF;
     FOR item IN
         SELECT * FROM jsonb_to_recordset(p_items)
             AS i (ord integer, job_id uuid, lease_token uuid, result jsonb, event jsonb,
@@ -23,17 +46,9 @@ BEGIN
     LOOP
         ord := item.ord;
         completed := false;
-        IF item.procrastinate_job_id IS NOT NULL THEN
-            -- Locked, so that no sweep settles it between this check and the finish below; the
-            -- job first, as the sweeps lock them (a sweep settles dispatches after their jobs).
-            PERFORM FROM orc_jobs AS j WHERE j.id = item.job_id FOR UPDATE;
-            PERFORM FROM procrastinate_jobs AS p
-              WHERE p.id = item.procrastinate_job_id AND p.status = 'doing'
-                FOR UPDATE;
-            IF NOT FOUND THEN
-                RETURN NEXT;
-                CONTINUE;
-            END IF;
+        IF item.procrastinate_job_id = ANY (settled) THEN
+            RETURN NEXT;
+            CONTINUE;
         END IF;
         UPDATE orc_jobs AS j
            SET status = p_target, result = item.result,
@@ -60,14 +75,22 @@ $$;
 -- flow: the job FAILED (fenced by its lease; a null lease fails a job no attempt holds), the
 -- explaining events (`before`: a zombie detected, an approval rejected), the dead letter and
 -- job.dead_lettered, job.failed, job.degraded; then the dispatch that ran the attempt, if
--- any, is ended. Returns, per item, the dead letter's id, or null when the job was not failed.
+-- any, is ended. Several jobs are locked first, in job-id order (as a batch of completions
+-- locks them), then every flow key their writes may pump, in one order
+-- (orc_flow_lock_keys_of_v1), before any is written. Returns, per item, the dead letter's id,
+-- or null when the job was not failed.
 CREATE OR REPLACE FUNCTION orc_fail_jobs_v1(p_items jsonb, p_target text, p_sources text[])
 RETURNS TABLE (ord integer, dead_letter_id uuid)
 LANGUAGE plpgsql AS $$
 DECLARE
     item record;
     failed_job record;
+    ids uuid[] := ARRAY(SELECT i.job_id FROM jsonb_to_recordset(p_items) AS i (job_id uuid));
 BEGIN
+    IF cardinality(ids) > 1 THEN
+        PERFORM FROM orc_jobs AS j WHERE j.id = ANY (ids) ORDER BY j.id FOR UPDATE;
+        PERFORM orc_flow_lock_keys_of_v1(ids);
+    END IF;
     FOR item IN
         SELECT * FROM jsonb_to_recordset(p_items)
             AS i (ord integer, job_id uuid, lease_token uuid, dead_letter_id uuid, error jsonb,

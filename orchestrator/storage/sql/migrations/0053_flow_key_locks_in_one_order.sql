@@ -1,0 +1,12 @@
+-- 0053_flow_key_locks_in_one_order: flow key locks are deadlock-free by construction
+-- (docs/flow-control.md, "Key locks in one order"; issue 35). A statement that writes several
+-- jobs which may lead to several keys (a worker's batch of completions, a batch of failures, a
+-- sweep of zombies) locks its jobs first, then every key their writes may pump, in the order of
+-- the keys' lock ids (orc_flow_lock_keys_of_v1), before writing any: the release and leave
+-- triggers then take only keys it holds. Before, each row's trigger took its key as the row was
+-- written, and two batches meeting keys A, B and B, A deadlocked. Compatible: the functions
+-- keep their signatures; the release before's sweep runs in the order it had.
+--
+-- compatible-with-older-workers: yes
+-- revises: functions/flow.sql 2f30b1e5fcf675171364f221ede3b5f9a3884839cbb8eccd67511203ce4d0d33
+-- revises: functions/outcomes.sql 688f82a4ba6873f870aadfc41e723ca3e1918db5a17538500d1ba444078359d6
