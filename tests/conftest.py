@@ -61,9 +61,11 @@ Where each part of the code is tested:
                               processes against the local LLM server's rate limit:
                               test_flow_control; worker processes' fetches across many keys
                               (no deadlock), limits changed in the file, pauses changed, the
-                              backstop: test_flow_fleet; every call admitted (a fleet of agents
-                              held to the window, a parked agent resuming at its call, worker
-                              processes): test_flow_calls; the call's admission as a pure
+                              backstop: test_flow_fleet; flow key locks in one order
+                              (completion batches and the sweep across keys, worker
+                              processes: no deadlock): test_flow_locks; every call
+                              admitted (a fleet of agents held to the window, a parked
+                              agent resuming at its call, worker processes): test_flow_calls; the call's admission as a pure
                               rule (property tests), equal to the claim's SQL: test_flow_window;
                               limits learned from the provider's headers (pure rules, equal to
                               the gate's SQL; worker processes against the local server's

@@ -207,6 +207,62 @@ async def test_a_sweep_of_zombies_racing_a_completion_across_keys_takes_turns(
     assert await deadlocks_once_alone(db) == before
 
 
+async def lock_id(db: psycopg.AsyncConnection[Any], key: str) -> int:
+    """The key's advisory lock (orc_flow_lock_v1's)."""
+    return await count(db, "SELECT hashtextextended('orc_flow_key:' || %s, 0)", key)
+
+
+async def free(db: psycopg.AsyncConnection[Any], lock: int) -> bool:
+    """Whether no transaction holds the advisory lock ``lock`` (taken and let go at once)."""
+    async with db.transaction():
+        cur = await db.execute("SELECT pg_try_advisory_xact_lock(%s)", (lock,))
+        row = await cur.fetchone()
+        assert row is not None
+        return bool(row[0])
+
+
+async def test_a_sweep_or_a_batch_waiting_for_a_key_holds_no_other(
+    make_orc: Callable[..., Orchestrator], dsn: str, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """The rule itself, without a second writer to race: with the key of lower lock id held
+    elsewhere, a sweep of a zombie of each key (the other key's the oldest), then a batch
+    completing a job of each key (the other key's first in id order), waits for it holding no
+    key. Before, each took the other key as it wrote that job, then waited holding it."""
+    orc = make_orc(retry_config=flow_app.CONFIG)
+    flow_app.register(orc)
+    await orc.open()
+    running = await running_on_two_keys(orc, db, dsn)
+    locks = {pool: await lock_id(db, f"hold:{pool}") for pool in "ab"}
+    low, high = sorted("ab", key=locks.__getitem__)
+    (high_0, high_1), (low_0, low_1) = running[high], running[low]
+    zombies = [high_1, low_0]  # the high key's the oldest: the sweep writes it first
+    await db.execute(
+        "UPDATE orc_jobs SET heartbeat_at = CASE id WHEN %s THEN now() - interval '2 hours'"
+        " WHEN %s THEN now() - interval '1 hour' ELSE now() + interval '1 hour' END"
+        " WHERE id = ANY (%s)", (*zombies, [*running["a"], *running["b"]]),
+    )  # fmt: skip
+    batch = [high_0, low_1]
+    assert high_0 < low_1  # the batch writes the high key's job first
+    async with await psycopg.AsyncConnection.connect(dsn) as holder:
+        holder_pid = await pid_of(holder)
+        for writer in (lambda: run_sweep(orc), lambda: _complete_alone(dsn, batch)):
+            await holder.execute("SELECT pg_advisory_xact_lock(%s)", (locks[low],))
+            task = asyncio.ensure_future(writer())
+            await wait_for(lambda: blocked_by(db, holder_pid), timeout=20)
+            try:
+                assert await free(db, locks[high]), "it waits for one key while holding another"
+            finally:
+                await holder.rollback()
+            await asyncio.wait_for(task, timeout=30)
+    assert {(await orc.get_job(j)).status for j in zombies} == {Status.RETRY}
+    assert {(await orc.get_job(j)).status for j in batch} == {Status.COMPLETED}
+
+
+async def _complete_alone(dsn: str, job_ids: list[UUID]) -> list[bool]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        return await complete(conn, job_ids)
+
+
 # -- a fleet ----------------------------------------------------------------------------------
 
 
