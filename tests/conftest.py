@@ -4,9 +4,9 @@ With ``DATABASE_URL`` set, that server is used; otherwise the embedded one (``.o
 Each session creates its own database there, migrates it once, and drops it at the end; each
 test starts from empty tables. Helpers live in ``tests/support/`` (harness.py: settings, waits,
 a worker in the test's loop; scripted, agent_app, job_types_app: job types; workers.py: worker
-processes; external, http_peers, slow_peers: real peers on 127.0.0.1; previous_release: the
-release before, run for upgrade tests; tools: the operators' tools, which fail a test under
-CI=true when missing instead of skipping it).
+processes; node_worker: the Node.js external worker; external, http_peers, slow_peers: real
+peers on 127.0.0.1; previous_release: the release before, run for upgrade tests; tools: the
+operators' tools, which fail a test under CI=true when missing instead of skipping it).
 
 A background error fails its test (tests/support/log_guard.py): an ERROR, or any record with a
 traceback, logged during a test by this process or by a worker or server started through
@@ -72,7 +72,10 @@ Where each part of the code is tested:
                               Anthropic and OpenAI headers): test_flow_learned; fairness on
                               real spend and tenant_share (worker processes):
                               test_flow_fairness, as a pure policy (property tests):
-                              test_flow_share; the fallback pass-through: test_flow_fallback
+                              test_flow_share; the fallback pass-through: test_flow_fallback;
+                              an external worker's calls admitted and recorded over the API
+                              (the Node.js worker, stale leases, other tenants' tokens):
+                              test_flow_external
     schedules                 firing once per tick (three worker processes), backfill, pause,
                               listings, tenants, refusals: test_schedules
     orchestrator/services     sweep: test_liveness, test_timeouts; safety net, dead letters:

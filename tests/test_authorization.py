@@ -247,7 +247,8 @@ def test_the_rule_refuses_what_each_credential_lacks_and_allows_the_rest() -> No
 #: Read back after each refused request: none of them may change.
 STATE = ("orc_jobs", "orc_job_events", "orc_dead_letters", "orc_approvals", "orc_checkpoints",
          "orc_side_effects", "orc_api_tokens", "orc_ui_sessions", "procrastinate_jobs",
-         "orc_schedules", "orc_flow_keys")  # fmt: skip
+         "orc_schedules", "orc_flow_keys", "orc_flow_spends", "orc_flow_spent_calls",
+         "orc_flow_waiters", "orc_llm_usage")  # fmt: skip
 SNAPSHOT = " UNION ALL ".join(
     f"SELECT '{table}', md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) "
     f"FROM {table} AS t"

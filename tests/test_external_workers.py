@@ -5,15 +5,10 @@ to another; a stale report is refused with 409 and changes nothing."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import signal
-import subprocess
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 from uuid import UUID, uuid4
 
 import httpx
@@ -23,39 +18,9 @@ from orchestrator import Orchestrator, Status
 from orchestrator.domain.principals import Scope
 from tests.support import log_guard
 from tests.support.api_server import ApiServer, api_orchestrator, token
-from tests.support.harness import ROOT, WorkerRun, finished, wait_for
-from tests.support.tools import find
+from tests.support.harness import WorkerRun, finished, wait_for
+from tests.support.node_worker import NodeWorker
 from tests.support.workers import WorkerProcess
-
-SCRIPT = ROOT / "tests" / "support" / "external_worker.js"
-
-
-class NodeWorker:
-    """tests/support/external_worker.js in a Node.js process of its own."""
-
-    def __init__(self, server: ApiServer, secret: str, name: str, tmp: Path) -> None:
-        self.log = tmp / f"{name}.log"
-        env = {**os.environ, "ORCHESTRATOR_URL": server.url, "ORCHESTRATOR_TOKEN": secret}
-        with self.log.open("w") as out:
-            self.process = subprocess.Popen(
-                [find("node"), str(SCRIPT), name, "external_echo"], env=env, stdout=out,
-                stderr=subprocess.STDOUT,
-            )  # fmt: skip
-
-    def lines(self) -> list[dict[str, Any]]:
-        found = []
-        for line in self.log.read_text().splitlines():
-            with contextlib.suppress(ValueError):
-                found.append(json.loads(line))
-        return found
-
-    def claimed(self, job_id: UUID) -> bool:
-        return any(e["event"] == "claimed" and e["job_id"] == str(job_id) for e in self.lines())
-
-    def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            self.process.wait(timeout=10)
 
 
 @pytest.fixture

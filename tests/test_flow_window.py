@@ -5,6 +5,7 @@ and a call told to wait fits when its room comes. A claim (in SQL) meets the sam
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,13 +15,17 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from orchestrator.domain.flow_window import (
+    WAIT_IN_PLACE_SECONDS,
     Admit,
     Allowance,
+    CallBlocked,
     CallWindow,
     Room,
     Spend,
     admit_call,
+    parked,
     room,
+    wait_in_place,
     waits_in_place,
 )
 
@@ -161,6 +166,33 @@ def test_the_first_call_takes_its_claim_s_reservation_and_a_waiter_s_room_is_kep
 def test_a_short_wait_is_waited_in_place_and_a_long_one_parks() -> None:
     assert waits_in_place(0.5, 0.0) and waits_in_place(1.0, 1.0)
     assert not waits_in_place(1.5, 1.0) and not waits_in_place(60.0, 0.0)
+
+
+@given(
+    at=st.floats(0, 100) | st.just(math.inf),
+    waited=st.floats(0, 3),
+    blocked=st.sampled_from(["requests", "units", "paused", "share"]),
+    reserved=st.booleans(),
+    elsewhere=st.booleans(),
+)
+def test_a_call_waits_until_just_past_its_room_or_parks_in_its_own_key_s_line(
+    at: float, waited: float, blocked: CallBlocked, reserved: bool, elsewhere: bool
+) -> None:
+    """One rule for both callers of an admission (ctx.admit_call's loop, and an external
+    worker told to wait, then asking again with what it waited): a call waits in place until a
+    few ms past its room while all its waits stay within 2 s, else its job parks, in its own
+    key's line, sent for its room's instant only when that room is on another key (a fallback
+    model's)."""
+    its_room = Room(blocked, at, reserved)
+    pause = wait_in_place(its_room, waited)
+    if at + waited <= WAIT_IN_PLACE_SECONDS:
+        assert pause is not None and at < pause <= at + 0.01
+        return
+    assert pause is None
+    call_key = "fallback" if elsewhere else "own"
+    park = parked("own", call_key, its_room, 42)
+    assert (park.key, park.blocked, park.cost, park.release) == ("own", blocked, 42, reserved)
+    assert park.not_before == (at if elsewhere and math.isfinite(at) else None)
 
 
 @pytest.mark.parametrize(

@@ -182,3 +182,25 @@ def waits_in_place(wait: float, waited: float) -> bool:
     """Does a call whose room comes in ``wait`` seconds, having waited ``waited`` already, wait
     in place (True), or park its job (False)?"""
     return wait + waited <= WAIT_IN_PLACE_SECONDS
+
+
+#: A call waiting in place is asked again this long after its room's instant (free by then).
+ASK_AGAIN_AFTER_SECONDS = 0.005
+
+
+def wait_in_place(room: Room, waited: float) -> float | None:
+    """Seconds a call whose room is ``room`` waits for it in place before it is admitted again,
+    having waited ``waited`` seconds for it so far (the sum of its earlier waits); None: it
+    would wait too long, and its job parks (:func:`parked`)."""
+    return room.at + ASK_AGAIN_AFTER_SECONDS if waits_in_place(room.at, waited) else None
+
+
+def parked(key: str, call_key: str | None, room: Room, units: int) -> CallParked:
+    """The park of a job whose call, estimated at ``units`` and admitted against ``call_key``,
+    does not wait for its ``room``: in its own ``key``'s line, sent for when that room comes if
+    the call's key is another (a fallback model's, whose room its own key's pump does not see)
+    and the instant is known."""
+    elsewhere = call_key != key and math.isfinite(room.at)
+    return CallParked(
+        key, room.blocked, units, release=room.reserved, not_before=room.at if elsewhere else None
+    )

@@ -242,8 +242,7 @@ class Attempt:
                 self._task_running = False
             result = self.job_type.result_json(output)
         except CallParked as parked:  # its next call's room is far off: it waits in line
-            return await self._ending(Parked(parked.key, parked.blocked, parked.cost,
-                                             parked.release, parked.not_before))  # fmt: skip
+            return await self._ending(Parked.of(parked))
         except AwaitingApproval as waiting:
             self.releasing = True  # the wait was written: the job is no longer RUNNING
             return Waiting(waiting.approval_id)  # asking was this attempt's outcome

@@ -10,6 +10,8 @@ job run in this process: only who runs the task differs.
     complete   success, a classified failure, or "retry later": the outcome an in-process
                attempt would have had (orchestrator.runtime.outcomes), written with the end of
                the dispatch; refused when the attempt no longer holds the lease
+    calls      each LLM call admitted before it is sent, its usage recorded after
+               (orchestrator.runtime.external_calls)
 
 One rule for every report: it is taken only from the attempt that holds the job's lease; any
 other (an unknown job, one never claimed, one finished or taken over, a wrong attempt or token)
@@ -46,6 +48,7 @@ from orchestrator.domain.job_types import JobType
 from orchestrator.domain.models import Claim
 from orchestrator.domain.secrets import redact
 from orchestrator.domain.states import Status
+from orchestrator.runtime.external_calls import ExternalCalls
 from orchestrator.runtime.loops import keep_running
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.outcomes import (
@@ -146,6 +149,8 @@ class ExternalRuns:
         self.writer = OutcomeWriter(
             stores.dispatches, stores.jobs, OwnConnection(dsn, "external completions"), metrics
         )
+        #: Their attempts' LLM calls, admitted and recorded (orchestrator.runtime.external_calls).
+        self.calls = ExternalCalls(stores, self.writer, metrics)
         self._fetch_connection = OwnConnection(dsn, "external fetch")
         self._fetching = asyncio.Lock()  # one fetch at a time on its connection
         self._work = asyncio.Event()  # replaced at each wake-up; waiters hold the one they saw

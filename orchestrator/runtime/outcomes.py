@@ -36,6 +36,7 @@ from orchestrator.domain.classification import Classified, ErrorClass
 from orchestrator.domain.errors import InvalidTransition
 from orchestrator.domain.events import Fault
 from orchestrator.domain.failures import DispatchEnd, Failures, TerminalFailure
+from orchestrator.domain.flow_window import CallParked
 from orchestrator.domain.models import Claim
 from orchestrator.domain.policy import Budget, Fail, Layer, decide
 from orchestrator.domain.states import Status
@@ -85,6 +86,10 @@ class Parked:
     cost: int  # the call's estimate
     release: bool  # the claim's reservation, unused, leaves the window
     not_before: float | None = None  # seconds before which its call cannot go, when known
+
+    @classmethod
+    def of(cls, parked: CallParked) -> Parked:
+        return cls(parked.key, parked.blocked, parked.cost, parked.release, parked.not_before)
 
 
 @dataclass(frozen=True)

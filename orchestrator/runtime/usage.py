@@ -15,7 +15,6 @@ from the retry config in effect at each check: a reload applies to the next call
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -23,7 +22,7 @@ from dataclasses import dataclass, field
 
 from orchestrator.domain.errors import TokenBudgetExhausted
 from orchestrator.domain.flow_learned import learned
-from orchestrator.domain.flow_window import Admit, CallParked, waits_in_place
+from orchestrator.domain.flow_window import Admit, parked, wait_in_place
 from orchestrator.domain.models import Claim
 from orchestrator.domain.usage import budget_spent
 from orchestrator.runtime.loops import until_written
@@ -75,46 +74,35 @@ class Accounting:
                 if model is not None and admitted_at is not None:
                     self._keys[model] = admitted_at  # its usage reconciles there
                 return
-            if not waits_in_place(verdict.at, waited):
-                elsewhere = admitted_at != key and math.isfinite(verdict.at)
-                raise CallParked(
-                    key, verdict.blocked, units, release=verdict.reserved,
-                    not_before=verdict.at if elsewhere else None,
-                )  # fmt: skip
+            pause = wait_in_place(verdict, waited)
+            if pause is None:
+                raise parked(key, admitted_at, verdict, units)
             started = time.monotonic()
-            await asyncio.sleep(verdict.at + 0.005)  # (a few ms over: the room is free then)
+            await asyncio.sleep(pause)
             self.metrics.call_waited(self.claim.job_type, time.monotonic() - started)
-            waited += verdict.at
+            waited += pause
 
     async def record(
         self, model: str, *, input_tokens: int, output_tokens: int, cache_read_tokens: int,
         cache_creation_tokens: int, call_id: str | None, sent_at: float | None = None,
     ) -> None:  # fmt: skip
         claim = self.claim
-        tokens = {
-            "input": input_tokens, "output": output_tokens,
-            "cache_read": cache_read_tokens, "cache_creation": cache_creation_tokens,
-        }  # fmt: skip
-        if any(n < 0 for n in tokens.values()):
-            raise ValueError(f"token counts cannot be negative: {tokens}")
-        usage = CallUsage(  # the columns hold 200 characters: a longer name is cut, not lost
-            job_id=claim.id, call_id=(call_id or f"call-{uuid.uuid4()}")[:200],
-            attempt=claim.attempt, tenant_id=claim.tenant_id, agent_id=claim.agent_id,
-            job_type=claim.job_type, model=model[:200], input_tokens=input_tokens,
-            output_tokens=output_tokens, cache_read_tokens=cache_read_tokens,
-            cache_creation_tokens=cache_creation_tokens,
+        usage = call_usage(
+            claim, model, input_tokens=input_tokens, output_tokens=output_tokens,
+            cache_read_tokens=cache_read_tokens, cache_creation_tokens=cache_creation_tokens,
+            call_id=call_id,
         )  # fmt: skip
-        self.metrics.llm_call(model, outcome="ok", tokens=tokens)
+        self.metrics.llm_call(model, outcome="ok", tokens=tokens_of(usage))
         await until_written(f"job {claim.id}'s LLM usage", lambda: self.store.record(usage))
         if self.flow is not None and claim.flow_key is not None:
-            spent = input_tokens + cache_creation_tokens + output_tokens  # as providers count
             flow, key = self.flow, self._keys.get(model, claim.flow_key)
 
             def write() -> Awaitable[None]:
                 ago = None if sent_at is None else time.monotonic() - sent_at
                 return flow.spend(
-                    key, claim.id, units=spent, call_id=usage.call_id, sent_seconds_ago=ago
-                )
+                    key, claim.id, units=spent(usage), call_id=usage.call_id,
+                    sent_seconds_ago=ago,
+                )  # fmt: skip
 
             await until_written(f"job {claim.id}'s spend on {key}", write)
 
@@ -161,3 +149,37 @@ class Accounting:
                 f" {state.period_start.isoformat()}) is spent: {state.tenant_spent} of"
                 f" {budget.tokens} tokens used"
             )
+
+
+def call_usage(
+    claim: Claim, model: str, *, input_tokens: int, output_tokens: int, cache_read_tokens: int,
+    cache_creation_tokens: int, call_id: str | None,
+) -> CallUsage:  # fmt: skip
+    """The usage row of one call the attempt of ``claim`` made (the call id made up when the
+    provider gave none); ValueError for a negative count."""
+    counts = (input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens)
+    if any(n < 0 for n in counts):
+        raise ValueError(
+            f"token counts cannot be negative: (input, output, cache read, cache creation) {counts}"
+        )
+    return CallUsage(  # the columns hold 200 characters: a longer name is cut, not lost
+        job_id=claim.id, call_id=(call_id or f"call-{uuid.uuid4()}")[:200],
+        attempt=claim.attempt, tenant_id=claim.tenant_id, agent_id=claim.agent_id,
+        job_type=claim.job_type, model=model[:200], input_tokens=input_tokens,
+        output_tokens=output_tokens, cache_read_tokens=cache_read_tokens,
+        cache_creation_tokens=cache_creation_tokens,
+    )  # fmt: skip
+
+
+def tokens_of(usage: CallUsage) -> dict[str, int]:
+    """Its tokens by kind, as the metrics name them."""
+    return {
+        "input": usage.input_tokens, "output": usage.output_tokens,
+        "cache_read": usage.cache_read_tokens, "cache_creation": usage.cache_creation_tokens,
+    }  # fmt: skip
+
+
+def spent(usage: CallUsage) -> int:
+    """What the call spent in its flow key's window: input, cache writes and output (cache
+    reads are not counted against a rate, as providers do not)."""
+    return usage.input_tokens + usage.cache_creation_tokens + usage.output_tokens

@@ -7,12 +7,13 @@ it: a config applied, a provider's 429, an operator's pause, a call's real usage
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from orchestrator.domain.errors import FlowKeyNotFound
+from orchestrator.domain.errors import FlowKeyNotFound, StaleLease
 from orchestrator.domain.flow import FlowKey
 from orchestrator.domain.flow_learned import Allowances, Learned, allowances
 from orchestrator.domain.flow_window import (
@@ -24,9 +25,20 @@ from orchestrator.domain.flow_window import (
     Spend,
     admit_call,
 )
+from orchestrator.domain.states import Status
 from orchestrator.storage.database import Conn
 from orchestrator.storage.runner import Queries
 from retry_config import LiveConfig, RetryConfig
+
+
+@dataclass(frozen=True)
+class Leased:
+    """An external worker's attempt, whose calls come one request at a time, to any API server:
+    its lease (each call is taken only from the attempt that holds it), with which the database
+    keeps what an in-process attempt counts itself (whether a call of it was admitted)."""
+
+    attempt: int
+    lease_token: UUID
 
 
 class FlowStore:
@@ -135,18 +147,22 @@ class FlowStore:
         await self.queries.execute("flow_learn", params)
 
     async def admit_call(
-        self, job_id: UUID, model: str | None, *, units: int, first: bool
+        self, job_id: UUID, model: str | None, *, units: int, first: bool | Leased
     ) -> tuple[str | None, Admit | Room]:
         """Admit a running job's next call, to ``model`` (None: the one its key is for),
         estimated at ``units``, before it is sent, against the key of that model (the job's
         own, or a fallback model's): its spend recorded in that key's window if it fits now
         (``first``: the job's first call since its claim, which takes the claim's reservation
-        there), else when it will (its ``at`` in seconds from now). Decided under the key's lock
-        (orchestrator.domain.flow_window). The key, with the verdict (None: nothing limits the
-        call)."""
+        there; or, for an external worker's attempt, its lease, checked here, the database
+        knowing whether a call of it was admitted), else when it will (its ``at`` in seconds
+        from now). Decided under the key's lock (orchestrator.domain.flow_window). The key,
+        with the verdict (None: nothing limits the call). StaleLease (nothing recorded): the
+        lease is not the job's."""
 
         async def decide(conn: Conn) -> tuple[str | None, Admit | Room]:
-            params = {"job_id": job_id, "model": model, "first": first}
+            leased = None if isinstance(first, bool) else first
+            counted = await self._first_of(job_id, leased, conn) if leased else bool(first)
+            params = {"job_id": job_id, "model": model, "first": counted}
             row = await self.queries.row("flow_call_window", params, conn)
             if row is None:
                 return None, Admit(units, reuse=False)  # nothing limits the key's calls
@@ -173,7 +189,7 @@ class FlowStore:
                 reserved=row["reserved"],
                 share=share,
             )
-            verdict = admit_call(window, units, first=first)
+            verdict = admit_call(window, units, first=counted)
             if isinstance(verdict, Admit):
                 await self.queries.execute(
                     "flow_call_spend",
@@ -181,9 +197,30 @@ class FlowStore:
                      "reuse": verdict.reuse},
                     conn,
                 )  # fmt: skip
+                if counted and leased is not None:
+                    await self.queries.execute(
+                        "flow_first_call_admitted",
+                        {"job_id": job_id, "lease_token": leased.lease_token}, conn,
+                    )  # fmt: skip
             return row["key"], verdict
 
         return await self.queries.in_transaction(decide)
+
+    async def _first_of(self, job_id: UUID, leased: Leased, conn: Conn) -> bool:
+        """Whether the call an external worker's attempt asks for is its first; StaleLease
+        unless that attempt holds the job's lease (its row held until the call is decided)."""
+        params = {"job_id": job_id, "attempt": leased.attempt, "lease_token": leased.lease_token,
+                  "running": Status.RUNNING.value}  # fmt: skip
+        row = await self.queries.row("flow_call_lease", params, conn)
+        if row is None:
+            raise StaleLease(job_id, leased.lease_token)
+        return bool(row["first"])
+
+    async def call_key(self, job_id: UUID, model: str) -> str | None:
+        """The key a job's call to ``model`` is admitted against, where its usage reconciles
+        its spend (None: the job has no key)."""
+        row = await self.queries.row("flow_call_key", {"job_id": job_id, "model": model})
+        return None if row is None else str(row["key"])
 
     async def spend(
         self, key: str, job_id: UUID, *, units: int, call_id: str,

@@ -143,6 +143,34 @@ SELECT * FROM orc_flow_call_window_v2(%(job_id)s, %(model)s, %(first)s)
 -- ... and, in the same transaction, the call admitted: its spend recorded in the window.
 SELECT orc_flow_call_spend_v2(%(key)s, %(job_id)s, %(units)s, %(reuse)s)
 
+-- flow_call_lease --
+-- An external worker's call, first in its admission's transaction: taken only from the attempt
+-- that holds the job's lease, whose row stays locked (before the key's: the lock order) until
+-- the call is decided, so that a sweep or a cancel meanwhile waits and nothing is admitted for
+-- a stale attempt. `first`: no call of this attempt was admitted yet (flow_first_call_admitted).
+SELECT NOT EXISTS (SELECT FROM orc_flow_spent_calls AS c
+                    WHERE c.job_id = j.id AND c.call_id = 'first call of ' || j.lease_token)
+           AS first
+  FROM orc_jobs AS j
+ WHERE j.id = %(job_id)s AND j.attempt = %(attempt)s AND j.lease_token = %(lease_token)s
+   AND j.status = %(running)s
+   FOR SHARE OF j
+
+-- flow_first_call_admitted --
+-- ... and its first call admitted: the claim's reservation is that call's from now on. Kept
+-- among the calls whose spend is written, under the attempt's lease (an external worker's calls
+-- come one request at a time, to any API server: none keeps the attempt's count).
+INSERT INTO orc_flow_spent_calls (job_id, call_id)
+VALUES (%(job_id)s, 'first call of ' || %(lease_token)s::text)
+ON CONFLICT DO NOTHING
+
+-- flow_call_key --
+-- The key a job's call to `model` was admitted against (orc_flow_model_key_v1: its own, or a
+-- fallback model's), where its usage reconciles its spend. No row: the job has no key.
+SELECT orc_flow_model_key_v1(j, %(model)s) AS key
+  FROM orc_jobs AS j
+ WHERE j.id = %(job_id)s AND j.flow_key IS NOT NULL
+
 -- flow_learn --
 -- What a reply of the key's provider said of its limits (see orc_flow_learn_v1).
 SELECT orc_flow_learn_v1(%(key)s, %(requests)s, %(units)s, %(hold)s, %(reason)s)

@@ -1,6 +1,8 @@
 """The application ``orchestrator serve`` runs in the API tests: the scripted job types
 (tests/support/scripted.py), the agent job (approvals, steps), and ``external_echo``, an
-external job type that the Node.js worker (tests/support/external_worker.js) runs over the API.
+external job type that the Node.js worker (tests/support/external_worker.js) runs over the API,
+with ``external_agent`` and ``external_quick``, external types whose LLM calls are admitted in
+their flow keys' windows.
 Settings come from the environment; its retry config is CONFIG. Each of the authorization
 table's tenants has a schedule (SCHEDULES) that fires only on the first of January."""
 
@@ -14,6 +16,32 @@ from tests.support.harness import config_with
 TABLE = """
 [job_types.external_echo]
 external = true
+app_max_retries = 3
+worker_max_attempts = 1
+job_timeout_seconds = 60
+
+# External types under flow control, whose workers admit each LLM call over the API
+# (tests/test_flow_external.py): two calls an hour; one call each 1.5 s.
+[limits.external_hourly]
+key = "external-hourly:{payload.model}"
+requests = 2
+interval_seconds = 3600
+
+[limits.external_quick]
+key = "external-quick:{payload.model}"
+requests = 1
+interval_seconds = 1.5
+
+[job_types.external_agent]
+external = true
+limit = "external_hourly"
+app_max_retries = 3
+worker_max_attempts = 1
+job_timeout_seconds = 60
+
+[job_types.external_quick]
+external = true
+limit = "external_quick"
 app_max_retries = 3
 worker_max_attempts = 1
 job_timeout_seconds = 60

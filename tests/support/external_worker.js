@@ -5,10 +5,13 @@
 //     node external_worker.js WORKER_NAME JOB_TYPE
 //
 // Loop: claim (long-poll), heartbeat while the job runs, then complete it. What a job does is
-// in its payload: {sleep_ms, fail: "transient" | "permanent", fail_until (attempts failing
-// transiently first), retry_after, output}. Each step is
-// logged as one JSON line on stdout ({"event": "claimed" | "completed" | "refused", ...}), which
-// the tests read.
+// in its payload: {sleep_ms, calls, fail: "transient" | "permanent", fail_until (attempts
+// failing transiently first), retry_after, output}. With `calls` (and `llm_url`, `model`,
+// `max_tokens`), the job makes that many LLM calls to the Messages API at `llm_url`, each
+// admitted under its flow key before it is sent and its usage recorded after (docs/api.md, "An
+// external worker's LLM calls"); a call that parks the job ends the attempt. Each step is
+// logged as one JSON line on stdout ({"event": "claimed" | "call_admitted" | "call_recorded" |
+// "parked" | "completed" | "refused", ...}), which the tests read.
 
 const base = process.env.ORCHESTRATOR_URL;
 const token = process.env.ORCHESTRATOR_TOKEN;
@@ -47,19 +50,78 @@ function outcomeOf(payload, attempt) {
   return { status: "success", output: { echo: payload.output ?? null, by: worker } };
 }
 
+function sleep(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+// The job's nth LLM call: admitted before it is sent (waiting in place while told to), then
+// sent, then its usage recorded. False when the attempt is over (the job was parked, or the
+// lease is gone): stop, report nothing.
+async function llmCall(lease, payload, n) {
+  const prompt = `question ${n}`;
+  const maxTokens = payload.max_tokens ?? 16;
+  const units = Math.ceil(prompt.length / 4) + maxTokens; // the call's estimate
+  let waited = 0;
+  for (;;) {
+    const { status, answer } = await call("/api/v1/internal/call-admit", {
+      ...lease,
+      units,
+      waited_seconds: waited,
+    });
+    if (status !== 200) {
+      log("refused", { ...lease, call: n, status, answer });
+      return false;
+    }
+    if (answer.decision === "go") break;
+    if (answer.decision === "park") {
+      log("parked", { ...lease, call: n, key: answer.key, waiting_on: answer.waiting_on });
+      return false;
+    }
+    await sleep(answer.seconds * 1000); // "wait": its room comes then; ask again
+    waited += answer.seconds;
+  }
+  log("call_admitted", { ...lease, call: n, waited });
+  const sent = performance.now();
+  const response = await fetch(payload.llm_url + "/v1/messages", {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({
+      model: payload.model,
+      max_tokens: maxTokens,
+      messages: [{ role: "user", content: prompt }],
+    }),
+  });
+  const reply = await response.json();
+  const { status, answer } = await call("/api/v1/internal/call-usage", {
+    ...lease,
+    model: payload.model,
+    input_tokens: reply.usage.input_tokens,
+    output_tokens: reply.usage.output_tokens,
+    call_id: reply.id, // a report sent again under it is recorded once
+    sent_seconds_ago: (performance.now() - sent) / 1000, // a duration: dated on the server
+  });
+  log(status === 200 ? "call_recorded" : "refused", { ...lease, call: n, status, answer });
+  return status === 200;
+}
+
 async function run(task) {
   const lease = { job_id: task.job_id, attempt: task.attempt, lease_token: task.lease_token };
   log("claimed", lease);
   let lost = false;
+  let going = true;
   const beat = setInterval(async () => {
     const { status } = await call("/api/v1/internal/heartbeat", lease);
     if (status === 409) lost = true; // swept or cancelled: stop, report nothing
   }, task.heartbeat_interval * 1000);
   try {
-    await new Promise((resolve) => setTimeout(resolve, task.payload.sleep_ms ?? 0));
+    await sleep(task.payload.sleep_ms ?? 0);
+    for (let n = 1; going && n <= (task.payload.calls ?? 0); n++) {
+      going = await llmCall(lease, task.payload, n);
+    }
   } finally {
     clearInterval(beat);
   }
+  if (!going) return; // parked, or its lease gone: the attempt is over
   if (lost) {
     log("lost", lease);
     return;

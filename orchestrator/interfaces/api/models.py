@@ -226,6 +226,65 @@ class Completed(BaseModel):
     outcome: str
 
 
+class CallAdmission(Lease):
+    """An LLM call the attempt is about to send (docs/flow-control.md, "Every call admitted")."""
+
+    units: int = Field(
+        1, ge=0, le=2**31 - 1,
+        description="The call's estimate in its limit's units (its input at about four"
+        " characters a token, plus max_tokens).",
+    )  # fmt: skip
+    model: Text | None = Field(
+        None, min_length=1, max_length=200,
+        description="The model the call goes to, when it is not the one the job's key is for"
+        " (a fallback model): the call is admitted against that model's key.",
+    )  # fmt: skip
+    waited_seconds: float = Field(
+        0, ge=0, le=3600,
+        description="What this call has waited in place so far: the sum of its `wait` answers'"
+        " seconds.",
+    )  # fmt: skip
+
+
+class CallAdmitted(BaseModel):
+    """``go``: send the call now. ``wait``: wait ``seconds`` in place, then ask again (adding
+    them to ``waited_seconds``). ``park``: the attempt is over (the job waits in ``key``'s line,
+    ``waiting_on`` requests, units, share or paused, no budget used): stop, report nothing."""
+
+    decision: Literal["go", "wait", "park"]
+    seconds: float | None = None
+    key: str | None = None
+    waiting_on: str | None = None
+
+
+class CallUsageReport(Lease):
+    """An LLM call that returned, with its tokens as the provider reported them."""
+
+    model: Text = Field(
+        min_length=1, max_length=200,
+        description="The model the call went to, as its admission named it (or the job's own).",
+    )  # fmt: skip
+    input_tokens: int = Field(0, ge=0, le=2**31 - 1)
+    output_tokens: int = Field(0, ge=0, le=2**31 - 1)
+    cache_read_tokens: int = Field(0, ge=0, le=2**31 - 1)
+    cache_creation_tokens: int = Field(0, ge=0, le=2**31 - 1)
+    call_id: Text | None = Field(
+        None, min_length=1, max_length=200,
+        description="The provider's message id: a report sent again under it is recorded once.",
+    )  # fmt: skip
+    sent_seconds_ago: float | None = Field(
+        None, ge=0, le=86_400,
+        description="How long before this report the call was sent, by the worker's own clock"
+        " (a duration, never a time of day): its spend is dated from then on the database's"
+        " clock, as the provider counts it.",
+    )  # fmt: skip
+
+
+class CallRecorded(BaseModel):
+    #: False: a call of this ``call_id`` was recorded already (a report sent again).
+    recorded: bool
+
+
 class Replayed(BaseModel):
     outcome: str
     job: Job

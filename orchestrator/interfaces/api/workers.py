@@ -1,9 +1,11 @@
 """External workers' endpoints (task-claim, heartbeat, task-complete: the lease contract of
-docs/contracts.md, over HTTP), and the internal replay endpoints of the dead-letter spec.
+docs/contracts.md, over HTTP; call-admit, call-usage: an attempt's LLM calls under flow
+control), and the internal replay endpoints of the dead-letter spec.
 
-A report (heartbeat, completion of any status) is taken only from the attempt that holds the
-job's lease: its ``attempt`` and ``lease_token`` must be the job's. Any other (an unknown job,
-one never claimed, one finished or taken over, a wrong attempt or token) gets the same 409
+A report (heartbeat, completion of any status, a call's admission or usage) is taken only from
+the attempt that holds the job's lease: its ``attempt`` and ``lease_token`` must be the job's.
+Any other (an unknown job, one never claimed, one finished or taken over, a wrong attempt or
+token) gets the same 409
 ``WF_LEASE_STALE`` and changes nothing: never a 404, so a report without the lease learns
 nothing about the job. The routes declare exactly that (no 404 but the replay endpoint's).
 """
@@ -19,10 +21,15 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from orchestrator.domain.classification import ErrorClass
 from orchestrator.domain.errors import InvalidTransition, SubmitError
 from orchestrator.domain.principals import Forbidden, Principal, Scope
+from orchestrator.domain.usage import Tokens
 from orchestrator.interfaces.api import problems
 from orchestrator.interfaces.api.auth import RECHECK_SECONDS, Allowed, still_authenticated
 from orchestrator.interfaces.api.jobs import Orc, visible_job
 from orchestrator.interfaces.api.models import (
+    CallAdmission,
+    CallAdmitted,
+    CallRecorded,
+    CallUsageReport,
     ClaimRequest,
     Completed,
     Completion,
@@ -40,6 +47,8 @@ from orchestrator.runtime.external import (
     RetryLaterReport,
     Succeeded,
 )
+from orchestrator.runtime.external_calls import Go, Wait
+from orchestrator.runtime.outcomes import Parked
 
 #: The answers of these endpoints besides their own: every error but 404 (they look nothing up
 #: by name, except the replay endpoint, which declares its own).
@@ -104,6 +113,41 @@ async def complete(body: Completion, runs: Runs, caller: Worker) -> Completed:
         body.job_id, attempt=body.attempt, lease_token=body.lease_token, report=_report(body)
     )
     return Completed(outcome=outcome)
+
+
+@router.post("/call-admit", responses=STALE)
+async def admit_call(body: CallAdmission, runs: Runs, caller: Worker) -> CallAdmitted:
+    """Before each LLM call the attempt sends: admit it in its job's flow key's window
+    (docs/flow-control.md, "Every call admitted"). ``go``: send it; ``wait``: wait ``seconds``,
+    then ask again; ``park``: the attempt is over, the job waits in its key's line: stop. 409
+    WF_LEASE_STALE unless this attempt holds the job's lease."""
+    verdict = await runs.calls.admit(
+        body.job_id, attempt=body.attempt, lease_token=body.lease_token, units=body.units,
+        model=body.model, waited=body.waited_seconds,
+    )  # fmt: skip
+    match verdict:
+        case Go():
+            return CallAdmitted(decision="go")
+        case Wait(seconds=seconds):
+            return CallAdmitted(decision="wait", seconds=seconds)
+        case Parked(key=key, blocked=blocked):
+            return CallAdmitted(decision="park", key=key, waiting_on=blocked)
+
+
+@router.post("/call-usage", responses=STALE)
+async def record_call(body: CallUsageReport, runs: Runs, caller: Worker) -> CallRecorded:
+    """After each LLM call that returned: its tokens, as the provider reported them, recorded
+    for the job and reconciling its admission's estimate in the key's window. 409
+    WF_LEASE_STALE unless this attempt holds the job's lease."""
+    tokens = Tokens(
+        input_tokens=body.input_tokens, output_tokens=body.output_tokens,
+        cache_read_tokens=body.cache_read_tokens, cache_creation_tokens=body.cache_creation_tokens,
+    )  # fmt: skip
+    recorded = await runs.calls.record(
+        body.job_id, attempt=body.attempt, lease_token=body.lease_token, model=body.model,
+        tokens=tokens, call_id=body.call_id, sent_seconds_ago=body.sent_seconds_ago,
+    )  # fmt: skip
+    return CallRecorded(recorded=recorded)
 
 
 def _report(body: Completion) -> Report:
