@@ -10,6 +10,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 #: (queue, priority, lock, scheduled in seconds from now or None): locks shared and free,
 #: priorities apart and equal, due and not due, over three queues.
@@ -28,8 +30,11 @@ DISPATCHES = [
 ]
 
 
-async def defer(db: psycopg.AsyncConnection[Any]) -> None:
-    for queue, priority, lock, scheduled in DISPATCHES:
+Dispatches = list[tuple[str, int, str | None, int | None]]
+
+
+async def defer(db: psycopg.AsyncConnection[Any], dispatches: Dispatches = DISPATCHES) -> None:
+    for queue, priority, lock, scheduled in dispatches:
         await db.execute(
             "SELECT procrastinate_defer_jobs_v1(ARRAY[ROW(%s, 'plain', %s, %s, NULL, '{}',"
             " CASE WHEN %s::float IS NULL THEN NULL"
@@ -78,10 +83,40 @@ async def test_with_a_queue_excluded_the_fetch_is_procrastinate_s_but_that_queue
     assert 3 < len(upstream) < len(DISPATCHES)  # the rules leave some out (locks, not due)
     nothing_excluded = await fetch_all(db, ours, queues, [])
     excluded_nowhere = await fetch_all(db, ours, queues, ["nowhere"])
-    assert nothing_excluded == excluded_nowhere == upstream
+    none_excluded = await fetch_all(db, ours, queues, None)
+    assert nothing_excluded == excluded_nowhere == none_excluded == upstream
     cur = await db.execute("SELECT id, queue_name FROM procrastinate_jobs")
     queue_of = dict(await cur.fetchall())
     without_q2 = await fetch_all(db, ours, queues, ["q2"])
     assert "q2" not in {queue_of[i] for i in without_q2}
     if queues is None:  # q2 was taken before: its dispatches' locks no longer block others
         assert set(without_q2) >= {i for i in upstream if queue_of[i] != "q2"}
+
+
+#: A dispatch drawn at random: its queue, priority, lock (few, so that they are shared) and
+#: schedule (due, or an hour off).
+DISPATCH = st.tuples(
+    st.sampled_from(["q1", "q2", "q3"]),
+    st.integers(-2, 2),
+    st.one_of(st.none(), st.sampled_from(["a", "b", "c"])),
+    st.sampled_from([None, -5, 3600]),
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    dispatches=st.lists(DISPATCH, min_size=1, max_size=12),
+    queues=st.sampled_from([None, ["q1"], ["q1", "q3"]]),
+)
+async def test_any_queue_is_fetched_as_procrastinate_fetches_it(
+    db: psycopg.AsyncConnection[Any], dispatches: Dispatches, queues: list[str] | None
+) -> None:
+    """Whatever the dispatches' queues, priorities, shared locks and schedules, and whichever
+    queues are asked for, the fetch takes the dispatches Procrastinate's own would take, in
+    its order (``defer`` adds a lock held by a running dispatch, and a dispatch waiting on it)."""
+    async with db.transaction(force_rollback=True):
+        await defer(db, dispatches)
+        upstream = await fetch_all(db, UPSTREAM, queues)
+        assert await fetch_all(db, OURS, queues, None) == upstream

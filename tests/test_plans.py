@@ -374,3 +374,76 @@ def test_every_status_written_out_in_a_query_is_one_of_the_state_machine() -> No
         named |= set(re.findall(r"'([A-Z_]+)'", listed))
     assert {"RETRY", "PENDING", "RUNNING"} <= named
     assert named <= {s.value for s in Status}
+
+
+#: A queue's statistics are always stale: analyzed while this many jobs waited, among this
+#: many finished...
+ANALYZED_AT = 5
+FINISHED = 20_000
+#: ... and read while this many wait (a backlog, as a soak's submitter keeps).
+BACKLOG = 3_000
+
+
+@pytest.mark.parametrize(
+    "mode", ["auto", "force_custom_plan"], ids=["chosen", "custom-asked-for"]
+)
+async def test_the_fetch_is_planned_once_and_walks_the_queue_whatever_its_statistics_say(
+    mode: str,
+) -> None:
+    """Analyzed while nearly empty, then filled (autovacuum off, so the statistics stay as they
+    were): the fetch's statement still walks the queue's index from its head and stops at the
+    first dispatch it may take, and it is planned once per connection (a generic plan, its
+    parameters unknown: `$1`), whatever plan cache mode the session asks for. Procrastinate's
+    own fetch was planned again on every call, which cost more than running it, and, estimating
+    a handful of waiting dispatches, read every one of them and sorted them (docs/operations.md,
+    "Plans that stay flat")."""
+    with scratch_database(settings_for_tests(), "orc_plans_stale") as dsn:
+        await require_auto_explain(dsn)
+        orc = planner(dsn)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await migrate(conn)
+            for table in ("procrastinate_jobs", "orc_jobs"):
+                await conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+            await fill_history(conn, FINISHED, live=ANALYZED_AT)  # and ANALYZE
+        async with orc:
+            for _ in range(BACKLOG // 1000):
+                await orc.submit_many({"job_type": "noop", "payload": {}} for _ in range(1000))
+        plans = Plans(mode, path="fetch")
+
+        async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+            await conn.set_autocommit(True)
+            await conn.execute("LOAD 'auto_explain'")
+            for name, value in {**AUTO_EXPLAIN, "plan_cache_mode": mode}.items():
+                await conn.execute(f"SET {name} = {value}")
+            conn.add_notice_handler(plans.hear)
+
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            dsn, min_size=1, max_size=1, open=False, configure=configure,
+            kwargs={"row_factory": dict_row},
+        )  # fmt: skip
+        await pool.open(wait=True)
+        try:
+            stores = Stores.on(pool)
+            worker_id = await stores.dispatches.register_worker(prune_after=60)
+            for _ in range(3):  # past the fifth call of each statement: a plan settled on
+                async with stores.queries.connection() as conn:
+                    fetched = await stores.dispatches.fetch(
+                        limit=5, queues=None, worker_id=worker_id, worker="plans", conn=conn
+                    )
+                assert len(fetched) == 5
+        finally:
+            await pool.close()
+    read_whole = [
+        f"{node['Node Type']} on procrastinate_jobs gave {node['Actual Rows']} rows in\n"
+        f"{text.strip()}\nplan:\n{outline(plan)}"
+        for _, text, plan in plans.seen
+        for node in scans(plan)
+        if node.get("Relation Name") == "procrastinate_jobs" and node.get("Actual Rows", 0) > 100
+    ]
+    assert not read_whole, "\n\n".join(read_whole)
+    takes = [plan for _, text, plan in plans.seen if "WITH candidate AS" in text]
+    assert len(takes) == 15
+    replanned = [outline(plan) for plan in takes[1:] if "$1" not in json.dumps(plan)]
+    assert not replanned, f"{len(replanned)} of 14 fetches planned with their values:\n" + (
+        replanned[0]
+    )

@@ -90,35 +90,50 @@ BEGIN
 END;
 $$;
 
--- Procrastinate's fetch (procrastinate_fetch_job_v2), leaving the `p_excluded` queues alone
--- (those of external job types); with none excluded, Procrastinate's own function.
+-- Procrastinate's fetch (procrastinate_fetch_job_v2: the first waiting dispatch, by priority
+-- then id, that is due, on one of `p_queues` (all when null), and that no other dispatch of its
+-- lock holds back: one doing, or one waiting ahead of it), leaving the `p_excluded` queues
+-- alone (those of external job types). Its own statement rather than Procrastinate's function,
+-- for the plan: Procrastinate's is planned again on every call (its `queues IS NULL OR` makes
+-- a custom plan look cheaper than the generic one, so plpgsql never settles), which cost more
+-- than running it (a soak: 0.79 ms planning, 0.41 ms running, for 59,898 of 60,058 calls), and
+-- each new plan follows the queue's statistics, which are always stale (a queue's waiting rows
+-- come and go between two ANALYZEs): estimating a handful of waiting rows, it read every one
+-- and sorted them, or read its lock's index whole per candidate. Here the plan is generic,
+-- made once per connection, and the only one the planner may make: the walk down
+-- procrastinate_jobs_priority_idx_v1 from its head, each candidate's lock looked up in
+-- orc_procrastinate_jobs_live_lock, stopping at the first dispatch it may take
+-- (tests/test_plans.py: the plan settled on, and stale statistics planted).
 CREATE OR REPLACE FUNCTION orc_take_dispatch_v1(
     p_queues character varying[], p_excluded character varying[], p_worker_id bigint
 ) RETURNS procrastinate_jobs
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_sort = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET enable_memoize = off
+AS $$
 DECLARE
     fetched procrastinate_jobs;
 BEGIN
-    IF coalesce(cardinality(p_excluded), 0) = 0 THEN
-        RETURN procrastinate_fetch_job_v2(p_queues, p_worker_id);
-    END IF;
     WITH candidate AS (
-        SELECT jobs.*
+        SELECT jobs.id
           FROM procrastinate_jobs AS jobs
-         WHERE NOT EXISTS (
-                   SELECT 1
-                     FROM procrastinate_jobs AS other_jobs
-                    WHERE jobs.lock IS NOT NULL
-                      AND other_jobs.lock = jobs.lock
-                      AND (other_jobs.status = 'doing'
-                           OR (other_jobs.status = 'todo'
-                               AND (other_jobs.priority > jobs.priority
-                                    OR (other_jobs.priority = jobs.priority
-                                        AND other_jobs.id < jobs.id)))))
-           AND jobs.status = 'todo'
+         WHERE jobs.status = 'todo'
            AND (p_queues IS NULL OR jobs.queue_name = ANY (p_queues))
-           AND jobs.queue_name <> ALL (p_excluded)
+           AND jobs.queue_name <> ALL (coalesce(p_excluded, '{}'))
            AND (jobs.scheduled_at IS NULL OR jobs.scheduled_at <= now())
+           AND (jobs.lock IS NULL OR NOT EXISTS (
+                   SELECT
+                     FROM procrastinate_jobs AS other
+                    WHERE other.lock = jobs.lock
+                      AND other.status IN ('todo', 'doing')
+                      AND (other.status = 'doing'
+                           OR other.priority > jobs.priority
+                           OR (other.priority = jobs.priority AND other.id < jobs.id))))
          ORDER BY jobs.priority DESC, jobs.id ASC
          LIMIT 1
            FOR UPDATE OF jobs SKIP LOCKED

@@ -1,0 +1,16 @@
+-- 0054_fetch_planned_once: the fetch's statement is planned once per connection, and its plan
+-- cannot follow stale statistics (issue 33; docs/operations.md, "Plans that stay flat").
+--
+-- orc_take_dispatch_v1 ran Procrastinate's procrastinate_fetch_job_v2 when no queue was
+-- excluded. plpgsql re-planned that function's statement on every call, its custom plan always
+-- looking cheaper than the generic one (`target_queue_names IS NULL OR ...`): in a soak of
+-- 60,000 jobs it was planned 59,898 times, 0.79 ms a plan against 0.41 ms running it, the
+-- largest cost of a job on the server. And each plan followed the queue's statistics, which are
+-- always stale. orc_take_dispatch_v1 now runs the same rule in its own statement (as it did
+-- already where external job types' queues are excluded), forced to a generic plan made once
+-- per connection, with the planner left no plan but the walk down the queue's index from its
+-- head. Same signature, same dispatches in the same order (tests/test_fetch.py holds it to
+-- Procrastinate's function).
+--
+-- compatible-with-older-workers: yes
+-- revises: functions/claim.sql 06dca450df4c32002923191cefc6509b077db4374df493db26bda2ec829aa48c
