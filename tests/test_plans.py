@@ -384,9 +384,7 @@ FINISHED = 20_000
 BACKLOG = 3_000
 
 
-@pytest.mark.parametrize(
-    "mode", ["auto", "force_custom_plan"], ids=["chosen", "custom-asked-for"]
-)
+@pytest.mark.parametrize("mode", ["auto", "force_custom_plan"], ids=["chosen", "custom-asked-for"])
 async def test_the_fetch_is_planned_once_and_walks_the_queue_whatever_its_statistics_say(
     mode: str,
 ) -> None:
@@ -444,6 +442,6 @@ async def test_the_fetch_is_planned_once_and_walks_the_queue_whatever_its_statis
     takes = [plan for _, text, plan in plans.seen if "WITH candidate AS" in text]
     assert len(takes) == 15
     replanned = [outline(plan) for plan in takes[1:] if "$1" not in json.dumps(plan)]
-    assert not replanned, f"{len(replanned)} of 14 fetches planned with their values:\n" + (
-        replanned[0]
+    assert not replanned, (
+        f"{len(replanned)} of 14 fetches planned with their values:\n" + (replanned[0])
     )
