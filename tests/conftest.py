@@ -70,8 +70,8 @@ Where each part of the code is tested:
                               limits learned from the provider's headers (pure rules, equal to
                               the gate's SQL; worker processes against the local server's
                               Anthropic and OpenAI headers): test_flow_learned; fairness on
-                              real spend and tenant_share (worker processes):
-                              test_flow_fairness, as a pure policy (property tests):
+                              real spend, tenant_share and priority within a share
+                              (worker processes): test_flow_fairness, as a pure policy (property tests):
                               test_flow_share; the fallback pass-through: test_flow_fallback;
                               an external worker's calls admitted and recorded over the API
                               (the Node.js worker, stale leases, other tenants' tokens):

@@ -1,11 +1,14 @@
 """Fairness no one can game (docs/flow-control.md, "Fairness"; issue 35, item 5), held by worker
 processes on a real database: a tenant's shares follow what its calls really spent, whatever
-cost its submits declare, and a key's ``tenant_share`` caps what one tenant holds of it."""
+cost its submits declare, a key's ``tenant_share`` caps what one tenant holds of it, and
+``priority`` orders the jobs within a tenant's share."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -118,3 +121,54 @@ async def _running_at_least(
     db: psycopg.AsyncConnection[Any], key: str, tenant: str, n: int
 ) -> bool:
     return await running(db, key, tenant) >= n
+
+
+async def test_priority_orders_the_jobs_within_a_share_and_tenants_still_take_turns(
+    dsn: str,
+    make_orc: Callable[..., Orchestrator],
+    db: psycopg.AsyncConnection[Any],
+) -> None:
+    """A key of one at a time, shared by tenants a and b of equal weights, held by tenant c's
+    job while a and b submit, each job parked before the next is submitted (so the line holds
+    them in submission order). Once c's job is cancelled, the tenants take turns, and within each
+    tenant's share the jobs start by priority (lower first), equal priorities in submission
+    order; b's priorities, all lower than a's (higher numbers), do not put b behind a."""
+    orc = make_orc(retry_config=flow_app.CONFIG)
+    flow_app.register(orc)
+    await orc.open()
+    submitted = [("a", 5), ("b", 10), ("a", 0), ("a", 5), ("b", 10), ("a", -3), ("b", 9),
+                 ("a", 0), ("a", 5)]  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        for _ in range(2):
+            stack.enter_context(WorkerProcess(dsn, APP, **ENV))
+        holder = await orc.submit("in_turn", {"seconds": 600}, tenant_id="c")
+        await wait_for(lambda: _running_at_least(db, "single", "c", 1), timeout=30)
+        jobs: list[tuple[str, int, Any]] = []
+        for tenant, priority in submitted:
+            job_id = await orc.submit("in_turn", QUICK, tenant_id=tenant, priority=priority)
+            await wait_for(functools.partial(_parked, orc, job_id), timeout=30)
+            jobs.append((tenant, priority, job_id))
+        await orc.cancel(holder, reason="its slot goes to the line")
+        await wait_for(lambda: _none_left(db, [j for _, _, j in jobs]), timeout=60)
+    starts = sorted([(await _start(orc, j), who, priority, i)
+                     for i, (who, priority, j) in enumerate(jobs)])  # fmt: skip
+    order = [who for _, who, _, _ in starts]
+    assert all(x != y for x, y in itertools.pairwise(order[:6])), order
+    assert order[6:] == ["a", "a", "a"], order
+    for tenant in ("a", "b"):
+        # (priority, submitted as) in the order they started: by priority, then submission
+        started = [(priority, i) for _, who, priority, i in starts if who == tenant]
+        assert started == sorted(started), (tenant, started)
+
+
+QUICK = {"seconds": 0.05}
+
+
+async def _parked(orc: Orchestrator, job_id: Any) -> bool:
+    return (await orc.get_job(job_id)).waiting_for is not None
+
+
+async def _start(orc: Orchestrator, job_id: Any) -> tuple[float, int]:
+    """When the job started: its job.running event's time, then its id (one order for all)."""
+    return next((e.at.timestamp(), e.id) for e in await orc.job_events(job_id)
+                if e.kind == "job.running")  # fmt: skip

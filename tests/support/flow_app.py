@@ -1,13 +1,13 @@
 """The flow-control tests' application (docs/flow-control.md): ``hold`` jobs that run for a
 while under a concurrency limit, ``tick`` and ``late_call`` jobs under a rate limit, ``spend``
 jobs (a call of a given real usage) under a metered key, ``hold_slot`` and ``hold_tokens`` under
-keys that cap one tenant's share, the built-in ``llm_generate`` and ``run_agent`` (with the
-job-type tests' tools) and ``chat`` (several calls of its own client, each admitted with
-``ctx.admit_call``, its reply's rate-limit headers given to ``ctx.record_rate_limits``, one
-checkpointed step each) under a per-model limit, for in-process workers and worker processes
-(``--app tests.support.flow_app:orc``). Settings come from the environment; its retry config
-is CONFIG, or ``config(...)``'s, given by
-ORCHESTRATOR_RETRY_CONFIG."""
+keys that cap one tenant's share, ``in_turn`` jobs under a key of one at a time that tenants
+share, the built-in ``llm_generate`` and ``run_agent`` (with the job-type tests' tools) and
+``chat`` (several calls of its own client, each admitted with ``ctx.admit_call``, its reply's
+rate-limit headers given to ``ctx.record_rate_limits``, one checkpointed step each) under a
+per-model limit, for in-process workers and worker processes (``--app
+tests.support.flow_app:orc``). Settings come from the environment; its retry config is CONFIG,
+or ``config(...)``'s, given by ORCHESTRATOR_RETRY_CONFIG."""
 
 from __future__ import annotations
 
@@ -56,6 +56,11 @@ concurrency = 4
 share_by = "tenant"
 tenant_share = 0.5
 
+[limits.single]
+key = "single"
+concurrency = 1
+share_by = "tenant"
+
 [limits.tokens]
 key = "tokens"
 units = 100
@@ -74,6 +79,9 @@ limit = "slots"
 
 [job_types.hold_tokens]
 limit = "tokens"
+
+[job_types.in_turn]
+limit = "single"
 
 [job_types.tick]
 limit = "ticks"
@@ -147,6 +155,10 @@ def register(orc: Orchestrator) -> None:
 
     @orc.job_type("hold_tokens")
     async def hold_tokens(ctx: JobContext, payload: Hold) -> None:
+        await asyncio.sleep(payload.seconds)
+
+    @orc.job_type("in_turn")
+    async def in_turn(ctx: JobContext, payload: Hold) -> None:
         await asyncio.sleep(payload.seconds)
 
     @orc.job_type("tick")
