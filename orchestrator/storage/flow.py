@@ -7,6 +7,7 @@ it: a config applied, a provider's 429, an operator's pause, a call's real usage
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
@@ -27,6 +28,16 @@ from orchestrator.domain.flow_window import (
 from orchestrator.storage.database import Conn
 from orchestrator.storage.runner import Queries
 from retry_config import LiveConfig, RetryConfig
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A running job's call as its key decided it: the key it was admitted against (None:
+    nothing limits it), the verdict, and its spend's id when it was recorded (for ``go``)."""
+
+    key: str | None
+    verdict: Admit | Room
+    spend: int | None = None
 
 
 class FlowStore:
@@ -136,20 +147,20 @@ class FlowStore:
 
     async def admit_call(
         self, job_id: UUID, model: str | None, *, units: int, first: bool
-    ) -> tuple[str | None, Admit | Room]:
+    ) -> Admitted:
         """Admit a running job's next call, to ``model`` (None: the one its key is for),
         estimated at ``units``, before it is sent, against the key of that model (the job's
-        own, or a fallback model's): its spend recorded in that key's window if it fits now
-        (``first``: the job's first call since its claim, which takes the claim's reservation
-        there), else when it will (its ``at`` in seconds from now). Decided under the key's lock
-        (orchestrator.domain.flow_window). The key, with the verdict (None: nothing limits the
-        call)."""
+        own, or a fallback model's): its spend recorded in that key's window if it fits now, or
+        at the instant its room comes if it comes soon (``Admit.after``: the call waits for it in
+        place, then ``go``), else when it will (its ``at`` in seconds from now: its job parks).
+        ``first``: the job's first call since its claim, which takes the claim's reservation
+        there. Decided under the key's lock (orchestrator.domain.flow_window)."""
 
-        async def decide(conn: Conn) -> tuple[str | None, Admit | Room]:
+        async def decide(conn: Conn) -> Admitted:
             params = {"job_id": job_id, "model": model, "first": first}
             row = await self.queries.row("flow_call_window", params, conn)
             if row is None:
-                return None, Admit(units, reuse=False)  # nothing limits the key's calls
+                return Admitted(None, Admit(units, reuse=False))  # nothing limits its calls
             spends = tuple(
                 Spend(-age, requests, spent)
                 for age, requests, spent in zip(
@@ -174,16 +185,27 @@ class FlowStore:
                 share=share,
             )
             verdict = admit_call(window, units, first=first)
-            if isinstance(verdict, Admit):
-                await self.queries.execute(
-                    "flow_call_spend",
-                    {"key": row["key"], "job_id": job_id, "units": verdict.units,
-                     "reuse": verdict.reuse},
-                    conn,
-                )  # fmt: skip
-            return row["key"], verdict
+            if isinstance(verdict, Room):
+                return Admitted(row["key"], verdict)
+            spent = await self.queries.row(
+                "flow_call_spend",
+                {"key": row["key"], "job_id": job_id, "units": verdict.units,
+                 "reuse": verdict.reuse, "after": verdict.after},
+                conn,
+            )  # fmt: skip
+            return Admitted(row["key"], verdict, spent["spend"] if spent else None)
 
         return await self.queries.in_transaction(decide)
+
+    async def go(self, admitted: Admitted) -> float | None:
+        """A call admitted ahead, at the instant its room came: None, it goes; else its key was
+        paused meanwhile, its spend left the window, and the pause lasts this many seconds
+        more (its job parks)."""
+        if admitted.key is None or admitted.spend is None:
+            return None
+        params = {"key": admitted.key, "spend": admitted.spend}
+        row = await self.queries.row("flow_call_go", params)
+        return None if row is None or row["paused_for"] is None else float(row["paused_for"])
 
     async def spend(
         self, key: str, job_id: UUID, *, units: int, call_id: str,

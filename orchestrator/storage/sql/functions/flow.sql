@@ -397,7 +397,7 @@ BEGIN
             IF waiter.dispatched_at IS NOT NULL THEN
                 PERFORM orc_flow_pump_v1(j.flow_key);
             END IF;
-            PERFORM orc_flow_record_spend_v1(j.flow_key, j.id, 1, cost);
+            PERFORM orc_flow_record_spend_v2(j.flow_key, j.id, 1, cost, clock_timestamp());
         END IF;
         IF waiter.job_id IS NOT NULL THEN
             DELETE FROM orc_flow_waiters WHERE job_id = j.id;
@@ -670,18 +670,20 @@ CREATE OR REPLACE TRIGGER orc_jobs_flow_leave
     WHEN (OLD.flow_key IS NOT NULL AND NEW.finished_at IS NOT NULL AND OLD.finished_at IS NULL)
     EXECUTE FUNCTION orc_flow_leave_v1();
 
--- A job's spend in its key's window: recorded with the window's sums, and its job's share (whose
--- cap counts it).
-CREATE OR REPLACE FUNCTION orc_flow_record_spend_v1(
-    p_key text, p_job_id uuid, p_requests integer, p_units bigint
-) RETURNS void
+-- A job's spend in its key's window, at `p_at` (now, or a running job's call admitted for the
+-- instant its room comes): recorded with the window's sums, and its job's share (whose cap
+-- counts it). Its id.
+CREATE OR REPLACE FUNCTION orc_flow_record_spend_v2(
+    p_key text, p_job_id uuid, p_requests integer, p_units bigint, p_at timestamptz
+) RETURNS bigint
 LANGUAGE sql AS $$
-    INSERT INTO orc_flow_spends (key, job_id, requests, units, share)
-    VALUES (p_key, p_job_id, p_requests, p_units,
-            (SELECT coalesce(j.flow_share, '') FROM orc_jobs AS j WHERE j.id = p_job_id));
     UPDATE orc_flow_keys
        SET window_requests = window_requests + p_requests, window_units = window_units + p_units
      WHERE key = p_key;
+    INSERT INTO orc_flow_spends (key, job_id, requests, units, share, at)
+    VALUES (p_key, p_job_id, p_requests, p_units,
+            (SELECT coalesce(j.flow_share, '') FROM orc_jobs AS j WHERE j.id = p_job_id), p_at)
+    RETURNING id;
 $$;
 
 -- What an admitted job's call really used (`p_units`): the first call since its admission
@@ -719,7 +721,7 @@ BEGIN
      WHERE job_id = p_job_id AND key = p_key AND NOT reconciled
      ORDER BY id DESC LIMIT 1;
     IF reserved.id IS NULL THEN  -- a later call: a request more
-        PERFORM orc_flow_record_spend_v1(p_key, p_job_id, 1, p_units);
+        PERFORM orc_flow_record_spend_v2(p_key, p_job_id, 1, p_units, clock_timestamp());
         UPDATE orc_flow_spends SET reconciled = true, at = least(at, coalesce(sent, at))
          WHERE id = (SELECT max(id) FROM orc_flow_spends WHERE job_id = p_job_id AND key = p_key);
         PERFORM orc_flow_charge_v1(p_key, job_share, orc_flow_charged_v1(p_units, lim), lim);
@@ -908,7 +910,7 @@ $$;
 -- `p_model` (null: the model its key is for): the key it is admitted against
 -- (orc_flow_model_key_v1) and that key's window as the call meets it, read under the key's lock,
 -- which the caller's transaction keeps while it decides (orchestrator.domain.flow_window) and
--- records the call (orc_flow_call_spend_v2). The window's spends by age in seconds, oldest first,
+-- records the call (orc_flow_call_spend_v3). The window's spends by age in seconds, oldest first,
 -- `mine` marking those of the job's share, but, for the job's first call since its claim
 -- (`p_first`), the claim's reservation on that key (its units: `reserved`, null for none);
 -- `paused_for` null when the key is not paused (a call is never let through a pause: a job
@@ -982,34 +984,72 @@ END;
 $$;
 
 -- A running job's call admitted (after orc_flow_call_window_v2, in its transaction) on the key
--- it named: a request and its estimate recorded in the key's window at this instant, and
--- charged to the job's share; `p_reuse`: the job's first call since its claim, whose
--- reservation moves here and takes the call's estimate instead (its charge corrected).
-CREATE OR REPLACE FUNCTION orc_flow_call_spend_v2(
-    p_key text, p_job_id uuid, p_units bigint, p_reuse boolean
-) RETURNS void
+-- it named, `p_after` seconds from now (0: at once; else the instant its room comes, which it
+-- waits for in place): a request and its estimate recorded in the key's window at that instant,
+-- so that the calls and claims decided after it meet its room taken, and charged to the job's
+-- share; `p_reuse`: the job's first call since its claim, whose reservation moves there and
+-- takes the call's estimate instead (its charge corrected). The spend's id (see
+-- orc_flow_call_go_v1). A call admitted ahead that is never sent (its job cancelled, timed out,
+-- its worker gone) is counted as one that was: its spend slides out of the window an interval
+-- after its instant, as every spend does (orc_flow_expire_v1).
+CREATE OR REPLACE FUNCTION orc_flow_call_spend_v3(
+    p_key text, p_job_id uuid, p_units bigint, p_reuse boolean, p_after double precision
+) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     unused orc_flow_spends;
     lim orc_flow_limits;
     job_share text := (SELECT j.flow_share FROM orc_jobs AS j WHERE j.id = p_job_id);
+    placed timestamptz := clock_timestamp() + make_interval(secs => greatest(p_after, 0));
 BEGIN
     SELECT l.* INTO lim FROM orc_flow_keys AS k JOIN orc_flow_limits AS l ON l.name = k.limit_name
      WHERE k.key = p_key;
     IF NOT p_reuse THEN
-        PERFORM orc_flow_record_spend_v1(p_key, p_job_id, 1, p_units);
         PERFORM orc_flow_charge_v1(p_key, job_share, orc_flow_charged_v1(p_units, lim), lim);
-        RETURN;
+        RETURN orc_flow_record_spend_v2(p_key, p_job_id, 1, p_units, placed);
     END IF;
     SELECT * INTO unused FROM orc_flow_spends AS s
      WHERE s.job_id = p_job_id AND s.key = p_key AND NOT s.reconciled
      ORDER BY s.id DESC LIMIT 1;
-    UPDATE orc_flow_spends SET at = clock_timestamp(), units = p_units WHERE id = unused.id;
+    UPDATE orc_flow_spends SET at = placed, units = p_units WHERE id = unused.id;
     UPDATE orc_flow_keys SET window_units = greatest(0, window_units + p_units - unused.units)
      WHERE key = p_key;
     PERFORM orc_flow_charge_v1(
         p_key, job_share, orc_flow_charged_v1(p_units, lim) - orc_flow_charged_v1(unused.units, lim),
         lim);
+    RETURN unused.id;
+END;
+$$;
+
+-- A running job's call admitted ahead (orc_flow_call_spend_v3), at the instant its room came:
+-- may it go? NULL: yes, its spend stays where it was placed (and is corrected to the reply's
+-- usage after, as every call's). Else the key was paused meanwhile (a provider's 429, an
+-- operator): its spend `p_spend` leaves the window (and its share's charge), and the answer is
+-- the seconds the pause lasts from now: the job parks, as a call that meets a pause does. Under
+-- the key's lock, so a pause is never passed.
+CREATE OR REPLACE FUNCTION orc_flow_call_go_v1(p_key text, p_spend bigint)
+RETURNS double precision
+LANGUAGE plpgsql AS $$
+DECLARE
+    k orc_flow_keys;
+    lim orc_flow_limits;
+    gone orc_flow_spends;
+BEGIN
+    PERFORM orc_flow_lock_v1(p_key);
+    SELECT * INTO k FROM orc_flow_keys WHERE key = p_key;
+    IF NOT coalesce(k.paused_until > clock_timestamp(), false) THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO lim FROM orc_flow_limits WHERE name = k.limit_name;
+    DELETE FROM orc_flow_spends WHERE id = p_spend AND key = p_key RETURNING * INTO gone;
+    IF gone.id IS NOT NULL THEN
+        UPDATE orc_flow_keys
+           SET window_requests = greatest(0, window_requests - gone.requests),
+               window_units = greatest(0, window_units - gone.units)
+         WHERE key = p_key;
+        PERFORM orc_flow_charge_v1(p_key, gone.share, -orc_flow_charged_v1(gone.units, lim), lim);
+    END IF;
+    RETURN extract(epoch FROM k.paused_until - clock_timestamp())::float8;
 END;
 $$;
 
