@@ -470,9 +470,9 @@ $$;
 -- then, as long as that time lies within the horizon (a second, or the interval if shorter)
 -- of the soonest dispatch scheduled ahead (or of the first it schedules). Each waiter meets the
 -- key as its type does: a provider's pause longer than its fallback threshold does not hold
--- back a job that can move to a fallback model, and while such a pause lasts beyond the
--- horizon only those waiters are handed room (the others wait for its end without holding the
--- line). A share at its cap (tenant_share) is passed over for the next share, its own head
+-- back a job that can move to a fallback model, and while a pause lasts beyond the horizon only
+-- those waiters are handed room, but for the head of the others, sent for the pause's end (its
+-- admission then hands the rest on; the others wait for it without holding the line). A share at its cap (tenant_share) is passed over for the next share, its own head
 -- sent for the time its spends slide out when that is known (even past the horizon: nothing
 -- else would pump for it). Each waiter handed room is charged to its share. Returns how many
 -- got a dispatch for now.
@@ -611,6 +611,37 @@ BEGIN
             later_at := later_at || wake;
         END IF;
     END LOOP;
+    -- A pause beyond the horizon: the head of the line of those who cannot pass it is sent for
+    -- its end (or for when its room comes after it), beyond the horizon, so that its admission
+    -- then pumps the key and hands the rest on: with nothing of the key running, nothing else
+    -- would. Only the head: those sent for the pause's end would hold room that the jobs
+    -- passing the pause are handed meanwhile. Not when a waiter already goes at or after the
+    -- pause's end (its admission pumps).
+    IF pass_only AND NOT EXISTS (SELECT FROM orc_flow_waiters AS w
+                                  WHERE w.key = p_key AND w.dispatched_at >= k.paused_until) THEN
+        FOR waiter IN
+            SELECT w.*
+              FROM orc_flow_waiters AS w
+              LEFT JOIN orc_flow_shares AS s ON s.key = w.key AND s.share = w.share
+             WHERE w.key = p_key AND w.dispatched_at IS NULL AND w.job_id <> ALL (busy)
+               AND NOT orc_flow_passes_pause_v1(k, (SELECT j.job_type FROM orc_jobs AS j
+                                                     WHERE j.id = w.job_id))
+             ORDER BY coalesce(s.vtime, 0), w.share, w.priority, w.seq
+             LIMIT 10  -- (the first not held by another transaction)
+        LOOP
+            PERFORM FROM orc_jobs AS j WHERE j.id = waiter.job_id FOR NO KEY UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;
+            cost := orc_flow_estimate_v1(waiter.cost, lim);
+            SELECT c.wake INTO wake FROM orc_flow_capacity_v1(k, lim, cost, held, held_cost) AS c;
+            EXIT WHEN wake IS NULL;  -- its room comes with a release or an admission, which pump
+            wake := to_timestamp(ceil(extract(epoch FROM wake) * 20) / 20);
+            PERFORM orc_flow_charge_v1(p_key, waiter.share, orc_flow_charged_v1(cost, lim), lim);
+            UPDATE orc_flow_waiters SET dispatched_at = wake WHERE job_id = waiter.job_id;
+            later_ids := later_ids || waiter.job_id;
+            later_at := later_at || wake;
+            EXIT;
+        END LOOP;
+    END IF;
     IF cardinality(now_ids) + cardinality(later_ids) > 0 THEN
         PERFORM orc_flow_dispatch_v2(now_ids || later_ids,
                                      array_fill(NULL::timestamptz, ARRAY[cardinality(now_ids)])
