@@ -67,8 +67,9 @@ Where each part of the code is tested:
                               rule (property tests), equal to the claim's SQL: test_flow_window;
                               limits learned from the provider's headers (pure rules, equal to
                               the gate's SQL; worker processes against the local server's
-                              Anthropic and OpenAI headers): test_flow_learned; fairness on
-                              real spend and tenant_share (worker processes):
+                              Anthropic and OpenAI headers; a pause's end handing the key's
+                              room to its line with nothing running): test_flow_learned;
+                              fairness on real spend and tenant_share (worker processes):
                               test_flow_fairness, as a pure policy (property tests):
                               test_flow_share; the fallback pass-through: test_flow_fallback
     schedules                 firing once per tick (three worker processes), backfill, pause,

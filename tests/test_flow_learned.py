@@ -5,7 +5,8 @@ learned (a configured limit a ceiling, a lower provider limit binding), which th
 merges by the same rule in SQL. And through the real thing: worker processes, the local LLM
 server sending Anthropic's or OpenAI's headers, the built-in ``llm_generate`` and a task's own
 client: a key learns its limit from headers alone and every worker meets it; a spent limit
-holds the key until its reset."""
+holds the key until its reset; a pause's end (that hold's, a 429's, an operator's) hands the
+key's room to its line with nothing of the key running."""
 
 from __future__ import annotations
 
