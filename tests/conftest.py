@@ -69,13 +69,14 @@ Where each part of the code is tested:
                               rule (property tests), equal to the claim's SQL: test_flow_window;
                               limits learned from the provider's headers (pure rules, equal to
                               the gate's SQL; worker processes against the local server's
-                              Anthropic and OpenAI headers): test_flow_learned; fairness on
-                              real spend, tenant_share and priority within a share
-                              (worker processes): test_flow_fairness, as a pure policy (property tests):
-                              test_flow_share; the fallback pass-through: test_flow_fallback;
-                              an external worker's calls admitted and recorded over the API
-                              (the Node.js worker, stale leases, other tenants' tokens):
-                              test_flow_external
+                              Anthropic and OpenAI headers; a pause's end handing the key's
+                              room to its line with nothing running): test_flow_learned;
+                              fairness on real spend, tenant_share and priority within a share
+                              (worker processes): test_flow_fairness, as a pure policy
+                              (property tests): test_flow_share; the fallback pass-through:
+                              test_flow_fallback; an external worker's calls admitted and
+                              recorded over the API (the Node.js worker, stale leases, other
+                              tenants' tokens): test_flow_external
     schedules                 firing once per tick (three worker processes), backfill, pause,
                               listings, tenants, refusals: test_schedules
     orchestrator/services     sweep: test_liveness, test_timeouts; safety net, dead letters:

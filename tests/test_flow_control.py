@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -560,7 +561,14 @@ async def test_a_storm_on_three_worker_processes_keeps_every_limit(
             failed = [e.payload for e in events if e.kind == "job.failed"]
             if "job.zombie_detected" not in kinds:  # the killed worker's jobs were retried
                 assert job.retry_count == 0 and all(f["layer"] == "pause" for f in failed)
-                assert job.attempt == 1 + len(failed)  # waiting spent no attempt
+                # a call whose room (or the key's pause) was more than 0.25 s off parked its
+                # job, which ran again when handed room: an attempt more, no budget spent
+                parked = sum(
+                    1 for before, kind in itertools.pairwise(kinds)
+                    if kind == "job.waiting_for_capacity"
+                    and before not in ("job.created", "job.retry_scheduled")
+                )  # fmt: skip
+                assert job.attempt == 1 + len(failed) + parked, kinds  # waiting spent no budget
             starts += [(e.at.timestamp(), tenant) for e in events if e.kind == "job.running"]
             pauses = [e for e in events if e.kind == "job.failed" and e.payload["layer"] == "pause"]
             for pause in pauses:  # nobody started a job of the key while it was paused

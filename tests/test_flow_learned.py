@@ -5,7 +5,8 @@ learned (a configured limit a ceiling, a lower provider limit binding), which th
 merges by the same rule in SQL. And through the real thing: worker processes, the local LLM
 server sending Anthropic's or OpenAI's headers, the built-in ``llm_generate`` and a task's own
 client: a key learns its limit from headers alone and every worker meets it; a spent limit
-holds the key until its reset."""
+holds the key until its reset; a pause's end (that hold's, a 429's, an operator's) hands the
+key's room to its line with nothing of the key running."""
 
 from __future__ import annotations
 
@@ -233,10 +234,10 @@ SLACK = 0.2
 
 
 def worker(stack: contextlib.ExitStack, dsn: str, server: llm.LocalLLM, config: Any,
-           concurrency: int = 5) -> WorkerProcess:  # fmt: skip
+           concurrency: int = 5, **env: Any) -> WorkerProcess:  # fmt: skip
     settings = {
         "ORCHESTRATOR_RETRY_CONFIG": config, "ORCHESTRATOR_WORKER_CONCURRENCY": concurrency,
-        "ANTHROPIC_BASE_URL": server.url, "ANTHROPIC_API_KEY": KEY, **NOT_ZOMBIES,
+        "ANTHROPIC_BASE_URL": server.url, "ANTHROPIC_API_KEY": KEY, **NOT_ZOMBIES, **env,
     }  # fmt: skip
     return stack.enter_context(WorkerProcess(dsn, APP, **settings))
 
@@ -345,3 +346,48 @@ async def test_a_limit_with_nothing_remaining_holds_the_key_until_its_reset(
         ] == ["paused"]
         [started] = [e.at for e in events if e.kind == "job.running"]
         assert started >= key.paused_until - timedelta(milliseconds=50)
+
+
+#: Each writer of a pause, as it pauses a key for ``seconds`` from now: a reply saying the
+#: requests limit has nothing remaining (a learned hold), a 429's hint, an operator.
+PAUSES = {
+    "held": "SELECT orc_flow_learn_v1(%(key)s, NULL, NULL, %(seconds)s,"
+            " 'the provider''s requests limit has nothing remaining until its reset')",
+    "429": "SELECT orc_flow_throttled_v2(%(key)s, %(seconds)s, 'rate_limit_error')",
+    "operator": "SELECT orc_flow_pause_v1(%(key)s, %(seconds)s, 'provider incident', 'ops')",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("writer", list(PAUSES))
+async def test_a_pause_s_end_hands_the_key_s_room_to_its_waiters_with_nothing_running(
+    dsn: str, make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any],
+    writer: str,
+) -> None:  # fmt: skip
+    """A learned key (headers alone) is paused for 6 s, longer than the pump's one-second
+    horizon, and 6 jobs submitted then park behind the pause; nothing of the key runs, so no
+    release or admission will pump it. At the pause's end its room goes to them: each starts
+    within seconds of it, none before. The workers' safety net runs once a year here, so its
+    one-minute backstop cannot be what wakes them (before, nothing else did: a learned storm's
+    line stood still for 45 s after the provider's hold, its key no longer paused)."""
+    config = flow_app.config("learn = true\ninterval_seconds = 10")
+    orc = make_orc(retry_config=config)
+    flow_app.register(orc)
+    await orc.open()
+    with llm.serve(api_key=KEY, requests_per_window=100, window_seconds=10) as server, \
+            contextlib.ExitStack() as stack:  # fmt: skip
+        worker(stack, dsn, server, config, concurrency=10, ORCHESTRATOR_SAFETY_NET_CRON="0 0 1 1 *")
+        await all_completed(orc, [await orc.submit("llm_generate", ASK)])  # learns 100 per 10 s
+        await db.execute(PAUSES[writer], {"key": "anthropic:m", "seconds": 6})
+        [key] = await orc.flow_keys("anthropic:m")
+        assert key.paused_until is not None and key.requests == 100
+        ids = [await orc.submit("llm_generate", ASK) for _ in range(6)]
+        await all_completed(orc, ids, timeout=40)
+        assert server.rate_limited == 0
+    for job_id in ids:
+        events = await orc.job_events(job_id)
+        assert [
+            e.payload["waiting_on"] for e in events if e.kind == "job.waiting_for_capacity"
+        ] == ["paused"]
+        [started] = [e.at for e in events if e.kind == "job.running"]
+        assert key.paused_until - timedelta(milliseconds=50) <= started
+        assert started <= key.paused_until + timedelta(seconds=10)  # not the backstop's minute

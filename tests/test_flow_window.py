@@ -1,7 +1,9 @@
 """The admission of each call in its flow key's window (orchestrator.domain.flow_window), as a
 pure rule: whatever the sequence of claims, calls, costs, reconciliations and clock advances, the
-spends it lets in never hold more than ``requests`` requests or ``units`` units in any interval,
-and a call told to wait fits when its room comes. A claim (in SQL) meets the same window."""
+spends it lets in (a call whose room comes soon placed at that instant, ahead of the others
+decided after it) never hold more than ``requests`` requests or ``units`` units in any
+interval; a call waits in place only for a room that comes within the bound, reserved, and one
+told to park has none within it. A claim (in SQL) meets the same window."""
 
 from __future__ import annotations
 
@@ -25,7 +27,6 @@ from orchestrator.domain.flow_window import (
     admit_call,
     parked,
     room,
-    wait_in_place,
     waits_in_place,
 )
 
@@ -63,12 +64,15 @@ class Key:
             self.spends.append([self.now, 1, cap, job])
 
     def call(self, job: int, cost: int) -> Admit | Room:
+        """A running job's call, placed at its admission's instant: now, or when its room comes
+        if it waits for it in place."""
         verdict = admit_call(self.window(job), cost, first=job in self.reserved)
         if isinstance(verdict, Admit):
+            at = self.now + verdict.after
             if verdict.reuse:
-                self.spends[self.reserved.pop(job)][:3] = [self.now, 1, verdict.units]
+                self.spends[self.reserved.pop(job)][:3] = [at, 1, verdict.units]
             else:
-                self.spends.append([self.now, 1, verdict.units, job])
+                self.spends.append([at, 1, verdict.units, job])
         return verdict
 
     def most_in_any_interval(self) -> tuple[int, int]:
@@ -104,6 +108,10 @@ operations = st.lists(
     Allowance(requests=None, units=10, interval=10.0),
     [("call", 0, 5), ("advance", 0, 5.0), ("claim", 1, 5), ("advance", 0, 6.0), ("call", 1, 8)],
 )
+@example(  # a call waiting in place for its room, placed now, would make [0, 1) hold two calls
+    Allowance(requests=1, units=None, interval=1.0),
+    [("call", 0, 1), ("advance", 0, 0.9), ("call", 1, 1), ("call", 2, 1)],
+)
 def test_no_interval_ever_holds_more_than_the_allowance(
     allowance: Allowance, ops: list[tuple[str, int, float]]
 ) -> None:
@@ -124,9 +132,13 @@ def test_no_interval_ever_holds_more_than_the_allowance(
 
 
 @given(allowances, operations, st.integers(0, 4), st.integers(0, 40))
-def test_a_call_told_to_wait_fits_when_its_room_comes(
+def test_a_call_waits_in_place_only_for_a_room_that_comes_soon_and_takes_it(
     allowance: Allowance, ops: list[tuple[str, int, float]], job: int, cost: int
 ) -> None:
+    """A call admitted ahead waits no longer than the bound, for the soonest instant it fits
+    (a moment before, it would not); one told to park has no room within the bound. (That its
+    room is taken from the calls decided after it is the property above: each is placed
+    where it was admitted.)"""
     key = Key(allowance)
     for op, n, amount in ops:
         if op == "claim":
@@ -137,9 +149,14 @@ def test_a_call_told_to_wait_fits_when_its_room_comes(
             key.now += amount
     verdict = key.call(job, cost)
     if isinstance(verdict, Room):
-        assert 0 < verdict.at <= allowance.interval
-        key.now += verdict.at + 1e-9  # (the worker sleeps a few ms over)
-        assert isinstance(key.call(job, cost), Admit)
+        assert verdict.at > WAIT_IN_PLACE_SECONDS
+        return
+    assert 0 <= verdict.after <= WAIT_IN_PLACE_SECONDS
+    if verdict.after > 0 and not verdict.reuse:
+        key.spends.pop()  # (the call just placed: asked again a moment before its instant)
+        key.now += verdict.after - 1e-6
+        early = admit_call(key.window(job), cost, first=False)
+        assert isinstance(early, Admit) and early.after > 0
 
 
 def test_a_paused_key_holds_a_call_until_its_pause_ends_or_its_room_comes() -> None:
@@ -163,34 +180,36 @@ def test_the_first_call_takes_its_claim_s_reservation_and_a_waiter_s_room_is_kep
     assert admit_call(mine_held, 7, first=True) == Admit(7, reuse=True)  # its room, its claim's
 
 
-def test_a_short_wait_is_waited_in_place_and_a_long_one_parks() -> None:
-    assert waits_in_place(0.5, 0.0) and waits_in_place(1.0, 1.0)
-    assert not waits_in_place(1.5, 1.0) and not waits_in_place(60.0, 0.0)
+def test_a_short_wait_is_waited_in_place_its_room_reserved_and_a_long_one_parks() -> None:
+    assert waits_in_place(0.0) and waits_in_place(WAIT_IN_PLACE_SECONDS)
+    assert not waits_in_place(WAIT_IN_PLACE_SECONDS + 0.01) and not waits_in_place(60.0)
+    allowance = Allowance(requests=2, units=None, interval=10.0)
+    full = (Spend(-9.9, 1, 1), Spend(-9.8, 1, 1))  # room in 0.1 s, then in 0.2 s
+    soon = CallWindow(allowance, full, 0, 0, paused_for=None, reserved=None)
+    assert admit_call(soon, 1, first=False) == Admit(1, reuse=False, after=pytest.approx(0.1))
+    taken = CallWindow(allowance, (*full, Spend(0.1, 1, 1)), 0, 0, paused_for=None, reserved=None)
+    assert admit_call(taken, 1, first=False) == Admit(1, reuse=False, after=pytest.approx(0.2))
+    later = CallWindow(allowance, (Spend(-9.0, 1, 1), Spend(-8.0, 1, 1)), 0, 0, None, None)
+    assert admit_call(later, 1, first=False) == Room("requests", pytest.approx(1.0))
+    ending = CallWindow(allowance, (), 0, 0, paused_for=0.1, reserved=None)
+    assert admit_call(ending, 1, first=False) == Admit(1, reuse=False, after=0.1)
 
 
 @given(
     at=st.floats(0, 100) | st.just(math.inf),
-    waited=st.floats(0, 3),
     blocked=st.sampled_from(["requests", "units", "paused", "share"]),
     reserved=st.booleans(),
     elsewhere=st.booleans(),
 )
-def test_a_call_waits_until_just_past_its_room_or_parks_in_its_own_key_s_line(
-    at: float, waited: float, blocked: CallBlocked, reserved: bool, elsewhere: bool
+def test_a_parked_call_waits_in_its_own_key_s_line(
+    at: float, blocked: CallBlocked, reserved: bool, elsewhere: bool
 ) -> None:
-    """One rule for both callers of an admission (ctx.admit_call's loop, and an external
-    worker told to wait, then asking again with what it waited): a call waits in place until a
-    few ms past its room while all its waits stay within 2 s, else its job parks, in its own
-    key's line, sent for its room's instant only when that room is on another key (a fallback
-    model's)."""
-    its_room = Room(blocked, at, reserved)
-    pause = wait_in_place(its_room, waited)
-    if at + waited <= WAIT_IN_PLACE_SECONDS:
-        assert pause is not None and at < pause <= at + 0.01
-        return
-    assert pause is None
+    """One park for both callers of an admission (ctx.admit_call, and an external worker's
+    call-admit): in its own key's line, for its call's estimate, its claim's reservation given
+    back as asked, sent for its room's instant only when that room is on another key (a
+    fallback model's, whose room its own key's pump does not see) and known."""
     call_key = "fallback" if elsewhere else "own"
-    park = parked("own", call_key, its_room, 42)
+    park = parked("own", call_key, blocked, 42, release=reserved, at=at)
     assert (park.key, park.blocked, park.cost, park.release) == ("own", blocked, 42, reserved)
     assert park.not_before == (at if elsewhere and math.isfinite(at) else None)
 
@@ -244,3 +263,55 @@ async def test_a_call_and_a_claim_meet_the_same_window(
         assert blocked is None
     else:
         assert (blocked, float(wake)) == (python.blocked, pytest.approx(python.at, abs=0.05))
+
+
+async def test_a_call_admitted_ahead_holds_its_room_and_goes_unless_its_key_was_paused(
+    db: psycopg.AsyncConnection[Any],
+) -> None:
+    """A call whose room comes soon is recorded at that instant, ahead of now, in the window's
+    sums (orc_flow_call_spend_v3): the claims and calls decided after it count it. At its
+    instant it goes (orc_flow_call_go_v1 answers NULL, its spend stays); if the key was paused
+    meanwhile its spend leaves the window and the answer is the pause's remaining seconds: its
+    job parks, as a call that meets a pause does, and no call passes a pause."""
+    await db.execute(
+        "INSERT INTO orc_flow_limits (name, requests, interval_seconds) VALUES ('ahead', 2, 10)"
+    )
+    await db.execute(
+        "INSERT INTO orc_flow_keys (key, limit_name, task_prefix) VALUES ('ahead', 'ahead', 'p')"
+    )
+
+    async def admitted_ahead(seconds: float) -> int:
+        cur = await db.execute(
+            "SELECT orc_flow_call_spend_v3('ahead', NULL, 5, false, %s)", (seconds,)
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    async def window() -> tuple[int, list[float]]:
+        cur = await db.execute(
+            "SELECT k.window_requests, array_agg(extract(epoch FROM s.at - clock_timestamp())"
+            "                                    ORDER BY s.id) FILTER (WHERE s.id IS NOT NULL)"
+            "  FROM orc_flow_keys AS k LEFT JOIN orc_flow_spends AS s ON s.key = k.key"
+            " WHERE k.key = 'ahead' GROUP BY k.window_requests"
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0]), [float(a) for a in row[1] or []]
+
+    first = await admitted_ahead(0.2)
+    requests, ahead = await window()
+    assert requests == 1 and len(ahead) == 1 and 0.1 < ahead[0] <= 0.2  # its room's instant
+    cur = await db.execute("SELECT orc_flow_call_go_v1('ahead', %s)", (first,))
+    assert await cur.fetchone() == (None,)  # it goes
+    assert (await window())[0] == 1
+    second = await admitted_ahead(0.2)
+    await db.execute(
+        "UPDATE orc_flow_keys SET paused_until = clock_timestamp() + interval '5 seconds',"
+        " pause_reason = 'a 429', paused_by = 'provider' WHERE key = 'ahead'"
+    )
+    cur = await db.execute("SELECT orc_flow_call_go_v1('ahead', %s)", (second,))
+    row = await cur.fetchone()
+    assert row is not None and 4 < row[0] <= 5  # paused: it parks until then
+    requests, ahead = await window()
+    assert requests == 1 and len(ahead) == 1  # its room given back; the first call's stays

@@ -14,6 +14,12 @@ call's instant, with the call's estimate, if the window without it has room for 
 (moving a spend later, checked as a new one, keeps that rule true). Under a limit with a
 ``tenant_share``, the call's share must also fit its cap: its own spends of the window, checked
 by the same rule against the capped allowance (orchestrator.domain.flow_share.cap).
+
+A call whose room comes within ``WAIT_IN_PLACE_SECONDS`` is admitted for that instant: its spend
+is placed there at once (a spend ahead of now), so the calls decided after it meet that room
+taken, and it goes then without asking again. The rule above holds for spends placed ahead:
+each admission counts every spend placed after its instant less the interval, those ahead of
+it included, so an interval's last admitted spend was checked against all the others in it.
 """
 
 from __future__ import annotations
@@ -25,10 +31,13 @@ from typing import Literal
 
 from orchestrator.domain.flow_share import cap
 
-#: A call whose room comes within this many seconds (all its waits together) waits for it in
-#: place; one that would wait longer gives its worker slot back, its job parked as a waiter of
-#: its key until its room is handed to it.
-WAIT_IN_PLACE_SECONDS = 2.0
+#: A call whose room comes within this many seconds waits for it in place, its room reserved;
+#: one that would wait longer gives its worker slot back, its job parked as a waiter of its key
+#: until its room is handed to it. About what a park and its resumption cost the job (a claim, a
+#: dispatch, its checkpoints read again), and no more: a slot held waiting is held from all other
+#: work, and at saturation every running job's next call has room within a few seconds, which
+#: it would wait for holding its slot.
+WAIT_IN_PLACE_SECONDS = 0.25
 
 CallBlocked = Literal["requests", "units", "paused", "share"]
 
@@ -125,15 +134,18 @@ class CallWindow:
 @dataclass(frozen=True)
 class Admit:
     """The call goes: a spend of one request and ``units`` (its estimate, at most the whole
-    window) at this instant; ``reuse``: the claim's reservation moves here to be it."""
+    window) ``after`` seconds from now (0: at once; else its room, reserved: it waits in place
+    for it); ``reuse``: the claim's reservation moves there to be it."""
 
     units: int
     reuse: bool
+    after: float = 0.0
 
 
 def admit_call(window: CallWindow, units: int, *, first: bool) -> Admit | Room:
-    """May a call estimated at ``units`` go now? The job's ``first`` call since its claim takes
-    the claim's reservation, if it still has one."""
+    """May a call estimated at ``units`` go now, or soon enough to wait for it in place (admitted
+    for that instant)? Else, why not and when its room comes: its job parks. The job's
+    ``first`` call since its claim takes the claim's reservation, if it still has one."""
     allowance, share = window.allowance, window.share
     capped = None if share is None else Allowance(
         cap(allowance.requests, share.tenant_share), cap(allowance.units, share.tenant_share),
@@ -156,9 +168,12 @@ def admit_call(window: CallWindow, units: int, *, first: bool) -> Admit | Room:
         if over is not None:
             wait = Room("share", max(over.at, wait.at if wait is not None else 0.0))
     if window.paused_for is not None and window.paused_for > 0:
-        at = max(window.paused_for, wait.at if wait is not None else 0.0)
-        return Room("paused", at, ask.reuse)
-    return ask if wait is None else Room(wait.blocked, wait.at, ask.reuse)
+        wait = Room("paused", max(window.paused_for, wait.at if wait is not None else 0.0))
+    if wait is None:
+        return ask
+    if waits_in_place(wait.at):
+        return Admit(ask.units, ask.reuse, after=wait.at)
+    return Room(wait.blocked, wait.at, ask.reuse)
 
 
 class CallParked(BaseException):
@@ -178,29 +193,18 @@ class CallParked(BaseException):
         super().__init__(f"waiting for capacity on {key} ({blocked}) before its next call")
 
 
-def waits_in_place(wait: float, waited: float) -> bool:
-    """Does a call whose room comes in ``wait`` seconds, having waited ``waited`` already, wait
-    in place (True), or park its job (False)?"""
-    return wait + waited <= WAIT_IN_PLACE_SECONDS
+def waits_in_place(wait: float) -> bool:
+    """Does a call whose room comes in ``wait`` seconds wait for it in place (True), or park its
+    job (False)?"""
+    return wait <= WAIT_IN_PLACE_SECONDS
 
 
-#: A call waiting in place is asked again this long after its room's instant (free by then).
-ASK_AGAIN_AFTER_SECONDS = 0.005
-
-
-def wait_in_place(room: Room, waited: float) -> float | None:
-    """Seconds a call whose room is ``room`` waits for it in place before it is admitted again,
-    having waited ``waited`` seconds for it so far (the sum of its earlier waits); None: it
-    would wait too long, and its job parks (:func:`parked`)."""
-    return room.at + ASK_AGAIN_AFTER_SECONDS if waits_in_place(room.at, waited) else None
-
-
-def parked(key: str, call_key: str | None, room: Room, units: int) -> CallParked:
+def parked(
+    key: str, call_key: str | None, blocked: CallBlocked, units: int, *, release: bool, at: float
+) -> CallParked:
     """The park of a job whose call, estimated at ``units`` and admitted against ``call_key``,
-    does not wait for its ``room``: in its own ``key``'s line, sent for when that room comes if
-    the call's key is another (a fallback model's, whose room its own key's pump does not see)
-    and the instant is known."""
-    elsewhere = call_key != key and math.isfinite(room.at)
-    return CallParked(
-        key, room.blocked, units, release=room.reserved, not_before=room.at if elsewhere else None
-    )
+    does not go (``blocked``; ``release``: its claim's reservation is given back): in its own
+    ``key``'s line, sent for at ``at`` (seconds from now) if the call's key is another (a
+    fallback model's, whose room its own key's pump does not see) and the instant is known."""
+    elsewhere = call_key != key and math.isfinite(at)
+    return CallParked(key, blocked, units, release=release, not_before=at if elsewhere else None)

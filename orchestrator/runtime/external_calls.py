@@ -6,9 +6,10 @@ in-process task's are (``ctx.admit_call``, ``ctx.record_llm_usage``; docs/flow-c
 
 Only the attempt's own bookkeeping moves: its calls come one request at a time, to any API
 server, so the database keeps whether its first call was admitted (that call takes the claim's
-reservation), and the worker keeps what a call has waited: a call whose room comes soon is
-answered "wait" for the seconds until then and asked again, one whose room is further off
-parks the job there and then, as ``ctx.admit_call`` does, and the worker stops.
+reservation). A call whose room comes soon (``WAIT_IN_PLACE_SECONDS``) is admitted for that
+instant, its room reserved, and the request waits for it in place, then answers "go" unless the
+key was paused meanwhile; one whose room is further off parks the job there and then, as
+``ctx.admit_call`` does, and the worker stops.
 
 Every report is taken only from the attempt that holds the job's lease, as a heartbeat or a
 completion is: any other is StaleLease, and nothing is recorded.
@@ -16,11 +17,12 @@ completion is: any other is StaleLease, and nothing is recorded.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from uuid import UUID
 
 from orchestrator.domain.errors import StaleLease
-from orchestrator.domain.flow_window import Admit, parked, wait_in_place
+from orchestrator.domain.flow_window import Admit, CallBlocked, parked
 from orchestrator.domain.usage import Tokens
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.outcomes import OutcomeWriter, Parked, named
@@ -34,13 +36,6 @@ class Go:
     """Send the call now: it is counted in its key's window."""
 
 
-@dataclass(frozen=True)
-class Wait:
-    """Its room comes in ``seconds``: wait in place, then ask again."""
-
-    seconds: float
-
-
 class ExternalCalls:
     def __init__(self, stores: Stores, writer: OutcomeWriter, metrics: Metrics) -> None:
         self.stores = stores
@@ -48,27 +43,41 @@ class ExternalCalls:
         self.metrics = metrics
 
     async def admit(
-        self, job_id: UUID, *, attempt: int, lease_token: UUID, units: int, model: str | None,
-        waited: float,
-    ) -> Go | Wait | Parked:  # fmt: skip
+        self, job_id: UUID, *, attempt: int, lease_token: UUID, units: int, model: str | None
+    ) -> Go | Parked:
         """Admit the attempt's next call, to ``model`` (None: the one its job's key is for),
-        estimated at ``units``, having waited ``waited`` seconds for it in place so far: Go,
-        Wait, or Parked (the attempt ended: its job waits in its key's line, no budget used).
-        StaleLease, and nothing recorded, unless this attempt holds the job's lease."""
-        call_key, verdict = await self.stores.flow.admit_call(
+        estimated at ``units``: Go (at once, or once its room, which comes soon, has come), or
+        Parked (the attempt ended: its job waits in its key's line, no budget used). StaleLease,
+        and nothing recorded, unless this attempt holds the job's lease."""
+        admitted = await self.stores.flow.admit_call(
             job_id, model, units=units, first=Leased(attempt, lease_token)
         )
+        verdict = admitted.verdict
+        if isinstance(verdict, Admit) and verdict.after > 0:
+            await asyncio.sleep(verdict.after)  # (from after its spend was placed: it is due)
+            paused_for = await self.stores.flow.go(admitted)
+            if paused_for is not None:  # its spend left the window: nothing to release
+                return await self._park(
+                    job_id, attempt, lease_token, admitted.key, "paused", units, False, paused_for
+                )
         if isinstance(verdict, Admit):
             return Go()
-        pause = wait_in_place(verdict, waited)
-        if pause is not None:
-            return Wait(pause)
+        return await self._park(
+            job_id, attempt, lease_token, admitted.key, verdict.blocked, units,
+            verdict.reserved, verdict.at,
+        )  # fmt: skip
+
+    async def _park(
+        self, job_id: UUID, attempt: int, lease_token: UUID, call_key: str | None,
+        blocked: CallBlocked, units: int, release: bool, at: float,
+    ) -> Parked:  # fmt: skip
+        """End the attempt as an in-process park does (orchestrator.runtime.outcomes)."""
         held = await self.stores.jobs.held(job_id, attempt=attempt, lease_token=lease_token)
         if held is None:
             raise StaleLease(job_id, lease_token)
         key = held.claim.flow_key
         assert key is not None  # a call that found no room has a key
-        outcome = Parked.of(parked(key, call_key, verdict, units))
+        outcome = Parked.of(parked(key, call_key, blocked, units, release=release, at=at))
         if not await self.writer.write(held.dispatch_id, held.claim, outcome):
             raise StaleLease(job_id, lease_token)
         name, error_class, layer = named(outcome)

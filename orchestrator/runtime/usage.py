@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from orchestrator.domain.errors import TokenBudgetExhausted
 from orchestrator.domain.flow_learned import learned
-from orchestrator.domain.flow_window import Admit, parked, wait_in_place
+from orchestrator.domain.flow_window import Admit, parked
 from orchestrator.domain.models import Claim
 from orchestrator.domain.usage import budget_spent
 from orchestrator.runtime.loops import until_written
@@ -54,33 +54,34 @@ class Accounting:
     async def admit(self, units: int, model: str | None = None) -> None:
         """Admit the job's next call, to ``model`` (None: the one its key is for), estimated at
         ``units``, before it is sent, in the window of that model's key (a fallback model's
-        call: that model's): at once if it fits; after a wait in place if its room comes soon;
-        else raise CallParked (the attempt ends, its job waits in its own key's line, sent for
-        when a fallback model's room comes if that is known). The attempt's first call takes
-        the claim's reservation. Nothing for a job whose limit has no window."""
+        call: that model's): at once if it fits; if its room comes soon, admitted for then (its
+        room reserved) and sent once it has waited for it in place, unless the key was paused
+        meanwhile; else raise CallParked (the attempt ends, its job waits in its own key's line,
+        sent for when a fallback model's room comes if that is known). The attempt's first call
+        takes the claim's reservation. Nothing for a job whose limit has no window."""
         key = self.claim.flow_key
         if self.flow is None or key is None or not self.windowed:
             return
         if units < 0:
             raise ValueError(f"a call's estimate cannot be negative: {units}")
-        first = self._calls == 0
-        waited = 0.0
-        while True:
-            admitted_at, verdict = await self.flow.admit_call(
-                self.claim.id, model, units=units, first=first
+        admitted = await self.flow.admit_call(
+            self.claim.id, model, units=units, first=self._calls == 0
+        )
+        verdict = admitted.verdict
+        if not isinstance(verdict, Admit):
+            raise parked(
+                key, admitted.key, verdict.blocked, units, release=verdict.reserved, at=verdict.at
             )
-            if isinstance(verdict, Admit):
-                self._calls += 1
-                if model is not None and admitted_at is not None:
-                    self._keys[model] = admitted_at  # its usage reconciles there
-                return
-            pause = wait_in_place(verdict, waited)
-            if pause is None:
-                raise parked(key, admitted_at, verdict, units)
+        if verdict.after > 0:
             started = time.monotonic()
-            await asyncio.sleep(pause)
+            await asyncio.sleep(verdict.after)  # (from after its spend was placed: it is due)
             self.metrics.call_waited(self.claim.job_type, time.monotonic() - started)
-            waited += pause
+            paused_for = await self.flow.go(admitted)
+            if paused_for is not None:  # its spend left the window: nothing to release
+                raise parked(key, admitted.key, "paused", units, release=False, at=paused_for)
+        self._calls += 1
+        if model is not None and admitted.key is not None:
+            self._keys[model] = admitted.key  # its usage reconciles there
 
     async def record(
         self, model: str, *, input_tokens: int, output_tokens: int, cache_read_tokens: int,

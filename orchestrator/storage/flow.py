@@ -41,6 +41,16 @@ class Leased:
     lease_token: UUID
 
 
+@dataclass(frozen=True)
+class Admitted:
+    """A running job's call as its key decided it: the key it was admitted against (None:
+    nothing limits it), the verdict, and its spend's id when it was recorded (for ``go``)."""
+
+    key: str | None
+    verdict: Admit | Room
+    spend: int | None = None
+
+
 class FlowStore:
     def __init__(self, queries: Queries) -> None:
         self.queries = queries
@@ -148,24 +158,25 @@ class FlowStore:
 
     async def admit_call(
         self, job_id: UUID, model: str | None, *, units: int, first: bool | Leased
-    ) -> tuple[str | None, Admit | Room]:
+    ) -> Admitted:
         """Admit a running job's next call, to ``model`` (None: the one its key is for),
         estimated at ``units``, before it is sent, against the key of that model (the job's
-        own, or a fallback model's): its spend recorded in that key's window if it fits now
-        (``first``: the job's first call since its claim, which takes the claim's reservation
+        own, or a fallback model's): its spend recorded in that key's window if it fits now, or
+        at the instant its room comes if it comes soon (``Admit.after``: the call waits for it in
+        place, then ``go``), else when it will (its ``at`` in seconds from now: its job parks).
+        ``first``: the job's first call since its claim, which takes the claim's reservation
         there; or, for an external worker's attempt, its lease, checked here, the database
-        knowing whether a call of it was admitted), else when it will (its ``at`` in seconds
-        from now). Decided under the key's lock (orchestrator.domain.flow_window). The key,
-        with the verdict (None: nothing limits the call). StaleLease (nothing recorded): the
-        lease is not the job's."""
+        knowing whether a call of it was admitted. Decided under the key's lock
+        (orchestrator.domain.flow_window). StaleLease (nothing recorded): the lease is not the
+        job's."""
 
-        async def decide(conn: Conn) -> tuple[str | None, Admit | Room]:
+        async def decide(conn: Conn) -> Admitted:
             leased = None if isinstance(first, bool) else first
             counted = await self._first_of(job_id, leased, conn) if leased else bool(first)
             params = {"job_id": job_id, "model": model, "first": counted}
             row = await self.queries.row("flow_call_window", params, conn)
             if row is None:
-                return None, Admit(units, reuse=False)  # nothing limits the key's calls
+                return Admitted(None, Admit(units, reuse=False))  # nothing limits its calls
             spends = tuple(
                 Spend(-age, requests, spent)
                 for age, requests, spent in zip(
@@ -190,21 +201,32 @@ class FlowStore:
                 share=share,
             )
             verdict = admit_call(window, units, first=counted)
-            if isinstance(verdict, Admit):
+            if isinstance(verdict, Room):
+                return Admitted(row["key"], verdict)
+            spent = await self.queries.row(
+                "flow_call_spend",
+                {"key": row["key"], "job_id": job_id, "units": verdict.units,
+                 "reuse": verdict.reuse, "after": verdict.after},
+                conn,
+            )  # fmt: skip
+            if counted and leased is not None:
                 await self.queries.execute(
-                    "flow_call_spend",
-                    {"key": row["key"], "job_id": job_id, "units": verdict.units,
-                     "reuse": verdict.reuse},
-                    conn,
+                    "flow_first_call_admitted",
+                    {"job_id": job_id, "lease_token": leased.lease_token}, conn,
                 )  # fmt: skip
-                if counted and leased is not None:
-                    await self.queries.execute(
-                        "flow_first_call_admitted",
-                        {"job_id": job_id, "lease_token": leased.lease_token}, conn,
-                    )  # fmt: skip
-            return row["key"], verdict
+            return Admitted(row["key"], verdict, spent["spend"] if spent else None)
 
         return await self.queries.in_transaction(decide)
+
+    async def go(self, admitted: Admitted) -> float | None:
+        """A call admitted ahead, at the instant its room came: None, it goes; else its key was
+        paused meanwhile, its spend left the window, and the pause lasts this many seconds
+        more (its job parks)."""
+        if admitted.key is None or admitted.spend is None:
+            return None
+        params = {"key": admitted.key, "spend": admitted.spend}
+        row = await self.queries.row("flow_call_go", params)
+        return None if row is None or row["paused_for"] is None else float(row["paused_for"])
 
     async def _first_of(self, job_id: UUID, leased: Leased, conn: Conn) -> bool:
         """Whether the call an external worker's attempt asks for is its first; StaleLease

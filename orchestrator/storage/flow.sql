@@ -140,8 +140,14 @@ SELECT orc_flow_spend_v2(%(key)s, %(job_id)s, %(units)s, %(sent_seconds_ago)s, %
 SELECT * FROM orc_flow_call_window_v2(%(job_id)s, %(model)s, %(first)s)
 
 -- flow_call_spend --
--- ... and, in the same transaction, the call admitted: its spend recorded in the window.
-SELECT orc_flow_call_spend_v2(%(key)s, %(job_id)s, %(units)s, %(reuse)s)
+-- ... and, in the same transaction, the call admitted: its spend recorded in the window, now or
+-- at the instant its room comes (`after` seconds from now). Its id.
+SELECT orc_flow_call_spend_v3(%(key)s, %(job_id)s, %(units)s, %(reuse)s, %(after)s) AS spend
+
+-- flow_call_go --
+-- A call admitted ahead, at its instant: it goes (`paused_for` null), or its key was paused
+-- meanwhile and its spend leaves the window (see orc_flow_call_go_v1).
+SELECT orc_flow_call_go_v1(%(key)s, %(spend)s) AS paused_for
 
 -- flow_call_lease --
 -- An external worker's call, first in its admission's transaction: taken only from the attempt

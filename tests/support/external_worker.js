@@ -54,33 +54,23 @@ function sleep(ms) {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
-// The job's nth LLM call: admitted before it is sent (waiting in place while told to), then
+// The job's nth LLM call: admitted before it is sent (the answer comes once its room has), then
 // sent, then its usage recorded. False when the attempt is over (the job was parked, or the
 // lease is gone): stop, report nothing.
 async function llmCall(lease, payload, n) {
   const prompt = `question ${n}`;
   const maxTokens = payload.max_tokens ?? 16;
   const units = Math.ceil(prompt.length / 4) + maxTokens; // the call's estimate
-  let waited = 0;
-  for (;;) {
-    const { status, answer } = await call("/api/v1/internal/call-admit", {
-      ...lease,
-      units,
-      waited_seconds: waited,
-    });
-    if (status !== 200) {
-      log("refused", { ...lease, call: n, status, answer });
-      return false;
-    }
-    if (answer.decision === "go") break;
-    if (answer.decision === "park") {
-      log("parked", { ...lease, call: n, key: answer.key, waiting_on: answer.waiting_on });
-      return false;
-    }
-    await sleep(answer.seconds * 1000); // "wait": its room comes then; ask again
-    waited += answer.seconds;
+  const { status, answer } = await call("/api/v1/internal/call-admit", { ...lease, units });
+  if (status !== 200) {
+    log("refused", { ...lease, call: n, status, answer });
+    return false;
   }
-  log("call_admitted", { ...lease, call: n, waited });
+  if (answer.decision === "park") {
+    log("parked", { ...lease, call: n, key: answer.key, waiting_on: answer.waiting_on });
+    return false;
+  }
+  log("call_admitted", { ...lease, call: n }); // "go" (a moment's wait for its room included)
   const sent = performance.now();
   const response = await fetch(payload.llm_url + "/v1/messages", {
     method: "POST",

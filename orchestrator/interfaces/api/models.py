@@ -239,20 +239,14 @@ class CallAdmission(Lease):
         description="The model the call goes to, when it is not the one the job's key is for"
         " (a fallback model): the call is admitted against that model's key.",
     )  # fmt: skip
-    waited_seconds: float = Field(
-        0, ge=0, le=3600,
-        description="What this call has waited in place so far: the sum of its `wait` answers'"
-        " seconds.",
-    )  # fmt: skip
 
 
 class CallAdmitted(BaseModel):
-    """``go``: send the call now. ``wait``: wait ``seconds`` in place, then ask again (adding
-    them to ``waited_seconds``). ``park``: the attempt is over (the job waits in ``key``'s line,
+    """``go``: send the call now (its room came: the answer to a call whose room was a moment
+    off comes then). ``park``: the attempt is over (the job waits in ``key``'s line,
     ``waiting_on`` requests, units, share or paused, no budget used): stop, report nothing."""
 
-    decision: Literal["go", "wait", "park"]
-    seconds: float | None = None
+    decision: Literal["go", "park"]
     key: str | None = None
     waiting_on: str | None = None
 

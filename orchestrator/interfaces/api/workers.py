@@ -47,7 +47,7 @@ from orchestrator.runtime.external import (
     RetryLaterReport,
     Succeeded,
 )
-from orchestrator.runtime.external_calls import Go, Wait
+from orchestrator.runtime.external_calls import Go
 from orchestrator.runtime.outcomes import Parked
 
 #: The answers of these endpoints besides their own: every error but 404 (they look nothing up
@@ -118,18 +118,17 @@ async def complete(body: Completion, runs: Runs, caller: Worker) -> Completed:
 @router.post("/call-admit", responses=STALE)
 async def admit_call(body: CallAdmission, runs: Runs, caller: Worker) -> CallAdmitted:
     """Before each LLM call the attempt sends: admit it in its job's flow key's window
-    (docs/flow-control.md, "Every call admitted"). ``go``: send it; ``wait``: wait ``seconds``,
-    then ask again; ``park``: the attempt is over, the job waits in its key's line: stop. 409
-    WF_LEASE_STALE unless this attempt holds the job's lease."""
+    (docs/flow-control.md, "Every call admitted"). ``go``: send it (a call whose room comes
+    within a quarter of a second is answered once that room has come); ``park``: the attempt is
+    over, the job waits in its key's line: stop. 409 WF_LEASE_STALE unless this attempt holds
+    the job's lease."""
     verdict = await runs.calls.admit(
         body.job_id, attempt=body.attempt, lease_token=body.lease_token, units=body.units,
-        model=body.model, waited=body.waited_seconds,
+        model=body.model,
     )  # fmt: skip
     match verdict:
         case Go():
             return CallAdmitted(decision="go")
-        case Wait(seconds=seconds):
-            return CallAdmitted(decision="wait", seconds=seconds)
         case Parked(key=key, blocked=blocked):
             return CallAdmitted(decision="park", key=key, waiting_on=blocked)
 

@@ -442,7 +442,7 @@ BEGIN
             IF waiter.dispatched_at IS NOT NULL THEN
                 PERFORM orc_flow_pump_v1(j.flow_key);
             END IF;
-            PERFORM orc_flow_record_spend_v1(j.flow_key, j.id, 1, cost);
+            PERFORM orc_flow_record_spend_v2(j.flow_key, j.id, 1, cost, clock_timestamp());
         END IF;
         IF waiter.job_id IS NOT NULL THEN
             DELETE FROM orc_flow_waiters WHERE job_id = j.id;
@@ -515,9 +515,9 @@ $$;
 -- then, as long as that time lies within the horizon (a second, or the interval if shorter)
 -- of the soonest dispatch scheduled ahead (or of the first it schedules). Each waiter meets the
 -- key as its type does: a provider's pause longer than its fallback threshold does not hold
--- back a job that can move to a fallback model, and while such a pause lasts beyond the
--- horizon only those waiters are handed room (the others wait for its end without holding the
--- line). A share at its cap (tenant_share) is passed over for the next share, its own head
+-- back a job that can move to a fallback model, and while a pause lasts beyond the horizon only
+-- those waiters are handed room, but for the head of the others, sent for the pause's end (its
+-- admission then hands the rest on; the others wait for it without holding the line). A share at its cap (tenant_share) is passed over for the next share, its own head
 -- sent for the time its spends slide out when that is known (even past the horizon: nothing
 -- else would pump for it). Each waiter handed room is charged to its share. Returns how many
 -- got a dispatch for now.
@@ -656,6 +656,37 @@ BEGIN
             later_at := later_at || wake;
         END IF;
     END LOOP;
+    -- A pause beyond the horizon: the head of the line of those who cannot pass it is sent for
+    -- its end (or for when its room comes after it), beyond the horizon, so that its admission
+    -- then pumps the key and hands the rest on: with nothing of the key running, nothing else
+    -- would. Only the head: those sent for the pause's end would hold room that the jobs
+    -- passing the pause are handed meanwhile. Not when a waiter already goes at or after the
+    -- pause's end (its admission pumps).
+    IF pass_only AND NOT EXISTS (SELECT FROM orc_flow_waiters AS w
+                                  WHERE w.key = p_key AND w.dispatched_at >= k.paused_until) THEN
+        FOR waiter IN
+            SELECT w.*
+              FROM orc_flow_waiters AS w
+              LEFT JOIN orc_flow_shares AS s ON s.key = w.key AND s.share = w.share
+             WHERE w.key = p_key AND w.dispatched_at IS NULL AND w.job_id <> ALL (busy)
+               AND NOT orc_flow_passes_pause_v1(k, (SELECT j.job_type FROM orc_jobs AS j
+                                                     WHERE j.id = w.job_id))
+             ORDER BY coalesce(s.vtime, 0), w.share, w.priority, w.seq
+             LIMIT 10  -- (the first not held by another transaction)
+        LOOP
+            PERFORM FROM orc_jobs AS j WHERE j.id = waiter.job_id FOR NO KEY UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;
+            cost := orc_flow_estimate_v1(waiter.cost, lim);
+            SELECT c.wake INTO wake FROM orc_flow_capacity_v1(k, lim, cost, held, held_cost) AS c;
+            EXIT WHEN wake IS NULL;  -- its room comes with a release or an admission, which pump
+            wake := to_timestamp(ceil(extract(epoch FROM wake) * 20) / 20);
+            PERFORM orc_flow_charge_v1(p_key, waiter.share, orc_flow_charged_v1(cost, lim), lim);
+            UPDATE orc_flow_waiters SET dispatched_at = wake WHERE job_id = waiter.job_id;
+            later_ids := later_ids || waiter.job_id;
+            later_at := later_at || wake;
+            EXIT;
+        END LOOP;
+    END IF;
     IF cardinality(now_ids) + cardinality(later_ids) > 0 THEN
         PERFORM orc_flow_dispatch_v2(now_ids || later_ids,
                                      array_fill(NULL::timestamptz, ARRAY[cardinality(now_ids)])
@@ -715,18 +746,20 @@ CREATE OR REPLACE TRIGGER orc_jobs_flow_leave
     WHEN (OLD.flow_key IS NOT NULL AND NEW.finished_at IS NOT NULL AND OLD.finished_at IS NULL)
     EXECUTE FUNCTION orc_flow_leave_v1();
 
--- A job's spend in its key's window: recorded with the window's sums, and its job's share (whose
--- cap counts it).
-CREATE OR REPLACE FUNCTION orc_flow_record_spend_v1(
-    p_key text, p_job_id uuid, p_requests integer, p_units bigint
-) RETURNS void
+-- A job's spend in its key's window, at `p_at` (now, or a running job's call admitted for the
+-- instant its room comes): recorded with the window's sums, and its job's share (whose cap
+-- counts it). Its id.
+CREATE OR REPLACE FUNCTION orc_flow_record_spend_v2(
+    p_key text, p_job_id uuid, p_requests integer, p_units bigint, p_at timestamptz
+) RETURNS bigint
 LANGUAGE sql AS $$
-    INSERT INTO orc_flow_spends (key, job_id, requests, units, share)
-    VALUES (p_key, p_job_id, p_requests, p_units,
-            (SELECT coalesce(j.flow_share, '') FROM orc_jobs AS j WHERE j.id = p_job_id));
     UPDATE orc_flow_keys
        SET window_requests = window_requests + p_requests, window_units = window_units + p_units
      WHERE key = p_key;
+    INSERT INTO orc_flow_spends (key, job_id, requests, units, share, at)
+    VALUES (p_key, p_job_id, p_requests, p_units,
+            (SELECT coalesce(j.flow_share, '') FROM orc_jobs AS j WHERE j.id = p_job_id), p_at)
+    RETURNING id;
 $$;
 
 -- What an admitted job's call really used (`p_units`): the first call since its admission
@@ -764,7 +797,7 @@ BEGIN
      WHERE job_id = p_job_id AND key = p_key AND NOT reconciled
      ORDER BY id DESC LIMIT 1;
     IF reserved.id IS NULL THEN  -- a later call: a request more
-        PERFORM orc_flow_record_spend_v1(p_key, p_job_id, 1, p_units);
+        PERFORM orc_flow_record_spend_v2(p_key, p_job_id, 1, p_units, clock_timestamp());
         UPDATE orc_flow_spends SET reconciled = true, at = least(at, coalesce(sent, at))
          WHERE id = (SELECT max(id) FROM orc_flow_spends WHERE job_id = p_job_id AND key = p_key);
         PERFORM orc_flow_charge_v1(p_key, job_share, orc_flow_charged_v1(p_units, lim), lim);
@@ -953,7 +986,7 @@ $$;
 -- `p_model` (null: the model its key is for): the key it is admitted against
 -- (orc_flow_model_key_v1) and that key's window as the call meets it, read under the key's lock,
 -- which the caller's transaction keeps while it decides (orchestrator.domain.flow_window) and
--- records the call (orc_flow_call_spend_v2). The window's spends by age in seconds, oldest first,
+-- records the call (orc_flow_call_spend_v3). The window's spends by age in seconds, oldest first,
 -- `mine` marking those of the job's share, but, for the job's first call since its claim
 -- (`p_first`), the claim's reservation on that key (its units: `reserved`, null for none);
 -- `paused_for` null when the key is not paused (a call is never let through a pause: a job
@@ -1027,34 +1060,72 @@ END;
 $$;
 
 -- A running job's call admitted (after orc_flow_call_window_v2, in its transaction) on the key
--- it named: a request and its estimate recorded in the key's window at this instant, and
--- charged to the job's share; `p_reuse`: the job's first call since its claim, whose
--- reservation moves here and takes the call's estimate instead (its charge corrected).
-CREATE OR REPLACE FUNCTION orc_flow_call_spend_v2(
-    p_key text, p_job_id uuid, p_units bigint, p_reuse boolean
-) RETURNS void
+-- it named, `p_after` seconds from now (0: at once; else the instant its room comes, which it
+-- waits for in place): a request and its estimate recorded in the key's window at that instant,
+-- so that the calls and claims decided after it meet its room taken, and charged to the job's
+-- share; `p_reuse`: the job's first call since its claim, whose reservation moves there and
+-- takes the call's estimate instead (its charge corrected). The spend's id (see
+-- orc_flow_call_go_v1). A call admitted ahead that is never sent (its job cancelled, timed out,
+-- its worker gone) is counted as one that was: its spend slides out of the window an interval
+-- after its instant, as every spend does (orc_flow_expire_v1).
+CREATE OR REPLACE FUNCTION orc_flow_call_spend_v3(
+    p_key text, p_job_id uuid, p_units bigint, p_reuse boolean, p_after double precision
+) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     unused orc_flow_spends;
     lim orc_flow_limits;
     job_share text := (SELECT j.flow_share FROM orc_jobs AS j WHERE j.id = p_job_id);
+    placed timestamptz := clock_timestamp() + make_interval(secs => greatest(p_after, 0));
 BEGIN
     SELECT l.* INTO lim FROM orc_flow_keys AS k JOIN orc_flow_limits AS l ON l.name = k.limit_name
      WHERE k.key = p_key;
     IF NOT p_reuse THEN
-        PERFORM orc_flow_record_spend_v1(p_key, p_job_id, 1, p_units);
         PERFORM orc_flow_charge_v1(p_key, job_share, orc_flow_charged_v1(p_units, lim), lim);
-        RETURN;
+        RETURN orc_flow_record_spend_v2(p_key, p_job_id, 1, p_units, placed);
     END IF;
     SELECT * INTO unused FROM orc_flow_spends AS s
      WHERE s.job_id = p_job_id AND s.key = p_key AND NOT s.reconciled
      ORDER BY s.id DESC LIMIT 1;
-    UPDATE orc_flow_spends SET at = clock_timestamp(), units = p_units WHERE id = unused.id;
+    UPDATE orc_flow_spends SET at = placed, units = p_units WHERE id = unused.id;
     UPDATE orc_flow_keys SET window_units = greatest(0, window_units + p_units - unused.units)
      WHERE key = p_key;
     PERFORM orc_flow_charge_v1(
         p_key, job_share, orc_flow_charged_v1(p_units, lim) - orc_flow_charged_v1(unused.units, lim),
         lim);
+    RETURN unused.id;
+END;
+$$;
+
+-- A running job's call admitted ahead (orc_flow_call_spend_v3), at the instant its room came:
+-- may it go? NULL: yes, its spend stays where it was placed (and is corrected to the reply's
+-- usage after, as every call's). Else the key was paused meanwhile (a provider's 429, an
+-- operator): its spend `p_spend` leaves the window (and its share's charge), and the answer is
+-- the seconds the pause lasts from now: the job parks, as a call that meets a pause does. Under
+-- the key's lock, so a pause is never passed.
+CREATE OR REPLACE FUNCTION orc_flow_call_go_v1(p_key text, p_spend bigint)
+RETURNS double precision
+LANGUAGE plpgsql AS $$
+DECLARE
+    k orc_flow_keys;
+    lim orc_flow_limits;
+    gone orc_flow_spends;
+BEGIN
+    PERFORM orc_flow_lock_v1(p_key);
+    SELECT * INTO k FROM orc_flow_keys WHERE key = p_key;
+    IF NOT coalesce(k.paused_until > clock_timestamp(), false) THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO lim FROM orc_flow_limits WHERE name = k.limit_name;
+    DELETE FROM orc_flow_spends WHERE id = p_spend AND key = p_key RETURNING * INTO gone;
+    IF gone.id IS NOT NULL THEN
+        UPDATE orc_flow_keys
+           SET window_requests = greatest(0, window_requests - gone.requests),
+               window_units = greatest(0, window_units - gone.units)
+         WHERE key = p_key;
+        PERFORM orc_flow_charge_v1(p_key, gone.share, -orc_flow_charged_v1(gone.units, lim), lim);
+    END IF;
+    RETURN extract(epoch FROM k.paused_until - clock_timestamp())::float8;
 END;
 $$;
 

@@ -36,3 +36,10 @@ DROP FUNCTION IF EXISTS orc_side_effect_committed_is_final_v1() CASCADE;
 DROP FUNCTION IF EXISTS orc_flow_call_window_v1(text, uuid, text, boolean);
 DROP FUNCTION IF EXISTS orc_flow_call_spend_v1(text, uuid, bigint, boolean);
 DROP FUNCTION IF EXISTS orc_flow_park_v1(uuid, uuid, text[], bigint, text, boolean);
+
+-- A running job's call was recorded at the instant it was admitted only (0047, 0051); since 0052
+-- a call whose room comes soon is admitted for that instant, its spend placed there ahead
+-- (orc_flow_call_spend_v3 over orc_flow_record_spend_v2, which takes the spend's instant and
+-- answers its id). The release before (0032) calls neither directly.
+DROP FUNCTION IF EXISTS orc_flow_call_spend_v2(text, uuid, bigint, boolean);
+DROP FUNCTION IF EXISTS orc_flow_record_spend_v1(text, uuid, integer, bigint);

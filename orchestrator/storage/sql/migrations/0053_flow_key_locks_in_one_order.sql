@@ -8,5 +8,5 @@
 -- keep their signatures; the release before's sweep runs in the order it had.
 --
 -- compatible-with-older-workers: yes
--- revises: functions/flow.sql 2f30b1e5fcf675171364f221ede3b5f9a3884839cbb8eccd67511203ce4d0d33
+-- revises: functions/flow.sql 1873d636e809363f133fedbaf7611a03d31e317fe4bd58515c858f98be9f57c6
 -- revises: functions/outcomes.sql 688f82a4ba6873f870aadfc41e723ca3e1918db5a17538500d1ba444078359d6

@@ -1,0 +1,17 @@
+-- 0052_a_call_waits_for_its_room_reserved: a running job's call whose room comes soon is
+-- admitted for the instant its room comes (docs/flow-control.md, "Every call admitted"): its
+-- spend is placed there at once, under the key's lock (orc_flow_call_spend_v3, over
+-- orc_flow_record_spend_v2, which takes a spend's instant), so the calls decided after it meet
+-- that room taken and park at once, instead of waiting for the same room, losing it, and asking
+-- again; at its instant it goes unless the key was paused meanwhile (orc_flow_call_go_v1: its
+-- spend then leaves the window and its job parks). A call admitted ahead that is never sent
+-- slides out of the window an interval after its instant, as every spend does. A pause longer
+-- than the pump's horizon hands its key's room on at its end (orc_flow_pump_v1): the head of
+-- the waiters that cannot pass it is sent for its end, and its admission pumps the rest (since
+-- 0051 none was, and with nothing of the key running the line waited for the safety net's
+-- one-minute backstop). Compatible: the release before (0032) calls none of the functions
+-- retired (orc_flow_call_spend_v2, orc_flow_record_spend_v1) or added; no table changes.
+--
+-- compatible-with-older-workers: yes
+-- revises: functions/retired.sql 27cfb135bc15cadfa3ec166d4a0bae3a35b55da59fd24ed11d08d1d073dc5606
+-- revises: functions/flow.sql e20fbf465496e0ae84b3758268d7199860b157be28701958eb668305c2ff1bc6
