@@ -303,7 +303,7 @@ async def test_a_configured_limit_is_a_ceiling_a_lower_provider_limit_lowers_it(
             await all_completed(orc, [await orc.submit("llm_generate", ASK) for _ in range(8)])
         assert server.rate_limited == 0
     requests, _ = most_in_any_interval(await spends(db, "anthropic:m"), WINDOW + SLACK)
-    assert requests == in_effect_
+    assert requests <= in_effect_  # (a loaded machine may not fill a window: at most, not ==)
 
 
 @pytest.mark.parametrize("style", ["anthropic", "openai"])

@@ -61,13 +61,14 @@ async function llmCall(lease, payload, n) {
   const prompt = `question ${n}`;
   const maxTokens = payload.max_tokens ?? 16;
   const units = Math.ceil(prompt.length / 4) + maxTokens; // the call's estimate
-  const { status, answer } = await call("/api/v1/internal/call-admit", { ...lease, units });
-  if (status !== 200) {
-    log("refused", { ...lease, call: n, status, answer });
+  const admit = await call("/api/v1/internal/call-admit", { ...lease, units });
+  if (admit.status !== 200) {
+    log("refused", { ...lease, call: n, status: admit.status, answer: admit.answer });
     return false;
   }
-  if (answer.decision === "park") {
-    log("parked", { ...lease, call: n, key: answer.key, waiting_on: answer.waiting_on });
+  if (admit.answer.decision === "park") {
+    const { key, waiting_on } = admit.answer;
+    log("parked", { ...lease, call: n, key, waiting_on });
     return false;
   }
   log("call_admitted", { ...lease, call: n }); // "go" (a moment's wait for its room included)
