@@ -39,17 +39,30 @@ LATE = 3.0
 EARLY = 1.0
 
 
-def skewed_worker(
+async def skewed_worker(
     stack: contextlib.ExitStack, dsn: str, skew: str, app: str, **env: Any
 ) -> WorkerProcess:
-    """A worker process whose wall clock is ``skew`` off (``+1h``: an hour fast)."""
-    return stack.enter_context(WorkerProcess(dsn, app, **env, **tools.faketime(skew)))
+    """A worker process whose wall clock is ``skew`` off (``+1h``: an hour fast), once it has
+    started: the time its log says it started at is off by that much (so a test cannot pass
+    because the clock was not skewed)."""
+    worker = stack.enter_context(WorkerProcess(dsn, app, **env, **tools.faketime(skew)))
+    line: list[str] = []
+
+    async def started() -> bool:
+        line.extend(x for x in worker.output().splitlines() if " started: database " in x)
+        return bool(line)
+
+    await wait_for(started, timeout=60)
+    said = datetime.strptime(line[0][:23], "%Y-%m-%d %H:%M:%S,%f")  # the process's local time
+    hours = round((said - datetime.now()).total_seconds() / 3600, 1)
+    assert hours == float(skew.removesuffix("h")), (skew, line[0])
+    return worker
 
 
-def flow_worker(
+async def flow_worker(
     stack: contextlib.ExitStack, dsn: str, skew: str, config: Any, server: llm.LocalLLM
 ) -> WorkerProcess:
-    return skewed_worker(
+    return await skewed_worker(
         stack, dsn, skew, APP, ORCHESTRATOR_RETRY_CONFIG=config, ANTHROPIC_BASE_URL=server.url,
         ANTHROPIC_API_KEY=KEY, **NOT_ZOMBIES,
     )  # fmt: skip
@@ -67,46 +80,49 @@ async def completed(orc: Orchestrator, job_id: UUID, timeout: float = 30) -> Non
     assert (await orc.get_job(job_id)).status.value == "COMPLETED"
 
 
-async def next_run(db: psycopg.AsyncConnection[Any], job_id: UUID) -> tuple[datetime, datetime]:
-    """The job's next_retry_at and its dispatch's scheduled_at, read while it waits in RETRY."""
-    seen: list[tuple[datetime, datetime]] = []
+async def row_of(
+    db: psycopg.AsyncConnection[Any], query: str, *args: Any, timeout: float = 30
+) -> tuple[Any, ...]:
+    """The first row ``query`` returns, polled for until it returns one."""
+    seen: list[tuple[Any, ...]] = []
 
-    async def retrying() -> bool:
-        cur = await db.execute(
-            "SELECT j.next_retry_at, p.scheduled_at FROM orc_jobs AS j"
-            "  JOIN procrastinate_jobs AS p ON p.id = j.procrastinate_job_id"
-            " WHERE j.id = %s AND j.status = 'RETRY'",
-            (job_id,),
-        )
-        seen.extend(await cur.fetchall())
+    async def found() -> bool:
+        seen.extend(await (await db.execute(query, args)).fetchall())
         return bool(seen)
 
-    await wait_for(retrying, timeout=30, interval=0.02)
+    await wait_for(found, timeout=timeout, interval=0.02)
     return seen[0]
 
 
-async def parked(
-    db: psycopg.AsyncConnection[Any], job_id: UUID
-) -> tuple[datetime, datetime, datetime]:
-    """While a job waits parked on its key, sent ahead: when its dispatch is due, and its key's
-    pause end and the time the key learned its provider's limit (both stamped by the
-    database)."""
-    seen: list[tuple[datetime, datetime, datetime]] = []
-
-    async def waiting() -> bool:
-        cur = await db.execute(
-            "SELECT p.scheduled_at, k.paused_until, k.learned_at FROM orc_jobs AS j"
-            "  JOIN orc_flow_waiters AS w ON w.job_id = j.id"
-            "  JOIN orc_flow_keys AS k ON k.key = j.flow_key"
-            "  JOIN procrastinate_jobs AS p ON p.id = j.procrastinate_job_id"
-            " WHERE j.id = %s AND j.status = 'PENDING' AND p.scheduled_at IS NOT NULL",
-            (job_id,),
-        )
-        seen.extend(await cur.fetchall())
-        return bool(seen)
-
-    await wait_for(waiting, timeout=30, interval=0.02)
-    return seen[0]
+#: While a job waits in RETRY: its next_retry_at, its dispatch's scheduled_at, its key's pause
+#: end, and when its failure was written (the event's time, stamped by the database).
+RETRYING = """
+SELECT j.next_retry_at, p.scheduled_at, k.paused_until,
+       (SELECT max(e.at) FROM orc_job_events AS e
+         WHERE e.job_id = j.id AND e.kind = 'job.failed') AS failed_at
+  FROM orc_jobs AS j
+  JOIN procrastinate_jobs AS p ON p.id = j.procrastinate_job_id
+  JOIN orc_flow_keys AS k ON k.key = j.flow_key
+ WHERE j.id = %s AND j.status = 'RETRY'
+"""
+#: Once a key learned its provider's limit: its pause end, and when it learned (the database's).
+LEARNED = """
+SELECT paused_until, learned_at FROM orc_flow_keys WHERE key = %s AND learned_at IS NOT NULL
+"""
+#: While a job waits parked on its key, sent ahead: when its dispatch is due.
+PARKED = """
+SELECT p.scheduled_at FROM orc_jobs AS j
+  JOIN orc_flow_waiters AS w ON w.job_id = j.id
+  JOIN procrastinate_jobs AS p ON p.id = j.procrastinate_job_id
+ WHERE j.id = %s AND j.status = 'PENDING' AND p.scheduled_at IS NOT NULL
+"""
+#: Once a zombie was swept: when it is due again, its backoff, and when it was detected.
+SWEPT = """
+SELECT (r.payload ->> 'available_at')::timestamptz, (r.payload ->> 'backoff_ms')::float8 / 1000,
+       d.at, d.payload ->> 'reason'
+  FROM orc_job_events AS r JOIN orc_job_events AS d ON d.job_id = r.job_id
+ WHERE r.job_id = %s AND r.kind = 'job.retry_scheduled' AND d.kind = 'job.zombie_detected'
+"""
 
 
 LIMITED = {
@@ -130,22 +146,22 @@ async def test_a_429_pauses_its_key_and_retries_its_job_by_the_database_s_clock(
     await orc.open()
     with llm.serve(api_key=KEY) as server, contextlib.ExitStack() as stack:
         server.script("m", [LIMITED[hint], llm.Text("ok")])
-        flow_worker(stack, dsn, skew, flow_app.CONFIG, server)
+        await flow_worker(stack, dsn, skew, flow_app.CONFIG, server)
         job_id = await orc.submit("llm_generate", ASK)
-        retry_at, scheduled_at = await next_run(db, job_id)
+        retry_at, scheduled_at, paused_until, failed_at = await row_of(db, RETRYING, job_id)
+        for stored in (paused_until, retry_at, scheduled_at):  # from the failure's write
+            assert HINT - EARLY <= after(stored, failed_at) <= HINT + LATE, (stored, failed_at)
         await completed(orc, job_id)
         assert server.requests["m"] == 2
     events = await orc.job_events(job_id)
     [failed] = [e for e in events if e.kind == "job.failed"]
     assert failed.payload["layer"] == "pause"
     [key] = await orc.flow_keys("anthropic:m")
-    assert key.paused_until is not None and key.paused_by == "provider"
-    for stored in (key.paused_until, retry_at, scheduled_at):  # the failure's write: a db time
-        assert HINT - EARLY <= after(stored, failed.at) <= HINT + LATE, (stored, failed.at)
+    assert key.paused_by == "provider" and key.paused_until == paused_until
     [retried] = [e for e in events if e.kind == "job.retry_scheduled"]
     assert datetime.fromisoformat(retried.payload["available_at"]) == retry_at
     again = [e.at for e in events if e.kind == "job.running"][1]
-    assert again >= retry_at and again >= key.paused_until - timedelta(milliseconds=50)
+    assert again >= retry_at and again >= paused_until - timedelta(milliseconds=50)
 
 
 @pytest.mark.parametrize("skew", SKEWS)
@@ -165,15 +181,17 @@ async def test_a_spent_limit_learned_from_a_reply_holds_its_key_by_the_database_
     with llm.serve(
         api_key=KEY, requests_per_window=1, window_seconds=HINT
     ) as server, contextlib.ExitStack() as stack:  # fmt: skip
-        flow_worker(stack, dsn, skew, config, server)
+        await flow_worker(stack, dsn, skew, config, server)
         job_id = await orc.submit("chat", {"model": "m", "calls": 2})
-        resumes_at, paused_until, learned_at = await parked(db, job_id)
+        paused_until, learned_at = await row_of(db, LEARNED, "anthropic:m")
+        assert paused_until is not None, "the key did not hold"
+        [resumes_at] = await row_of(db, PARKED, job_id)
+        for stored in (paused_until, resumes_at):  # from when the lesson was written
+            assert HINT - EARLY <= after(stored, learned_at) <= HINT + LATE, stored
         await completed(orc, job_id)
         assert server.rate_limited == 0 and server.accepted == 2
     [key] = await orc.flow_keys("anthropic:m")
     assert key.paused_by == "provider" and key.learned_requests == 1
-    for stored in (paused_until, resumes_at):  # from when the lesson was written: a db time
-        assert HINT - EARLY <= after(stored, learned_at) <= HINT + LATE, stored
     events = await orc.job_events(job_id)
     assert "job.failed" not in [e.kind for e in events]
     again = [e.at for e in events if e.kind == "job.running"][1]
@@ -182,7 +200,10 @@ async def test_a_spent_limit_learned_from_a_reply_holds_its_key_by_the_database_
 
 @pytest.mark.parametrize("skew", SKEWS)
 async def test_the_zombie_sweep_retries_by_the_database_s_clock(
-    dsn: str, make_orc: Callable[..., Orchestrator], skew: str
+    dsn: str,
+    make_orc: Callable[..., Orchestrator],
+    db: psycopg.AsyncConnection[Any],
+    skew: str,
 ) -> None:
     """A worker dies mid-job; a worker whose clock is off sweeps the zombie: its retry is due
     its backoff after the database's now, and the same worker runs it then."""
@@ -200,14 +221,10 @@ async def test_the_zombie_sweep_retries_by_the_database_s_clock(
         dying.signal(signal.SIGKILL)
         dying.wait()
     with contextlib.ExitStack() as stack:
-        skewed_worker(stack, dsn, skew, AGENT_APP)
+        await skewed_worker(stack, dsn, skew, AGENT_APP)
+        retry_at, backoff, detected_at, reason = await row_of(db, SWEPT, job_id)
+        assert reason == "heartbeat"
+        assert backoff - EARLY <= after(retry_at, detected_at) <= backoff + LATE
         await completed(orc, job_id)
-    events = await orc.job_events(job_id)
-    [detected] = [e for e in events if e.kind == "job.zombie_detected"]
-    assert detected.payload["reason"] == "heartbeat"
-    [retried] = [e for e in events if e.kind == "job.retry_scheduled"]
-    retry_at = datetime.fromisoformat(retried.payload["available_at"])
-    backoff = retried.payload["backoff_ms"] / 1000
-    assert backoff - EARLY <= after(retry_at, detected.at) <= backoff + LATE
-    again = [e.at for e in events if e.kind == "job.running"][1]
+    again = [e.at for e in await orc.job_events(job_id) if e.kind == "job.running"][1]
     assert again >= retry_at
