@@ -69,7 +69,10 @@ Where each part of the code is tested:
                               rule (property tests), equal to the claim's SQL: test_flow_window;
                               limits learned from the provider's headers (pure rules, equal to
                               the gate's SQL; worker processes against the local server's
-                              Anthropic and OpenAI headers): test_flow_learned; fairness on
+                              Anthropic and OpenAI headers): test_flow_learned; pauses and
+                              retries on the database's clock, a provider's times read
+                              against its reply's Date (worker processes an hour fast and an
+                              hour slow, under libfaketime): test_flow_clock; fairness on
                               real spend and tenant_share (worker processes):
                               test_flow_fairness, as a pure policy (property tests):
                               test_flow_share; the fallback pass-through: test_flow_fallback;
