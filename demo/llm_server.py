@@ -12,7 +12,10 @@ Replies are scripted per model with ``llm.script(model, [...])``; the last one r
 - ``Text``: a normal answer, streamed in ``chunks`` deltas ``every`` seconds apart (slow but
   steady streams that must not be mistaken for hung ones).
 - ``Status``: an HTTP error in the API's error shape, with ``retry-after`` headers if given
-  (rate limits, overload, bad keys, bad requests, server errors).
+  (rate limits, overload, bad keys, bad requests, server errors): as given (``retry_after``,
+  ``retry_after_ms``), as an HTTP-date so many seconds after the reply (``retry_at``), or as a
+  spent requests limit's ``anthropic-ratelimit-requests-{remaining,reset}`` (0, and an RFC 3339
+  time so many seconds after the reply: ``reset_in``).
 - ``Stall``: a stream that stops after a few deltas and stays open (a hung connection).
 - ``StreamError``: a stream that fails mid-way with an SSE ``error`` event, as the API does.
 - ``ToolUse``: one ``tool_use`` block, stop_reason "tool_use".
@@ -48,6 +51,9 @@ leaves the window and frees its request and tokens (now when none is counted). W
 ``ratelimit_headers="openai"`` they are OpenAI's instead, ``x-ratelimit-{limit,remaining,reset}-
 {requests,tokens}``, their ``reset`` a duration (``1.250s``).
 
+Every reply carries a ``date`` header (the server's clock, whole seconds), as every HTTP server
+with a clock sends one (RFC 9110, 6.6.1).
+
 Stats (``GET /_stats``, and properties): requests by model and in all, and ``accepted`` (by the
 limits: every request that got past them, all of them when no limit is set), ``rate_limited``
 (429s sent by the limits, not scripted ones), ``max_in_flight`` (the most requests in flight at
@@ -75,6 +81,7 @@ from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from email.utils import formatdate
 from http.client import responses
 from typing import Any, Literal, TypedDict, Unpack
 
@@ -95,6 +102,8 @@ class Status:
     message: str = "scripted error"
     retry_after: str | None = None
     retry_after_ms: str | None = None
+    retry_at: float | None = None  # seconds after the reply, sent as an HTTP-date retry-after
+    reset_in: float | None = None  # seconds after the reply, a spent requests limit's reset
 
 
 @dataclass(frozen=True)
@@ -230,8 +239,8 @@ class _Window:
         return headers
 
 
-def _rfc3339(seconds_from_now: float) -> str:
-    when = datetime.fromtimestamp(time.time() + seconds_from_now, UTC)
+def _rfc3339(seconds_from_now: float, now: float | None = None) -> str:
+    when = datetime.fromtimestamp((time.time() if now is None else now) + seconds_from_now, UTC)
     return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
@@ -675,7 +684,8 @@ async def _until_eof(reader: StreamReader) -> None:
 
 def _head(status: int, headers: dict[str, str], keep: bool) -> bytes:
     lines = [f"HTTP/1.1 {status} {_REASONS.get(status, '')}"]
-    headers = {**headers, "connection": "keep-alive" if keep else "close"}
+    headers = {"date": formatdate(usegmt=True), **headers,
+               "connection": "keep-alive" if keep else "close"}  # fmt: skip
     lines += [f"{name}: {value}" for name, value in headers.items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
@@ -693,7 +703,14 @@ async def _send_json(
 async def _send_error(
     writer: StreamWriter, error: Status, keep: bool, headers: dict[str, str] | None = None
 ) -> bool:
+    now = time.time()
     retry = {"retry-after": error.retry_after, "retry-after-ms": error.retry_after_ms}
+    if error.retry_at is not None:
+        retry["retry-after"] = formatdate(now + error.retry_at, usegmt=True)
+    if error.reset_in is not None:
+        retry["anthropic-ratelimit-requests-remaining"] = "0"
+        retry["anthropic-ratelimit-requests-reset"] = _rfc3339(error.reset_in, now)
+    retry["date"] = formatdate(now, usegmt=True)  # the instant the times above are from
     headers = (headers or {}) | {name: value for name, value in retry.items() if value is not None}
     body = _error_body(error.error_type, error.message)
     return await _send_json(writer, error.status, body, keep, headers)

@@ -71,9 +71,12 @@ Where each part of the code is tested:
                               the gate's SQL; worker processes against the local server's
                               Anthropic and OpenAI headers; a pause's end handing the key's
                               room to its line with nothing running): test_flow_learned;
-                              fairness on real spend, tenant_share and priority within a share
-                              (worker processes): test_flow_fairness, as a pure policy
-                              (property tests): test_flow_share; the fallback pass-through:
+                              pauses and retries on the database's clock, a provider's times
+                              read against its reply's Date (worker processes an hour fast and
+                              an hour slow, under libfaketime): test_flow_clock; fairness on
+                              real spend, tenant_share and priority within a share (worker
+                              processes): test_flow_fairness, as a pure policy (property
+                              tests): test_flow_share; the fallback pass-through:
                               test_flow_fallback; an external worker's calls admitted and
                               recorded over the API (the Node.js worker, stale leases, other
                               tenants' tokens): test_flow_external

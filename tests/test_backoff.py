@@ -146,14 +146,14 @@ def test_full_jitter_spreads_over_the_interval() -> None:
 
 def test_parse_retry_after_seconds_and_http_dates() -> None:
     now = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
-    assert parse_retry_after("30") == 30
-    assert parse_retry_after(" 1.5 ") == 1.5
-    assert parse_retry_after("-4") == 0
+    assert parse_retry_after("30", now=now) == 30
+    assert parse_retry_after(" 1.5 ", now=now) == 1.5
+    assert parse_retry_after("-4", now=now) == 0
     when = format_datetime(now + timedelta(seconds=90), usegmt=True)
     assert parse_retry_after(when, now=now) == pytest.approx(90)
     assert parse_retry_after(format_datetime(now - timedelta(hours=1), usegmt=True), now=now) == 0
     for bad in (None, "", "soon", "nan", "inf"):
-        assert parse_retry_after(bad) is None
+        assert parse_retry_after(bad, now=now) is None
 
 
 # -- reconnecting: first, doubling, capped ---------------------------------------------------

@@ -4,6 +4,7 @@ import asyncio
 import errno
 import socket
 from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 
 import anthropic
 import httpx
@@ -299,6 +300,58 @@ def test_the_latest_reset_among_the_exhausted_limits() -> None:
         "anthropic-ratelimit-requests-reset": _rfc3339(5),
     }
     assert ratelimit_reset(room, now=NOW) is None
+
+
+SKEWS = st.floats(min_value=-86_400, max_value=86_400)
+
+
+@given(
+    sent=st.floats(min_value=0, max_value=0.999),
+    way=st.floats(min_value=0, max_value=1),
+    skew=SKEWS,
+    wait=st.integers(min_value=0, max_value=3_600),
+    how=st.sampled_from(["http-date", "reset"]),
+)
+def test_an_absolute_hint_is_read_against_the_reply_s_date_whatever_the_worker_s_clock(
+    sent: float, way: float, skew: float, wait: int, how: str
+) -> None:
+    """The provider sends its reply ``sent`` into the second its ``Date`` names, asking to wait
+    ``wait`` seconds (an HTTP-date ``retry-after``, whole seconds as the ``Date``; or a spent
+    limit's reset, in milliseconds); the worker reads it ``way`` seconds later, its clock off by
+    ``skew``. The seconds it reads are the true wait left within the ``Date``'s slack: never
+    more than 2 s short, never longer than the reply's age. (Against the worker's clock, an hour
+    fast turned any of them into 0, an hour slow into an hour more.)"""
+    date = NOW
+    provider = date + timedelta(seconds=sent)  # the true instant the reply was sent
+    if how == "http-date":
+        until = date + timedelta(seconds=wait)
+        said = {"retry-after": format_datetime(until, usegmt=True)}
+    else:
+        until = provider + timedelta(seconds=wait)
+        said = {"anthropic-ratelimit-requests-remaining": "0",
+                "anthropic-ratelimit-requests-reset": until.isoformat().replace("+00:00", "Z")}  # fmt: skip
+    headers = {"date": format_datetime(date, usegmt=True), **said}
+    read_at = provider + timedelta(seconds=way)  # true time
+    worker = read_at + timedelta(seconds=skew)
+    hint = retry_hint(headers, now=worker)
+    assert hint is not None
+    left = (until - read_at).total_seconds()  # the true wait left
+    assert max(0.0, left - 2) - 1e-6 <= hint <= max(0.0, left + sent + way) + 1e-6
+
+
+def test_without_a_date_an_absolute_hint_is_read_against_the_worker_s_clock() -> None:
+    resets = {"anthropic-ratelimit-requests-remaining": "0",
+              "anthropic-ratelimit-requests-reset": _rfc3339(30)}  # fmt: skip
+    until = format_datetime(NOW + timedelta(seconds=30), usegmt=True)
+    for said in (resets, {"retry-after": until}):
+        assert retry_hint(said, now=NOW) == 30
+        assert retry_hint({"date": "yesterday", **said}, now=NOW) == 30  # a Date unread
+        hour_early = format_datetime(NOW - timedelta(hours=1), usegmt=True)
+        assert retry_hint({"date": hour_early, **said}, now=NOW) == 3_630  # the provider's
+        assert retry_hint({"date": format_datetime(NOW, usegmt=True), **said},
+                          now=NOW + timedelta(seconds=1.5)) == 28.5  # fmt: skip
+    # A wait given in seconds is a length: no clock reads it.
+    assert retry_hint({"date": hour_early, "retry-after": "7"}, now=NOW) == 7
 
 
 @pytest.mark.parametrize(

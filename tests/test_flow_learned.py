@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from typing import Any
 
 import httpx
@@ -139,6 +140,35 @@ def test_a_provider_s_odd_headers_never_fail_a_call(headers: dict[str, str]) -> 
         assert reply.requests is None or reply.requests >= 1
         assert reply.units is None or reply.units >= 1
         assert reply.hold is None or 0 <= reply.hold <= MAX_HOLD_SECONDS
+
+
+@given(
+    sent=st.floats(min_value=0, max_value=0.999),
+    way=st.floats(min_value=0, max_value=1),
+    skew=st.floats(min_value=-86_400, max_value=86_400),
+    reset=resets,
+)
+def test_a_hold_is_read_against_the_reply_s_date_whatever_the_worker_s_clock(
+    sent: float, way: float, skew: float, reset: float
+) -> None:
+    """A reply sent ``sent`` into the second its ``Date`` names says a spent limit resets
+    ``reset`` seconds later; the worker reads it ``way`` seconds after, its clock off by
+    ``skew``. The hold is the true time left within the ``Date``'s slack: never more than 2 s
+    short, never longer than the reply's age. (Against the worker's clock, an hour fast held
+    nothing, an hour slow an hour more.)"""
+    provider = NOW + timedelta(seconds=sent)
+    until = provider + timedelta(seconds=reset)
+    headers = {"Date": format_datetime(NOW, usegmt=True),
+               "anthropic-ratelimit-requests-remaining": "0",
+               "anthropic-ratelimit-requests-reset": until.isoformat().replace("+00:00", "Z")}  # fmt: skip
+    read_at = provider + timedelta(seconds=way)
+    reply = learned(headers, now=read_at + timedelta(seconds=skew))
+    assert reply is not None and reply.hold is not None
+    left = (until - read_at).total_seconds()
+    assert max(0.0, left - 2) - 1e-3 <= reply.hold <= max(0.0, left + sent + way) + 1e-3
+    assert learned({**headers, "Date": "soon"}, now=read_at) == learned(
+        {name: v for name, v in headers.items() if name != "Date"}, now=read_at
+    )  # a Date that does not parse: the worker's clock, as without one
 
 
 def test_what_the_local_server_and_providers_send_is_read() -> None:

@@ -490,7 +490,7 @@ async def test_requests_per_window_with_retry_after_and_the_ratelimit_headers() 
             # What the orchestrator reads of it: a rate limit, the header's hint.
             classified = classify(error)
             assert (classified.throttle, classified.retry_after) == ("rate_limited", 2)
-            assert 0 < (ratelimit_reset(headers) or 0) <= 2
+            assert 0 < (ratelimit_reset(headers, now=datetime.now(UTC)) or 0) <= 2
             await asyncio.sleep(2.05)
             await ask(sdk)  # the window slid past the first three
         assert (llm.accepted, llm.rate_limited, llm.accepted_tokens) == (4, 1, 4 * ASK)

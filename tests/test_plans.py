@@ -245,7 +245,7 @@ async def run_attempts(stores: Stores, plans: Plans, dispatches: list[Dispatch])
     plans.path = "retry"
     await stores.dispatches.retry(
         retry_claim, retried.id, layer=Layer.APP,
-        next_retry_at=datetime.now(UTC) + timedelta(hours=1),
+        delay_ms=3_600_000,
         error=BUSY, failed_event={"error": BUSY}, retry_event={},
     )  # fmt: skip
     plans.path = "hand-back"

@@ -179,7 +179,7 @@ def operation(
 
     async def retry() -> None:
         done = await stores.dispatches.retry(
-            claim, await dispatch_id(), layer=Layer.APP, next_retry_at=datetime.now(UTC),
+            claim, await dispatch_id(), layer=Layer.APP, delay_ms=0,
             error=error, failed_event={}, retry_event={},
         )  # fmt: skip
         await written(done)

@@ -13,11 +13,11 @@ computed one, capped by the type's cap and never jittered: the server knows when
 
 from __future__ import annotations
 
-import email.utils
 import math
 import random
-from datetime import UTC, datetime
+from datetime import datetime
 
+from orchestrator.domain.reply_clock import http_date
 from retry_config import AdditiveJitter, BackoffConfig, FullJitter, NoJitter, ProportionalJitter
 
 GRAPHILE_EXPONENT_CAP = 10
@@ -89,21 +89,19 @@ def app_delay_bounds_ms(n: int, backoff: BackoffConfig) -> tuple[float, float]:
     raise AssertionError(f"unhandled jitter {jitter!r}")  # pragma: no cover
 
 
-def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
-    """Seconds to wait from an HTTP ``Retry-After`` header (delta-seconds or HTTP-date)."""
+def parse_retry_after(value: str | None, *, now: datetime) -> float | None:
+    """Seconds to wait from an HTTP ``Retry-After`` header: its delta-seconds, or its HTTP-date
+    measured from ``now`` (the reply's instant: orchestrator.domain.reply_clock)."""
     if value is None:
         return None
     value = value.strip()
     try:
         seconds = float(value)
     except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
+        when = http_date(value)
+        if when is None:
             return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        seconds = (when - (now or datetime.now(UTC))).total_seconds()
+        seconds = (when - now).total_seconds()
     if math.isnan(seconds) or math.isinf(seconds):
         return None
     return max(0.0, seconds)

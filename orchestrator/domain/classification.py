@@ -16,9 +16,13 @@ this order, the first present wins:
    HTTP-date);
 2. the ``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-reset`` headers (RFC
    3339): the latest reset among the exhausted limits (``-remaining`` 0, or not reported), as
-   seconds from now;
+   seconds from the reply's instant;
 3. a ``retry_after`` field (seconds) in the JSON error body, in its ``error`` object or at its
    top level.
+
+An absolute time (an HTTP-date ``retry-after``, a reset) is measured from the reply's own
+``Date``, the provider's clock, not the worker's (orchestrator.domain.reply_clock): a worker's
+skewed clock can neither cancel nor stretch the pause it asks for.
 
 :attr:`Classified.throttled` is True exactly for a provider's rate limit (429) or overload (529):
 the status of an HTTP error (httpx, httpx2, the anthropic SDK's RateLimitError, OverloadedError or
@@ -46,6 +50,7 @@ import pydantic
 
 from orchestrator.domain.backoff import parse_retry_after
 from orchestrator.domain.errors import InvalidOutput, PermanentError, RetryLater, TimedOut
+from orchestrator.domain.reply_clock import reply_now
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +174,7 @@ def _anthropic_table() -> tuple[tuple[type[BaseException], ErrorClass, str], ...
     )
 
 
-def _from_anthropic(exc: BaseException) -> Classified | None:
+def _from_anthropic(exc: BaseException, now: datetime) -> Classified | None:
     """The SDK's own errors; None for anything else."""
     anthropic = sys.modules.get("anthropic")
     if anthropic is None or not isinstance(exc, anthropic.AnthropicError):
@@ -180,22 +185,27 @@ def _from_anthropic(exc: BaseException) -> Classified | None:
             # only the event's body can hint: the headers are the stream's, sent before it
             hint = body_retry_after(exc.body) if error_class is APP else None
             return Classified(error_class, code, retry_after=hint)
-        table = _from_table(exc, _anthropic_table(), exc.body)
-        return table or _from_status(exc.status_code, exc.response, exc.body)
-    return _from_table(exc, _anthropic_table()) or Classified(INFRA, "LLM_ERROR")
+        table = _from_table(exc, _anthropic_table(), now, exc.body)
+        return table or _from_status(exc.status_code, exc.response, now, exc.body)
+    return _from_table(exc, _anthropic_table(), now) or Classified(INFRA, "LLM_ERROR")
 
 
-def _from_httpx2(exc: BaseException) -> Classified | None:
+def _from_httpx2(exc: BaseException, now: datetime) -> Classified | None:
     """Errors of httpx2 (the anthropic SDK's HTTP client), once it is loaded."""
     httpx2 = sys.modules.get("httpx2")
     if httpx2 is None or not isinstance(exc, httpx2.HTTPError | httpx2.InvalidURL):
         return None
     if isinstance(exc, httpx2.HTTPStatusError):
-        return _from_status(exc.response.status_code, exc.response, _json_body(exc.response))
-    return _from_table(exc, _httpx_table(httpx2)) or Classified(INFRA, "HTTP_ERROR")
+        return _from_status(exc.response.status_code, exc.response, now, _json_body(exc.response))
+    return _from_table(exc, _httpx_table(httpx2), now) or Classified(INFRA, "HTTP_ERROR")
 
 
-def classify(exc: BaseException, classifiers: Iterable[Classifier] = ()) -> Classified:
+def classify(
+    exc: BaseException, classifiers: Iterable[Classifier] = (), *, now: datetime | None = None
+) -> Classified:
+    """The class of ``exc``: the first of ``classifiers`` to answer, else the built-in rules.
+    ``now``: the worker's clock, which a server's absolute hint is measured against when its
+    reply has no ``Date`` (read at the call when not given)."""
     for classifier in classifiers:
         try:
             answer = classifier(exc)
@@ -205,13 +215,13 @@ def classify(exc: BaseException, classifiers: Iterable[Classifier] = ()) -> Clas
         if answer is not None and answer.error_class is not ErrorClass.VALID:
             return answer
     try:
-        return _builtin(exc)
+        return _builtin(exc, now or datetime.now(UTC))
     except Exception:  # a hostile __getattr__ or property must not break totality
         logger.exception("classifying %r failed; treating it as TRANSIENT_INFRA", type(exc))
         return Classified(INFRA, "UNCLASSIFIED")
 
 
-def _builtin(exc: BaseException) -> Classified:
+def _builtin(exc: BaseException, now: datetime) -> Classified:
     match exc:
         case RetryLater(delay=delay):
             return Classified(APP, "RETRY_LATER", retry_after=delay)
@@ -224,10 +234,12 @@ def _builtin(exc: BaseException) -> Classified:
         case asyncio.CancelledError():
             return Classified(APP, "CANCELLED")  # drain or abort: an AbortError in the design
         case httpx.HTTPStatusError():
-            return _from_status(exc.response.status_code, exc.response, _json_body(exc.response))
+            return _from_status(
+                exc.response.status_code, exc.response, now, _json_body(exc.response)
+            )
         case httpx.HTTPError() | httpx.InvalidURL():
-            return _from_table(exc, _HTTPX) or Classified(INFRA, "HTTP_ERROR")
-    sdk = _from_anthropic(exc) or _from_httpx2(exc)
+            return _from_table(exc, _HTTPX, now) or Classified(INFRA, "HTTP_ERROR")
+    sdk = _from_anthropic(exc, now) or _from_httpx2(exc, now)
     if sdk is not None:
         return sdk
     match exc:
@@ -242,27 +254,29 @@ def _builtin(exc: BaseException) -> Classified:
     status = _status_attribute(exc)
     if status is not None:
         response = getattr(exc, "response", None)
-        return _from_status(status, response, getattr(exc, "body", None))
+        return _from_status(status, response, now, getattr(exc, "body", None))
     return Classified(INFRA, f"UNKNOWN:{type(exc).__name__}")
 
 
 def _from_table(
     exc: BaseException,
     table: tuple[tuple[type[BaseException], ErrorClass, str], ...],
+    now: datetime,
     body: object = None,
 ) -> Classified | None:
     for cls, error_class, code in table:
         if isinstance(exc, cls):
-            hint = _hint(getattr(exc, "response", None), body) if error_class is APP else None
+            response = getattr(exc, "response", None)
+            hint = _hint(response, body, now) if error_class is APP else None
             return Classified(error_class, code, retry_after=hint)
     return None
 
 
-def _from_status(status: int, response: Any, body: object = None) -> Classified:
+def _from_status(status: int, response: Any, now: datetime, body: object = None) -> Classified:
     error_class = classify_http_status(status)
     if error_class is ErrorClass.VALID:  # an exception carrying a 2xx: nothing we understand
         return Classified(INFRA, f"HTTP_{status}")
-    hint = _hint(response, body) if error_class is APP else None
+    hint = _hint(response, body, now) if error_class is APP else None
     return Classified(error_class, f"HTTP_{status}", retry_after=hint)
 
 
@@ -281,11 +295,11 @@ def _status_attribute(exc: BaseException) -> int | None:
     return None
 
 
-def _hint(response: Any, body: object) -> float | None:
+def _hint(response: Any, body: object, now: datetime) -> float | None:
     headers = getattr(response, "headers", None)
     if headers is None or not hasattr(headers, "get"):
         headers = {}
-    return retry_hint(headers, body)
+    return retry_hint(headers, body, now=now)
 
 
 def _json_body(response: Any) -> object:
@@ -300,17 +314,18 @@ def _json_body(response: Any) -> object:
 RATE_LIMITS = ("requests", "tokens", "input-tokens", "output-tokens")
 
 
-def retry_hint(
-    headers: Mapping[str, str], body: object = None, *, now: datetime | None = None
-) -> float | None:
+def retry_hint(headers: Mapping[str, str], body: object = None, *, now: datetime) -> float | None:
     """Seconds the server asked us to wait, from a response's ``headers`` (case-insensitive, as
     httpx gives them; a plain dict needs lower-case names) and its JSON ``body``, in the module's
-    documented precedence; None when it gave no usable hint. Never negative."""
+    documented precedence; None when it gave no usable hint. Never negative. An absolute time
+    is measured from the reply's ``Date`` (``now``, the worker's clock, without one:
+    orchestrator.domain.reply_clock)."""
     millis = _number(headers.get("retry-after-ms"))
     if millis is not None:
         return max(0.0, millis / 1_000)
     value = headers.get("retry-after")
-    if isinstance(value, str) and (seconds := parse_retry_after(value)) is not None:
+    at = reply_now(headers, now=now)
+    if isinstance(value, str) and (seconds := parse_retry_after(value, now=at)) is not None:
         return seconds
     resets = ratelimit_reset(headers, now=now)
     if resets is not None:
@@ -318,9 +333,10 @@ def retry_hint(
     return body_retry_after(body)
 
 
-def ratelimit_reset(headers: Mapping[str, str], *, now: datetime | None = None) -> float | None:
+def ratelimit_reset(headers: Mapping[str, str], *, now: datetime) -> float | None:
     """Seconds until the latest ``anthropic-ratelimit-*-reset`` among the exhausted limits (its
-    ``-remaining`` 0 or absent); None without one."""
+    ``-remaining`` 0 or absent), from the reply's ``Date`` (``now``, the worker's clock,
+    without one); None without one."""
     latest: datetime | None = None
     for limit in RATE_LIMITS:
         reset = headers.get(f"anthropic-ratelimit-{limit}-reset")
@@ -339,7 +355,7 @@ def ratelimit_reset(headers: Mapping[str, str], *, now: datetime | None = None) 
             latest = when
     if latest is None:
         return None
-    return max(0.0, (latest - (now or datetime.now(UTC))).total_seconds())
+    return max(0.0, (latest - reply_now(headers, now=now)).total_seconds())
 
 
 def body_retry_after(body: object) -> float | None:

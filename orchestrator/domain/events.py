@@ -42,7 +42,9 @@ and ``dead_letter_id`` is null; on a terminal failure it is the reverse. Known s
 redacted from every message and stack (orchestrator.domain.secrets) before anything is stored.
 The statement that stores an event adds only what ties it to the rows that statement writes:
 ``dead_letter_id`` (stamped by the one failure writer on a terminal failure's three events),
-``effects_committed`` and an approval's ``expires_at``. ``job.created`` and ``job.running`` are
+``effects_committed``, an approval's ``expires_at``, and a retry's ``available_at`` (and
+``last_error``'s ``next_available_at``): the database's clock plus ``backoff_ms``, so that no
+worker's clock decides when a job runs again. ``job.created`` and ``job.running`` are
 written inside one SQL statement each (the submit, the claim) and shaped there, once. Graphile
 Worker's API for producers, all SQL (orchestrator/storage/sql/graphile_worker.sql), shapes
 ``job.rescheduled``, its one writer, and, for a waiting job it ends, a ``job.completed``,
@@ -153,10 +155,10 @@ def last_error(
     terminal: bool,
     layer: Layer | None = None,
     backoff_ms: float | None = None,
-    next_available_at: datetime | None = None,
 ) -> dict[str, Any]:
     """``last_error`` (the worker contract's failure payload, plus the classification); a
-    retried failure names the ``layer`` that retries it."""
+    retried failure names the ``layer`` that retries it (the statement that writes the retry
+    sets its ``next_available_at``)."""
     return {
         **fault.summary(),
         "ts": datetime.now(UTC).isoformat(),
@@ -164,7 +166,7 @@ def last_error(
         **counters(job, after(terminal, layer)),
         "terminal": terminal,
         "backoff_ms": backoff_ms,
-        "next_available_at": next_available_at.isoformat() if next_available_at else None,
+        "next_available_at": None,
         "output": (
             redact_json(to_jsonable_python(fault.output, fallback=repr))
             if fault.output is not None
@@ -194,18 +196,17 @@ def failed(
     }
 
 
-def retry_scheduled(
-    job: JobState, layer: Layer, backoff_ms: float, available_at: datetime
-) -> dict[str, Any]:
+def retry_scheduled(job: JobState, layer: Layer, backoff_ms: float) -> dict[str, Any]:
     """``job.retry_scheduled``: the counters after the retry (an application retry uses one of
-    ``max_retries``) and when the job is due again."""
+    ``max_retries``); the statement that writes it adds ``available_at``, when the job is due
+    again."""
     return {
         **counters(job, layer),
         "retry_count": job.retry_count + layer.retries_used,
         **holder(job),
         "layer": layer.value,
         "backoff_ms": round(backoff_ms, 3),
-        "available_at": available_at.isoformat(),
+        "available_at": None,
     }
 
 

@@ -9,7 +9,9 @@ send ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``, their ``reset`` 
 (``1s``, ``6m0s``, ``20ms``). Either way ``reset`` is when the limit is replenished, and a
 limit is per the provider's own period (a minute for both), which the key's limit names in
 ``interval_seconds``. A header that does not parse is left out: a provider's odd header never
-fails a call.
+fails a call. An RFC 3339 ``reset`` is measured from the reply's own ``Date``, the provider's
+clock, not the worker's (orchestrator.domain.reply_clock): a worker's skewed clock can neither
+cancel nor stretch the hold.
 
 A key's units are tokens counted as input plus output (its calls' usage), so they are learned
 from the ``input-tokens`` and ``output-tokens`` limits together (their sum), else from the
@@ -24,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from orchestrator.domain.reply_clock import reply_now
 from retry_config.models import MAX_VALUE
 
 #: The longest hold a reply may ask for (a day, as the longest pause a 429 may).
@@ -74,8 +77,11 @@ class Allowances:
 def readings(headers: Mapping[str, str], *, now: datetime) -> dict[str, Reading]:
     """The limits the headers report, by name (``requests``, ``tokens``, ``input-tokens``,
     ``output-tokens``), from Anthropic's headers, else OpenAI's; a limit none of whose three
-    headers parses is left out. Header names in any case."""
+    headers parses is left out. Header names in any case. ``now``: the worker's clock, which a
+    reset given as a time is measured against only when the reply has no ``Date`` (else the
+    ``Date``: orchestrator.domain.reply_clock)."""
     lower = {str(name).lower(): value for name, value in headers.items()}
+    now = reply_now(lower, now=now)
     found: dict[str, Reading] = {}
     for name in LIMITS:
         for limit, remaining, reset in (
@@ -93,9 +99,10 @@ def readings(headers: Mapping[str, str], *, now: datetime) -> dict[str, Reading]
     return found
 
 
-def learned(headers: Mapping[str, str], *, now: datetime | None = None) -> Learned | None:
-    """What the headers teach (None: they report no limit)."""
-    found = readings(headers, now=now or datetime.now(UTC))
+def learned(headers: Mapping[str, str], *, now: datetime) -> Learned | None:
+    """What the headers teach (None: they report no limit); ``now`` as :func:`readings`
+    takes it."""
+    found = readings(headers, now=now)
     if not found:
         return None
 

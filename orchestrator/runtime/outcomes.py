@@ -5,8 +5,9 @@ An :class:`~orchestrator.runtime.attempt.Attempt` returns one of these; its work
 transaction (orchestrator.storage.dispatches):
 
     Completed    COMPLETED + job.completed; the dispatch succeeded (several at once: group commit)
-    Retried      RETRY + job.failed + job.retry_scheduled; app layer: a new dispatch (this one
-                 succeeded); infra layer: Procrastinate re-runs this dispatch at next_retry_at;
+    Retried      RETRY + job.failed + job.retry_scheduled, due again ``delay_ms`` after the
+                 database's now; app layer: a new dispatch (this one succeeded); infra layer:
+                 Procrastinate re-runs this dispatch then;
                  pause (a 429 with a hint on a flow key): as app, no budget used, and the key
                  paused for the fleet in the same transaction
     Failed       dead letter, FAILED, degradation (orchestrator.domain.failures)
@@ -27,7 +28,6 @@ import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -59,7 +59,7 @@ class Completed:
 @dataclass(frozen=True)
 class Retried:
     layer: Layer
-    next_retry_at: datetime
+    delay_ms: float  # from the database's now when it is written: no worker's clock is read
     last_error: dict[str, Any]
     failed_event: dict[str, Any]
     retry_event: dict[str, Any]
@@ -128,7 +128,6 @@ def of_failure(
     verdict = decide(classified, Budget.of(claim), backoff, rng, flow_key=claim.flow_key)
     if isinstance(verdict, Fail):
         return terminal(claim, fault, classified, dispatch_id=dispatch_id, failures=failures)
-    retry_at = datetime.now(UTC) + timedelta(milliseconds=verdict.delay_ms)
     throttle = None
     if claim.flow_key is not None and classified.throttled:
         pause = verdict.delay_ms / 1000 if verdict.layer is Layer.PAUSE else None
@@ -136,19 +135,14 @@ def of_failure(
     return Retried(
         throttle=throttle,
         layer=verdict.layer,
-        next_retry_at=retry_at,
+        delay_ms=verdict.delay_ms,
         last_error=events.last_error(
-            claim,
-            fault,
-            terminal=False,
-            layer=verdict.layer,
-            backoff_ms=verdict.delay_ms,
-            next_available_at=retry_at,
+            claim, fault, terminal=False, layer=verdict.layer, backoff_ms=verdict.delay_ms
         ),
         failed_event=events.failed(
             claim, fault, terminal=False, layer=verdict.layer, backoff_ms=verdict.delay_ms
         ),
-        retry_event=events.retry_scheduled(claim, verdict.layer, verdict.delay_ms, retry_at),
+        retry_event=events.retry_scheduled(claim, verdict.layer, verdict.delay_ms),
     )
 
 
@@ -200,7 +194,7 @@ class OutcomeWriter:
                 return await self._refused_unless(written, claim, Status.COMPLETED, "completed")
             case Retried() as retried:
                 written = await self.dispatches.retry(
-                    claim, dispatch_id, layer=retried.layer, next_retry_at=retried.next_retry_at,
+                    claim, dispatch_id, layer=retried.layer, delay_ms=retried.delay_ms,
                     error=retried.last_error, failed_event=retried.failed_event,
                     retry_event=retried.retry_event, throttle=retried.throttle,
                 )  # fmt: skip

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from orchestrator.domain.errors import TokenBudgetExhausted
 from orchestrator.domain.flow_learned import learned
@@ -115,7 +116,7 @@ class Accounting:
         key = self.claim.flow_key if model is None else self._keys.get(model, self.claim.flow_key)
         if self.flow is None or key is None or not self.learns:
             return
-        reply = learned(headers)
+        reply = learned(headers, now=datetime.now(UTC))  # a time in them: from their Date
         if reply is None:
             return
         flow = self.flow

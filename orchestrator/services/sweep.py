@@ -14,17 +14,19 @@ zombies locked with SKIP LOCKED (sweepers running at once never share one):
                      left ``doing`` is settled (failed)
 
 The decision is the same pure policy as an attempt's, for a TRANSIENT_APP failure coded ZOMBIE
-(or ZOMBIE_DEADLINE). A run handles at most ``limit`` zombies, so a mass recovery after an outage
-is spread over several ticks. A zombie it cannot handle (its decision raises, or the database
-refuses its write even alone) is passed over (orchestrator.services.batches.PassedOver): the
-others of its batch are recovered all the same.
+(or ZOMBIE_DEADLINE). Its times (a deadline overrun, the retry's time) are measured from the
+database's now in the batch's transaction, never from the sweeper's clock. A run handles at
+most ``limit`` zombies, so a mass recovery after an outage is spread over several ticks. A
+zombie it cannot handle (its decision raises, or the database refuses its write even alone) is
+passed over (orchestrator.services.batches.PassedOver): the others of its batch are recovered
+all the same.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from uuid import UUID
 
 from orchestrator.domain import events
@@ -107,13 +109,12 @@ class ZombieSweep:
             zombies = await liveness.zombies(
                 threshold=self.threshold, limit=limit, passed_over=passed_over.keys, conn=conn
             )
-            now = datetime.now(UTC)
             retries: list[ZombieRetry] = []
             failures: list[TerminalFailure] = []
             broken: list[tuple[UUID, UUID, Exception]] = []
             for zombie in zombies:
                 try:
-                    decided = self._decide(zombie, now)
+                    decided = self._decide(zombie)
                 except Exception as exc:  # no decision for this one: the others go on
                     broken.append((zombie.id, zombie.id, exc))
                     continue
@@ -143,7 +144,8 @@ class ZombieSweep:
             passed_over=len(broken),
         )
 
-    def _decide(self, zombie: Zombie, now: datetime) -> ZombieRetry | TerminalFailure:
+    def _decide(self, zombie: Zombie) -> ZombieRetry | TerminalFailure:
+        now = zombie.swept_at  # the database's clock
         overran = (
             zombie.deadline_at is not None
             and zombie.deadline_at + timedelta(seconds=self.expiry_grace) <= now
@@ -162,20 +164,14 @@ class ZombieSweep:
         if isinstance(verdict, Fail):
             before = (("job.zombie_detected", detected),)
             return self.failures.terminal(zombie, fault, before=before)
-        at = now + timedelta(milliseconds=verdict.delay_ms)
         return ZombieRetry(
             zombie=zombie,
-            next_retry_at=at,
+            delay_ms=verdict.delay_ms,
             last_error=events.last_error(
-                zombie,
-                fault,
-                terminal=False,
-                layer=Layer.APP,
-                backoff_ms=verdict.delay_ms,
-                next_available_at=at,
+                zombie, fault, terminal=False, layer=Layer.APP, backoff_ms=verdict.delay_ms
             ),
             detected=detected,
-            retry=events.retry_scheduled(zombie, Layer.APP, verdict.delay_ms, at),
+            retry=events.retry_scheduled(zombie, Layer.APP, verdict.delay_ms),
         )
 
     def _message(self, zombie: Zombie, overran: bool) -> str:

@@ -208,38 +208,39 @@ class DispatchStore:
         dispatch_id: int,
         *,
         layer: Layer,
-        next_retry_at: datetime,
+        delay_ms: float,
         error: dict[str, Any],
         failed_event: dict[str, Any],
         retry_event: dict[str, Any],
         throttle: Throttle | None = None,
     ) -> bool:
-        """RETRY until ``next_retry_at``, lease released, ``job.failed`` and
-        ``job.retry_scheduled``. The application layer counts a retry and gives the job a new
-        dispatch (this one succeeded); the infrastructure layer has Procrastinate re-run this
-        dispatch at that time. A pause is retried as the application layer is, using no
-        budget. ``throttle``: the job's flow key is paused (or slowed) in the same transaction.
-        False: refused (the dispatch ends failed)."""
+        """RETRY for ``delay_ms`` from the database's now (no caller's clock is read: its time
+        is written in the row and in ``available_at`` and ``next_available_at``), lease
+        released, ``job.failed`` and ``job.retry_scheduled``. The application layer counts a
+        retry and gives the job a new dispatch (this one succeeded); the infrastructure layer
+        has Procrastinate re-run this dispatch at that time. A pause is retried as the
+        application layer is, using no budget. ``throttle``: the job's flow key is paused (or
+        slowed) in the same transaction. False: refused (the dispatch ends failed)."""
         params = {
             **_fence(claim, Status.RETRY),
             "retry_increment": layer.retries_used,
-            "next_retry_at": next_retry_at,
+            "delay_seconds": delay_ms / 1000,
             "error": Jsonb(error),
             "failed_event": Jsonb(failed_event),
             "retry_event": Jsonb(retry_event),
         }
         async with self.queries.transaction() as conn:
-            written = await self.queries.row("schedule_retry", params, conn) is not None
+            retrying = await self.queries.row("schedule_retry", params, conn)
+            written = retrying is not None
             if throttle is not None:  # after the job's lock (the lock order: job, then key)
                 await self.queries.row(
                     "flow_throttled",
                     {"key": throttle.key, "seconds": throttle.seconds, "reason": throttle.reason},
                     conn,
                 )
-            if written and layer is Layer.INFRA:
-                await self.queries.row(
-                    "retry_dispatch", {"dispatch_id": dispatch_id, "retry_at": next_retry_at}, conn
-                )
+            if retrying is not None and layer is Layer.INFRA:
+                params = {"dispatch_id": dispatch_id, "retry_at": retrying["next_retry_at"]}
+                await self.queries.row("retry_dispatch", params, conn)
                 return True
             if written:
                 await self.jobs.dispatch([claim.id], conn)

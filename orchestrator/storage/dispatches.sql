@@ -38,28 +38,39 @@ SELECT procrastinate_retry_job_v2(%(dispatch_id)s, coalesce(%(retry_at)s, now())
                                   NULL)
 
 -- schedule_retry --
--- A transient failure with budget left: RETRY until next_retry_at, lease released. The app
--- layer counts a retry and gives the job a new dispatch (dispatch_jobs, same transaction); the
--- infra layer leaves both to Procrastinate, which re-runs the same dispatch.
-WITH retrying AS (
+-- A transient failure with budget left: RETRY, due again delay_seconds from now by the
+-- database's clock (no worker's clock decides it: docs/contracts.md, "Times"), lease released;
+-- that time is written in last_error's next_available_at and job.retry_scheduled's
+-- available_at too. The app layer counts a retry and gives the job a new dispatch
+-- (dispatch_jobs, same transaction); the infra layer leaves both to Procrastinate, which
+-- re-runs the same dispatch then (retry_dispatch, given the row's next_retry_at).
+WITH due AS (
+    SELECT at, to_jsonb(to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'))
+               AS stamp
+      FROM (SELECT clock_timestamp() + make_interval(secs => %(delay_seconds)s) AS at) AS t
+), retrying AS (
     UPDATE orc_jobs
        SET status = %(target)s,
            retry_count = retry_count + %(retry_increment)s,
-           next_retry_at = %(next_retry_at)s,
-           last_error = %(error)s,
+           next_retry_at = due.at,
+           last_error = jsonb_set(%(error)s::jsonb, '{next_available_at}', due.stamp),
            lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
+      FROM due
      WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = ANY (%(sources)s)
-    RETURNING id, retry_count, next_retry_at
+    RETURNING id, retry_count, next_retry_at, due.stamp
 ), events AS (
     -- job.failed reports the counters at the failure; job.retry_scheduled those after it.
     INSERT INTO orc_job_events (job_id, kind, payload)
     SELECT r.id, e.kind, e.payload
       FROM retrying AS r,
-           (VALUES (1, 'job.failed', %(failed_event)s::jsonb),
-                   (2, 'job.retry_scheduled', %(retry_event)s::jsonb)) AS e (n, kind, payload)
+           LATERAL (VALUES (1, 'job.failed', %(failed_event)s::jsonb),
+                           (2, 'job.retry_scheduled',
+                            jsonb_set(%(retry_event)s::jsonb, '{available_at}', r.stamp)))
+               AS e (n, kind, payload)
      ORDER BY e.n
 )
-SELECT id, pg_notify('orc_wakeup', extract(epoch FROM next_retry_at)::text) FROM retrying
+SELECT id, next_retry_at, pg_notify('orc_wakeup', extract(epoch FROM next_retry_at)::text)
+  FROM retrying
 
 -- hand_back_job --
 -- An interrupted attempt (drain, abort) gives its job back: PENDING again, no retry budget used,

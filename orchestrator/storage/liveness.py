@@ -26,14 +26,16 @@ class Zombie(JobState):
     heartbeat_at: datetime
     deadline_at: datetime | None
     procrastinate_job_id: int | None
+    swept_at: datetime  # the database's now in the sweep's transaction: its decisions' clock
 
 
 @dataclass(frozen=True)
 class ZombieRetry:
-    """A zombie with budget left: RETRY at ``next_retry_at``, with these events."""
+    """A zombie with budget left: RETRY ``delay_ms`` after the database's now, with these
+    events (the statement adds that time to them)."""
 
     zombie: Zombie
-    next_retry_at: datetime
+    delay_ms: float
     last_error: dict[str, Any]
     detected: dict[str, Any]  # job.zombie_detected
     retry: dict[str, Any]  # job.retry_scheduled
@@ -114,7 +116,7 @@ class LivenessStore:
             {
                 "id": str(r.zombie.id),
                 "lease_token": str(r.zombie.lease_token),
-                "next_retry_at": r.next_retry_at.isoformat(),
+                "delay_seconds": r.delay_ms / 1000,
                 "error": r.last_error,
                 "zombie": r.detected,
                 "retry": r.retry,

@@ -79,9 +79,11 @@ RETURNING j.lease_token
 -- zombies --
 -- RUNNING jobs whose heartbeat is older than the threshold (orc_jobs_running_heartbeat), oldest
 -- first, but those this run could not handle; bounded, and SKIP LOCKED so sweepers running at
--- once never share a job.
+-- once never share a job. swept_at: the database's now, which the sweep's decisions (a deadline
+-- overrun, the retry's time) are measured from, never the sweeper's clock.
 SELECT id, job_type, tenant_id, payload, lease_token, heartbeat_at, deadline_at, attempt,
-       max_attempts, dispatch_attempt, retry_count, max_retries, procrastinate_job_id, locked_by
+       max_attempts, dispatch_attempt, retry_count, max_retries, procrastinate_job_id, locked_by,
+       now() AS swept_at
   FROM orc_jobs
  WHERE status = 'RUNNING'  -- orc_jobs_running_heartbeat's predicate (see soonest_due)
    AND heartbeat_at < now() - make_interval(secs => %(threshold)s)
@@ -96,17 +98,24 @@ SELECT id, job_type, tenant_id, payload, lease_token, heartbeat_at, deadline_at,
 SELECT orc_flow_lock_keys_of_v1(%(job_ids)s::uuid[])
 
 -- sweep_to_retry --
--- Zombies with budget left ([{id, lease_token, next_retry_at, error, zombie, retry}]): RETRY,
--- retry_count + 1, with job.zombie_detected and job.retry_scheduled (attempt bumped at the next
--- claim); dispatch_jobs gives them new dispatches in the same transaction.
+-- Zombies with budget left ([{id, lease_token, delay_seconds, error, zombie, retry}]): RETRY,
+-- retry_count + 1, due again delay_seconds from now by the database's clock (written in
+-- last_error's next_available_at and job.retry_scheduled's available_at too), with
+-- job.zombie_detected and job.retry_scheduled (attempt bumped at the next claim); dispatch_jobs
+-- gives them new dispatches in the same transaction.
 WITH d AS (
-    SELECT * FROM jsonb_to_recordset(%(decisions)s)
-        AS d (id uuid, lease_token uuid, next_retry_at timestamptz, error jsonb, zombie jsonb,
-              retry jsonb)
+    SELECT d.*, due.at,
+           to_jsonb(to_char(due.at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'))
+               AS stamp
+      FROM jsonb_to_recordset(%(decisions)s)
+           AS d (id uuid, lease_token uuid, delay_seconds float8, error jsonb, zombie jsonb,
+                 retry jsonb),
+           LATERAL (SELECT now() + make_interval(secs => d.delay_seconds) AS at) AS due
 ), moved AS (
     UPDATE orc_jobs AS j
        SET status = %(target)s, retry_count = j.retry_count + 1,
-           next_retry_at = d.next_retry_at, last_error = d.error,
+           next_retry_at = d.at,
+           last_error = jsonb_set(d.error, '{next_available_at}', d.stamp),
            lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
       FROM d
      WHERE j.id = d.id AND j.lease_token = d.lease_token AND j.status = ANY (%(sources)s)
@@ -116,7 +125,8 @@ WITH d AS (
     SELECT m.id, e.kind, e.payload
       FROM moved AS m JOIN d ON d.id = m.id,
            LATERAL (VALUES (1, 'job.zombie_detected', d.zombie),
-                           (2, 'job.retry_scheduled', d.retry)) AS e (n, kind, payload)
+                           (2, 'job.retry_scheduled',
+                            jsonb_set(d.retry, '{available_at}', d.stamp))) AS e (n, kind, payload)
      ORDER BY m.id, e.n
 )
 SELECT id FROM moved
