@@ -48,7 +48,7 @@ from orchestrator.domain.job_types import JobType
 from orchestrator.domain.models import Claim
 from orchestrator.domain.secrets import redact
 from orchestrator.domain.states import Status
-from orchestrator.runtime.external_calls import ExternalCalls
+from orchestrator.runtime.external_calls import ExternalCalls, end_attempt
 from orchestrator.runtime.loops import keep_running
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.outcomes import (
@@ -275,15 +275,9 @@ class ExternalRuns:
         held = await self.stores.jobs.held(job_id, attempt=attempt, lease_token=lease_token)
         if held is None:
             raise StaleLease(job_id, lease_token)
-        outcome = self._outcome(held, report)
-        if not await self.writer.write(held.dispatch_id, held.claim, outcome):
-            raise StaleLease(job_id, lease_token)
-        name, error_class, layer = named(outcome)
-        self.metrics.attempt_finished(
-            held.claim.job_type, name, held.running_ms / 1000, error_class=error_class,
-            layer=layer,
-        )  # fmt: skip
-        return name
+        return await end_attempt(
+            self.writer, self.metrics, held, self._outcome(held, report), lease_token
+        )
 
     def _outcome(self, held: Held, report: Report) -> Outcome:
         claim, dispatch_id = held.claim, held.dispatch_id

@@ -25,15 +25,30 @@ from orchestrator.domain.errors import StaleLease
 from orchestrator.domain.flow_window import Admit, CallBlocked, parked
 from orchestrator.domain.usage import Tokens
 from orchestrator.runtime.metrics import Metrics
-from orchestrator.runtime.outcomes import OutcomeWriter, Parked, named
+from orchestrator.runtime.outcomes import Outcome, OutcomeWriter, Parked, named
 from orchestrator.runtime.usage import call_usage, spent, tokens_of
 from orchestrator.storage.flow import Leased
+from orchestrator.storage.jobs import Held
 from orchestrator.storage.stores import Stores
 
 
 @dataclass(frozen=True)
 class Go:
     """Send the call now: it is counted in its key's window."""
+
+
+async def end_attempt(
+    writer: OutcomeWriter, metrics: Metrics, held: Held, outcome: Outcome, lease_token: UUID
+) -> str:
+    """Write an external attempt's outcome, as its held dispatch's end, and count it; its name.
+    StaleLease (nothing written) when the attempt lost the lease meanwhile."""
+    if not await writer.write(held.dispatch_id, held.claim, outcome):
+        raise StaleLease(held.claim.id, lease_token)
+    name, error_class, layer = named(outcome)
+    metrics.attempt_finished(
+        held.claim.job_type, name, held.running_ms / 1000, error_class=error_class, layer=layer
+    )
+    return name
 
 
 class ExternalCalls:
@@ -78,13 +93,7 @@ class ExternalCalls:
         key = held.claim.flow_key
         assert key is not None  # a call that found no room has a key
         outcome = Parked.of(parked(key, call_key, blocked, units, release=release, at=at))
-        if not await self.writer.write(held.dispatch_id, held.claim, outcome):
-            raise StaleLease(job_id, lease_token)
-        name, error_class, layer = named(outcome)
-        self.metrics.attempt_finished(
-            held.claim.job_type, name, held.running_ms / 1000, error_class=error_class,
-            layer=layer,
-        )  # fmt: skip
+        await end_attempt(self.writer, self.metrics, held, outcome, lease_token)
         return outcome
 
     async def record(
