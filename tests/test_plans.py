@@ -25,6 +25,7 @@ values, since their generic plan costs more than those.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -181,21 +182,30 @@ async def explained(
     parameter."""
     await require_auto_explain(planted)
     plans = Plans(request.param)
+    async with heard(planted, plans, max_size=4) as pool:
+        yield Stores.on(pool), plans
+
+
+@contextlib.asynccontextmanager
+async def heard(
+    dsn: str, plans: Plans, *, max_size: int
+) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    """A pool whose connections send every plan they run to ``plans``, made in its mode."""
 
     async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
         await conn.set_autocommit(True)
         await conn.execute("LOAD 'auto_explain'")
-        for name, value in {**AUTO_EXPLAIN, "plan_cache_mode": request.param}.items():
+        for name, value in {**AUTO_EXPLAIN, "plan_cache_mode": plans.mode}.items():
             await conn.execute(f"SET {name} = {value}")
         conn.add_notice_handler(plans.hear)
 
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        planted, min_size=1, max_size=4, open=False, configure=configure,
+        dsn, min_size=1, max_size=max_size, open=False, configure=configure,
         kwargs={"row_factory": dict_row},
     )  # fmt: skip
     await pool.open(wait=True)
     try:
-        yield Stores.on(pool), plans
+        yield pool
     finally:
         await pool.close()
 
@@ -407,20 +417,7 @@ async def test_the_fetch_is_planned_once_and_walks_the_queue_whatever_its_statis
             for _ in range(BACKLOG // 1000):
                 await orc.submit_many({"job_type": "noop", "payload": {}} for _ in range(1000))
         plans = Plans(mode, path="fetch")
-
-        async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
-            await conn.set_autocommit(True)
-            await conn.execute("LOAD 'auto_explain'")
-            for name, value in {**AUTO_EXPLAIN, "plan_cache_mode": mode}.items():
-                await conn.execute(f"SET {name} = {value}")
-            conn.add_notice_handler(plans.hear)
-
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            dsn, min_size=1, max_size=1, open=False, configure=configure,
-            kwargs={"row_factory": dict_row},
-        )  # fmt: skip
-        await pool.open(wait=True)
-        try:
+        async with heard(dsn, plans, max_size=1) as pool:
             stores = Stores.on(pool)
             worker_id = await stores.dispatches.register_worker(prune_after=60)
             for _ in range(3):  # past the fifth call of each statement: a plan settled on
@@ -429,8 +426,6 @@ async def test_the_fetch_is_planned_once_and_walks_the_queue_whatever_its_statis
                         limit=5, queues=None, worker_id=worker_id, worker="plans", conn=conn
                     )
                 assert len(fetched) == 5
-        finally:
-            await pool.close()
     read_whole = [
         f"{node['Node Type']} on procrastinate_jobs gave {node['Actual Rows']} rows in\n"
         f"{text.strip()}\nplan:\n{outline(plan)}"
