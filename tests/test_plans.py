@@ -87,24 +87,39 @@ AUTO_EXPLAIN = {
     "auto_explain.log_format": "json",
     "auto_explain.log_analyze": "on",
     "auto_explain.log_timing": "off",
+    "auto_explain.log_settings": "on",  # the planner's settings a statement ran with
     "client_min_messages": "log",
 }
 
 
+@dataclass(frozen=True)
+class Heard:
+    """One statement's plan: what ran it, its text, its plan, and the planner settings it ran
+    with where they differ from the server's defaults (a function's own ``SET`` included)."""
+
+    path: str
+    text: str
+    plan: dict[str, Any]
+    settings: dict[str, str]
+
+
 @dataclass
 class Plans:
-    """The plans the server sent, each with the statement's text; ``mode``: the plan cache mode
-    they were made in; ``path``: what ran them."""
+    """The plans the server sent; ``mode``: the plan cache mode they were made in; ``path``:
+    what ran them."""
 
     mode: str
     path: str = ""
-    seen: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    seen: list[Heard] = field(default_factory=list)
 
     def hear(self, diag: psycopg.errors.Diagnostic) -> None:
         message = diag.message_primary or ""
         if "plan:" in message:
-            plan = json.loads(message.split("plan:", 1)[1])
-            self.seen.append((self.path, plan["Query Text"], plan["Plan"]))
+            explained = json.loads(message.split("plan:", 1)[1])
+            self.seen.append(
+                Heard(self.path, explained["Query Text"], explained["Plan"],
+                      explained.get("Settings", {}))
+            )  # fmt: skip
 
 
 def scans(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -123,13 +138,13 @@ def outline(node: dict[str, Any], depth: int = 0) -> str:
 
 def sequential_scans(plans: Plans, sized: set[str]) -> list[str]:
     found = []
-    for path, text, plan in plans.seen:
-        for node in scans(plan):
+    for heard in plans.seen:
+        for node in scans(heard.plan):
             ran = node.get("Actual Loops", 1) > 0
             if ran and node["Node Type"] == "Seq Scan" and node.get("Relation Name") in sized:
                 found.append(
-                    f"{path}: Seq Scan on {node['Relation Name']} in\n{text.strip()}\n"
-                    f"plan:\n{outline(plan)}"
+                    f"{heard.path}: Seq Scan on {node['Relation Name']} in\n"
+                    f"{heard.text.strip()}\nplan:\n{outline(heard.plan)}"
                 )
     return found
 
@@ -370,10 +385,36 @@ async def test_no_hot_statement_reads_a_job_sized_table_whole(
         assert (await orc.get_job(spent)).status == "FAILED"
         if plans.mode == "auto":
             await read(stores, plans, job_ids[0])
-    paths = {path for path, _, _ in plans.seen}
+    paths = {heard.path for heard in plans.seen}
     assert {"submit", "fetch and claim (with the flow gate)", "completion"} <= paths
     found = sequential_scans(plans, sized)
     assert not found, "\n\n".join(found)
+    per_job = {"submit", "fetch and claim (with the flow gate)", "heartbeat", "retry",
+               "hand-back", "completion"}  # fmt: skip
+    jitted = compiled(plans, await jit_threshold(planted), per_job)
+    assert not jitted, "\n\n".join(jitted)
+
+
+async def jit_threshold(dsn: str) -> float:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute("SELECT current_setting('jit_above_cost')::float8")
+        row = await cur.fetchone()
+        assert row is not None
+        return float(row[0])
+
+
+def compiled(plans: Plans, threshold: float, paths: set[str]) -> list[str]:
+    """The statements of ``paths`` that a server built with LLVM would JIT-compile: costed at
+    ``threshold`` or more, and not run with ``jit = off``. Compiling takes milliseconds, more
+    than such a statement's work, on every call (checked whether or not this server has JIT)."""
+    return [
+        f"{heard.path}: costed {heard.plan['Total Cost']:,.0f} (jit_above_cost {threshold:,.0f})"
+        f", run with {heard.settings or 'the defaults'}, in\n{heard.text.strip()}"
+        for heard in plans.seen
+        if heard.path in paths
+        and heard.plan["Total Cost"] >= threshold
+        and heard.settings.get("jit") != "off"
+    ]
 
 
 def test_every_status_written_out_in_a_query_is_one_of_the_state_machine() -> None:
@@ -428,15 +469,57 @@ async def test_the_fetch_is_planned_once_and_walks_the_queue_whatever_its_statis
                 assert len(fetched) == 5
     read_whole = [
         f"{node['Node Type']} on procrastinate_jobs gave {node['Actual Rows']} rows in\n"
-        f"{text.strip()}\nplan:\n{outline(plan)}"
-        for _, text, plan in plans.seen
-        for node in scans(plan)
+        f"{heard.text.strip()}\nplan:\n{outline(heard.plan)}"
+        for heard in plans.seen
+        for node in scans(heard.plan)
         if node.get("Relation Name") == "procrastinate_jobs" and node.get("Actual Rows", 0) > 100
     ]
     assert not read_whole, "\n\n".join(read_whole)
-    takes = [plan for _, text, plan in plans.seen if "WITH candidate AS" in text]
+    takes = [heard.plan for heard in plans.seen if "WITH candidate AS" in heard.text]
     assert len(takes) == 15
     replanned = [outline(plan) for plan in takes[1:] if "$1" not in json.dumps(plan)]
     assert not replanned, (
         f"{len(replanned)} of 14 fetches planned with their values:\n" + (replanned[0])
     )
+
+
+#: Waiting in a queue no worker of the test takes, behind the jobs it fetches: enough for the
+#: fetch's generic plan, costed as a walk of every waiting dispatch, to cross jit_above_cost.
+QUEUED = 30_000
+
+
+async def test_the_fetch_is_never_jit_compiled_however_long_the_queue() -> None:
+    """With 30,000 dispatches waiting, and the statistics saying so, the fetch's statement is
+    costed above jit_above_cost (its generic plan cannot count on LIMIT 1 stopping at the
+    queue's head), yet it runs with jit off: compiled, each fetch took 7-10 ms on PostgreSQL 15
+    with LLVM, and a 20,000-job drain ran at 85 jobs/s (1,515 with 5,000 queued)."""
+    with scratch_database(settings_for_tests(), "orc_plans_jit") as dsn:
+        await require_auto_explain(dsn)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await migrate(conn)
+            await conn.execute(
+                "INSERT INTO procrastinate_jobs (queue_name, task_name, priority, args, status)"
+                " SELECT 'elsewhere', 'elsewhere', -1, '{}', 'todo'"
+                "   FROM generate_series(1, %s)",
+                (QUEUED,),
+            )
+            await conn.execute("ANALYZE procrastinate_jobs")
+        orc = planner(dsn)
+        async with orc:
+            await orc.submit_many({"job_type": "noop", "payload": {}} for _ in range(12))
+        plans = Plans("auto", path="fetch")
+        async with heard(dsn, plans, max_size=1) as pool:
+            stores = Stores.on(pool)
+            worker_id = await stores.dispatches.register_worker(prune_after=60)
+            for _ in range(2):  # the fifth call of the statement and after: its generic plan
+                async with stores.queries.connection() as conn:
+                    fetched = await stores.dispatches.fetch(
+                        limit=6, queues=None, worker_id=worker_id, worker="plans", conn=conn
+                    )
+                assert [d.claim is not None for d in fetched] == [True] * 6
+        threshold = await jit_threshold(dsn)
+    takes = [heard for heard in plans.seen if "WITH candidate AS" in heard.text]
+    assert len(takes) == 12
+    assert max(heard.plan["Total Cost"] for heard in takes) >= threshold, "the premise"
+    jitted = compiled(plans, threshold, {"fetch"})
+    assert not jitted, "\n\n".join(jitted)

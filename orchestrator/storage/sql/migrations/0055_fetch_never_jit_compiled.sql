@@ -1,0 +1,13 @@
+-- 0055_fetch_never_jit_compiled: the fetch's statement runs with jit = off (issue 33;
+-- docs/operations.md, "Plans that stay flat").
+--
+-- orc_take_dispatch_v1's generic plan (0054) cannot know that LIMIT 1 stops at the queue's
+-- head, so PostgreSQL costs it as a walk of every waiting dispatch: past some 10,000 waiting it
+-- crosses jit_above_cost (100,000 by default), and a server built with LLVM compiled the
+-- statement on every fetch, 7-10 ms each, for a walk that reads a few index entries. A drain
+-- of 20,000 queued jobs on PostgreSQL 15 ran at 85 jobs/s (1,515 with 5,000 queued). The
+-- function now sets jit = off, as it sets the planner's other choices. Same signature, same
+-- dispatches.
+--
+-- compatible-with-older-workers: yes
+-- revises: functions/claim.sql a720e983db3f6a40f2b3cfe3f670d88230ecf4f9fdc2b6849abcef8e5a677f30
