@@ -272,10 +272,17 @@ async def test_worker_processes_finishing_and_sweeping_jobs_of_many_keys_never_d
     """Three worker processes of 20 slots run rounds of short jobs over twelve keys (each two at
     once, the rest in line): their completions go in batches across keys, each release pumping
     its key. One worker is killed mid-round: the others' sweeps retry its jobs, across keys,
-    while they complete their own. PostgreSQL counts no deadlock in the test database."""
+    and their safety nets redispatch those it had fetched but not claimed, while they complete
+    their own. PostgreSQL counts no deadlock in the test database."""
     dsn = empty_dsn
     before = await deadlocks_once_alone(db)
-    env = {"ORCHESTRATOR_RETRY_CONFIG": flow_app.CONFIG, "ORCHESTRATOR_WORKER_CONCURRENCY": 20}
+    env = {"ORCHESTRATOR_RETRY_CONFIG": flow_app.CONFIG, "ORCHESTRATOR_WORKER_CONCURRENCY": 20,
+           # The killed worker also leaves dispatches it fetched but had not claimed yet (their
+           # claims left for later): the safety net gives those jobs new dispatches once the
+           # worker is silent this long, here within seconds rather than the minute or so of
+           # the defaults (30 s, a run a minute).
+           "ORCHESTRATOR_STALLED_WORKER_SECONDS": 3, "ORCHESTRATOR_SAFETY_NET_CRON": "* * * * * *",
+           "ORCHESTRATOR_SAFETY_NET_GRACE_SECONDS": 1}  # fmt: skip
     orc = make_orc(retry_config=flow_app.CONFIG)
     flow_app.register(orc)
     await orc.open()
