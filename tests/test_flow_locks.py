@@ -18,10 +18,13 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
-from orchestrator import Orchestrator, Status
+from orchestrator import ErrorClass, Orchestrator, Status
 from orchestrator.domain import states
+from orchestrator.domain.events import Fault
+from orchestrator.domain.failures import DispatchEnd
+from orchestrator.domain.models import JobState
 from orchestrator.storage.queries import QUERIES
-from tests.support import flow_app
+from tests.support import flow_app, log_guard
 from tests.support.harness import run_sweep, wait_for
 from tests.support.workers import WorkerProcess
 
@@ -243,19 +246,68 @@ async def test_a_sweep_or_a_batch_waiting_for_a_key_holds_no_other(
     )  # fmt: skip
     batch = [high_0, low_1]
     assert high_0 < low_1  # the batch writes the high key's job first
-    async with await psycopg.AsyncConnection.connect(dsn) as holder:
-        holder_pid = await pid_of(holder)
-        for writer in (lambda: run_sweep(orc), lambda: _complete_alone(dsn, batch)):
-            await holder.execute("SELECT pg_advisory_xact_lock(%s)", (locks[low],))
-            task = asyncio.ensure_future(writer())
-            await wait_for(lambda: blocked_by(db, holder_pid), timeout=20)
-            try:
-                assert await free(db, locks[high]), "it waits for one key while holding another"
-            finally:
-                await holder.rollback()
-            await asyncio.wait_for(task, timeout=30)
+    for writer in (lambda: run_sweep(orc), lambda: _complete_alone(dsn, batch)):
+        await waits_holding_no_other_key(dsn, db, wanted=locks[low], other=locks[high],
+                                         writer=writer)  # fmt: skip
     assert {(await orc.get_job(j)).status for j in zombies} == {Status.RETRY}
     assert {(await orc.get_job(j)).status for j in batch} == {Status.COMPLETED}
+
+
+@log_guard.fails_jobs("TEST_GONE")  # both jobs, failed for good with nobody to tell
+async def test_a_batch_of_terminal_failures_waiting_for_a_key_holds_no_other(
+    make_orc: Callable[..., Orchestrator], dsn: str, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """The same rule for the failure batch (orc_fail_jobs_v1, every terminal failure's path):
+    a job of each key failed for good in one batch, the key of higher lock id's job first, with
+    the other key held elsewhere, waits holding no key; then both are FAILED, and each key's
+    release pumped its line."""
+    orc = make_orc(retry_config=flow_app.CONFIG)
+    flow_app.register(orc)
+    await orc.open()
+    running = await running_on_two_keys(orc, db, dsn)
+    locks = {pool: await lock_id(db, f"hold:{pool}") for pool in "ab"}
+    low, high = sorted("ab", key=locks.__getitem__)
+    batch = [running[high][0], running[low][1]]
+    assert batch[0] < batch[1]  # the batch writes the high key's job first
+    fault = Fault("gone for good", "TEST_GONE", ErrorClass.PERMANENT)
+    failures = []
+    for job_id in batch:
+        held = JobState.model_validate(dict(await orc.get_job(job_id)))  # its lease too
+        dispatch = DispatchEnd(await count(db, DISPATCH_OF, job_id), "succeeded")
+        failures.append(orc.failures.terminal(held, fault, dispatch=dispatch))
+    letters = await waits_holding_no_other_key(
+        dsn, db, wanted=locks[low], other=locks[high],
+        writer=lambda: orc.stores.jobs.fail(failures),
+    )  # fmt: skip
+    assert None not in letters
+    assert {(await orc.get_job(j)).status for j in batch} == {Status.FAILED}
+    assert await count(db, "SELECT count(*) FROM orc_flow_waiters WHERE dispatched_at IS NULL") == 4
+    await orc.close()
+
+
+DISPATCH_OF = "SELECT procrastinate_job_id FROM orc_jobs WHERE id = %s"
+
+
+async def waits_holding_no_other_key(
+    dsn: str,
+    db: psycopg.AsyncConnection[Any],
+    *,
+    wanted: int,
+    other: int,
+    writer: Callable[[], Awaitable[Any]],
+) -> Any:
+    """``writer`` runs while another transaction holds the key lock ``wanted``: once it waits,
+    the lock ``other`` must be free (it waits for one key holding none). What it returned."""
+    async with await psycopg.AsyncConnection.connect(dsn) as holder:
+        holder_pid = await pid_of(holder)
+        await holder.execute("SELECT pg_advisory_xact_lock(%s)", (wanted,))
+        task = asyncio.ensure_future(writer())
+        await wait_for(lambda: blocked_by(db, holder_pid), timeout=20)
+        try:
+            assert await free(db, other), "it waits for one key while holding another"
+        finally:
+            await holder.rollback()
+        return await asyncio.wait_for(task, timeout=30)
 
 
 async def _complete_alone(dsn: str, job_ids: list[UUID]) -> list[bool]:
