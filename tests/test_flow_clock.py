@@ -6,7 +6,8 @@ Anthropic's reset headers, learn a spent limit from a success's headers, and swe
 Each time the key's stored pause end and the job's next run are the database's clock plus what
 the server asked (within what a loaded machine meets), and the job runs again after the pause.
 Before, a worker an hour fast turned an absolute hint into no pause at all and retried its job
-an hour after the pause, and an hour slow paused the key for an hour."""
+an hour after the pause, and an hour slow paused the key for an hour, and set its wake-up timer
+for a job due soon an hour out."""
 
 from __future__ import annotations
 
@@ -228,3 +229,39 @@ async def test_the_zombie_sweep_retries_by_the_database_s_clock(
         await completed(orc, job_id)
     again = [e.at for e in await orc.job_events(job_id) if e.kind == "job.running"][1]
     assert again >= retry_at
+
+
+#: Seconds between a worker's fetches, and between its reads of the soonest due time, when
+#: nothing wakes it: longer than the test waits, so only the due time it heard can wake it.
+POLL = 120
+DUE_IN = 3.0
+#: Maintenance once a year: each run is a dispatch whose insert wakes the worker's fetch.
+RARE_MAINTENANCE = {
+    f"ORCHESTRATOR_{name}_CRON": "0 0 1 1 *"
+    for name in ("SWEEP", "SAFETY_NET", "APPROVALS", "PRUNE", "RETENTION", "ROLLUP")
+}
+
+
+@pytest.mark.parametrize("skew", SKEWS)
+async def test_a_job_due_soon_wakes_its_worker_by_the_database_s_clock(
+    dsn: str, make_orc: Callable[..., Orchestrator], skew: str
+) -> None:
+    """A job submitted to run 3 s later, to a worker that fetches and reads the soonest due
+    time only every two minutes: the due time the database announces (``orc_wakeup``, seconds
+    since the epoch by its clock) is read against the database's clock, so the worker wakes
+    when the job is due. Before, a worker an hour slow set its timer an hour out, and the job
+    waited for the next poll."""
+    orc = make_orc(retry_config=flow_app.CONFIG)
+    flow_app.register(orc)
+    await orc.open()
+    with contextlib.ExitStack() as stack:
+        await skewed_worker(
+            stack, dsn, skew, APP, ORCHESTRATOR_RETRY_CONFIG=flow_app.CONFIG,
+            ORCHESTRATOR_FETCH_POLLING_INTERVAL=POLL, **RARE_MAINTENANCE,
+        )  # fmt: skip
+        run_at = datetime.now().astimezone() + timedelta(seconds=DUE_IN)
+        job_id = await orc.submit("tick", run_at=run_at)
+        await completed(orc, job_id, timeout=DUE_IN + 20)
+    started = next(e.at for e in await orc.job_events(job_id) if e.kind == "job.running")
+    assert started >= run_at
+    await orc.close()

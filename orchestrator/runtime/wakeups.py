@@ -68,10 +68,14 @@ class Wakeups:
         self._due: float | None = None  # loop time the timer fires at
         self._just_fired = False
         self._refresh_now = asyncio.Event()
+        #: The database's clock less this machine's, as the last refresh measured it (the
+        #: first runs as the listener connects): due times are announced by the database's.
+        self._clock_offset = 0.0
 
     def note(self, due_epoch: float) -> None:
-        """Make sure the worker wakes at ``due_epoch`` (seconds since the epoch)."""
-        self.note_in(due_epoch - time.time())
+        """Make sure the worker wakes at ``due_epoch`` (seconds since the epoch by the
+        database's clock, which announced it; this machine's may be off)."""
+        self.note_in(due_epoch - time.time() - self._clock_offset)
 
     def note_in(self, seconds: float) -> None:
         loop = asyncio.get_running_loop()
@@ -109,6 +113,7 @@ class Wakeups:
             except (DatabaseUnavailable, TransactionConflict, psycopg.Error, OSError) as exc:
                 logger.warning("due-time refresh failed: %s", exc)
             else:
+                self._clock_offset = due.now - time.time()
                 if due.seconds is not None:
                     self.note_in(due.seconds)
                 if due.overdue and not just_fired:

@@ -53,6 +53,7 @@ class LostDispatch(BaseModel):
 class Due:
     seconds: float | None  # until the next waiting job is due; None: none is
     overdue: bool  # whether one came due within the lookback
+    now: float  # the database's clock as it answered (seconds since the epoch)
 
 
 class LivenessStore:
@@ -199,7 +200,7 @@ class LivenessStore:
         )
         assert row is not None
         seconds = None if row["seconds"] is None else float(row["seconds"])
-        return Due(seconds, bool(row["overdue"]))
+        return Due(seconds, bool(row["overdue"]), float(row["now"]))
 
     async def ping(self) -> bool:
         return await self.queries.row("ping") is not None

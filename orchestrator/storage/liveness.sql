@@ -1,6 +1,7 @@
 -- soonest_due --
--- For the worker's wake-up timer: seconds until the next waiting job is due (null: none), and
--- whether one came due in the last %(lookback)s seconds (the worker may not have seen it). A
+-- For the worker's wake-up timer: seconds until the next waiting job is due (null: none),
+-- whether one came due in the last %(lookback)s seconds (the worker may not have seen it), and
+-- the database's clock (what the due times announced on orc_wakeup are read against). A
 -- job waiting for capacity is due when its key's pump scheduled its dispatch for (a pump
 -- announces only the soonest of the times it schedules). The statuses are written out, as in
 -- the partial indexes they read (orc_jobs_retry_due, orc_jobs_pending_run_at): a parameter
@@ -16,7 +17,8 @@ WITH due AS (
      WHERE dispatched_at > now() - make_interval(secs => %(lookback)s)
 )
 SELECT extract(epoch FROM min(at) FILTER (WHERE at > now()) - now()) AS seconds,
-       coalesce(bool_or(at <= now()), false) AS overdue
+       coalesce(bool_or(at <= now()), false) AS overdue,
+       extract(epoch FROM now()) AS now
   FROM due
 
 -- lost_dispatches --
