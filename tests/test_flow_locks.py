@@ -224,6 +224,24 @@ async def free(db: psycopg.AsyncConnection[Any], lock: int) -> bool:
         return bool(row[0])
 
 
+async def keyed_by_lock_id(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any], dsn: str
+) -> tuple[Orchestrator, dict[str, list[UUID]], dict[str, int]]:
+    """An open orchestrator and the jobs running on the two keys (running_on_two_keys), with
+    the keys' advisory locks, each named by its place in lock-id order: "low" and "high"."""
+    orc = make_orc(retry_config=flow_app.CONFIG)
+    flow_app.register(orc)
+    await orc.open()
+    running = await running_on_two_keys(orc, db, dsn)
+    locks = {pool: await lock_id(db, f"hold:{pool}") for pool in "ab"}
+    low, high = sorted("ab", key=locks.__getitem__)
+    return (
+        orc,
+        {"low": running[low], "high": running[high]},
+        {"low": locks[low], "high": locks[high]},
+    )
+
+
 async def test_a_sweep_or_a_batch_waiting_for_a_key_holds_no_other(
     make_orc: Callable[..., Orchestrator], dsn: str, db: psycopg.AsyncConnection[Any]
 ) -> None:
@@ -231,23 +249,18 @@ async def test_a_sweep_or_a_batch_waiting_for_a_key_holds_no_other(
     elsewhere, a sweep of a zombie of each key (the other key's the oldest), then a batch
     completing a job of each key (the other key's first in id order), waits for it holding no
     key. Before, each took the other key as it wrote that job, then waited holding it."""
-    orc = make_orc(retry_config=flow_app.CONFIG)
-    flow_app.register(orc)
-    await orc.open()
-    running = await running_on_two_keys(orc, db, dsn)
-    locks = {pool: await lock_id(db, f"hold:{pool}") for pool in "ab"}
-    low, high = sorted("ab", key=locks.__getitem__)
-    (high_0, high_1), (low_0, low_1) = running[high], running[low]
+    orc, running, locks = await keyed_by_lock_id(make_orc, db, dsn)
+    (high_0, high_1), (low_0, low_1) = running["high"], running["low"]
     zombies = [high_1, low_0]  # the high key's the oldest: the sweep writes it first
     await db.execute(
         "UPDATE orc_jobs SET heartbeat_at = CASE id WHEN %s THEN now() - interval '2 hours'"
         " WHEN %s THEN now() - interval '1 hour' ELSE now() + interval '1 hour' END"
-        " WHERE id = ANY (%s)", (*zombies, [*running["a"], *running["b"]]),
+        " WHERE id = ANY (%s)", (*zombies, [high_0, high_1, low_0, low_1]),
     )  # fmt: skip
     batch = [high_0, low_1]
     assert high_0 < low_1  # the batch writes the high key's job first
     for writer in (lambda: run_sweep(orc), lambda: _complete_alone(dsn, batch)):
-        await waits_holding_no_other_key(dsn, db, wanted=locks[low], other=locks[high],
+        await waits_holding_no_other_key(dsn, db, wanted=locks["low"], other=locks["high"],
                                          writer=writer)  # fmt: skip
     assert {(await orc.get_job(j)).status for j in zombies} == {Status.RETRY}
     assert {(await orc.get_job(j)).status for j in batch} == {Status.COMPLETED}
@@ -261,13 +274,8 @@ async def test_a_batch_of_terminal_failures_waiting_for_a_key_holds_no_other(
     a job of each key failed for good in one batch, the key of higher lock id's job first, with
     the other key held elsewhere, waits holding no key; then both are FAILED, and each key's
     release pumped its line."""
-    orc = make_orc(retry_config=flow_app.CONFIG)
-    flow_app.register(orc)
-    await orc.open()
-    running = await running_on_two_keys(orc, db, dsn)
-    locks = {pool: await lock_id(db, f"hold:{pool}") for pool in "ab"}
-    low, high = sorted("ab", key=locks.__getitem__)
-    batch = [running[high][0], running[low][1]]
+    orc, running, locks = await keyed_by_lock_id(make_orc, db, dsn)
+    batch = [running["high"][0], running["low"][1]]
     assert batch[0] < batch[1]  # the batch writes the high key's job first
     fault = Fault("gone for good", "TEST_GONE", ErrorClass.PERMANENT)
     failures = []
@@ -276,7 +284,7 @@ async def test_a_batch_of_terminal_failures_waiting_for_a_key_holds_no_other(
         dispatch = DispatchEnd(await count(db, DISPATCH_OF, job_id), "succeeded")
         failures.append(orc.failures.terminal(held, fault, dispatch=dispatch))
     letters = await waits_holding_no_other_key(
-        dsn, db, wanted=locks[low], other=locks[high],
+        dsn, db, wanted=locks["low"], other=locks["high"],
         writer=lambda: orc.stores.jobs.fail(failures),
     )  # fmt: skip
     assert None not in letters
