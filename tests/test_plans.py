@@ -1,5 +1,5 @@
 """Every hot statement's cost is independent of the job table's size (docs/operations.md,
-"Plans that stay flat").
+"Hot paths").
 
 A database is planted with finished jobs and 3,000 unfinished ones, with their events,
 dispatches, dead letters and LLM usage (bench/history.py): 20,000 finished, where a plan that
@@ -445,7 +445,7 @@ async def test_the_fetch_is_planned_once_and_walks_the_queue_whatever_its_statis
     parameters unknown: `$1`), whatever plan cache mode the session asks for. Procrastinate's
     own fetch was planned again on every call, which cost more than running it, and, estimating
     a handful of waiting dispatches, read every one of them and sorted them (docs/operations.md,
-    "Plans that stay flat")."""
+    "Hot paths")."""
     with scratch_database(settings_for_tests(), "orc_plans_stale") as dsn:
         await require_auto_explain(dsn)
         orc = planner(dsn)
