@@ -43,7 +43,7 @@ async def check(dsn: str, count: int, rounds: int = 20) -> tuple[float, float]:
     """Median seconds of a check with ``count`` schedules none due, and of a ping."""
     orc = application(dsn, count, "0 7 * * *")
     async with orc:
-        await orc.stores.schedules.sync(orc.schedules.values())
+        await orc.stores.schedules.sync(orc.application, orc.schedules.values())
         scheduler = orc.scheduler()
         checks, pings = [], []
         for _ in range(rounds + 3):

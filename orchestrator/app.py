@@ -27,6 +27,7 @@ import procrastinate
 import psycopg
 
 import retry_config
+from orchestrator.domain.applications import Application
 from orchestrator.domain.classification import Classifier
 from orchestrator.domain.degradation import Degrader, Fallback
 from orchestrator.domain.errors import ConfigError, InvalidTransition
@@ -125,7 +126,9 @@ class Orchestrator:
             failures=self.failures, notifier=self.notifier, config=self.live_config,
             metrics=self.metrics, on_refused=self.refused_by_database,
         )  # fmt: skip
-        self._schedules = Schedules(self.schedules, rows, self.settings, self._lifecycle)
+        self._schedules = Schedules(
+            self.schedules, rows, self.settings, self._lifecycle, self.live_config
+        )
         self._definition = Definition(
             self.job_types, self.classifiers, self.live_config, self._schedules, self.notifier
         )
@@ -196,6 +199,11 @@ class Orchestrator:
         """The names a retry config may configure: the registered job types, the built-in
         ones, and the maintenance services."""
         return self._definition.known_job_types()
+
+    @property
+    def application(self) -> Application:
+        """The application this process belongs to (docs/applications.md)."""
+        return Application.of(self.settings)
 
     # -- the retry config in effect (orchestrator.facade.reloads) ---------------------------
 

@@ -17,6 +17,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ORCHESTRATOR_", extra="ignore")
 
+    application: str = Field(
+        "default",
+        pattern=r"^[a-z][a-z0-9_.-]{0,62}$",
+        description="The name of the application this process belongs to, when several share"
+        " one database (docs/applications.md): its job types, limits and schedules are recorded"
+        " as its own, and a sync (worker or `serve` start, a reload, `migrate`) changes only"
+        " them. Lower-case letters, digits, '_', '.' and '-', starting with a letter.",
+    )
     database_url: str | None = Field(
         None,
         validation_alias=AliasChoices("DATABASE_URL", "ORCHESTRATOR_DATABASE_URL"),

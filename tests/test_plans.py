@@ -373,7 +373,7 @@ async def test_no_hot_statement_reads_a_job_sized_table_whole(
     assert {"orc_jobs", "orc_job_events", "procrastinate_jobs"} <= sized
     orc = planner(planted)
     async with orc:
-        await stores.flow.apply(orc.live_config)
+        await stores.flow.apply(orc.live_config, orc.application)
         job_ids = await submit(orc, stores, plans)
         worker_id = await stores.dispatches.register_worker(prune_after=60)
         dispatches = await fetch(stores, plans, worker_id)

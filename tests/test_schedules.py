@@ -104,7 +104,7 @@ async def test_schedulers_racing_for_the_same_ticks_fire_each_once(
         orc.schedule("burst", "noop", cron="* * * * * *", backfill_seconds=30)
         await orc.open()
     schedulers = [orc.scheduler() for orc in orcs]
-    await orcs[0].stores.schedules.sync(orcs[0].schedules.values())
+    await orcs[0].stores.schedules.sync(orcs[0].application, orcs[0].schedules.values())
     await db.execute("UPDATE orc_schedules SET fire_after = now() - interval '1 hour'")
     results = await asyncio.gather(*(s.run_once() for s in schedulers))
     assert sorted(r.fired > 0 for r in results) == [False] * 4 + [True]
@@ -125,7 +125,7 @@ async def test_after_downtime_only_the_ticks_within_the_backfill_window_run(
     orc.schedule("unfilled", "noop", cron="* * * * *")
     await orc.open()
     scheduler = orc.scheduler()
-    await orc.stores.schedules.sync(orc.schedules.values())
+    await orc.stores.schedules.sync(orc.application, orc.schedules.values())
     assert (await scheduler.run_once()).fired == 0  # just stored: nothing due yet
     await db.execute("UPDATE orc_schedules SET fire_after = now() - interval '1 hour'")
     before = await db_now(db)
@@ -210,7 +210,7 @@ async def test_a_tenants_schedule_is_neither_seen_nor_paused_by_another(
     orc.schedule("mine", "noop", cron="0 7 * * *", tenant_id="tenant-a")
     orc.schedule("nobodys", "noop", cron="0 7 * * *")
     await orc.open()
-    await orc.stores.schedules.sync(orc.schedules.values())
+    await orc.stores.schedules.sync(orc.application, orc.schedules.values())
     assert [v.name for v in await orc.list_schedules(tenants=["tenant-a"])] == ["mine"]
     assert len(await orc.list_schedules()) == 3
     for name in ("theirs", "nobodys", "unknown"):
@@ -293,7 +293,7 @@ async def test_a_pause_that_commits_between_the_read_and_the_firing_wins(
     orc = app(make_orc)
     orc.schedule("held", "noop", cron="* * * * * *")
     await orc.open()
-    await orc.stores.schedules.sync(orc.schedules.values())
+    await orc.stores.schedules.sync(orc.application, orc.schedules.values())
     await db.execute("UPDATE orc_schedules SET fire_after = now() - interval '5 seconds'")
     [state] = await orc.stores.schedules.states(["held"])
     await orc.pause_schedule("held", by="ops")
@@ -320,7 +320,7 @@ async def test_a_long_backfill_is_fired_a_thousand_ticks_at_a_time_without_waiti
     orc = app(make_orc)
     orc.schedule("dense", "noop", cron="* * * * * *", backfill_seconds=3600)
     await orc.open()
-    await orc.stores.schedules.sync(orc.schedules.values())
+    await orc.stores.schedules.sync(orc.application, orc.schedules.values())
     await db.execute("UPDATE orc_schedules SET fire_after = now() - interval '2 hours'")
     first = await orc.scheduler().run_once()
     assert (first.fired, first.wait) == (MAX_TICKS, 0.0)  # the next check comes at once
@@ -339,11 +339,11 @@ async def test_definitions_are_written_only_where_new_or_changed(make_orc: MakeO
     await old.open()
     await new.open()
     query = "SELECT cron, tz, defined_at, fire_after, xmin::text FROM orc_schedules"
-    await old.stores.schedules.sync(old.schedules.values())
+    await old.stores.schedules.sync(old.application, old.schedules.values())
     before = await (await db.execute(query)).fetchone()
-    await old.stores.schedules.sync(old.schedules.values())
+    await old.stores.schedules.sync(old.application, old.schedules.values())
     assert await (await db.execute(query)).fetchone() == before  # not even rewritten
-    await new.stores.schedules.sync(new.schedules.values())
+    await new.stores.schedules.sync(new.application, new.schedules.values())
     after = await (await db.execute(query)).fetchone()
     assert before is not None and after is not None
     assert after[:2] == ("*/30 * * * *", "Europe/Paris") and after[2] > before[2]
@@ -423,7 +423,7 @@ async def test_a_paused_schedule_holds_only_itself(make_orc: MakeOrc, db: Db) ->
     orc.schedule("a_held", "noop", cron="* * * * * *")
     orc.schedule("b_going", "noop", cron="* * * * * *")
     await orc.open()
-    await orc.stores.schedules.sync(orc.schedules.values())
+    await orc.stores.schedules.sync(orc.application, orc.schedules.values())
     await orc.pause_schedule("a_held", by="ops")
     await db.execute("UPDATE orc_schedules SET fire_after = now() - interval '3 seconds'")
     assert (await orc.scheduler().run_once()).fired >= 3

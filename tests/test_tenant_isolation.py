@@ -271,7 +271,7 @@ async def test_a_tick_whose_key_a_job_held_before_names_that_job_as_its_run(
     that exists, not the one the tick would have made."""
     orc.schedule("held", "scripted", cron="* * * * * *", payload=OK, tenant_id=MINE)
     scheduler = orc.scheduler()
-    await orc.stores.schedules.sync(scheduler.schedules.values())
+    await orc.stores.schedules.sync(orc.application, scheduler.schedules.values())
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=3)
     await db.execute("UPDATE orc_schedules SET fire_after = %s WHERE name = 'held'", (start,))
     ticks = [start + timedelta(seconds=s) for s in range(1, 15)]

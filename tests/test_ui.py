@@ -393,7 +393,7 @@ async def test_schedules_show_their_next_and_last_run_and_pause_and_resume(
                  payload={"script": ["ok"]})  # fmt: skip
     orc.schedule("minutely", "scripted", cron="* * * * *", backfill_seconds=120,
                  payload={"script": ["ok"]}, tenant_id="a")  # fmt: skip
-    await orc.stores.schedules.sync(orc.schedules.values())
+    await orc.stores.schedules.sync(orc.application, orc.schedules.values())
     await db.execute("UPDATE orc_schedules SET fire_after = now() - interval '10 minutes'")
     assert (await orc.scheduler().run_once()).fired >= 2  # the minutely's last two minutes
     [last] = [v.last_job_id for v in await orc.list_schedules() if v.name == "minutely"]
@@ -497,7 +497,7 @@ async def _hostile_keys(orc: Orchestrator, db: Any) -> None:
     for key in HOSTILE:
         await orc.pause_flow_key(key, seconds=600, reason="hostile", by="test")
     orc.schedule("victim", "scripted", cron="0 7 * * *", payload={"script": ["ok"]})
-    await orc.stores.schedules.sync(orc.schedules.values())
+    await orc.stores.schedules.sync(orc.application, orc.schedules.values())
     await orc.pause_schedule("victim", by="test")
 
 

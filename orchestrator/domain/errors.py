@@ -15,6 +15,8 @@ OrchestratorError                  base; every subclass carries a stable ``code`
 ├── StaleLease                     a write from an attempt whose lease was superseded
 ├── DeadLetterError                a dead-letter action that does not apply
 ├── ScheduleNotFound               no schedule of that name (or not of the caller's tenants)
+├── ApplicationConflict            a sync refused: another application declares one of its
+│                                  job types, limits or schedules otherwise; nothing was declared
 ├── MigrationError
 ├── SchemaOutdated                 the database is not migrated to this version
 ├── SchemaTooNew                   ... or migrated past it, incompatibly with this version
@@ -36,6 +38,7 @@ JobSignal                          raised *by task code* to steer the outcome of
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from retry_config import ConfigError as ConfigError  # re-exported: one class for every config error
@@ -149,6 +152,37 @@ class FlowKeyNotFound(OrchestratorError):
     def __init__(self, key: str) -> None:
         self.key = key
         super().__init__(f"no flow key named {key!r}")
+
+
+class ApplicationConflict(OrchestratorError):
+    """An application's declaration refused (docs/applications.md): another application
+    declares a name of it otherwise. ``conflicts``: (kind, name, other application, {field:
+    [ours, theirs]}), each said in the message."""
+
+    code = "APPLICATION_CONFLICT"
+
+    def __init__(
+        self, application: str, conflicts: list[tuple[str, str, str, dict[str, list[Any]]]]
+    ) -> None:
+        self.application = application
+        self.conflicts = conflicts
+        said = "; ".join(
+            f"{kind.replace('_', ' ')} {name!r} is defined otherwise by application {other!r} ("
+            + ", ".join(
+                f"{field}: {_json(ours)} here, {_json(theirs)} there"
+                for field, (ours, theirs) in sorted(difference.items())
+            )
+            + ")"
+            for kind, name, other, difference in conflicts
+        )
+        super().__init__(
+            f"application {application!r} refused: {said}; two applications may share a name "
+            "only with one definition (docs/applications.md)"
+        )
+
+
+def _json(value: Any) -> str:
+    return "unset" if value is None else json.dumps(value, sort_keys=True)
 
 
 class MigrationError(OrchestratorError):

@@ -10,6 +10,7 @@ import procrastinate
 import psycopg
 
 from checkpoints import ApprovalGate, CheckpointStore
+from orchestrator.domain.applications import Application
 from orchestrator.domain.errors import OrchestratorError
 from orchestrator.domain.failures import Failures
 from orchestrator.domain.notices import Notifier
@@ -143,7 +144,7 @@ class Lifecycle:
         """Write the flow limits of the config in effect, which the whole fleet shares (once
         per version; nothing while closed: a worker or ``serve`` writes them as it starts)."""
         if self._opened is not None:
-            await self._opened.stores.flow.apply(self._config)
+            await self._opened.stores.flow.apply(self._config, Application.of(self._settings))
 
     async def migrate(self, producers: Producers) -> MigrationReport:
         async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:

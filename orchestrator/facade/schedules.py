@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.domain import crontab
+from orchestrator.domain.applications import Application
 from orchestrator.domain.errors import ConfigError, OrchestratorError
 from orchestrator.domain.schedules import Schedule, ScheduleView, define
 from orchestrator.facade.arguments import storable, tenants_named
@@ -17,7 +18,7 @@ from orchestrator.facade.lifecycle import Lifecycle
 from orchestrator.facade.submit import JobRows, job_spec
 from orchestrator.services.scheduler import Scheduler
 from orchestrator.settings import Settings
-from retry_config import RetryConfig
+from retry_config import LiveConfig, RetryConfig
 
 
 def configured(config: RetryConfig, crontab_file: Path | None) -> dict[str, Schedule]:
@@ -59,11 +60,13 @@ class Schedules:
         rows: JobRows,
         settings: Settings,
         lifecycle: Lifecycle,
+        config: LiveConfig,
     ) -> None:
         self._schedules = schedules
         self._rows = rows
         self._settings = settings
         self._lifecycle = lifecycle
+        self._config = config
 
     def schedule(self, name: str, job_type: str, *, cron: str, **options: Any) -> Schedule:
         schedule = define(name, job_type, source="orc.schedule", cron=cron, **options)
@@ -107,7 +110,9 @@ class Schedules:
 
     def scheduler(self) -> Scheduler:
         return Scheduler(
-            stores=self._lifecycle.stores, schedules=self._schedules, runs=self.runs,
+            stores=self._lifecycle.stores, application=Application.of(self._settings),
+            version=lambda: self._config.current.version, schedules=self._schedules,
+            runs=self.runs,
             grace=self._settings.schedule_grace_seconds,
             max_sleep=self._settings.schedule_check_seconds,
         )  # fmt: skip
@@ -129,11 +134,18 @@ class Schedules:
     async def pause(self, name: str, *, by: str, tenants: Collection[str] | None) -> ScheduleView:
         storable(name=name, by=by, tenants=tenants)
         tenants_named(tenants=tenants)
-        await self._lifecycle.stores.schedules.sync(self._schedules.values())
+        await self._declare()
         return await self._lifecycle.stores.schedules.pause(name, by=by, tenants=tenants)
 
     async def resume(self, name: str, *, tenants: Collection[str] | None) -> ScheduleView:
         storable(name=name, tenants=tenants)
         tenants_named(tenants=tenants)
-        await self._lifecycle.stores.schedules.sync(self._schedules.values())
+        await self._declare()
         return await self._lifecycle.stores.schedules.resume(name, tenants=tenants)
+
+    async def _declare(self) -> None:
+        """The schedules this process defines, added and changed as its application's (a
+        command run by an operator may hold part of them: it withdraws none)."""
+        await self._lifecycle.stores.schedules.sync(
+            Application.of(self._settings), self._schedules.values(), whole=False
+        )

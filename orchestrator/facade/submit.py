@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from orchestrator.domain import events
+from orchestrator.domain.applications import Application
 from orchestrator.domain.errors import ConfigError, InvalidPayload, SubmitError, UnknownJobType
 from orchestrator.domain.flow import Flow, FlowKeyError, flow_of
 from orchestrator.domain.ids import uuid7
@@ -206,7 +207,11 @@ class JobRows:
                 "max_attempts": config.worker_max_attempts, "max_retries": config.app_max_retries,
                 "timeout_seconds": config.job_timeout_seconds, "external": job_type.is_external,
             })  # fmt: skip
-        return Producers(types, self._graphile() if self._settings.graphile_compat else None)
+        return Producers(
+            types,
+            self._graphile() if self._settings.graphile_compat else None,
+            Application.of(self._settings),
+        )
 
     def _graphile(self) -> dict[str, Any]:
         """What Graphile Worker's API reads of this code: the tenant its jobs get, the payload

@@ -40,6 +40,7 @@ import psycopg
 from procrastinate import manager
 
 from orchestrator.domain import events
+from orchestrator.domain.applications import Application
 from orchestrator.domain.classification import Classified, ErrorClass
 from orchestrator.domain.errors import InvalidOutput, OrchestratorError, StaleLease
 from orchestrator.domain.events import Fault
@@ -367,10 +368,12 @@ class ExternalRuns:
         """Record beside its registry entry which retry config version this server runs (as a
         worker does)."""
         assert self.worker_id is not None
+        application = Application.of(self.settings)
         await self.stores.config_versions.record(
-            self.worker_id, worker=f"{self.host}/w{self.worker_id}", config=self.config
-        )
-        await self.stores.flow.apply(self.config)  # its limits, once per version
+            self.worker_id, worker=f"{self.host}/w{self.worker_id}", config=self.config,
+            application=application.name,
+        )  # fmt: skip
+        await self.stores.flow.apply(self.config, application)  # its limits, per version
 
     async def _registry_heartbeat(self) -> None:
         while True:

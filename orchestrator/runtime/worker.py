@@ -48,6 +48,7 @@ import procrastinate
 import psycopg
 from procrastinate import periodic
 
+from orchestrator.domain.applications import Application
 from orchestrator.domain.errors import TransactionConflict
 from orchestrator.domain.models import Claim
 from orchestrator.runtime import current_attempt
@@ -374,10 +375,12 @@ class Worker:
         """Record beside its registry entry which retry config version this worker runs
         (``orchestrator config show --workers`` reads it)."""
         assert self.worker_id is not None
+        application = Application.of(self.settings)
         await self.stores.config_versions.record(
-            self.worker_id, worker=f"{HOST}/w{self.worker_id}", config=self.kit.config
-        )
-        await self.stores.flow.apply(self.kit.config)  # its limits, once per version
+            self.worker_id, worker=f"{HOST}/w{self.worker_id}", config=self.kit.config,
+            application=application.name,
+        )  # fmt: skip
+        await self.stores.flow.apply(self.kit.config, application)  # its limits, per version
 
     def _start(self, lane: Lane, dispatch: Dispatch) -> None:
         """Run the dispatch in a task of its own, in a slot of ``lane`` (free once its outcome

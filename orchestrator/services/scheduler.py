@@ -1,7 +1,9 @@
 """The users' schedules, fired: each tick of each schedule submits one ordinary job, once in the
 fleet however many workers and API servers run.
 
-Every worker and ``serve`` runs a ``Scheduler`` over the schedules its application defines. A
+Every worker and ``serve`` runs a ``Scheduler`` over the schedules its application defines,
+declared first as that application's (docs/applications.md: another application's are never
+touched, and one defined otherwise by another application fires nothing here). A
 check is one read of where they all stand (``schedules_to_fire``, with the database's clock,
 which every process reads ticks by), then, for each schedule with due ticks, one transaction
 that moves it past them with a compare-and-set and submits their jobs (job key
@@ -25,7 +27,12 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from orchestrator.domain.errors import DatabaseUnavailable, TransactionConflict
+from orchestrator.domain.applications import Application
+from orchestrator.domain.errors import (
+    ApplicationConflict,
+    DatabaseUnavailable,
+    TransactionConflict,
+)
 from orchestrator.domain.schedules import MAX_TICKS, Schedule, due_ticks, next_tick
 from orchestrator.storage.database import Conn
 from orchestrator.storage.stores import Stores
@@ -61,12 +68,16 @@ class Scheduler:
         self,
         *,
         stores: Stores,
+        application: Application,
+        version: Callable[[], str],
         schedules: Mapping[str, Schedule],
         runs: Runs,
         grace: float,
         max_sleep: float,
     ) -> None:
         self.stores = stores
+        self.application = application
+        self.version = version
         self.schedules = dict(schedules)
         self.runs = runs
         self.grace = grace
@@ -76,27 +87,36 @@ class Scheduler:
         self._upcoming: dict[str, tuple[datetime, datetime]] = {}
 
     async def run(self) -> None:
-        """Write the definitions, then fire each tick when it comes, until cancelled. A
-        database away is waited for; a failed check is logged and tried again."""
-        if not self.schedules:
-            return
-        synced = False
+        """Declare the definitions as the application's, then fire each tick when it comes,
+        until cancelled (with none, return once declared). A database away is waited for; a
+        failed check is logged and tried again; a declaration refused (another application
+        defines one of these schedules otherwise) fires nothing and is tried again."""
+        settled = False
         while True:
+            delay = self.max_sleep
             try:
-                if not synced:
-                    await self.stores.schedules.sync(self.schedules.values())
-                    synced = True
-                result = await self.run_once()
-                delay = self.max_sleep if result.wait is None else min(result.wait, self.max_sleep)
-                if result.fired:
-                    logger.info("%s: %s", self.name, result.sentence())
+                if not settled:
+                    declared = await self.stores.schedules.sync(
+                        self.application, self.schedules.values(), version=self.version()
+                    )
+                    settled = not declared.deferred
+                if not self.schedules:
+                    if settled:
+                        return
+                else:
+                    result = await self.run_once()
+                    if result.wait is not None:
+                        delay = min(result.wait, self.max_sleep)
+                    if result.fired:
+                        logger.info("%s: %s", self.name, result.sentence())
+            except ApplicationConflict as exc:
+                logger.error("%s: %s; no schedule fires here until it is mended (checking "
+                             "again in %g s)", self.name, exc, self.max_sleep)  # fmt: skip
             except (DatabaseUnavailable, TransactionConflict) as exc:
                 logger.warning("%s: %s; checking again in %g s", self.name, exc, self.max_sleep)
-                delay = self.max_sleep
             except Exception:
                 logger.exception("%s: the check failed; checking again in %g s", self.name,
                                  self.max_sleep)  # fmt: skip
-                delay = self.max_sleep
             await asyncio.sleep(delay)
 
     async def run_once(self) -> FireResult:

@@ -17,20 +17,23 @@ class WorkerConfig:
     version: str | None
     applied_at: datetime | None
     last_heartbeat: datetime
+    application: str | None = None  # None: a process of a release before applications
 
 
 class ConfigVersionStore:
     def __init__(self, queries: Queries) -> None:
         self.queries = queries
 
-    async def record(self, worker_id: int, *, worker: str, config: LiveConfig) -> None:
-        """The version ``config`` holds now, for the registered process ``worker_id``: at its
-        registration and with each registry heartbeat (a small upsert every few seconds, which
-        also puts back a row that went missing)."""
+    async def record(
+        self, worker_id: int, *, worker: str, config: LiveConfig, application: str
+    ) -> None:
+        """The application of the registered process ``worker_id`` and the version ``config``
+        holds now: at its registration and with each registry heartbeat (an upsert every few
+        seconds that writes only a change, and puts back a row that went missing)."""
         await self.queries.execute(
             "record_worker_config",
             {"worker_id": worker_id, "worker": worker, "version": config.current.version,
-             "applied_at": config.applied_at},
+             "applied_at": config.applied_at, "application": application},
         )  # fmt: skip
 
     async def live(self, *, seconds: float) -> list[WorkerConfig]:
@@ -38,6 +41,6 @@ class ConfigVersionStore:
         rows = await self.queries.rows("worker_configs", {"seconds": seconds})
         return [
             WorkerConfig(r["id"], r["worker"], r["config_version"], r["applied_at"],
-                         r["last_heartbeat"])
+                         r["last_heartbeat"], r["application"])
             for r in rows
         ]  # fmt: skip

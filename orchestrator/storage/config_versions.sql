@@ -1,15 +1,19 @@
 -- record_worker_config --
--- The retry config version a registered worker (or API server) runs now.
-INSERT INTO orc_worker_configs (worker_id, worker, config_version, applied_at)
-VALUES (%(worker_id)s, %(worker)s, %(version)s, %(applied_at)s)
+-- The application a registered worker (or API server) belongs to, and the retry config version
+-- it runs now.
+INSERT INTO orc_worker_configs AS c (worker_id, worker, config_version, applied_at, application)
+VALUES (%(worker_id)s, %(worker)s, %(version)s, %(applied_at)s, %(application)s)
 ON CONFLICT (worker_id) DO UPDATE
    SET worker = EXCLUDED.worker, config_version = EXCLUDED.config_version,
-       applied_at = EXCLUDED.applied_at
+       applied_at = EXCLUDED.applied_at, application = EXCLUDED.application
+ WHERE (c.worker, c.config_version, c.applied_at, c.application)
+       IS DISTINCT FROM (EXCLUDED.worker, EXCLUDED.config_version, EXCLUDED.applied_at,
+                         EXCLUDED.application)
 
 -- worker_configs --
 -- The registry's live workers and API servers, each with the retry config version it recorded
 -- (null: it records none, as the previous release).
-SELECT w.id, c.worker, c.config_version, c.applied_at, w.last_heartbeat
+SELECT w.id, c.worker, c.config_version, c.applied_at, c.application, w.last_heartbeat
   FROM procrastinate_workers AS w
   LEFT JOIN orc_worker_configs AS c ON c.worker_id = w.id
  WHERE w.last_heartbeat > now() - make_interval(secs => %(seconds)s)

@@ -13,6 +13,7 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
+from orchestrator.domain.applications import Application, Declaration, Declared, Kind
 from orchestrator.domain.errors import FlowKeyNotFound, StaleLease
 from orchestrator.domain.flow import FlowKey
 from orchestrator.domain.flow_learned import Allowances, Learned, allowances
@@ -26,8 +27,9 @@ from orchestrator.domain.flow_window import (
     admit_call,
 )
 from orchestrator.domain.states import Status
+from orchestrator.storage.applications import ApplicationStore
 from orchestrator.storage.database import Conn
-from orchestrator.storage.runner import Queries
+from orchestrator.storage.runner import Queries, Row
 from retry_config import LiveConfig, RetryConfig
 
 
@@ -52,41 +54,63 @@ class Admitted:
 
 
 class FlowStore:
-    def __init__(self, queries: Queries) -> None:
+    def __init__(self, queries: Queries, applications: ApplicationStore) -> None:
         self.queries = queries
+        self.applications = applications
         self._synced: str | None = None
 
-    async def apply(self, config: LiveConfig) -> list[str]:
-        """Write the limits of the config in effect, once per version this process applies;
-        the names of those that changed or are gone (their keys' waiters are rescheduled)."""
+    async def apply(self, config: LiveConfig, application: Application) -> list[str]:
+        """Write the limits of the config in effect as ``application``'s, once per version this
+        process applies (again at each call while a withdrawal waits for a peer on another
+        version); the names of those that changed or are gone (their keys' waiters are
+        rescheduled). ApplicationConflict: another application defines one of them otherwise
+        (nothing written)."""
         current = config.current
         if self._synced == current.version and current.version:
             return []
-        changed = await self.sync(current)
-        self._synced = current.version
+        changed, declared = await self.sync(current, application)
+        if not declared.deferred:
+            self._synced = current.version
         return changed
 
-    async def sync(self, config: RetryConfig) -> list[str]:
-        limits = [
-            {"name": name, **limit.model_dump(include={"concurrency", "requests", "units",
-                                                       "interval_seconds", "weights", "key",
-                                                       "share_by", "tenant_share",
-                                                       "learn"})}
+    async def sync(
+        self, config: RetryConfig, application: Application
+    ) -> tuple[list[str], Declared]:
+        """Declare ``config``'s limits and limited job types as ``application``'s and write
+        them; the limits it withdrew that no other application defines go (once no live peer
+        of the application runs another config version)."""
+        limits = {
+            name: limit.model_dump(include={"concurrency", "requests", "units",
+                                            "interval_seconds", "weights", "key", "share_by",
+                                            "tenant_share", "learn"})
             for name, limit in config.limits.items()
-        ]  # fmt: skip
-        types = [
-            {"job_type": name, "limit": c.limit,
-             "fallback_after_seconds": c.fallback_after_seconds if c.fallback_models else None}
+        }  # fmt: skip
+        types = {
+            name: {"limit": c.limit,
+                   "fallback_after_seconds": c.fallback_after_seconds if c.fallback_models
+                   else None}
             for name, c in config.job_types.items()
             if c.limit is not None
-        ]  # fmt: skip
-        params = {"limits": Jsonb(limits), "types": Jsonb(types)}
-        rows = await self.queries.rows("sync_flow_limits", params)
+        }  # fmt: skip
+        declaration = Declaration(
+            application, {Kind.LIMIT: limits, Kind.LIMIT_OF_TYPE: types}, version=config.version
+        )
+
+        async def write(conn: Conn, declared: Declared) -> list[Row]:
+            params = {
+                "limits": Jsonb([{"name": name, **limit} for name, limit in limits.items()]),
+                "types": Jsonb([{"job_type": name, **t} for name, t in types.items()]),
+                "gone_limits": declared.gone(Kind.LIMIT),
+                "gone_types": declared.gone(Kind.LIMIT_OF_TYPE),
+            }
+            return await self.queries.rows("sync_flow_limits", params, conn)
+
+        declared, rows = await self.applications.in_declaration(declaration, write)
         names = [row["name"] for row in rows]
         if names:  # a limit removed, raised or lowered: its keys' lines, as it now allows
             keys = await self.queries.rows("flow_keys_of_limits", {"names": names})
             await self.reschedule([row["key"] for row in keys])
-        return names
+        return names, declared
 
     async def reschedule(self, keys: Sequence[str]) -> int:
         """Hand each key's capacity out afresh, as the key stands now (orc_flow_reschedule_v1),

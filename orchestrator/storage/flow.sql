@@ -1,12 +1,15 @@
 -- Flow control (docs/flow-control.md; migration 0029).
 
 -- sync_flow_limits --
--- The limits of the config in effect ([{name, concurrency, requests, units, interval_seconds,
--- weights, key, share_by, tenant_share, learn}]) and which job types run under them
--- ([{job_type, limit, fallback_after_seconds}]: null when the type names no fallback models), written
--- by each process that applies one; the names of the limits that changed or are gone (a limit
--- the config no longer has holds nothing back: its keys' waiters are then rescheduled, as are
--- those of a limit raised or lowered).
+-- An application's limits ([{name, concurrency, requests, units, interval_seconds, weights,
+-- key, share_by, tenant_share, learn}]) and which of its job types run under them ([{job_type,
+-- limit, fallback_after_seconds}]: null when the type names no fallback models), written by
+-- each of its processes that applies a config, after its declaration (orc_declare_v1) and in
+-- its transaction; `gone_limits` and `gone_types`: what the application withdrew and no other
+-- declares (another application's rows are never touched). The names of the limits that
+-- changed or are gone (a limit gone holds nothing back: its keys' waiters are then
+-- rescheduled, as are those of a limit raised or lowered). Nothing is written where nothing
+-- changed.
 WITH given AS (
     SELECT * FROM jsonb_to_recordset(%(limits)s::jsonb)
         AS g (name text, concurrency integer, requests integer, units bigint,
@@ -16,15 +19,15 @@ WITH given AS (
     SELECT * FROM jsonb_to_recordset(%(types)s::jsonb)
         AS t (job_type text, "limit" text, fallback_after_seconds double precision)
 ), gone_types AS (
-    DELETE FROM orc_flow_job_types AS o
-     WHERE NOT EXISTS (SELECT FROM types AS t
-                        WHERE t.job_type = o.job_type AND t."limit" = o.limit_name)
+    DELETE FROM orc_flow_job_types AS o WHERE o.job_type = ANY (%(gone_types)s::text[])
 ), new_types AS (
-    INSERT INTO orc_flow_job_types (job_type, limit_name, fallback_after_seconds)
+    INSERT INTO orc_flow_job_types AS o (job_type, limit_name, fallback_after_seconds)
     SELECT job_type, "limit", fallback_after_seconds FROM types
     ON CONFLICT (job_type) DO UPDATE
        SET limit_name = EXCLUDED.limit_name,
            fallback_after_seconds = EXCLUDED.fallback_after_seconds
+     WHERE (o.limit_name, o.fallback_after_seconds)
+           IS DISTINCT FROM (EXCLUDED.limit_name, EXCLUDED.fallback_after_seconds)
 ), changed AS (
     INSERT INTO orc_flow_limits AS l (name, concurrency, requests, units, interval_seconds,
                                       weights, key_template, share_by, tenant_share, learn)
@@ -45,7 +48,7 @@ WITH given AS (
     RETURNING name
 ), gone AS (  -- the config's own limits only (0049: the Graphile schema's is its own)
     DELETE FROM orc_flow_limits AS o
-     WHERE o.owner = 'config' AND NOT EXISTS (SELECT FROM given AS g WHERE g.name = o.name)
+     WHERE o.owner = 'config' AND o.name = ANY (%(gone_limits)s::text[])
     RETURNING name
 )
 SELECT name FROM changed UNION ALL SELECT name FROM gone

@@ -91,15 +91,15 @@ UPDATE orc_dead_letters
    AND discard_requested_person IS DISTINCT FROM orc_principal_person_v1(discard_requested_by)
 
 -- sync_job_types --
--- Make orc_job_types the job types of the code that migrates ([{job_type, queue, max_attempts,
--- max_retries, timeout_seconds, external}]).
+-- The job types of the code that migrates ([{job_type, queue, max_attempts, max_retries,
+-- timeout_seconds, external}]), written after its application's declaration (orc_declare_v1)
+-- in migrate's transaction; `gone`: the types it withdrew that no other application declares.
 WITH declared AS (
     SELECT * FROM jsonb_to_recordset(%(types)s::jsonb)
         AS d (job_type text, queue text, max_attempts integer, max_retries integer,
               timeout_seconds integer, external boolean)
 ), removed AS (
-    DELETE FROM orc_job_types AS t
-     WHERE NOT EXISTS (SELECT FROM declared AS d WHERE d.job_type = t.job_type)
+    DELETE FROM orc_job_types AS t WHERE t.job_type = ANY (%(gone)s::text[])
 )
 INSERT INTO orc_job_types AS t (job_type, queue, max_attempts, max_retries, timeout_seconds,
                                 external)

@@ -19,7 +19,9 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
+from orchestrator.domain.applications import Application, Declaration, Kind
 from orchestrator.domain.errors import MigrationError
+from orchestrator.storage.applications import declare
 from orchestrator.storage.queries import QUERIES
 
 COMPONENT = "graphile_worker"
@@ -28,10 +30,12 @@ COMPONENT = "graphile_worker"
 @dataclass(frozen=True)
 class Producers:
     """The job types' rows ({job_type, queue, max_attempts, max_retries, timeout_seconds,
-    external}) and Graphile Worker's API's settings (None: not installed)."""
+    external}) of ``application``, and Graphile Worker's API's settings (None: not
+    installed)."""
 
     job_types: list[dict[str, Any]]
     graphile: dict[str, Any] | None
+    application: Application
 
 
 def graphile_sql() -> str:
@@ -41,9 +45,22 @@ def graphile_sql() -> str:
 
 
 async def publish(conn: psycopg.AsyncConnection[Any], producers: Producers) -> None:
-    """Inside ``migrate``'s transaction: the job types, then Graphile Worker's API as the
-    setting says."""
-    await conn.execute(QUERIES["sync_job_types"], {"types": Jsonb(producers.job_types)})
+    """Inside ``migrate``'s transaction: the job types, declared as the application's (those it
+    withdrew go, unless another application declares them; ApplicationConflict: another
+    application declares one otherwise), then Graphile Worker's API as the setting says."""
+    declaration = Declaration(
+        producers.application,
+        {Kind.JOB_TYPE: {
+            row["job_type"]: {k: v for k, v in row.items() if k != "job_type"}
+            for row in producers.job_types
+        }},
+    )  # fmt: skip
+    declared = await declare(conn, declaration)
+    declared.check()
+    await conn.execute(
+        QUERIES["sync_job_types"],
+        {"types": Jsonb(producers.job_types), "gone": declared.gone(Kind.JOB_TYPE)},
+    )
     cur = conn.cursor(row_factory=tuple_row)
     await cur.execute(QUERIES["graphile_schema"])
     row = await cur.fetchone()

@@ -11,8 +11,10 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict
 
+from orchestrator.domain.applications import Application, Declaration, Declared, Kind
 from orchestrator.domain.errors import ScheduleNotFound
 from orchestrator.domain.schedules import Schedule, ScheduleView
+from orchestrator.storage.applications import ApplicationStore
 from orchestrator.storage.database import Conn
 from orchestrator.storage.runner import Queries
 
@@ -29,21 +31,44 @@ class ScheduleState(BaseModel):
 
 
 class ScheduleStore:
-    def __init__(self, queries: Queries) -> None:
+    def __init__(self, queries: Queries, applications: ApplicationStore) -> None:
         self.queries = queries
+        self.applications = applications
 
-    async def sync(self, schedules: Iterable[Schedule]) -> None:
-        """Write these definitions where new or changed (a new one is due from now on)."""
-        rows = [
-            {
-                "name": s.name, "job_type": s.job_type, "cron": s.options.cron,
-                "tz": s.options.tz, "tenant_id": s.options.tenant_id,
+    async def sync(
+        self,
+        application: Application,
+        schedules: Iterable[Schedule],
+        *,
+        version: str | None = None,
+        whole: bool = True,
+    ) -> Declared:
+        """Declare these definitions as ``application``'s and write them where new or changed
+        (a new one is due from now on). ``whole``: all the application's schedules, and those
+        it withdrew that no other application declares go (once no live process of it runs
+        another config than ``version``: else ``deferred``); otherwise (an operator's command,
+        which may hold part of them) nothing goes."""
+        rows = {
+            s.name: {
+                "job_type": s.job_type, "cron": s.options.cron, "tz": s.options.tz,
+                "tenant_id": s.options.tenant_id,
                 "backfill_seconds": s.options.backfill_seconds,
             }
             for s in schedules
-        ]  # fmt: skip
-        if rows:
-            await self.queries.execute("sync_schedules", {"schedules": Jsonb(rows)})
+        }  # fmt: skip
+        declaration = Declaration(application, {Kind.SCHEDULE: rows}, whole=whole, version=version)
+
+        async def write(conn: Conn, declared: Declared) -> None:
+            gone = declared.gone(Kind.SCHEDULE)
+            if rows or gone:
+                params = {
+                    "schedules": Jsonb([{"name": name, **row} for name, row in rows.items()]),
+                    "gone": gone,
+                }
+                await self.queries.execute("sync_schedules", params, conn)
+
+        declared, _ = await self.applications.in_declaration(declaration, write)
+        return declared
 
     async def states(self, names: Collection[str]) -> list[ScheduleState]:
         """Where each of these schedules stands, read in one statement."""

@@ -1,9 +1,13 @@
 -- Schedules (orchestrator.services.scheduler; migration 0027).
 
 -- sync_schedules --
--- The definitions a process holds ([{name, job_type, cron, tz, tenant_id, backfill_seconds}]),
--- written where new or changed; a new one's ticks are due from now on. In name order, so
--- processes starting together take the rows' locks in one order.
+-- An application's schedules ([{name, job_type, cron, tz, tenant_id, backfill_seconds}]),
+-- written where new or changed after its declaration (orc_declare_v1), in its transaction; a
+-- new one's ticks are due from now on. `gone`: those it withdrew that no other application
+-- declares. In name order, so processes starting together take the rows' locks in one order.
+WITH gone AS (
+    DELETE FROM orc_schedules WHERE name = ANY (%(gone)s::text[])
+)
 INSERT INTO orc_schedules AS s (name, job_type, cron, tz, tenant_id, backfill_seconds)
 SELECT d.name, d.job_type, d.cron, d.tz, d.tenant_id, d.backfill_seconds
   FROM jsonb_to_recordset(%(schedules)s) AS d(name text, job_type text, cron text, tz text,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.storage.applications import ApplicationStore
 from orchestrator.storage.approvals import ApprovalStore
 from orchestrator.storage.config_versions import ConfigVersionStore
 from orchestrator.storage.dashboard import DashboardStore
@@ -43,6 +44,7 @@ class Stores:
     schedules: ScheduleStore
     flow: FlowStore
     usage: UsageStore
+    applications: ApplicationStore
 
     @classmethod
     def on(cls, pool: Pool, *, on_refused: OnRefused | None = None) -> Stores:
@@ -50,6 +52,7 @@ class Stores:
         guard refuses."""
         queries = Queries(pool, on_refused=on_refused)
         jobs = JobStore(queries)
+        applications = ApplicationStore(queries)
         return cls(
             queries=queries,
             jobs=jobs,
@@ -65,7 +68,8 @@ class Stores:
             config_versions=ConfigVersionStore(queries),
             retention=RetentionStore(queries),
             rollups=RollupStore(queries),
-            schedules=ScheduleStore(queries),
-            flow=FlowStore(queries),
+            schedules=ScheduleStore(queries, applications),
+            flow=FlowStore(queries, applications),
             usage=UsageStore(queries),
+            applications=applications,
         )

@@ -29,6 +29,27 @@ CREATE TABLE orc_api_tokens (
     CONSTRAINT orc_api_tokens_name_key UNIQUE (name)
 );
 
+CREATE TABLE orc_application_conflicts (
+    application text NOT NULL,
+    kind text NOT NULL,
+    name text NOT NULL,
+    other text NOT NULL,
+    difference jsonb NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT orc_application_conflicts_pkey PRIMARY KEY (application, kind, name, other)
+);
+
+CREATE TABLE orc_application_definitions (
+    kind text NOT NULL,
+    name text NOT NULL,
+    application text NOT NULL,
+    definition jsonb NOT NULL,
+    declared_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT orc_application_definitions_kind_check CHECK ((kind = ANY (ARRAY['job_type'::text, 'limit'::text, 'limit_of_type'::text, 'schedule'::text]))),
+    CONSTRAINT orc_application_definitions_pkey PRIMARY KEY (kind, name, application)
+);
+CREATE INDEX orc_application_definitions_application ON public.orc_application_definitions USING btree (application, kind);
+
 CREATE TABLE orc_approvals (
     id uuid NOT NULL,
     job_id uuid NOT NULL,
@@ -480,6 +501,7 @@ CREATE TABLE orc_worker_configs (
     worker text NOT NULL,
     config_version text NOT NULL,
     applied_at timestamp with time zone NOT NULL,
+    application text,
     CONSTRAINT orc_worker_configs_worker_id_fkey FOREIGN KEY (worker_id) REFERENCES procrastinate_workers(id) ON DELETE CASCADE,
     CONSTRAINT orc_worker_configs_pkey PRIMARY KEY (worker_id)
 );
@@ -558,6 +580,9 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_complete_jobs_v1(p_items jsonb, p_target text, p_sources text[])
 --   orc_created_event_v1(j orc_jobs)
 --   orc_dead_letter_persons_v1()
+--   orc_declare_v1(p_application text, p_kinds text[], p_definitions jsonb, p_whole boolean, p_version text, p_live_seconds double precision)
+--   orc_declared_v1(p_kinds text[], p_definitions jsonb)
+--   orc_definition_difference_v1(p_ours jsonb, p_theirs jsonb)
 --   orc_dispatch_v1(p_job_ids uuid[], p_task_prefix text)
 --   orc_end_dispatch_v1(p_dispatch_id bigint, p_status text)
 --   orc_fail_jobs_v1(p_items jsonb, p_target text, p_sources text[])

@@ -1,0 +1,142 @@
+"""Several applications on one database (migration 0056; docs/applications.md): each
+application's declarations of the shared tables, made in the same transaction as the rows they
+stand for, and what the operator reads of the applications.
+
+A store that writes shared rows (flow limits, schedules, and ``migrate``'s job types) declares
+first and writes after, with the names withdrawn: :func:`declare` on the transaction's
+connection, or :meth:`ApplicationStore.in_declaration` for a whole transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Collection
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from orchestrator.domain.applications import (
+    ApplicationConflictView,
+    ApplicationLimit,
+    ApplicationProcess,
+    ApplicationView,
+    Declaration,
+    Declared,
+    Kind,
+    UnservedJobs,
+)
+from orchestrator.storage.queries import QUERIES
+
+if TYPE_CHECKING:  # both import migrate, which declares through this module
+    from orchestrator.storage.database import Conn
+    from orchestrator.storage.runner import Queries
+
+T = TypeVar("T")
+
+
+async def declare(conn: Conn, declaration: Declaration) -> Declared:
+    """``declaration`` made on ``conn`` (inside the caller's transaction); when refused, the
+    refusal was recorded on ``conn`` and nothing declared."""
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(
+        QUERIES["declare"],
+        {
+            "application": declaration.application.name,
+            "kinds": [kind.value for kind in declaration.kinds],
+            "definitions": Jsonb({kind.value: dict(d) for kind, d in declaration.kinds.items()}),
+            "whole": declaration.whole,
+            "version": declaration.version,
+            "live_seconds": declaration.application.live_seconds,
+        },
+    )
+    withdrawn: dict[Kind, list[str]] = {}
+    deferred = []
+    conflicts = []
+    for row in await cur.fetchall():
+        if row["other"] is not None:
+            conflicts.append((row["kind"], row["name"], row["other"], row["difference"]))
+        elif row["deferred"]:
+            deferred.append(f"{row['kind']} {row['name']}")
+        else:
+            withdrawn.setdefault(Kind(row["kind"]), []).append(row["name"])
+    return Declared(declaration.application.name, withdrawn, deferred, conflicts)
+
+
+class ApplicationStore:
+    def __init__(self, queries: Queries) -> None:
+        self.queries = queries
+
+    async def in_declaration(
+        self, declaration: Declaration, write: Callable[[Conn, Declared], Awaitable[T]]
+    ) -> tuple[Declared, T]:
+        """Declare, then ``write(conn, declared)`` the shared rows, in one transaction; refused
+        (ApplicationConflict, the refusal committed for the operator), nothing is written."""
+
+        async def work(conn: Conn) -> tuple[Declared, T | None]:
+            declared = await declare(conn, declaration)
+            if declared.conflicts:
+                return declared, None
+            return declared, await write(conn, declared)
+
+        declared, written = await self.queries.in_transaction(work)
+        declared.check()
+        return declared, written  # type: ignore[return-value]  # None only with a conflict
+
+    async def views(
+        self, *, seconds: float, tenants: Collection[str] | None = None
+    ) -> list[ApplicationView]:
+        """Every application that declares something or has a live process (a process silent
+        ``seconds`` is not live); its schedules only those of ``tenants`` (None: all)."""
+        definitions = await self.queries.rows("application_definitions")
+        processes = await self.queries.rows("application_processes", {"seconds": seconds})
+        conflicts = await self.queries.rows("application_conflicts")
+        names = sorted(
+            {r["application"] for r in definitions} | {r["application"] for r in processes}
+        )
+        views = []
+        for name in names:
+            own = [r for r in definitions if r["application"] == name]
+            of = {kind: [r for r in own if r["kind"] == kind] for kind in Kind}
+            running = [ApplicationProcess.model_validate(r) for r in processes
+                       if r["application"] == name]  # fmt: skip
+            views.append(
+                ApplicationView(
+                    name=name,
+                    live=bool(running),
+                    processes=running,
+                    config_versions=sorted({p.config_version for p in running}),
+                    job_types=[r["name"] for r in of[Kind.JOB_TYPE]],
+                    limits=[
+                        ApplicationLimit(name=r["name"], definition=r["definition"])
+                        for r in of[Kind.LIMIT]
+                    ],
+                    limited_types={
+                        r["name"]: r["definition"]["limit"] for r in of[Kind.LIMIT_OF_TYPE]
+                    },
+                    schedules=[
+                        r["name"]
+                        for r in of[Kind.SCHEDULE]
+                        if tenants is None or r["definition"].get("tenant_id") in tenants
+                    ],
+                    conflicts=[
+                        ApplicationConflictView.model_validate(r)
+                        for r in conflicts
+                        if r["application"] == name
+                    ],
+                )
+            )
+        return views
+
+    async def live_conflicts(self, *, seconds: float) -> list[dict[str, Any]]:
+        """The refusals standing between two applications that both have a live process."""
+        return await self.queries.rows("live_application_conflicts", {"seconds": seconds})
+
+    async def unserved(
+        self, *, seconds: float, tenants: Collection[str] | None = None
+    ) -> list[UnservedJobs]:
+        """Waiting jobs of the types no application with a live process declares, by type."""
+        params = {"seconds": seconds, "tenants": sorted(tenants) if tenants is not None else None}
+        return [
+            UnservedJobs.model_validate(row)
+            for row in await self.queries.rows("unserved_jobs", params)
+        ]
