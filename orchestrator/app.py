@@ -27,7 +27,7 @@ import procrastinate
 import psycopg
 
 import retry_config
-from orchestrator.domain.applications import Application
+from orchestrator.domain.applications import Application, Applications
 from orchestrator.domain.classification import Classifier
 from orchestrator.domain.degradation import Degrader, Fallback
 from orchestrator.domain.errors import ConfigError, InvalidTransition
@@ -138,7 +138,7 @@ class Orchestrator:
             applied=self._lifecycle.apply_flow_limits,  # a change holds every worker at once
         )  # fmt: skip
         self._submitter = Submitter(rows, self._lifecycle, self.tracing)
-        self._reads = Reads(self._lifecycle)
+        self._reads = Reads(self._lifecycle, self.settings.stalled_worker_seconds)
         self._actions = OperatorActions(self._lifecycle, rows, self.metrics)
         self._flow_keys = FlowKeys(self._lifecycle)
         self._statistics = Statistics(self._lifecycle)
@@ -399,6 +399,11 @@ class Orchestrator:
 
     async def get_job(self, job_id: UUID | str) -> Job:
         return await self._reads.job(job_id)
+
+    async def applications(self, *, tenants: Collection[str] | None = None) -> Applications:
+        """The applications sharing the database (docs/applications.md), and the waiting jobs
+        that no live one serves; ``tenants``: only what names them."""
+        return await self._reads.applications(tenants=tenants)
 
     async def job_events(self, job_id: UUID | str) -> list[JobEvent]:
         return await self._reads.events(job_id)

@@ -9,7 +9,7 @@ differs: :class:`~orchestrator.domain.errors.ApplicationConflict`). Pure: no I/O
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -126,3 +126,17 @@ class UnservedJobs(BaseModel):
     job_type: str
     pending: int
     retry: int
+
+
+class Applications(BaseModel):
+    """The applications sharing the database, and the waiting jobs none of the live ones
+    serves."""
+
+    applications: list[ApplicationView]
+    unserved: list[UnservedJobs]
+
+
+def shown_weights(weights: Mapping[str, Any], tenants: Collection[str] | None) -> dict[str, Any]:
+    """A limit's weights as a reader of ``tenants`` may see them: a tenant's name is its own
+    (None: every tenant's)."""
+    return dict(weights) if tenants is None else {k: v for k, v in weights.items() if k in tenants}

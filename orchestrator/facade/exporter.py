@@ -18,6 +18,7 @@ async def serve(stores: Stores, settings: Settings, *, port: int | None) -> None
         stores.fleet, zombie_threshold=settings.zombie_threshold,
         max_tenants=settings.metrics_max_tenants,
         min_interval=settings.exporter_min_interval,
+        live_seconds=settings.stalled_worker_seconds,
     )  # fmt: skip
     server = HealthServer(
         port=port or settings.exporter_port, ready=lambda: True,

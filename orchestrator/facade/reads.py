@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from uuid import UUID
 
+from orchestrator.domain.applications import Applications
 from orchestrator.domain.models import DeadLetter, Job, JobEvent
 from orchestrator.domain.states import Status
 from orchestrator.facade.arguments import status_of, storable, tenants_named, uuid_of
@@ -14,8 +15,20 @@ from orchestrator.storage.rows import ApprovalRecord, StepRecord
 
 
 class Reads:
-    def __init__(self, lifecycle: Lifecycle) -> None:
+    def __init__(self, lifecycle: Lifecycle, live_seconds: float) -> None:
         self._lifecycle = lifecycle
+        self._live_seconds = live_seconds
+
+    async def applications(self, *, tenants: Collection[str] | None) -> Applications:
+        """Each application with its live processes and declarations, and the waiting jobs no
+        live application serves; of ``tenants`` only (None: all) what names a tenant."""
+        storable(tenants=tenants)
+        tenants_named(tenants=tenants)
+        store = self._lifecycle.stores.applications
+        return Applications(
+            applications=await store.views(seconds=self._live_seconds, tenants=tenants),
+            unserved=await store.unserved(seconds=self._live_seconds, tenants=tenants),
+        )
 
     async def job(self, job_id: UUID | str) -> Job:
         return await self._lifecycle.stores.jobs.get(uuid_of(job_id))

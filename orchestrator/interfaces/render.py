@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+from orchestrator.domain.applications import Applications
 from orchestrator.domain.flow import FlowKey
 from orchestrator.domain.models import DeadLetter, Job, JobEvent
 from orchestrator.domain.rollups import Stats
@@ -342,4 +343,44 @@ def job_usage_line(usage: JobUsage) -> str:
         f"LLM usage: {len(usage.calls)} calls, {t.total_tokens} tokens{budget} (input"
         f" {t.input_tokens}, output {t.output_tokens}, cache read {t.cache_read_tokens}, cache"
         f" write {t.cache_creation_tokens})"
+    )
+
+
+def application_lines(found: Applications) -> list[str]:
+    """Each application: live or not, its processes with their config versions, what it
+    declares, its refusals; then the waiting jobs no live application serves."""
+    lines: list[str] = []
+    for app in found.applications:
+        state = f"{len(app.processes)} live process(es)" if app.live else "no live process"
+        versions = f", config {', '.join(app.config_versions)}" if app.config_versions else ""
+        lines.append(f"{app.name}: {state}{versions}")
+        for process in app.processes:
+            lines.append(f"  process {process.worker} (config {process.config_version})")
+        lines.append(f"  job types: {', '.join(app.job_types) or 'none'}")
+        limits = [f"{limit.name} ({_set_fields(limit.definition)})" for limit in app.limits]
+        lines.append(f"  limits: {'; '.join(limits) or 'none'}")
+        if app.limited_types:
+            limited = ", ".join(f"{t} -> {lim}" for t, lim in sorted(app.limited_types.items()))
+            lines.append(f"  limited types: {limited}")
+        lines.append(f"  schedules: {', '.join(app.schedules) or 'none'}")
+        for c in app.conflicts:
+            said = ", ".join(f"{field} {ours} here, {theirs} there"
+                             for field, (ours, theirs) in sorted(c.difference.items()))  # fmt: skip
+            lines.append(
+                f"  REFUSED {c.kind.replace('_', ' ')} {c.name!r}: application {c.other!r} "
+                f"defines it otherwise ({said})"
+            )
+    if not found.applications:
+        lines.append("no applications")
+    for jobs in found.unserved:
+        lines.append(
+            f"UNSERVED {jobs.job_type}: {jobs.pending} pending, {jobs.retry} to retry; no live "
+            "application runs this type (they wait for one)"
+        )
+    return lines
+
+
+def _set_fields(definition: dict[str, object]) -> str:
+    return ", ".join(
+        f"{k} {v}" for k, v in sorted(definition.items()) if v not in (None, {}, False)
     )

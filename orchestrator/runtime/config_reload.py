@@ -17,7 +17,9 @@ with the fields fixed at start-up held at their old values (named in a warning),
 line per changed scope says what changed (warnings: seen at every log level's default). Then
 ``applied`` runs: the process writes what the fleet shares of it at once (the flow limits, so
 that a limit removed, raised or lowered holds every worker within the poll interval); while the
-database cannot be reached, the worker's registry heartbeat writes it later.
+database cannot be reached, the worker's registry heartbeat writes it later. A version whose
+limits another application defines otherwise (docs/applications.md) is refused there: the old
+version is put back in effect, and the refusal logged and counted as any other.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from orchestrator.domain.errors import ApplicationConflict
 from orchestrator.runtime.loops import RETRYABLE
 from orchestrator.runtime.metrics import Metrics
 from retry_config import (
@@ -115,6 +118,14 @@ class ConfigReload:
         if self.applied is not None:
             try:
                 await self.applied()
+            except ApplicationConflict as exc:  # another application defines it otherwise
+                self.live.apply(running)
+                logger.error(
+                    "retry config %s: version %s refused, version %s stays in effect: %s",
+                    self.path, version, running.version, exc,
+                )  # fmt: skip
+                self.metrics.config_refused()
+                self.metrics.config_applied(running.version)
             except RETRYABLE as exc:
                 logger.warning(
                     "retry config %s: version %s not yet written to the database (%s); the "

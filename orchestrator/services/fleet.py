@@ -101,6 +101,16 @@ RETENTION_LAG = Spec(
     " deletion before it is left, so no job has been overdue longer (about a minute when"
     " retention keeps up).",
 )  # fmt: skip
+APPLICATION_CONFLICTS = Spec(
+    "orchestrator_application_conflicts", "gauge", ("application", "other", "kind", "name"),
+    "1 for each declaration of an application refused because another application defines the"
+    " name otherwise, while both have a live process (docs/applications.md).",
+)  # fmt: skip
+JOBS_UNSERVED = Spec(
+    "orchestrator_jobs_unserved", "gauge", ("job_type",),
+    "Waiting jobs (PENDING, RETRY) of a type that no application with a live process declares:"
+    " they wait until one is back (docs/applications.md).",
+)  # fmt: skip
 FLEET_UP = Spec("orchestrator_fleet_up", "gauge", (), "1 when the last scrape read the database.")
 SCRAPE_DURATION = Spec(
     "orchestrator_fleet_scrape_duration_seconds", "gauge", (),
@@ -109,7 +119,7 @@ SCRAPE_DURATION = Spec(
 FLEET_METRICS = (
     JOBS, RETRYING_RATIO, QUEUE_DEPTH, QUEUE_OLDEST_AGE, DEAD_LETTERS, APPROVALS_WAITING, ZOMBIES,
     FLOW_PAUSED, FLOW_WAITING, FLOW_RUNNING, FLOW_RATE, LLM_TOKENS_RECENT, ROLLUP_LAG,
-    RETENTION_LAG, FLEET_UP, SCRAPE_DURATION,
+    RETENTION_LAG, APPLICATION_CONFLICTS, JOBS_UNSERVED, FLEET_UP, SCRAPE_DURATION,
 )  # fmt: skip
 
 
@@ -127,9 +137,11 @@ class FleetMetrics:
         zombie_threshold: float,
         max_tenants: int,
         min_interval: float,
+        live_seconds: float = 30,
     ) -> None:
         self.store = store
         self.zombie_threshold = zombie_threshold
+        self.live_seconds = live_seconds
         self.max_tenants = max_tenants
         self.min_interval = min_interval
         self._last: Scrape | None = None
@@ -149,8 +161,9 @@ class FleetMetrics:
         families: list[Metric] = []
         try:
             rows = await self.store.read(
-                zombie_threshold=self.zombie_threshold, llm_window=LLM_WINDOW
-            )
+                zombie_threshold=self.zombie_threshold, llm_window=LLM_WINDOW,
+                live_seconds=self.live_seconds,
+            )  # fmt: skip
         except (DatabaseUnavailable, TransactionConflict):
             up = 0
         else:
@@ -196,6 +209,14 @@ class FleetMetrics:
         yield self._llm_tokens(rows.llm_tokens)
         yield _value(ROLLUP_LAG, rows.rollup_lag)
         yield _value(RETENTION_LAG, rows.retention_lag)
+        conflicts = _family(APPLICATION_CONFLICTS)
+        for row in rows.conflicts:
+            conflicts.add_metric([row["application"], row["other"], row["kind"], row["name"]], 1)
+        yield conflicts
+        unserved = _family(JOBS_UNSERVED)
+        for row in rows.unserved:
+            unserved.add_metric([row["job_type"]], row["pending"] + row["retry"])
+        yield unserved
 
     def _llm_tokens(self, rows: list[Row]) -> GaugeMetricFamily:
         """The recent tokens by tenant, model and kind: the ``MAX_MODELS`` most used models

@@ -24,6 +24,7 @@ from orchestrator.domain.applications import (
     Declared,
     Kind,
     UnservedJobs,
+    shown_weights,
 )
 from orchestrator.storage.queries import QUERIES
 
@@ -106,10 +107,7 @@ class ApplicationStore:
                     processes=running,
                     config_versions=sorted({p.config_version for p in running}),
                     job_types=[r["name"] for r in of[Kind.JOB_TYPE]],
-                    limits=[
-                        ApplicationLimit(name=r["name"], definition=r["definition"])
-                        for r in of[Kind.LIMIT]
-                    ],
+                    limits=[_limit(r, tenants) for r in of[Kind.LIMIT]],
                     limited_types={
                         r["name"]: r["definition"]["limit"] for r in of[Kind.LIMIT_OF_TYPE]
                     },
@@ -140,3 +138,9 @@ class ApplicationStore:
             UnservedJobs.model_validate(row)
             for row in await self.queries.rows("unserved_jobs", params)
         ]
+
+
+def _limit(row: dict[str, Any], tenants: Collection[str] | None) -> ApplicationLimit:
+    definition = row["definition"]
+    weights = shown_weights(definition.get("weights") or {}, tenants)
+    return ApplicationLimit(name=row["name"], definition=definition | {"weights": weights})

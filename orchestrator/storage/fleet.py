@@ -25,6 +25,10 @@ class FleetRows:
     #: Seconds the rollups' watermark, and the point retention caught up to, are behind now.
     rollup_lag: float = 0.0
     retention_lag: float = 0.0
+    #: application, kind, name, other: declarations refused between two live applications
+    conflicts: list[Row] = field(default_factory=list)
+    #: job_type, pending, retry: waiting jobs of a type no live application serves
+    unserved: list[Row] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,9 @@ class FleetStore:
     def __init__(self, queries: Queries) -> None:
         self.queries = queries
 
-    async def read(self, *, zombie_threshold: float, llm_window: float = 3600) -> FleetRows:
+    async def read(
+        self, *, zombie_threshold: float, llm_window: float = 3600, live_seconds: float = 30
+    ) -> FleetRows:
         async with self.queries.transaction() as conn:
             await self.queries.execute("fleet_snapshot", None, conn)
             jobs = await self.queries.rows("fleet_jobs", None, conn)
@@ -51,6 +57,9 @@ class FleetStore:
             )
             flow = await self.queries.rows("fleet_flow", None, conn)
             lags = await self.queries.row("fleet_lags", None, conn)
+            live = {"seconds": live_seconds}
+            conflicts = await self.queries.rows("live_application_conflicts", live, conn)
+            unserved = await self.queries.rows("unserved_jobs", live | {"tenants": None}, conn)
         assert counts is not None and lags is not None
         return FleetRows(
             jobs=jobs,
@@ -62,6 +71,8 @@ class FleetStore:
             llm_tokens=llm_tokens,
             rollup_lag=float(lags["rollup_lag"]),
             retention_lag=float(lags["retention_lag"]),
+            conflicts=conflicts,
+            unserved=unserved,
         )
 
     async def unfinished(

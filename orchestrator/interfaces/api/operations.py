@@ -12,6 +12,7 @@ from uuid import UUID
 
 from fastapi import APIRouter, Depends, Query
 
+from orchestrator.domain.applications import Applications
 from orchestrator.domain.errors import ApprovalNotFound, DeadLetterNotFound
 from orchestrator.domain.models import DeadLetter
 from orchestrator.domain.principals import Principal, Scope
@@ -168,6 +169,15 @@ async def retry_config(orc: Orc, caller: Reader) -> RetryConfigView:
             for tenant, budget in sorted(caller.own_entries(config.token_budgets).items())
         },
     )
+
+
+@router.get("/applications", tags=["fleet"])
+async def applications(orc: Orc, caller: Reader) -> Applications:
+    """Each application sharing the database (docs/applications.md): its live processes and
+    their config versions, its job types, limits and schedules, its declarations refused; and
+    the waiting jobs that no live application serves. What names a tenant (a schedule, a
+    limit's weight, a job) only for the caller's tenants."""
+    return await orc.applications(tenants=caller.tenants)
 
 
 @router.get("/queues", tags=["fleet"])

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from orchestrator.interfaces.cli import (
     api,
+    applications,
     approvals,
     config,
     db,
@@ -42,6 +43,7 @@ DEFAULT_APP = "tasks.app:orc"
 #: What adds each group's commands, in the order ``orchestrator --help`` lists them.
 GROUPS = (
     fleet.add_parsers,
+    applications.add_parsers,
     api.add_parsers,
     tokens.add_parsers,
     jobs.add_parsers,
