@@ -320,11 +320,11 @@ def test_approvals_list_approve_and_reject(cli: Any, dsn: str) -> None:
     code, out, _ = cli("approvals", "list", "--status", "PENDING")
     assert code == 0 and ids[0][1] in out and "deploy?" in out
     code, out, err = cli("approvals", "approve", ids[0][1], "--by", "alice")
-    assert code == 0 and "approved" in out
+    assert (code, out) == (0, f"approved {ids[0][1]} (by alice)\n")
     code, out, err = cli("approvals", "reject", ids[1][1], "--by", "bob")
     assert code == 2 and "--reason" in err  # a rejection says why
     code, out, err = cli("approvals", "reject", ids[1][1], "--by", "bob", "--reason", "no")
-    assert code == 0
+    assert (code, out) == (0, f"rejected {ids[1][1]} (by bob)\n")
     code, out, err = cli("approvals", "approve", ids[0][1], "--by", "alice")
     assert code == 2 and "already approved" in err
     code, out, _ = cli("status", ids[1][0])

@@ -230,6 +230,91 @@ async def test_add_job_answers_with_graphile_workers_columns_and_the_types_defau
     )  # fmt: skip
 
 
+async def as_stored(
+    db: psycopg.AsyncConnection[Any], orc: Orchestrator, number: int
+) -> dict[str, Any]:
+    """The job with that Graphile Worker id, in Graphile Worker's columns, as the orchestrator
+    stored it (its Python API) and as its dispatch will run it (Procrastinate's row)."""
+    job = await job_of(db, orc, number)
+    (dispatch,) = await call(
+        db,
+        "SELECT queue_name, priority, scheduled_at, status FROM procrastinate_jobs WHERE id = %s",
+        job.procrastinate_job_id,
+    )
+    due = job.next_retry_at or job.run_at
+    assert dispatch == {
+        "queue_name": job.queue, "priority": -job.priority,
+        "scheduled_at": due if due > job.updated_at else None, "status": "todo",
+    }  # fmt: skip
+    serial = "graphile_worker_queue:"
+    return {
+        "id": number,
+        "queue_name": job.flow_key.removeprefix(serial) if job.flow_key else None,
+        "task_identifier": job.job_type, "payload": job.payload, "priority": job.priority,
+        "run_at": due, "attempts": job.attempt, "max_attempts": job.max_attempts,
+        "last_error": job.last_error and job.last_error.message,
+        "created_at": job.created_at, "updated_at": job.updated_at, "key": job.job_key,
+        "locked_at": None, "locked_by": job.locked_by, "revision": job.revision, "flags": None,
+        "is_available": job.status in (Status.PENDING, Status.RETRY),
+    }  # fmt: skip
+
+
+async def test_the_row_add_job_returns_is_the_job_as_stored_and_dispatched(
+    compat: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    orc = compat()
+    await orc.migrate()
+    await orc.open()
+    budget = orc.retry_config.for_type("echo").worker_max_attempts
+    assert budget != 25  # unset, max_attempts is the type's budget, not Graphile Worker's 25
+    at = datetime.now(UTC) + timedelta(hours=1)
+
+    async def added(sql: str, *args: Any) -> list[dict[str, Any]]:
+        """The rows the call returns, each the job as stored right after it."""
+        rows = await call(db, sql, *args)
+        assert rows and [await as_stored(db, orc, r["id"]) for r in rows] == rows
+        return rows
+
+    add = "SELECT * FROM graphile_worker.add_job('echo'"
+    (bare,) = await added(add + ")")
+    (given,) = await added(
+        add + ", '{\"a\": 1}', queue_name => 'q', run_at => %s, max_attempts => 4,"
+        " job_key => 'k', priority => 3)", at,
+    )  # fmt: skip
+    assert [(r["max_attempts"], r["queue_name"], r["priority"]) for r in (bare, given)] == [
+        (budget, None, 0), (4, "q", 3),
+    ]  # fmt: skip
+    assert (bare["run_at"], given["run_at"]) == (bare["created_at"], at)
+    # A replace without max_attempts gives the job its type's budget again.
+    (replaced,) = await added(add + ", '{\"a\": 2}', job_key => 'k')")
+    assert (replaced["id"], replaced["max_attempts"], replaced["queue_name"]) == (
+        given["id"], budget, None,
+    )  # fmt: skip
+    # One waiting for its retry is due at its retry's time, which preserve_run_at keeps and a
+    # replace moves; its attempts so far stay.
+    claimed = "status = 'RUNNING', attempt = 1, lease_token = gen_random_uuid(), locked_by = 'w'"
+    await db.execute(f"UPDATE orc_jobs SET {claimed} WHERE number = %s", (given["id"],))
+    await db.execute(
+        "UPDATE orc_jobs SET status = 'RETRY', next_retry_at = %s, lease_token = NULL,"
+        " locked_by = NULL WHERE number = %s", (at + timedelta(hours=1), given["id"]),
+    )  # fmt: skip
+    (kept,) = await added(add + ", job_key => 'k', job_key_mode => 'preserve_run_at')")
+    assert (kept["run_at"], kept["attempts"], kept["max_attempts"]) == (
+        at + timedelta(hours=1), 1, budget,
+    )  # fmt: skip
+    (moved,) = await added(add + ", job_key => 'k', run_at => %s, max_attempts => 5)", at)
+    assert (moved["run_at"], moved["attempts"], moved["max_attempts"]) == (at, 1, 5)
+    batch = await added(
+        "SELECT * FROM graphile_worker.add_jobs(ARRAY["
+        " ('echo', NULL, NULL, %s, 6, NULL, NULL, NULL),"
+        " ('echo', NULL, 'q', NULL, NULL, 'l', -2, NULL)]::graphile_worker.job_spec[])",
+        at,
+    )
+    assert [(r["max_attempts"], r["queue_name"], r["priority"]) for r in batch] == [
+        (6, None, 0), (budget, "q", -2),
+    ]  # fmt: skip
+
+
 async def test_job_keys_replace_append_arrays_preserve_run_at_and_dedupe(
     compat: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
 ) -> None:

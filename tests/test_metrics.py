@@ -64,8 +64,29 @@ async def test_a_workers_metrics_match_what_the_database_recorded(
             return all(job.finished_at is not None for job in states)
 
         await wait_for(all_finished, timeout=60)
+        scraped: list[httpx.Response] = []
+
+        async def settled() -> bool:
+            """A scrape once the worker is idle: every attempt it ran has ended (its outcome
+            written) and no maintenance tick holds a slot. A tick may run at any scrape (the
+            sweep's is every second), so only bounds hold at every one."""
+            async with httpx.AsyncClient() as client:
+                response = await client.get(f"http://127.0.0.1:{port}/metrics")
+            found = samples(response.text)
+            lanes = {"jobs": 4, "maintenance": 1}
+            for lane, size in lanes.items():
+                assert value(found, "orchestrator_slots", lane=lane) == size
+                assert 0 <= value(found, "orchestrator_free_slots", lane=lane) <= size
+            assert 0 <= value(found, "orchestrator_running_jobs") <= lanes["jobs"]
+            scraped[:] = [response]
+            return value(found, "orchestrator_running_jobs") == 0 and all(
+                value(found, "orchestrator_free_slots", lane=lane) == size
+                for lane, size in lanes.items()
+            )
+
+        await wait_for(settled, timeout=30)
+        (response,) = scraped
         async with httpx.AsyncClient() as client:
-            response = await client.get(f"http://127.0.0.1:{port}/metrics")
             openmetrics = await client.get(
                 f"http://127.0.0.1:{port}/metrics",
                 headers={"Accept": "application/openmetrics-text; version=1.0.0"},
@@ -108,8 +129,9 @@ async def test_a_workers_metrics_match_what_the_database_recorded(
     # The two retries were scheduled for later: their lateness was measured.
     assert value(found, "orchestrator_retry_lateness_seconds_count", job_type="scripted") >= 2
     assert value(found, "orchestrator_heartbeats_total", result="ok") >= 1  # the 0.6 s job's
+    # Idle (settled): nothing runs, every slot is free.
     assert value(found, "orchestrator_running_jobs") == 0
-    assert value(found, "orchestrator_slots", lane="jobs") == 4
+    assert value(found, "orchestrator_free_slots", lane="jobs") == 4
     assert value(found, "orchestrator_free_slots", lane="maintenance") == 1
     assert value(found, "orchestrator_worker_ready") == 1
     assert "job_id" not in response.text  # no label names a job

@@ -26,12 +26,12 @@ def add_parsers(commands: Commands) -> None:
     cmd.add_argument("--status", default="pending", type=str.lower, choices=APPROVAL_STATUSES)
     cmd.add_argument("--limit", type=whole(1, MAX_LIMIT), default=50)
     cmd.set_defaults(handler=cmd_approvals_list)
-    for action in ("approve", "reject"):
+    for action, done in (("approve", "approved"), ("reject", "rejected")):
         cmd = approvals.add_parser(action, help=f"{action} a waiting step")
         cmd.add_argument("approval_id")
         cmd.add_argument("--by", required=True, help="who decides")
         cmd.add_argument("--reason", default="", required=action == "reject", help="why")
-        cmd.set_defaults(handler=cmd_approvals_decide, action=action)
+        cmd.set_defaults(handler=cmd_approvals_decide, action=action, done=done)
 
 
 @on_app
@@ -48,5 +48,5 @@ async def cmd_approvals_decide(args: argparse.Namespace, orc: Orchestrator) -> i
         await orc.approve(args.approval_id, by=cli_actor(args.by), reason=args.reason)
     else:
         await orc.reject(args.approval_id, by=cli_actor(args.by), reason=args.reason)
-    print(f"{args.action}d {args.approval_id} (by {args.by})")
+    print(f"{args.done} {args.approval_id} (by {args.by})")
     return 0
