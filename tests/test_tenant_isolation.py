@@ -323,6 +323,44 @@ async def test_a_tenant_reads_its_own_schedules_and_weights_in_the_config(
         assert f"{MINE} \u00d72" in page.text and f"{THEIRS} \u00d73" in page.text
 
 
+async def test_a_tenant_reads_its_own_schedules_weights_and_unserved_jobs_of_the_applications(
+    tokens: Tokens, orc: Orchestrator, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """GET /api/v1/applications, by the rule of /config: what names a tenant (a schedule, a
+    limit's weight, a job waiting unserved) only for the token's tenants."""
+
+    async def declared() -> bool:  # the server's scheduler declares its schedules as it starts
+        found = (await tokens.fleet.get("/api/v1/applications")).json()["applications"]
+        return any(len(app["schedules"]) == 3 for app in found)
+
+    await wait_for(declared, timeout=30)
+    # Jobs of a type no live application declares: one of each tenant's.
+    await db.execute(
+        "INSERT INTO orc_application_definitions (kind, name, application, definition) "
+        "VALUES ('job_type', 'gone_type', 'gone', '{}')"
+    )
+    await db.execute(
+        "INSERT INTO orc_jobs (id, job_type, status, payload, queue, tenant_id, run_at, "
+        "                     max_attempts, max_retries, trace_id) "
+        "SELECT gen_random_uuid(), 'gone_type', 'PENDING', '{}', 'gone_type', t, now(), 3, 3, "
+        "       md5(t) "
+        "FROM unnest(ARRAY[%s, %s, %s]) AS t",
+        (MINE, THEIRS, THEIRS),
+    )
+    mine = await tokens.read_a.get("/api/v1/applications")
+    assert mine.status_code == 200, mine.text
+    (app,) = [a for a in mine.json()["applications"] if a["name"] == "default"]
+    assert app["schedules"] == [REPORTS[MINE]]
+    (shared,) = [limit for limit in app["limits"] if limit["name"] == "shared"]
+    assert shared["definition"]["weights"] == {MINE: 2}
+    assert mine.json()["unserved"] == [{"job_type": "gone_type", "pending": 1, "retry": 0}]
+    assert THEIRS not in mine.text and MARKERS[THEIRS] not in mine.text
+    everything = (await tokens.fleet.get("/api/v1/applications")).json()
+    (app,) = [a for a in everything["applications"] if a["name"] == "default"]
+    assert sorted(app["schedules"]) == sorted(REPORTS.values())
+    assert everything["unserved"] == [{"job_type": "gone_type", "pending": 3, "retry": 0}]
+
+
 # -- 5. a tenant is never empty or blank ------------------------------------------------------
 
 
