@@ -317,3 +317,31 @@ async def test_a_s_worker_leaves_b_s_jobs_waiting_for_b_s_workers(
                 works,
             )
             assert b_jobs == [("PENDING", 0, ["job.created"])] * 3, b_jobs
+
+
+async def test_b_s_migrate_leaves_a_s_graphile_producer_api_as_a_set_it(
+    database: str, tmp_path: Path
+) -> None:
+    """PRODUCT ISSUE (found by this file; fails until decided and fixed): Graphile Worker's API
+    is one per database, set by whichever application migrated last. A migrates with
+    ORCHESTRATOR_GRAPHILE_COMPAT=true and ORCHESTRATOR_GRAPHILE_TENANT=tenant-a; B's migrate
+    with the API on but no tenant resets the tenant of every job A's producers add to none
+    (graphile_worker._orc_settings is one row), and B's migrate without the setting drops the
+    schema graphile_worker: A's producers' add_job then fails (schema does not exist)."""
+    dsn = database
+    a_env = environment("a", app_a.config(tmp_path / "a.toml"))
+    a_env["ORCHESTRATOR_GRAPHILE_TENANT"] = "tenant-a"
+    b_env = environment("b", app_b.config(tmp_path / "b.toml"))
+    without_api = {k: v for k, v in b_env.items() if k != "ORCHESTRATOR_GRAPHILE_COMPAT"}
+    tenant = "SELECT tenant_id FROM graphile_worker._orc_settings"
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        migrated = await asyncio.to_thread(migrate, dsn, "app_a", a_env)
+        assert migrated.returncode == 0, migrated.stderr
+        assert await rows(conn, tenant) == ["tenant-a"]
+        migrated = await asyncio.to_thread(migrate, dsn, "app_b", b_env)
+        assert migrated.returncode == 0, migrated.stderr
+        assert await rows(conn, tenant) == ["tenant-a"], "B's migrate changed A's tenant"
+        migrated = await asyncio.to_thread(migrate, dsn, "app_b", without_api)
+        assert migrated.returncode == 0, migrated.stderr
+        schema = "SELECT count(*) FROM pg_namespace WHERE nspname = 'graphile_worker'"
+        assert await rows(conn, schema) == [1], "B's migrate dropped A's Graphile API"
