@@ -121,6 +121,7 @@ async def declared_by(conn: psycopg.AsyncConnection[Any], application: str) -> s
 A_DECLARES = {
     "limit a_llm", "limit a_notes", "limit_of_type llm_generate", "limit_of_type a_note",
     "schedule a_note", "job_type a_note", "job_type llm_generate",
+    "graphile graphile_worker",  # A migrates with Graphile Worker's API on
 }  # fmt: skip
 
 
@@ -173,7 +174,7 @@ async def test_b_s_deploy_leaves_a_as_it_was_and_a_s_llm_jobs_within_a_s_limit(
 
             await wait_for(a_call_is_made, timeout=60)  # B's deploy starts while A's jobs run
             before = await asyncio.to_thread(snapshot_of_a, dsn)
-            assert [len(before[what]) for what in SNAPSHOT] == [2, 2, 2, 1, 7], before
+            assert [len(before[what]) for what in SNAPSHOT] == [2, 2, 2, 1, 8], before
 
             async def a_stands(step: str) -> None:
                 assert await asyncio.to_thread(snapshot_of_a, dsn) == before, step
@@ -181,7 +182,9 @@ async def test_b_s_deploy_leaves_a_as_it_was_and_a_s_llm_jobs_within_a_s_limit(
             # B's migrate: its job types declared and written beside A's, Graphile's API kept
             migrated = await asyncio.to_thread(migrate, dsn, "app_b", b_env)
             assert migrated.returncode == 0, migrated.stderr
-            assert await declared_by(conn, "b") == {"job_type b_report", "job_type b_work"}
+            assert await declared_by(conn, "b") == {
+                "job_type b_report", "job_type b_work", "graphile graphile_worker"
+            }  # fmt: skip
             await a_stands("B's migrate")
             [note] = await rows(conn, "SELECT id FROM graphile_worker.add_job('a_note', "
                                       "json_build_object('n', 1))")  # fmt: skip
@@ -283,13 +286,11 @@ async def test_a_limit_b_defines_otherwise_refuses_b_s_worker_and_a_s_limit_stan
 async def test_a_s_worker_leaves_b_s_jobs_waiting_for_b_s_workers(
     database: str, tmp_path: Path
 ) -> None:
-    """PRODUCT BUG (found by this file; fails until fixed): a worker claims any job on its
-    queues, whatever its application. A's worker alone, B's jobs (B's types, known since B's
-    migrate) added before A's: A's worker runs A's job, and should leave B's waiting, unclaimed
-    (what ``UnservedJobs`` describes: "they wait (nothing fails them) until a process of an
-    application that runs the type is back"). Instead it claims them and each attempt dies in
-    ``Attempt.__init__`` with ``KeyError: 'b_work'`` (``dispatch N (orc.b_work) failed``):
-    B's job spends an attempt it never ran, RUNNING until the zombie sweep retries it."""
+    """A worker listening on every queue leaves those of another application's job types
+    (docs/applications.md): A's worker alone, B's jobs (B's types, declared by B's migrate)
+    added before A's: A's worker runs A's job, and B's wait unclaimed, no attempt spent, until
+    a worker of B's is back (failed before: A's worker claimed them, and each attempt died with
+    ``KeyError: 'b_work'``)."""
     dsn = database
     a_env = environment("a", app_a.config(tmp_path / "a.toml"))
     b_env = environment("b", app_b.config(tmp_path / "b.toml"))
@@ -322,26 +323,34 @@ async def test_a_s_worker_leaves_b_s_jobs_waiting_for_b_s_workers(
 async def test_b_s_migrate_leaves_a_s_graphile_producer_api_as_a_set_it(
     database: str, tmp_path: Path
 ) -> None:
-    """PRODUCT ISSUE (found by this file; fails until decided and fixed): Graphile Worker's API
-    is one per database, set by whichever application migrated last. A migrates with
-    ORCHESTRATOR_GRAPHILE_COMPAT=true and ORCHESTRATOR_GRAPHILE_TENANT=tenant-a; B's migrate
-    with the API on but no tenant resets the tenant of every job A's producers add to none
-    (graphile_worker._orc_settings is one row), and B's migrate without the setting drops the
-    schema graphile_worker: A's producers' add_job then fails (schema does not exist)."""
+    """Graphile Worker's API is one per database, with one row of settings: each application
+    migrating with it on declares it with its settings (docs/applications.md). B's migrate with
+    other settings (no tenant, where A's jobs get tenant-a) is refused, naming both applications
+    and the tenant, and A's settings stand; B's migrate without the API leaves it to A; the
+    schema goes once no application declares it (A's own migrate without it)."""
     dsn = database
     a_env = environment("a", app_a.config(tmp_path / "a.toml"))
     a_env["ORCHESTRATOR_GRAPHILE_TENANT"] = "tenant-a"
     b_env = environment("b", app_b.config(tmp_path / "b.toml"))
     without_api = {k: v for k, v in b_env.items() if k != "ORCHESTRATOR_GRAPHILE_COMPAT"}
     tenant = "SELECT tenant_id FROM graphile_worker._orc_settings"
+    schema = "SELECT count(*) FROM pg_namespace WHERE nspname = 'graphile_worker'"
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         migrated = await asyncio.to_thread(migrate, dsn, "app_a", a_env)
         assert migrated.returncode == 0, migrated.stderr
         assert await rows(conn, tenant) == ["tenant-a"]
         migrated = await asyncio.to_thread(migrate, dsn, "app_b", b_env)
-        assert migrated.returncode == 0, migrated.stderr
+        assert migrated.returncode == 2, migrated.stderr
+        for said in ("application 'b' refused", "graphile 'graphile_worker'",
+                     "application 'a'", "tenant_id"):  # fmt: skip
+            assert said in migrated.stderr, migrated.stderr
+        assert "Traceback" not in migrated.stderr
         assert await rows(conn, tenant) == ["tenant-a"], "B's migrate changed A's tenant"
         migrated = await asyncio.to_thread(migrate, dsn, "app_b", without_api)
         assert migrated.returncode == 0, migrated.stderr
-        schema = "SELECT count(*) FROM pg_namespace WHERE nspname = 'graphile_worker'"
         assert await rows(conn, schema) == [1], "B's migrate dropped A's Graphile API"
+        assert await rows(conn, tenant) == ["tenant-a"]
+        a_without = {k: v for k, v in a_env.items() if k != "ORCHESTRATOR_GRAPHILE_COMPAT"}
+        migrated = await asyncio.to_thread(migrate, dsn, "app_a", a_without)
+        assert migrated.returncode == 0, migrated.stderr
+        assert await rows(conn, schema) == [0]

@@ -29,6 +29,11 @@ class Kind(StrEnum):
     LIMIT = "limit"  # orc_flow_limits (owner config)
     LIMIT_OF_TYPE = "limit_of_type"  # orc_flow_job_types: which limit a job type runs under
     SCHEDULE = "schedule"  # orc_schedules
+    GRAPHILE = "graphile"  # Graphile Worker's API and its settings (at migrate; migration 0059)
+
+
+#: The one name of the GRAPHILE kind: the schema of Graphile Worker's API.
+GRAPHILE_SCHEMA = "graphile_worker"
 
 
 Definitions = Mapping[str, Mapping[str, Any]]  # name -> the shared row's fields

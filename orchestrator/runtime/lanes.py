@@ -29,7 +29,8 @@ class Lane:
     name: str
     queues: list[str] | None  # None: every queue
     capacity: int
-    #: Queues it never takes, even as "every queue": those of external job types.
+    #: Queues it never takes, even as "every queue": those of external job types, and of other
+    #: applications' job types (refreshed by the worker's registry heartbeat).
     excluded: tuple[str, ...] = ()
     woken: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     slot_freed: asyncio.Event = field(default_factory=asyncio.Event, init=False)

@@ -105,7 +105,9 @@ class Worker:
         """``services``: what the Procrastinate tasks this worker runs find in their context's
         ``additional_context["services"]`` (the maintenance services), whose ticks come on
         ``maintenance_queue`` (None: no maintenance lane). ``excluded_queues``: queues it never
-        takes (external job types'). ``config_reload``: the watch of the retry config file
+        takes (external job types'); listening on every queue, it also leaves those of other
+        applications' job types (docs/applications.md), as it learns them at registration and
+        with each registry heartbeat. ``config_reload``: the watch of the retry config file
         (shared by the workers of its process; None: no reload)."""
         self.dsn = dsn
         self.stores = stores
@@ -117,6 +119,13 @@ class Worker:
             queues=queues, concurrency=concurrency, maintenance_queue=maintenance_queue,
             excluded=excluded_queues,
         )  # fmt: skip
+        self._excluded = tuple(excluded_queues)
+        #: The queues of this application's own job types (in-process ones).
+        self._own = {
+            kit.config.current.queue_of(name)
+            for name, job_type in kit.job_types.items()
+            if not job_type.is_external
+        }
         self.jobs_lane = self.lanes[0]
         self.wait = wait
         self.name = name
@@ -381,6 +390,9 @@ class Worker:
             application=application.name,
         )  # fmt: skip
         await self.stores.flow.apply(self.kit.config, application)  # its limits, per version
+        if self.jobs_lane.queues is None:  # every queue: but other applications' own
+            foreign = await self.stores.applications.foreign_queues(application)
+            self.jobs_lane.excluded = tuple(sorted(set(self._excluded) | (foreign - self._own)))
 
     def _start(self, lane: Lane, dispatch: Dispatch) -> None:
         """Run the dispatch in a task of its own, in a slot of ``lane`` (free once its outcome

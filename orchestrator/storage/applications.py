@@ -16,6 +16,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from orchestrator.domain.applications import (
+    Application,
     ApplicationConflictView,
     ApplicationLimit,
     ApplicationProcess,
@@ -124,6 +125,11 @@ class ApplicationStore:
                 )
             )
         return views
+
+    async def foreign_queues(self, application: Application) -> set[str]:
+        """The queues of the job types other applications declare."""
+        rows = await self.queries.rows("foreign_queues", {"application": application.name})
+        return {row["queue"] for row in rows}
 
     async def live_conflicts(self, *, seconds: float) -> list[dict[str, Any]]:
         """The refusals standing between two applications that both have a live process."""

@@ -7,6 +7,15 @@ SELECT kind, name, other, difference, deferred
   FROM orc_declare_v1(%(application)s, %(kinds)s::text[], %(definitions)s::jsonb, %(whole)s,
                       %(version)s, %(live_seconds)s)
 
+-- foreign_queues --
+-- The queues of the job types that applications other than `application` declare: a worker of
+-- `application` listening on every queue leaves those that none of its own types use.
+SELECT DISTINCT d.definition ->> 'queue' AS queue
+  FROM orc_application_definitions AS d
+ WHERE d.kind = 'job_type' AND d.application <> %(application)s
+   AND d.definition ->> 'queue' IS NOT NULL
+ ORDER BY 1
+
 -- application_definitions --
 -- Every application's declarations.
 SELECT application, kind, name, definition

@@ -117,6 +117,10 @@ ON CONFLICT (job_type) DO UPDATE
 SELECT to_regnamespace('graphile_worker') IS NOT NULL,
        to_regclass('graphile_worker._orc_settings') IS NOT NULL
 
+-- graphile_declared --
+-- Does an application (another one, once the migrating one withdrew) declare Graphile Worker's API?
+SELECT EXISTS (SELECT FROM orc_application_definitions WHERE kind = 'graphile')
+
 -- graphile_drop --
 DROP SCHEMA IF EXISTS graphile_worker CASCADE
 

@@ -1,7 +1,8 @@
 """What producers that write in SQL read of the orchestrator, written by ``orchestrator migrate``
 (docs/graphile.md): the job types with their defaults (``orc_job_types``), and, when the
 setting asks for it, Graphile Worker's SQL API for producers in the schema ``graphile_worker``
-(``sql/graphile_worker.sql``).
+(``sql/graphile_worker.sql``), both declared as the migrating application's
+(docs/applications.md): the schema is one per database, kept while an application declares it.
 
 That schema is optional and holds nothing of its own (the orchestrator's jobs are its jobs), so
 it is not versioned as the core schema is: when its file changes, ``migrate`` drops the schema
@@ -19,7 +20,7 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
-from orchestrator.domain.applications import Application, Declaration, Kind
+from orchestrator.domain.applications import GRAPHILE_SCHEMA, Application, Declaration, Kind
 from orchestrator.domain.errors import MigrationError
 from orchestrator.storage.applications import declare
 from orchestrator.storage.queries import QUERIES
@@ -50,10 +51,15 @@ async def publish(conn: psycopg.AsyncConnection[Any], producers: Producers) -> N
     application declares one otherwise), then Graphile Worker's API as the setting says."""
     declaration = Declaration(
         producers.application,
-        {Kind.JOB_TYPE: {
-            row["job_type"]: {k: v for k, v in row.items() if k != "job_type"}
-            for row in producers.job_types
-        }},
+        {
+            Kind.JOB_TYPE: {
+                row["job_type"]: {k: v for k, v in row.items() if k != "job_type"}
+                for row in producers.job_types
+            },
+            Kind.GRAPHILE: {} if producers.graphile is None else {
+                GRAPHILE_SCHEMA: producers.graphile
+            },
+        },
     )  # fmt: skip
     declared = await declare(conn, declaration)
     declared.check()
@@ -72,7 +78,8 @@ async def publish(conn: psycopg.AsyncConnection[Any], producers: Producers) -> N
             "move Graphile Worker's jobs over and drop it, or turn the setting off"
         )
     if producers.graphile is None:
-        if present:
+        await cur.execute(QUERIES["graphile_declared"])
+        if present and (await cur.fetchone()) == (False,):  # no other application runs it
             await conn.execute(QUERIES["graphile_drop"])
             await conn.execute(QUERIES["graphile_forget"], {"component": COMPONENT})
         return

@@ -29,10 +29,14 @@ TABLES = (
     "orc_job_events, orc_dead_letters, orc_jobs, procrastinate_events, "
     "procrastinate_periodic_defers, procrastinate_jobs, procrastinate_workers, orc_api_tokens, "
     "orc_event_listeners, orc_job_rollups, orc_queue_depth, orc_schedules, orc_flow_keys, "
-    "orc_flow_limits, orc_flow_spends, orc_flow_shares"
+    "orc_flow_limits, orc_flow_spends, orc_flow_shares, orc_application_conflicts"
 )
 CLEAR = (
     f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE",
+    # the declarations of the rows emptied above (limits, schedules), and every application's
+    # but the one the session's migrate declared its job types for (docs/applications.md)
+    "DELETE FROM orc_application_definitions WHERE kind IN ('limit', 'schedule') "
+    "OR application <> 'default'",
     "UPDATE orc_rollup_watermark SET rolled_up_to = NULL",
     "UPDATE orc_retention_progress SET caught_up_to = now()",
 )

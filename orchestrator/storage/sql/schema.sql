@@ -45,7 +45,7 @@ CREATE TABLE orc_application_definitions (
     application text NOT NULL,
     definition jsonb NOT NULL,
     declared_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT orc_application_definitions_kind_check CHECK ((kind = ANY (ARRAY['job_type'::text, 'limit'::text, 'limit_of_type'::text, 'schedule'::text]))),
+    CONSTRAINT orc_application_definitions_kind_check CHECK ((kind = ANY (ARRAY['job_type'::text, 'limit'::text, 'limit_of_type'::text, 'schedule'::text, 'graphile'::text]))),
     CONSTRAINT orc_application_definitions_pkey PRIMARY KEY (kind, name, application)
 );
 CREATE INDEX orc_application_definitions_application ON public.orc_application_definitions USING btree (application, kind);
