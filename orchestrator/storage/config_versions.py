@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from orchestrator.storage.migrate import release
 from orchestrator.storage.runner import Queries
 from retry_config import LiveConfig
 
@@ -26,11 +27,12 @@ class ConfigVersionStore:
     async def record(self, worker_id: int, *, worker: str, config: LiveConfig) -> None:
         """The version ``config`` holds now, for the registered process ``worker_id``: at its
         registration and with each registry heartbeat (a small upsert every few seconds, which
-        also puts back a row that went missing)."""
+        also puts back a row that went missing); with it, the release this code is (0058:
+        ``migrate --plan`` names the processes of an older one)."""
         await self.queries.execute(
             "record_worker_config",
             {"worker_id": worker_id, "worker": worker, "version": config.current.version,
-             "applied_at": config.applied_at},
+             "applied_at": config.applied_at, "schema_version": release()},
         )  # fmt: skip
 
     async def live(self, *, seconds: float) -> list[WorkerConfig]:

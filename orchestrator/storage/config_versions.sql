@@ -1,10 +1,11 @@
 -- record_worker_config --
--- The retry config version a registered worker (or API server) runs now.
-INSERT INTO orc_worker_configs (worker_id, worker, config_version, applied_at)
-VALUES (%(worker_id)s, %(worker)s, %(version)s, %(applied_at)s)
+-- The retry config version a registered worker (or API server) runs now, and its release: the
+-- newest migration its code has (0058).
+INSERT INTO orc_worker_configs (worker_id, worker, config_version, applied_at, schema_version)
+VALUES (%(worker_id)s, %(worker)s, %(version)s, %(applied_at)s, %(schema_version)s)
 ON CONFLICT (worker_id) DO UPDATE
    SET worker = EXCLUDED.worker, config_version = EXCLUDED.config_version,
-       applied_at = EXCLUDED.applied_at
+       applied_at = EXCLUDED.applied_at, schema_version = EXCLUDED.schema_version
 
 -- worker_configs --
 -- The registry's live workers and API servers, each with the retry config version it recorded

@@ -40,11 +40,41 @@ def graphile_sql() -> str:
     )
 
 
-async def publish(conn: psycopg.AsyncConnection[Any], producers: Producers) -> None:
-    """Inside ``migrate``'s transaction: the job types, then Graphile Worker's API as the
-    setting says."""
-    await conn.execute(QUERIES["sync_job_types"], {"types": Jsonb(producers.job_types)})
+@dataclass(frozen=True)
+class ProducersPending:
+    """What :func:`publish` would change: the job types to add, change and remove (each by
+    name), what it does to the schema ``graphile_worker`` (``install``, ``reinstall`` after its
+    file changed, ``drop`` with the setting off; None: nothing), and whether it writes that
+    API's settings."""
+
+    job_types: dict[str, list[str]]
+    graphile: str | None
+    graphile_settings: bool
+
+    @property
+    def nothing(self) -> bool:
+        return (
+            not any(self.job_types.values())
+            and self.graphile is None
+            and not self.graphile_settings
+        )
+
+
+async def pending(
+    conn: psycopg.AsyncConnection[Any], producers: Producers, *, tables_to_come: bool = False
+) -> ProducersPending:
+    """What :func:`publish` would change on the database as it stands, read only: the one
+    place its decisions are taken (``migrate`` acts on them, ``migrate --plan`` says them).
+    ``tables_to_come``: ``orc_job_types`` missing now is created by a pending migration."""
     cur = conn.cursor(row_factory=tuple_row)
+    await cur.execute(QUERIES["table_exists"], {"table": "orc_job_types"})
+    changes: dict[str, list[str]] = {"add": [], "change": [], "remove": []}
+    if (await cur.fetchone()) == (True,):
+        await cur.execute(QUERIES["job_types_changes"], {"types": Jsonb(producers.job_types)})
+        for job_type, change in await cur.fetchall():
+            changes[change].append(job_type)
+    elif tables_to_come:
+        changes["add"] = sorted(t["job_type"] for t in producers.job_types)
     await cur.execute(QUERIES["graphile_schema"])
     row = await cur.fetchone()
     present, ours = row if row else (False, False)
@@ -55,20 +85,44 @@ async def publish(conn: psycopg.AsyncConnection[Any], producers: Producers) -> N
             "move Graphile Worker's jobs over and drop it, or turn the setting off"
         )
     if producers.graphile is None:
-        if present:
-            await conn.execute(QUERIES["graphile_drop"])
-            await conn.execute(QUERIES["graphile_forget"], {"component": COMPONENT})
-        return
-    sql = graphile_sql()
-    checksum = hashlib.sha256(sql.encode()).hexdigest()
-    await cur.execute(QUERIES["graphile_checksum"], {"component": COMPONENT})
-    recorded = await cur.fetchone()
-    if not present or recorded is None or recorded[0] != checksum:
+        return ProducersPending(changes, "drop" if present else None, False)
+    recorded = None
+    await cur.execute(QUERIES["table_exists"], {"table": "orc_schema_migrations"})
+    if (await cur.fetchone()) == (True,):
+        await cur.execute(QUERIES["graphile_checksum"], {"component": COMPONENT})
+        recorded = await cur.fetchone()
+    if not present:
+        return ProducersPending(changes, "install", True)
+    if recorded is None or recorded[0] != _checksum(graphile_sql()):
+        return ProducersPending(changes, "reinstall", True)
+    await cur.execute(QUERIES["graphile_settings_differ"], producers.graphile)
+    return ProducersPending(changes, None, (await cur.fetchone()) == (True,))
+
+
+def _checksum(sql: str) -> str:
+    return hashlib.sha256(sql.encode()).hexdigest()
+
+
+async def publish(
+    conn: psycopg.AsyncConnection[Any],
+    producers: Producers,
+    decided: ProducersPending | None = None,
+) -> None:
+    """Inside ``migrate``'s transaction: the job types, then Graphile Worker's API as the
+    setting says (``decided``: :func:`pending`, read in this transaction)."""
+    await conn.execute(QUERIES["sync_job_types"], {"types": Jsonb(producers.job_types)})
+    decided = decided or await pending(conn, producers)
+    if decided.graphile == "drop":
+        await conn.execute(QUERIES["graphile_drop"])
+        await conn.execute(QUERIES["graphile_forget"], {"component": COMPONENT})
+    elif decided.graphile is not None:
+        sql = graphile_sql()
         await conn.execute(QUERIES["graphile_drop"])
         await conn.execute(sql.encode())
         await conn.execute(
             QUERIES["migrations_record"],
             {"component": COMPONENT, "version": COMPONENT, "name": COMPONENT,
-             "checksum": checksum, "compatible": False},
+             "checksum": _checksum(sql), "compatible": False},
         )  # fmt: skip
-    await conn.execute(QUERIES["graphile_settings"], producers.graphile)
+    if producers.graphile is not None and decided.graphile_settings:
+        await conn.execute(QUERIES["graphile_settings"], producers.graphile)
