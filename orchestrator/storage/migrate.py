@@ -29,6 +29,13 @@ With each of ours goes its marker (``-- compatible-with-older-workers: yes``, a 
 absent: no), so that an older release, which has no copy of the file, can read from the database
 whether it may run on a schema newer than it knows (:func:`check_schema`; docs/operations.md,
 "Rollout contract").
+
+What is pending is decided in one place, read only: :func:`_versioned` (steps 1 to 3) and
+:func:`_synced` (4, 5 and the producers' rows, :func:`orchestrator.storage.producers.pending`).
+:func:`migrate` takes the steps they name, and only those, so a database with nothing pending
+gets no write; :func:`plan` (``orchestrator migrate --plan``) reports them in a read-only
+transaction, with the registry's live workers of an older release (docs/operations.md,
+"Planning a migrate").
 """
 
 from __future__ import annotations
