@@ -59,7 +59,7 @@ from orchestrator.services import maintenance
 from orchestrator.services.maintenance import Maintenance
 from orchestrator.services.scheduler import Scheduler
 from orchestrator.settings import Settings
-from orchestrator.storage.migrate import MigrationReport
+from orchestrator.storage.migrate import MigrationReport, Plan
 from orchestrator.storage.rows import ApprovalRecord, StepRecord
 from orchestrator.storage.stores import Stores
 from retry_config import LiveConfig, RetryConfig
@@ -336,6 +336,11 @@ class Orchestrator:
 
     async def migrate(self) -> MigrationReport:
         return await self._lifecycle.migrate(self._rows.producers())
+
+    async def plan_migrate(self) -> Plan:
+        """What :meth:`migrate` would do to the database, changing nothing (``orchestrator
+        migrate --plan``)."""
+        return await self._lifecycle.plan_migrate(self._rows.producers())
 
     # -- submit (orchestrator.facade.submit) ------------------------------------------------
 

@@ -108,6 +108,7 @@ def test_submit_status_jobs_cancel(cli: Any) -> None:
         (["jobs", "--status", "done"], "argument --status: invalid choice: 'DONE'"),
         (["dlq", "discard", str(uuid.UUID(int=2))], "required: --by"),
         (["no-such-command"], "argument COMMAND: invalid choice: 'no-such-command'"),
+        (["migrate", "--json"], "--json goes with --plan or --check"),
         (["stats", "--step", "90"], "step: 90 s is not a whole number of minutes"),
         (["stats", "--step", "30"], "argument --step: must be a whole number from 60 to"),
         (["stats", "--by", "tenant,colour"], "by: 'colour' is not one of job_type, queue, tenant"),

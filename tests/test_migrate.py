@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +18,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from orchestrator.domain.errors import MigrationError
+from orchestrator.domain.states import transition_rows
 from orchestrator.storage.database import drop_database, ensure_database, with_database
 from orchestrator.storage.migrate import (
     PROCRASTINATE,
@@ -22,6 +27,7 @@ from orchestrator.storage.migrate import (
     procrastinate_migrations,
 )
 
+ROOT = Path(__file__).resolve().parent.parent
 PACKAGED = (
     Path(__file__).resolve().parent.parent / "orchestrator" / "storage" / "sql" / "migrations"
 )
@@ -249,3 +255,98 @@ async def test_a_database_at_0020_keeps_its_job_keys_and_scopes_them_by_tenant_a
             )
         cur = await conn.execute("SELECT tenant_id, payload FROM orc_jobs WHERE id = %s", (acme,))
         assert await cur.fetchone() == ("acme", {"by": "acme"})
+
+
+def _orchestrator(dsn: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """``orchestrator ARGV``, a real process, with Graphile Worker's API on (so that its step
+    is covered too)."""
+    env = {**os.environ, "DATABASE_URL": dsn, "ORCHESTRATOR_GRAPHILE_COMPAT": "true"}
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *argv],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+async def tuples_written(dsn: str) -> dict[str, tuple[int, int, int]]:
+    """Each table's tuples inserted, updated and deleted so far, once every other session of
+    the database has ended: a backend flushes its counts as it exits, before it leaves
+    pg_stat_activity (its own, flushed at once, and the snapshot cleared, to be current)."""
+    async with await connect(dsn) as conn:
+        for _ in range(1200):
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+            )
+            if await cur.fetchone() == (0,):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("another session of the database never ended")
+        await conn.execute("SELECT pg_stat_force_next_flush()")
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        cur = await conn.execute(
+            "SELECT schemaname || '.' || relname, n_tup_ins, n_tup_upd, n_tup_del"
+            "  FROM pg_stat_user_tables"
+        )
+        return {row[0]: (row[1], row[2], row[3]) for row in await cur.fetchall()}
+
+
+async def test_a_plan_or_a_migrate_with_nothing_to_do_writes_nothing(fresh_dsn: str) -> None:
+    """Through the real CLI, on a database migrated by it: `migrate --plan` says there is
+    nothing to do and `migrate` that the database is up to date, and neither writes a tuple
+    to any table (the state machine, the principal looks, the job types, Graphile Worker's
+    API's settings: each step is conditional)."""
+    first = _orchestrator(fresh_dsn, "migrate")
+    assert first.returncode == 0 and first.stdout.startswith("applied: "), first.stderr
+    written = await tuples_written(fresh_dsn)
+    for table in ("public.orc_states", "public.orc_job_types", "graphile_worker._orc_settings"):
+        assert written[table][0] > 0, table  # the first migrate wrote them: they are counted
+
+    planned = _orchestrator(fresh_dsn, "migrate", "--plan")
+    assert planned.returncode == 0, planned.stderr
+    assert planned.stdout.splitlines()[0] == "nothing to do: the database is up to date (release " \
+        f"{own_migrations()[-1].version})"  # fmt: skip
+    assert _orchestrator(fresh_dsn, "migrate", "--check").returncode == 0
+    assert await tuples_written(fresh_dsn) == written
+
+    again = _orchestrator(fresh_dsn, "migrate")
+    assert (again.returncode, again.stdout.strip()) == (0, "database is up to date"), again.stderr
+    assert await tuples_written(fresh_dsn) == written
+
+
+async def test_a_plan_names_what_migrate_would_change(fresh_dsn: str) -> None:
+    """A state machine, a principal look and a job type changed by hand, and Graphile Worker's
+    API's settings: the plan names each, exits 3 under --check, and migrate puts them back."""
+    assert _orchestrator(fresh_dsn, "migrate").returncode == 0
+    async with await connect(fresh_dsn) as conn:
+        await conn.execute("DELETE FROM orc_state_transitions WHERE to_status = 'CANCELLED'")
+        await conn.execute("UPDATE orc_states SET terminal = NOT terminal WHERE status = 'RETRY'")
+        await conn.execute("DELETE FROM orc_principal_looks WHERE ch = (SELECT min(ch)"
+                           " FROM orc_principal_looks)")  # fmt: skip
+        await conn.execute("UPDATE orc_job_types SET max_retries = max_retries + 1"
+                           " WHERE job_type = 'http_request'")  # fmt: skip
+        await conn.execute(
+            "INSERT INTO orc_job_types (job_type, queue, max_attempts, max_retries,"
+            " timeout_seconds, external) VALUES ('gone', 'q', 1, 0, 1, false)"
+        )
+        # ... as the application declared it once (docs/applications.md): its to withdraw
+        await conn.execute(
+            "INSERT INTO orc_application_definitions (kind, name, application, definition)"
+            " VALUES ('job_type', 'gone', 'default', '{}')"
+        )
+        await conn.execute("UPDATE graphile_worker._orc_settings SET max_message = 1")
+    checked = _orchestrator(fresh_dsn, "migrate", "--check", "--json")
+    assert checked.returncode == 3, checked.stderr
+    plan = json.loads(checked.stdout)
+    cancelled = sum(1 for _, target in transition_rows() if target == "CANCELLED")
+    assert plan["state_machine"] == {"states": 1, "transitions": cancelled}
+    assert plan["principal_looks"] == 1
+    assert plan["job_types"] == {"add": [], "change": ["http_request"], "remove": ["gone"]}
+    assert plan["graphile_worker"] == {"schema": None, "settings": True}
+    assert plan["migrations"] == [] and plan["functions"] == []
+    text = _orchestrator(fresh_dsn, "migrate", "--plan").stdout.splitlines()
+    assert "  write the job types: change http_request; remove gone" in text
+    assert "  write Graphile Worker's API's settings" in text
+
+    assert _orchestrator(fresh_dsn, "migrate").returncode == 0
+    assert _orchestrator(fresh_dsn, "migrate", "--check").returncode == 0

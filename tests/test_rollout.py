@@ -7,6 +7,7 @@ compatible with older workers, as recorded when it was applied."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -23,7 +24,7 @@ from orchestrator import Orchestrator, Status
 from orchestrator.domain.errors import MigrationError, SchemaTooNew
 from orchestrator.domain.principals import Scope
 from orchestrator.storage.database import drop_database, ensure_database, with_database
-from orchestrator.storage.migrate import Migration, migrate, own_migrations
+from orchestrator.storage.migrate import Migration, definitions, migrate, own_migrations, release
 from tasks import register_all
 from tests.support import previous_release
 from tests.support.api_server import ApiServer, token
@@ -259,3 +260,120 @@ def test_a_file_that_says_it_twice_is_refused() -> None:
     twice = "-- compatible-with-older-workers: yes\n-- compatible-with-older-workers: no\n"
     with pytest.raises(MigrationError, match="more than once"):
         _ = Migration("0042", "x", twice).compatible_with_older_workers
+
+
+def _orchestrator(dsn: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """Today's ``orchestrator ARGV``, a real process, on the database ``dsn``."""
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *argv],
+        cwd=ROOT, env={**os.environ, "DATABASE_URL": dsn},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def _rows(dsn: str, query: str) -> list[tuple[object, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return list(conn.execute(query).fetchall())  # type: ignore[arg-type]
+
+
+async def test_migrate_plan_on_the_previous_release_s_database(
+    previous: Path, server_dsn: str
+) -> None:
+    """The roll, planned: a database the previous release migrated, its worker running. The
+    plan names every migration and function file since, each migration with its marker, and
+    that worker as an older release that records no version; it changes nothing; migrate then
+    applies exactly what it named, and a worker of today records its release."""
+    name = f"orc_plan_{uuid.uuid4().hex[:10]}"
+    ensure_database(server_dsn, name)
+    dsn = with_database(server_dsn, name)
+    try:
+        migrated = await asyncio.to_thread(previous_release.run, previous, dsn, "migrate")
+        assert migrated.returncode == 0, migrated.stderr
+        known = {v for (v,) in _rows(dsn, "SELECT version FROM orc_schema_migrations"
+                                          " WHERE component = 'orchestrator'")}  # fmt: skip
+        old = previous_release.start(previous, dsn, "worker", env={"ORCHESTRATOR_HEALTH_PORT": "0"})
+        try:
+            wait_until(
+                lambda: old.poll() is not None
+                or _rows(dsn, "SELECT count(*) FROM orc_worker_configs") == [(1,)],
+                timeout=60, what="the previous release's worker's registration",
+            )  # fmt: skip
+            assert old.poll() is None, old.communicate()
+            before = _rows(dsn, "SELECT * FROM orc_schema_migrations ORDER BY 1, 2")
+
+            planned = _orchestrator(dsn, "migrate", "--plan", "--json")
+            assert planned.returncode == 0, planned.stderr
+            plan = json.loads(planned.stdout)
+            pending = [m for m in own_migrations() if m.version not in known]
+            assert pending and pending[-1].version == release() == plan["release"]
+            assert plan["migrations"] == [
+                {"name": f"{m.version}_{m.name}",
+                 "compatible_with_older_workers": m.compatible_with_older_workers}
+                for m in pending
+            ]  # fmt: skip
+            assert plan["functions"] == [f"functions/{f.name}.sql" for f in definitions()]
+            assert plan["nothing_to_do"] is False and plan["newer"] == []
+            [worker] = plan["workers"]
+            assert (worker["release"], worker["older"]) == (None, True)
+
+            text = _orchestrator(dsn, "migrate", "--plan")
+            assert text.returncode == 0, text.stderr
+            lines = text.stdout.splitlines()
+            assert lines[0] == f"migrate to release {release()} would:"
+            assert "  apply migration 0058_worker_releases (compatible with older workers)" in lines
+            assert any(line.startswith("  apply functions/") for line in lines)
+            assert f"  worker {worker['id']} ({worker['worker']}): an older release (records no" \
+                " version)" in lines  # fmt: skip
+            assert _orchestrator(dsn, "migrate", "--check").returncode == 3
+
+            # The plans changed nothing: no migration recorded, no column added.
+            assert _rows(dsn, "SELECT * FROM orc_schema_migrations ORDER BY 1, 2") == before
+            assert _rows(dsn, "SELECT to_jsonb(c) ? 'schema_version' FROM orc_worker_configs c") \
+                == [(False,)]  # fmt: skip
+
+            # migrate applies what the plan named, and nothing is left to do.
+            applied = _orchestrator(dsn, "migrate")
+            assert applied.returncode == 0, applied.stderr
+            assert applied.stdout.strip() == "applied: " + ", ".join(
+                m["name"] for m in plan["migrations"]
+            )
+            assert _orchestrator(dsn, "migrate", "--check").returncode == 0
+
+            with WorkerProcess(dsn) as today:
+                wait_until(
+                    lambda: _rows(dsn, "SELECT count(*) FROM orc_worker_configs"
+                                       " WHERE schema_version IS NOT NULL") == [(1,)],
+                    timeout=60, what="today's worker's registration",
+                )  # fmt: skip
+                replanned = _orchestrator(dsn, "migrate", "--plan", "--json")
+                assert replanned.returncode == 0, replanned.stderr
+                workers = json.loads(replanned.stdout)["workers"]
+                assert sorted((w["release"] or "", w["older"]) for w in workers) == [
+                    ("", True), (release(), False)
+                ], today.output()  # fmt: skip
+        finally:
+            old.terminate()
+            old.communicate(timeout=60)
+    finally:
+        drop_database(server_dsn, name)
+
+
+async def test_migrate_plan_on_a_newer_release_s_database(fresh_dsn: str) -> None:
+    """A newer release migrated the database: compatibly, the plan says so and that migrate
+    would do nothing; incompatibly, it refuses in one line, as migrate does."""
+    await _record_unknown(fresh_dsn, compatible=True)
+    planned = _orchestrator(fresh_dsn, "migrate", "--plan", "--json")
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    assert plan["newer"] == [
+        {"name": "9999_from_the_future", "compatible_with_older_workers": True}
+    ]
+    assert plan["nothing_to_do"] is True and plan["state_machine"] is None
+    text = _orchestrator(fresh_dsn, "migrate", "--plan").stdout.splitlines()
+    assert text[0].startswith("nothing to do")
+    assert text[1].startswith("a newer release migrated this database (9999_from_the_future")
+
+    await _record_unknown(fresh_dsn, compatible=False)
+    refused = _orchestrator(fresh_dsn, "migrate", "--plan")
+    assert refused.returncode == 2 and refused.stdout == ""
+    _one_line_naming_the_migration(refused.stderr)

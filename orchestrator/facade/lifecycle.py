@@ -21,7 +21,7 @@ from orchestrator.services.maintenance import Maintenance
 from orchestrator.settings import Settings
 from orchestrator.storage import database
 from orchestrator.storage.database import Pool
-from orchestrator.storage.migrate import MigrationReport, migrate
+from orchestrator.storage.migrate import MigrationReport, Plan, migrate, plan
 from orchestrator.storage.producers import Producers
 from orchestrator.storage.runner import OnRefused
 from orchestrator.storage.stores import Stores
@@ -149,3 +149,11 @@ class Lifecycle:
     async def migrate(self, producers: Producers) -> MigrationReport:
         async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
             return await migrate(conn, producers=producers)
+
+    async def plan_migrate(self, producers: Producers) -> Plan:
+        """What :meth:`migrate` would do, changing nothing; the live workers are those whose
+        heartbeat is younger than ``stalled_worker_seconds``."""
+        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+            return await plan(
+                conn, producers=producers, stale_after=self._settings.stalled_worker_seconds
+            )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from orchestrator.storage.migrate import release
 from orchestrator.storage.runner import Queries
 from retry_config import LiveConfig
 
@@ -29,11 +30,13 @@ class ConfigVersionStore:
     ) -> None:
         """The application of the registered process ``worker_id`` and the version ``config``
         holds now: at its registration and with each registry heartbeat (an upsert every few
-        seconds that writes only a change, and puts back a row that went missing)."""
+        seconds that writes only a change, and puts back a row that went missing); with it, the
+        release this code is (0058: ``migrate --plan`` names the processes of an older one)."""
         await self.queries.execute(
             "record_worker_config",
             {"worker_id": worker_id, "worker": worker, "version": config.current.version,
-             "applied_at": config.applied_at, "application": application},
+             "applied_at": config.applied_at, "application": application,
+             "schema_version": release()},
         )  # fmt: skip
 
     async def live(self, *, seconds: float) -> list[WorkerConfig]:

@@ -1,14 +1,17 @@
 -- record_worker_config --
--- The application a registered worker (or API server) belongs to, and the retry config version
--- it runs now.
-INSERT INTO orc_worker_configs AS c (worker_id, worker, config_version, applied_at, application)
-VALUES (%(worker_id)s, %(worker)s, %(version)s, %(applied_at)s, %(application)s)
+-- The application a registered worker (or API server) belongs to, the retry config version it
+-- runs now, and its release: the newest migration its code has (0058).
+INSERT INTO orc_worker_configs AS c (worker_id, worker, config_version, applied_at, application,
+                                     schema_version)
+VALUES (%(worker_id)s, %(worker)s, %(version)s, %(applied_at)s, %(application)s,
+        %(schema_version)s)
 ON CONFLICT (worker_id) DO UPDATE
    SET worker = EXCLUDED.worker, config_version = EXCLUDED.config_version,
-       applied_at = EXCLUDED.applied_at, application = EXCLUDED.application
- WHERE (c.worker, c.config_version, c.applied_at, c.application)
+       applied_at = EXCLUDED.applied_at, application = EXCLUDED.application,
+       schema_version = EXCLUDED.schema_version
+ WHERE (c.worker, c.config_version, c.applied_at, c.application, c.schema_version)
        IS DISTINCT FROM (EXCLUDED.worker, EXCLUDED.config_version, EXCLUDED.applied_at,
-                         EXCLUDED.application)
+                         EXCLUDED.application, EXCLUDED.schema_version)
 
 -- worker_configs --
 -- The registry's live workers and API servers, each with the retry config version it recorded

@@ -29,11 +29,19 @@ With each of ours goes its marker (``-- compatible-with-older-workers: yes``, a 
 absent: no), so that an older release, which has no copy of the file, can read from the database
 whether it may run on a schema newer than it knows (:func:`check_schema`; docs/operations.md,
 "Rollout contract").
+
+What is pending is decided in one place, read only: :func:`_versioned` (steps 1 to 3) and
+:func:`_synced` (4, 5 and the producers' rows, :func:`orchestrator.storage.producers.pending`).
+:func:`migrate` takes the steps they name, and only those, so a database with nothing pending
+gets no write; :func:`plan` (``orchestrator migrate --plan``) reports them in a read-only
+transaction, with the registry's live workers of an older release (docs/operations.md,
+"Planning a migrate").
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import re
@@ -50,7 +58,8 @@ from psycopg.rows import tuple_row
 from orchestrator.domain.errors import MigrationError, SchemaOutdated, SchemaTooNew
 from orchestrator.domain.principals import look_rows
 from orchestrator.domain.states import TERMINAL, Status, transition_rows
-from orchestrator.storage.producers import Producers, publish
+from orchestrator.storage.producers import Producers, ProducersPending, publish
+from orchestrator.storage.producers import pending as producers_pending
 from orchestrator.storage.queries import QUERIES
 
 logger = logging.getLogger(__name__)
@@ -211,9 +220,22 @@ async def _refuse_unknown_migrations(
     """A newer release migrated this database: this code may run on it only if every migration
     it does not know was recorded as compatible with older workers (SchemaTooNew otherwise).
     Returns those it does not know."""
+    unknown = await _unknown_migrations(conn, known)
+    _refuse_newer(unknown)
+    return [name for name, _ in unknown]
+
+
+async def _unknown_migrations(
+    conn: psycopg.AsyncConnection[Any], known: set[str]
+) -> list[tuple[str, bool]]:
+    """Our migrations the database recorded that this code does not have, each with its
+    marker (compatible with older workers)."""
     cur = conn.cursor(row_factory=tuple_row)
     await cur.execute(QUERIES["migrations_unknown"], {"known": sorted(known)})
-    unknown = [(f"{row[0]}_{row[1]}", row[2]) for row in await cur.fetchall()]
+    return [(f"{row[0]}_{row[1]}", row[2]) for row in await cur.fetchall()]
+
+
+def _refuse_newer(unknown: list[tuple[str, bool]]) -> None:
     refused = [name for name, compatible in unknown if not compatible]
     if unknown and not refused:
         logger.info(
@@ -226,7 +248,132 @@ async def _refuse_unknown_migrations(
             "not marked compatible with older workers; run the release that applied them (or a "
             "newer one)"
         )
-    return [name for name, _ in unknown]
+
+
+@functools.cache
+def release() -> str:
+    """This code's release, as the schema counts releases: the newest migration it has. Each
+    worker and API server records it (0058), for ``migrate --plan``."""
+    return own_migrations()[-1].version
+
+
+@dataclass
+class Versioned:
+    """The versioned steps ``migrate`` would take on a database (1 to 3 of the module's
+    docstring), as :func:`_versioned` reads them, before any is taken."""
+
+    #: Procrastinate's full schema (a database without it), then every file recorded.
+    install_procrastinate: bool = False
+    #: Procrastinate's tables are there but were not installed by migrate: its files are
+    #: recorded as applied, none is run.
+    adopt_procrastinate: bool = False
+    #: Procrastinate's migration files to apply (or, with either flag, to record).
+    procrastinate: list[Migration] = field(default_factory=list)
+    migrations: list[Migration] = field(default_factory=list)
+    #: Our migrations the database has that this code does not (a newer release's), each with
+    #: its marker; when there are any (all compatible: otherwise SchemaTooNew), steps 3 to 5
+    #: are left alone.
+    newer: list[tuple[str, bool]] = field(default_factory=list)
+    functions: list[Migration] = field(default_factory=list)
+
+
+async def _versioned(
+    conn: psycopg.AsyncConnection[Any],
+    migrations: list[Migration],
+    files: list[Migration],
+) -> Versioned:
+    """What is pending of steps 1 to 3, read only: the one place these decisions are taken
+    (``migrate`` then takes the steps, ``migrate --plan`` says them). Refuses a database a
+    newer release migrated incompatibly (SchemaTooNew) and an applied migration since edited
+    (MigrationError)."""
+    found = Versioned()
+    applied: dict[tuple[str, str], str] = {}
+    cur = conn.cursor(row_factory=tuple_row)
+    await cur.execute(QUERIES["migrations_table_exists"])
+    if (await cur.fetchone()) == (True,):
+        found.newer = await _unknown_migrations(conn, {m.version for m in migrations})
+        _refuse_newer(found.newer)
+        await cur.execute(QUERIES["migrations_applied"])
+        applied = {(row[0], row[1]): row[2] for row in await cur.fetchall()}
+    files_of_procrastinate = procrastinate_migrations()
+    done = {version for component, version in applied if component == PROCRASTINATE}
+    if not done:
+        await cur.execute(QUERIES["procrastinate_installed"])
+        row = await cur.fetchone()
+        found.install_procrastinate = row is None or row[0] is None
+        found.adopt_procrastinate = not found.install_procrastinate
+        found.procrastinate = files_of_procrastinate
+    else:
+        latest = max(done)
+        found.procrastinate = [
+            m for m in files_of_procrastinate if m.version not in done and m.version > latest
+        ]
+    for migration in migrations:
+        key = (ORCHESTRATOR, migration.version)
+        if key not in applied:
+            found.migrations.append(migration)
+        elif applied[key] != migration.checksum:
+            raise MigrationError(
+                f"migration {migration.version}_{migration.name} was changed after it "
+                "was applied; add a new migration instead"
+            )
+    if not found.newer:  # a newer release's definitions are its own, not this code's to undo
+        found.functions = [f for f in files if applied.get((DEFINITIONS, f.version)) != f.checksum]
+    return found
+
+
+@dataclass
+class Synced:
+    """What steps 4 and 5, and the producers' (job types, Graphile Worker's API), would write,
+    read by :func:`_synced` on the database as it stands."""
+
+    #: States and transitions to write or delete.
+    states: int = 0
+    transitions: int = 0
+    #: Characters' looks to write or delete.
+    looks: int = 0
+    producers: ProducersPending | None = None
+
+    @property
+    def nothing(self) -> bool:
+        return not (self.states or self.transitions or self.looks) and (
+            self.producers is None or self.producers.nothing
+        )
+
+
+async def _synced(
+    conn: psycopg.AsyncConnection[Any], producers: Producers | None, *, tables_to_come: bool
+) -> Synced:
+    """What is pending of steps 4 and 5 and of publishing the producers' rows, read only (the
+    one place these decisions are taken, as :func:`_versioned` for the others).
+    ``tables_to_come``: a table missing now is created by a pending migration (the plan of an
+    older database): all its rows are to be written."""
+    found = Synced()
+    statuses = [s.value for s in Status]
+    pairs = transition_rows()
+    if await _table_exists(conn, "orc_state_transitions"):
+        cur = conn.cursor(row_factory=tuple_row)
+        await cur.execute(QUERIES["state_machine_changes"], _state_machine_params())
+        row = await cur.fetchone()
+        found.states, found.transitions = row if row else (0, 0)
+    elif tables_to_come:
+        found.states, found.transitions = len(statuses), len(pairs)
+    if await _table_exists(conn, "orc_principal_looks"):
+        cur = conn.cursor(row_factory=tuple_row)
+        await cur.execute(QUERIES["principal_looks_changes"], await _looks_params())
+        row = await cur.fetchone()
+        found.looks = row[0] if row else 0
+    elif tables_to_come:
+        found.looks = len((await _looks_params())["chars"])
+    if producers is not None:
+        found.producers = await producers_pending(conn, producers, tables_to_come=tables_to_come)
+    return found
+
+
+async def _table_exists(conn: psycopg.AsyncConnection[Any], table: str) -> bool:
+    cur = conn.cursor(row_factory=tuple_row)
+    await cur.execute(QUERIES["table_exists"], {"table": table})
+    return (await cur.fetchone()) == (True,)
 
 
 async def migrate(
@@ -239,38 +386,33 @@ async def migrate(
     """Apply what is missing or changed; ``folder`` and ``functions`` replace the packaged
     migrations and function files (tests: a folder of migrations of a test's own comes with
     no function files unless it names some); ``producers``: what the code that migrates
-    publishes for producers writing in SQL (its job types; Graphile Worker's API)."""
+    publishes for producers writing in SQL (its job types; Graphile Worker's API). What is
+    pending is read as :func:`plan` reads it; a database with nothing pending gets no write."""
     report = MigrationReport()
     async with conn.transaction():
         await conn.execute(QUERIES["migrations_lock"])
         await conn.execute(QUERIES["migrations_table"])
         await conn.execute(QUERIES["migrations_table_compatibility"])
-        migrations = own_migrations(folder)
-        newer = await _refuse_unknown_migrations(conn, {m.version for m in migrations})
-        cur = await conn.execute(QUERIES["migrations_applied"])
-        applied: dict[tuple[str, str], str] = {
-            (row[0], row[1]): row[2] for row in await cur.fetchall()
-        }
-        await _procrastinate(conn, applied, report)
-        for migration in migrations:
-            key = (ORCHESTRATOR, migration.version)
-            if key in applied:
-                if applied[key] != migration.checksum:
-                    raise MigrationError(
-                        f"migration {migration.version}_{migration.name} was changed after it "
-                        "was applied; add a new migration instead"
-                    )
-                continue
+        files = definitions(functions) if functions is not None or folder is None else []
+        versioned = await _versioned(conn, own_migrations(folder), files)
+        await _procrastinate(conn, versioned, report)
+        for migration in versioned.migrations:
             await conn.execute(migration.sql.encode())
             await _record(conn, ORCHESTRATOR, migration)
             report.applied.append(f"{migration.version}_{migration.name}")
-        if not newer:  # a newer release's definitions are its own, not this code's to undo
-            files = definitions(functions) if functions is not None or folder is None else []
-            await _define(conn, files, applied, report)
-            await _sync_state_machine(conn)
-            await _sync_principal_looks(conn)
+        if not versioned.newer:  # a newer release's definitions are its own
+            await _define(conn, versioned.functions, report)
+            synced = await _synced(conn, producers, tables_to_come=False)
+            if synced.states or synced.transitions:
+                await _sync_state_machine(conn)
+            if await _table_exists(conn, "orc_principal_looks"):
+                if synced.looks:
+                    await conn.execute(QUERIES["sync_principal_looks"], await _looks_params())
+                # The persons of the discards awaiting confirmation, by the looks (and the
+                # functions) now in force: only those that change are written.
+                await conn.execute(QUERIES["rederive_requested_persons"])
             if producers is not None:
-                await publish(conn, producers)
+                await publish(conn, producers, synced.producers)
     for name in report.applied:
         logger.info("applied migration %s", name)
     for name in report.defined:
@@ -279,42 +421,29 @@ async def migrate(
 
 
 async def _procrastinate(
-    conn: psycopg.AsyncConnection[Any],
-    applied: dict[tuple[str, str], str],
-    report: MigrationReport,
+    conn: psycopg.AsyncConnection[Any], versioned: Versioned, report: MigrationReport
 ) -> None:
-    files = procrastinate_migrations()
-    done = {version for component, version in applied if component == PROCRASTINATE}
-    if not done:
-        cur = await conn.execute(QUERIES["procrastinate_installed"])
-        row = await cur.fetchone()
-        if row is None or row[0] is None:
-            await conn.execute(SchemaManager.get_schema().encode())
-            report.applied.append("procrastinate schema")
-        else:
-            logger.warning(
-                "Procrastinate tables exist but were not installed by orchestrator migrate; "
-                "assuming they match the installed Procrastinate version"
-            )
-        for migration in files:  # schema.sql already contains every migration file
-            await _record(conn, PROCRASTINATE, migration)
-        return
-    latest = max(done)
-    for migration in files:
-        if migration.version not in done and migration.version > latest:
+    if versioned.install_procrastinate:
+        await conn.execute(SchemaManager.get_schema().encode())
+        report.applied.append("procrastinate schema")
+    elif versioned.adopt_procrastinate:
+        logger.warning(
+            "Procrastinate tables exist but were not installed by orchestrator migrate; "
+            "assuming they match the installed Procrastinate version"
+        )
+    for migration in versioned.procrastinate:
+        # schema.sql already contains every migration file: installed or adopted, each is
+        # recorded only
+        if not (versioned.install_procrastinate or versioned.adopt_procrastinate):
             await conn.execute(migration.sql.encode())
-            await _record(conn, PROCRASTINATE, migration)
             report.applied.append(f"procrastinate {migration.name}")
+        await _record(conn, PROCRASTINATE, migration)
 
 
 async def _define(
-    conn: psycopg.AsyncConnection[Any],
-    files: list[Migration],
-    applied: dict[tuple[str, str], str],
-    report: MigrationReport,
+    conn: psycopg.AsyncConnection[Any], changed: list[Migration], report: MigrationReport
 ) -> None:
     """Apply each function file that differs from what the database recorded."""
-    changed = [f for f in files if applied.get((DEFINITIONS, f.version)) != f.checksum]
     if not changed:
         return
     await conn.execute(QUERIES["definitions_unchecked"])
@@ -334,29 +463,216 @@ async def _record(conn: psycopg.AsyncConnection[Any], component: str, m: Migrati
     )  # fmt: skip
 
 
-async def _sync_state_machine(conn: psycopg.AsyncConnection[Any]) -> None:
+def _state_machine_params() -> dict[str, list[Any]]:
     statuses = [s.value for s in Status]
     pairs = transition_rows()
+    return {
+        "statuses": statuses, "terminal": [Status(s) in TERMINAL for s in statuses],
+        "sources": [p[0] for p in pairs], "targets": [p[1] for p in pairs],
+    }  # fmt: skip
+
+
+async def _sync_state_machine(conn: psycopg.AsyncConnection[Any]) -> None:
+    params = _state_machine_params()
     await conn.execute(
-        QUERIES["sync_states"],
-        {"statuses": statuses, "terminal": [Status(s) in TERMINAL for s in statuses]},
+        QUERIES["sync_states"], {"statuses": params["statuses"], "terminal": params["terminal"]}
     )
     await conn.execute(
-        QUERIES["sync_transitions"],
-        {"sources": [p[0] for p in pairs], "targets": [p[1] for p in pairs]},
+        QUERIES["sync_transitions"], {"sources": params["sources"], "targets": params["targets"]}
     )
 
 
-async def _sync_principal_looks(conn: psycopg.AsyncConnection[Any]) -> None:
-    """orc_principal_looks from Unicode's confusables data (the Python side of the rule), and
-    the persons of the discards it may have changed."""
-    cur = conn.cursor(row_factory=tuple_row)
-    await cur.execute(QUERIES["principal_looks_table_exists"])
-    if (await cur.fetchone()) != (True,):
-        return  # a test's own folder of migrations, stopped before 0038
+async def _looks_params() -> dict[str, list[str]]:
+    """orc_principal_looks's rows, from Unicode's confusables data (the Python side of the
+    rule)."""
     rows = await asyncio.to_thread(look_rows)
-    await conn.execute(
-        QUERIES["sync_principal_looks"],
-        {"chars": [ch for ch, _ in rows], "looks": [looks for _, looks in rows]},
+    return {"chars": [ch for ch, _ in rows], "looks": [looks for _, looks in rows]}
+
+
+@dataclass(frozen=True)
+class LiveWorker:
+    """A live process of the registry (a worker, or an API server) and the release it recorded
+    (0058; None: it records none, as a release before 0058)."""
+
+    worker_id: int
+    worker: str | None
+    release: str | None
+
+    def __str__(self) -> str:
+        return f"worker {self.worker_id}" + (f" ({self.worker})" if self.worker else "")
+
+
+@dataclass
+class Plan:
+    """What ``migrate`` would do to a database, read by :func:`plan` without changing it."""
+
+    release: str
+    versioned: Versioned
+    synced: Synced | None
+    workers: list[LiveWorker]
+
+    @property
+    def nothing_to_do(self) -> bool:
+        v = self.versioned
+        return not (
+            v.install_procrastinate or v.adopt_procrastinate or v.procrastinate or v.migrations
+            or v.functions
+        ) and (self.synced is None or self.synced.nothing)  # fmt: skip
+
+    @property
+    def older_workers(self) -> list[LiveWorker]:
+        return [w for w in self.workers if w.release is None or w.release < self.release]
+
+    @property
+    def newer_workers(self) -> list[LiveWorker]:
+        return [w for w in self.workers if w.release is not None and w.release > self.release]
+
+    @property
+    def incompatible(self) -> list[str]:
+        """The pending migrations of ours not marked compatible with older workers."""
+        return [
+            f"{m.version}_{m.name}"
+            for m in self.versioned.migrations
+            if not m.compatible_with_older_workers
+        ]
+
+    def steps(self) -> list[str]:
+        """What ``migrate`` would do, a line each, in its order."""
+        v, steps = self.versioned, []
+        if v.install_procrastinate:
+            steps.append("install Procrastinate's schema")
+        elif v.adopt_procrastinate:
+            steps.append(
+                "record Procrastinate's migrations as applied (its tables exist, not installed "
+                "by orchestrator migrate)"
+            )
+        else:
+            steps += [f"apply Procrastinate's migration {m.name}" for m in v.procrastinate]
+        for m in v.migrations:
+            compatible = "compatible" if m.compatible_with_older_workers else "NOT compatible"
+            steps.append(f"apply migration {m.version}_{m.name} ({compatible} with older workers)")
+        steps += [f"apply functions/{f.name}.sql" for f in v.functions]
+        s = self.synced
+        if s is None:
+            return steps
+        if s.states or s.transitions:
+            steps.append(
+                f"write the state machine ({s.states} state(s), {s.transitions} transition(s))"
+            )
+        if s.looks:
+            steps.append(f"write the principal looks ({s.looks} character(s))")
+        p = s.producers
+        if p is not None:
+            changes = [f"{change} {', '.join(names)}" for change, names in p.job_types.items()
+                       if names]  # fmt: skip
+            if changes:
+                steps.append(f"write the job types: {'; '.join(changes)}")
+            if p.graphile is not None:
+                steps.append(f"{p.graphile} Graphile Worker's API (schema graphile_worker)")
+            if p.graphile_settings:
+                steps.append("write Graphile Worker's API's settings")
+        return steps
+
+    def lines(self) -> list[str]:
+        """The plan as text for an operator."""
+        lines = []
+        if self.nothing_to_do:
+            lines.append(f"nothing to do: the database is up to date (release {self.release})")
+        else:
+            lines.append(f"migrate to release {self.release} would:")
+            lines += [f"  {step}" for step in self.steps()]
+        if self.versioned.newer:
+            names = ", ".join(name for name, _ in self.versioned.newer)
+            lines.append(
+                f"a newer release migrated this database ({names}, marked compatible with older "
+                "workers): migrate leaves its functions, state machine and principal looks alone"
+            )
+        older, newer = self.older_workers, self.newer_workers
+        lines.append(
+            f"live workers: {len(self.workers)}"
+            + (f" ({len(older)} of an older release)" if older else "")
+        )
+        for w in older:
+            lines.append(
+                f"  {w}: an older release "
+                + ("(records no version)" if w.release is None else f"({w.release})")
+            )
+        lines += [f"  {w}: a newer release ({w.release})" for w in newer]
+        if self.incompatible and older:
+            lines.append(
+                f"warning: {', '.join(self.incompatible)} not marked compatible with older "
+                f"workers, and {len(older)} live worker(s) run an older release: stop them "
+                'before migrating (docs/operations.md, "Rollout contract")'
+            )
+        return lines
+
+    def as_json(self) -> dict[str, Any]:
+        v, s = self.versioned, self.synced
+        p = s.producers if s is not None else None
+        return {
+            "release": self.release,
+            "nothing_to_do": self.nothing_to_do,
+            "steps": self.steps(),
+            "procrastinate": {
+                "install_schema": v.install_procrastinate,
+                "record_existing": v.adopt_procrastinate,
+                "migrations": [m.name for m in v.procrastinate],
+            },
+            "migrations": [
+                {"name": f"{m.version}_{m.name}",
+                 "compatible_with_older_workers": m.compatible_with_older_workers}
+                for m in v.migrations
+            ],
+            "functions": [f"functions/{f.name}.sql" for f in v.functions],
+            "newer": [
+                {"name": name, "compatible_with_older_workers": compatible}
+                for name, compatible in v.newer
+            ],
+            "state_machine": None if s is None else {"states": s.states,
+                                                     "transitions": s.transitions},
+            "principal_looks": None if s is None else s.looks,
+            "job_types": None if p is None else p.job_types,
+            "graphile_worker": None if p is None else {"schema": p.graphile,
+                                                       "settings": p.graphile_settings},
+            "workers": [
+                {"id": w.worker_id, "worker": w.worker, "release": w.release,
+                 "older": w in self.older_workers}
+                for w in self.workers
+            ],
+        }  # fmt: skip
+
+
+async def plan(
+    conn: psycopg.AsyncConnection[Any],
+    *,
+    stale_after: float,
+    folder: Traversable | None = None,
+    functions: Traversable | None = None,
+    producers: Producers | None = None,
+) -> Plan:
+    """What :func:`migrate` (same arguments) would do, read in a read-only transaction: the
+    same decisions (:func:`_versioned`, :func:`_synced`), taken on the database as it stands,
+    and the registry's workers whose heartbeat is younger than ``stale_after`` seconds, each
+    with its release. Refuses what migrate refuses (SchemaTooNew, MigrationError)."""
+    migrations = own_migrations(folder)
+    files = definitions(functions) if functions is not None or folder is None else []
+    async with conn.transaction():
+        await conn.execute(QUERIES["read_only"])
+        versioned = await _versioned(conn, migrations, files)
+        synced = None
+        if not versioned.newer:
+            to_come = bool(versioned.migrations or versioned.install_procrastinate)
+            synced = await _synced(conn, producers, tables_to_come=to_come)
+        workers = await _live_workers(conn, stale_after)
+    return Plan(migrations[-1].version if migrations else "none", versioned, synced, workers)
+
+
+async def _live_workers(conn: psycopg.AsyncConnection[Any], seconds: float) -> list[LiveWorker]:
+    if not await _table_exists(conn, "procrastinate_workers"):
+        return []
+    recorded = await _table_exists(conn, "orc_worker_configs")
+    cur = conn.cursor(row_factory=tuple_row)
+    await cur.execute(
+        QUERIES["live_worker_releases" if recorded else "live_workers"], {"seconds": seconds}
     )
-    await conn.execute(QUERIES["rederive_requested_persons"])
+    return [LiveWorker(row[0], row[1], row[2]) for row in await cur.fetchall()]

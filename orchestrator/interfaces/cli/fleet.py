@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 
-from orchestrator.interfaces.cli.shared import Commands, csv_list, load_app, whole
+from orchestrator.interfaces.cli.shared import Commands, UsageError, csv_list, load_app, whole
 
 
 def add_parsers(commands: Commands) -> None:
     cmd = commands.add_parser("migrate", help="apply Procrastinate's and our schema migrations")
+    cmd.add_argument(
+        "--plan", action="store_true",
+        help="print what migrate would do to this database, changing nothing (exit 0)",
+    )  # fmt: skip
+    cmd.add_argument(
+        "--check", action="store_true",
+        help=f"as --plan, but exit {PENDING} when migrate has something to do",
+    )  # fmt: skip
+    cmd.add_argument("--json", action="store_true", help="with --plan or --check: print JSON")
     cmd.set_defaults(handler=cmd_migrate)
 
     cmd = commands.add_parser("worker", help="run a worker until SIGTERM/SIGINT")
@@ -32,10 +42,25 @@ def add_parsers(commands: Commands) -> None:
     cmd.set_defaults(handler=cmd_exporter)
 
 
+#: ``migrate --check``'s exit code when migrate has something to do (2 stays a refusal: a
+#: database migrate would refuse, as migrate itself exits).
+PENDING = 3
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
+    """``--plan``/``--check``: what migrate would do, read in a read-only transaction."""
+    if args.json and not (args.plan or args.check):
+        raise UsageError("--json goes with --plan or --check")
     orc = load_app(args.app)
-    print(asyncio.run(orc.migrate()))
-    return 0
+    if not (args.plan or args.check):
+        print(asyncio.run(orc.migrate()))
+        return 0
+    plan = asyncio.run(orc.plan_migrate())
+    if args.json:
+        print(json.dumps(plan.as_json(), indent=2))
+    else:
+        print("\n".join(plan.lines()))
+    return PENDING if args.check and not plan.nothing_to_do else 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
