@@ -135,7 +135,8 @@ class Orchestrator:
         self._config_watch = ConfigWatch(
             self.live_config, check=self._definition.check_config, settings=self.settings,
             metrics=self.metrics,
-            applied=self._lifecycle.apply_flow_limits,  # a change holds every worker at once
+            # a change holds every worker at once
+            applied=lambda: self._lifecycle.apply_flow_limits(self.declares()),
         )  # fmt: skip
         self._submitter = Submitter(rows, self._lifecycle, self.tracing)
         self._reads = Reads(self._lifecycle, self.settings.stalled_worker_seconds)
@@ -204,6 +205,11 @@ class Orchestrator:
     def application(self) -> Application:
         """The application this process belongs to (docs/applications.md)."""
         return Application.of(self.settings)
+
+    def declares(self) -> str:
+        """The fingerprint of what this process declares of the shared rows (its limits, its
+        schedules; docs/applications.md)."""
+        return self._schedules.declares()
 
     # -- the retry config in effect (orchestrator.facade.reloads) ---------------------------
 

@@ -99,26 +99,33 @@ async def test_a_limit_defined_otherwise_by_a_second_application_is_refused_and_
     assert await limits(db) == {"other": (None, 10)}
 
 
-async def test_a_withdrawal_waits_while_a_live_peer_runs_another_config_version(
+async def test_a_withdrawal_waits_while_a_live_peer_declares_otherwise(
     orc: Orchestrator, db: psycopg.AsyncConnection[Any]
 ) -> None:
-    """A one-off script (or half a rolling deploy) on another config, of the same application,
-    does not take away the limits its live peers run under."""
+    """A one-off script (or half a rolling deploy) that declares otherwise, of the same
+    application, does not take away the limits its live peers run under; once every live peer
+    declares as it does (or belongs to another application), the withdrawal is made."""
     flow = orc.stores.flow
     full = config(LLM_1 + OTHER, "full")
-    await flow.sync(full, A)
+    await flow.sync(full, A, "fingerprint-of-the-workers")
     peer = await orc.stores.dispatches.register_worker(prune_after=30)
-    live = orc.live_config
-    live.apply(full)
-    await orc.stores.config_versions.record(peer, worker="peer", config=live, application="agents")
-    names, answer = await flow.sync(config(OTHER, "script"), A)
+    await orc.stores.config_versions.record(
+        peer, worker="peer", config=orc.live_config, application="agents",
+        declares="fingerprint-of-the-workers",
+    )  # fmt: skip
+    names, answer = await flow.sync(config(OTHER, "script"), A, "fingerprint-of-a-script")
     assert answer.deferred == ["limit llm"] and names == []
     assert await limits(db) == {"llm": (1, None), "other": (None, 10)}
-    # A peer of another application, on any version, does not hold it back.
-    await db.execute("UPDATE orc_worker_configs SET application = 'billing'")
-    names, answer = await flow.sync(config(OTHER, "script"), A)
+    assert await declared(db, "limit") == {("agents", "llm"), ("agents", "other")}
+    # The same fingerprint as every live peer: withdrawn.
+    names, answer = await flow.sync(config(OTHER, "next"), A, "fingerprint-of-the-workers")
     assert (answer.deferred, names) == ([], ["llm"])
     assert await limits(db) == {"other": (None, 10)}
+    # A peer of another application, declaring anything, does not hold it back.
+    await flow.sync(full, A, "fingerprint-of-the-workers")
+    await db.execute("UPDATE orc_worker_configs SET application = 'billing'")
+    names, answer = await flow.sync(config(OTHER, "script"), A, "fingerprint-of-a-script")
+    assert (answer.deferred, names) == ([], ["llm"])
 
 
 async def test_migrate_of_one_application_leaves_another_s_job_types(

@@ -9,7 +9,9 @@ differs: :class:`~orchestrator.domain.errors.ApplicationConflict`). Pure: no I/O
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+import hashlib
+import json
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -18,7 +20,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from orchestrator.domain.errors import ApplicationConflict
+from orchestrator.domain.schedules import Schedule
 from orchestrator.settings import Settings
+from retry_config import RetryConfig
 
 #: The application of a process that names none: a database of one application never names it.
 DEFAULT_APPLICATION = "default"
@@ -37,6 +41,51 @@ GRAPHILE_SCHEMA = "graphile_worker"
 
 
 Definitions = Mapping[str, Mapping[str, Any]]  # name -> the shared row's fields
+
+#: A limit's fields as its shared row holds them (orc_flow_limits; ``key`` its key_template).
+LIMIT_FIELDS = frozenset({
+    "concurrency", "requests", "units", "interval_seconds", "weights", "key", "share_by",
+    "tenant_share", "learn",
+})  # fmt: skip
+
+
+def limit_definitions(config: RetryConfig) -> dict[Kind, Definitions]:
+    """What a config declares of flow control: its limits, and which job type runs under which
+    (with the pause after which its calls fall back to other models, when it names any)."""
+    return {
+        Kind.LIMIT: {
+            name: limit.model_dump(include=set(LIMIT_FIELDS))
+            for name, limit in config.limits.items()
+        },
+        Kind.LIMIT_OF_TYPE: {
+            name: {"limit": c.limit,
+                   "fallback_after_seconds": c.fallback_after_seconds if c.fallback_models
+                   else None}
+            for name, c in config.job_types.items()
+            if c.limit is not None
+        },
+    }  # fmt: skip
+
+
+def schedule_definitions(schedules: Iterable[Schedule]) -> Definitions:
+    """What a process declares of its schedules: each one's row fields."""
+    return {
+        s.name: {
+            "job_type": s.job_type, "cron": s.options.cron, "tz": s.options.tz,
+            "tenant_id": s.options.tenant_id, "backfill_seconds": s.options.backfill_seconds,
+        }
+        for s in schedules
+    }  # fmt: skip
+
+
+def fingerprint(config: RetryConfig, schedules: Iterable[Schedule]) -> str:
+    """What a running process declares (its limits, its types' limits, its schedules), hashed:
+    recorded beside its config version, a withdrawal waits while a live peer of its application
+    records another (migration 0060)."""
+    declared = {k.value: d for k, d in limit_definitions(config).items()}
+    declared[Kind.SCHEDULE.value] = schedule_definitions(schedules)
+    text = json.dumps(declared, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

@@ -140,11 +140,13 @@ class Lifecycle:
     def stores(self) -> Stores:
         return self.opened.stores
 
-    async def apply_flow_limits(self) -> None:
+    async def apply_flow_limits(self, declares: str | None = None) -> None:
         """Write the flow limits of the config in effect, which the whole fleet shares (once
         per version; nothing while closed: a worker or ``serve`` writes them as it starts)."""
         if self._opened is not None:
-            await self._opened.stores.flow.apply(self._config, Application.of(self._settings))
+            await self._opened.stores.flow.apply(
+                self._config, Application.of(self._settings), declares
+            )
 
     async def migrate(self, producers: Producers) -> MigrationReport:
         async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.domain import crontab
-from orchestrator.domain.applications import Application
+from orchestrator.domain.applications import Application, fingerprint
 from orchestrator.domain.errors import ConfigError, OrchestratorError
 from orchestrator.domain.schedules import Schedule, ScheduleView, define
 from orchestrator.facade.arguments import storable, tenants_named
@@ -108,10 +108,15 @@ class Schedules:
             for tick in ticks
         ]  # fmt: skip
 
+    def declares(self) -> str:
+        """The fingerprint of what this process declares (its config's limits, its schedules):
+        recorded beside its config version (docs/applications.md)."""
+        return fingerprint(self._config.current, self._schedules.values())
+
     def scheduler(self) -> Scheduler:
         return Scheduler(
             stores=self._lifecycle.stores, application=Application.of(self._settings),
-            version=lambda: self._config.current.version, schedules=self._schedules,
+            version=self.declares, schedules=self._schedules,
             runs=self.runs,
             grace=self._settings.schedule_grace_seconds,
             max_sleep=self._settings.schedule_check_seconds,

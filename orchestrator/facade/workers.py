@@ -101,6 +101,7 @@ class Workers:
             wait=wait,
             name=name or "orchestrator",
             config_reload=self._config_watch.reload(),
+            declares=self._schedules.declares,
         )
         self._running.append(worker)
         scheduling = asyncio.create_task(self._schedules.scheduler().run(), name="schedules")

@@ -137,8 +137,10 @@ class ExternalRuns:
         failures: Failures,
         metrics: Metrics,
         host: str,
+        declares: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.stores = stores
+        self.declares = declares  # what this server declares, fingerprinted (applications.md)
         self.settings = settings
         self.config = config
         self.job_types = job_types
@@ -368,12 +370,12 @@ class ExternalRuns:
         """Record beside its registry entry which retry config version this server runs (as a
         worker does)."""
         assert self.worker_id is not None
-        application = Application.of(self.settings)
+        application, declares = Application.of(self.settings), self.declares()
         await self.stores.config_versions.record(
             self.worker_id, worker=f"{self.host}/w{self.worker_id}", config=self.config,
-            application=application.name,
+            application=application.name, declares=declares,
         )  # fmt: skip
-        await self.stores.flow.apply(self.config, application)  # its limits, per version
+        await self.stores.flow.apply(self.config, application, declares)  # per version
 
     async def _registry_heartbeat(self) -> None:
         while True:

@@ -101,6 +101,7 @@ class Worker:
         wait: bool = True,
         name: str = "orchestrator",
         config_reload: ConfigReload | None = None,
+        declares: Callable[[], str | None] | None = None,
     ) -> None:
         """``services``: what the Procrastinate tasks this worker runs find in their context's
         ``additional_context["services"]`` (the maintenance services), whose ticks come on
@@ -108,7 +109,9 @@ class Worker:
         takes (external job types'); listening on every queue, it also leaves those of other
         applications' job types (docs/applications.md), as it learns them at registration and
         with each registry heartbeat. ``config_reload``: the watch of the retry config file
-        (shared by the workers of its process; None: no reload)."""
+        (shared by the workers of its process; None: no reload). ``declares``: the fingerprint
+        of what its process declares, recorded beside its config version
+        (docs/applications.md; None: none)."""
         self.dsn = dsn
         self.stores = stores
         self.kit = kit
@@ -130,6 +133,7 @@ class Worker:
         self.wait = wait
         self.name = name
         self.config_reload = config_reload
+        self.declares: Callable[[], str | None] = declares or (lambda: None)
         self.worker_id: int | None = None
         self.running = Running()
         self.clients = Clients(kit.tracing)
@@ -384,12 +388,12 @@ class Worker:
         """Record beside its registry entry which retry config version this worker runs
         (``orchestrator config show --workers`` reads it)."""
         assert self.worker_id is not None
-        application = Application.of(self.settings)
+        application, declares = Application.of(self.settings), self.declares()
         await self.stores.config_versions.record(
             self.worker_id, worker=f"{HOST}/w{self.worker_id}", config=self.kit.config,
-            application=application.name,
+            application=application.name, declares=declares,
         )  # fmt: skip
-        await self.stores.flow.apply(self.kit.config, application)  # its limits, per version
+        await self.stores.flow.apply(self.kit.config, application, declares)  # per version
         if self.jobs_lane.queues is None:  # every queue: but other applications' own
             foreign = await self.stores.applications.foreign_queues(application)
             self.jobs_lane.excluded = tuple(sorted(set(self._excluded) | (foreign - self._own)))

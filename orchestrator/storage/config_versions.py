@@ -26,17 +26,25 @@ class ConfigVersionStore:
         self.queries = queries
 
     async def record(
-        self, worker_id: int, *, worker: str, config: LiveConfig, application: str
+        self,
+        worker_id: int,
+        *,
+        worker: str,
+        config: LiveConfig,
+        application: str,
+        declares: str | None = None,
     ) -> None:
         """The application of the registered process ``worker_id`` and the version ``config``
         holds now: at its registration and with each registry heartbeat (an upsert every few
         seconds that writes only a change, and puts back a row that went missing); with it, the
-        release this code is (0058: ``migrate --plan`` names the processes of an older one)."""
+        release this code is (0058: ``migrate --plan`` names the processes of an older one), and
+        the fingerprint of what it declares (0060: a withdrawal waits for the peers that declare
+        otherwise)."""
         await self.queries.execute(
             "record_worker_config",
             {"worker_id": worker_id, "worker": worker, "version": config.current.version,
              "applied_at": config.applied_at, "application": application,
-             "schema_version": release()},
+             "schema_version": release(), "declares": declares},
         )  # fmt: skip
 
     async def live(self, *, seconds: float) -> list[WorkerConfig]:

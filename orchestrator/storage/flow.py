@@ -13,7 +13,13 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from orchestrator.domain.applications import Application, Declaration, Declared, Kind
+from orchestrator.domain.applications import (
+    Application,
+    Declaration,
+    Declared,
+    Kind,
+    limit_definitions,
+)
 from orchestrator.domain.errors import FlowKeyNotFound, StaleLease
 from orchestrator.domain.flow import FlowKey
 from orchestrator.domain.flow_learned import Allowances, Learned, allowances
@@ -59,42 +65,31 @@ class FlowStore:
         self.applications = applications
         self._synced: str | None = None
 
-    async def apply(self, config: LiveConfig, application: Application) -> list[str]:
+    async def apply(
+        self, config: LiveConfig, application: Application, declares: str | None = None
+    ) -> list[str]:
         """Write the limits of the config in effect as ``application``'s, once per version this
-        process applies (again at each call while a withdrawal waits for a peer on another
-        version); the names of those that changed or are gone (their keys' waiters are
-        rescheduled). ApplicationConflict: another application defines one of them otherwise
-        (nothing written)."""
+        process applies (again at each call while a withdrawal waits for a live peer that
+        declares otherwise than ``declares``, this process's fingerprint); the names of those
+        that changed or are gone (their keys' waiters are rescheduled). ApplicationConflict:
+        another application defines one of them otherwise (nothing written)."""
         current = config.current
         if self._synced == current.version and current.version:
             return []
-        changed, declared = await self.sync(current, application)
+        changed, declared = await self.sync(current, application, declares)
         if not declared.deferred:
             self._synced = current.version
         return changed
 
     async def sync(
-        self, config: RetryConfig, application: Application
+        self, config: RetryConfig, application: Application, declares: str | None = None
     ) -> tuple[list[str], Declared]:
         """Declare ``config``'s limits and limited job types as ``application``'s and write
         them; the limits it withdrew that no other application defines go (once no live peer
-        of the application runs another config version)."""
-        limits = {
-            name: limit.model_dump(include={"concurrency", "requests", "units",
-                                            "interval_seconds", "weights", "key", "share_by",
-                                            "tenant_share", "learn"})
-            for name, limit in config.limits.items()
-        }  # fmt: skip
-        types = {
-            name: {"limit": c.limit,
-                   "fallback_after_seconds": c.fallback_after_seconds if c.fallback_models
-                   else None}
-            for name, c in config.job_types.items()
-            if c.limit is not None
-        }  # fmt: skip
-        declaration = Declaration(
-            application, {Kind.LIMIT: limits, Kind.LIMIT_OF_TYPE: types}, version=config.version
-        )
+        of the application declares otherwise than ``declares``; None: at once)."""
+        kinds = limit_definitions(config)
+        limits, types = kinds[Kind.LIMIT], kinds[Kind.LIMIT_OF_TYPE]
+        declaration = Declaration(application, kinds, version=declares)
 
         async def write(conn: Conn, declared: Declared) -> list[Row]:
             params = {

@@ -11,7 +11,13 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict
 
-from orchestrator.domain.applications import Application, Declaration, Declared, Kind
+from orchestrator.domain.applications import (
+    Application,
+    Declaration,
+    Declared,
+    Kind,
+    schedule_definitions,
+)
 from orchestrator.domain.errors import ScheduleNotFound
 from orchestrator.domain.schedules import Schedule, ScheduleView
 from orchestrator.storage.applications import ApplicationStore
@@ -45,17 +51,10 @@ class ScheduleStore:
     ) -> Declared:
         """Declare these definitions as ``application``'s and write them where new or changed
         (a new one is due from now on). ``whole``: all the application's schedules, and those
-        it withdrew that no other application declares go (once no live process of it runs
-        another config than ``version``: else ``deferred``); otherwise (an operator's command,
-        which may hold part of them) nothing goes."""
-        rows = {
-            s.name: {
-                "job_type": s.job_type, "cron": s.options.cron, "tz": s.options.tz,
-                "tenant_id": s.options.tenant_id,
-                "backfill_seconds": s.options.backfill_seconds,
-            }
-            for s in schedules
-        }  # fmt: skip
+        it withdrew that no other application declares go (once no live process of it declares
+        otherwise than ``version``, this process's fingerprint: else ``deferred``); otherwise
+        (an operator's command, which may hold part of them) nothing goes."""
+        rows = schedule_definitions(schedules)
         declaration = Declaration(application, {Kind.SCHEDULE: rows}, whole=whole, version=version)
 
         async def write(conn: Conn, declared: Declared) -> None:

@@ -69,7 +69,7 @@ def create_app(orc: Orchestrator) -> FastAPI:
         app.state.external = ExternalRuns(
             dsn=orc.dsn, stores=orc.stores, settings=settings, config=orc.live_config,
             job_types=orc.job_types, failures=orc.failures, metrics=orc.metrics,
-            host=f"{socket.gethostname()}/api",
+            host=f"{socket.gethostname()}/api", declares=orc.declares,
         )  # fmt: skip
         background = [
             asyncio.create_task(app.state.watch.run(), name="event watch"),

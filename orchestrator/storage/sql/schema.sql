@@ -503,6 +503,7 @@ CREATE TABLE orc_worker_configs (
     applied_at timestamp with time zone NOT NULL,
     application text,
     schema_version text,
+    declares text,
     CONSTRAINT orc_worker_configs_worker_id_fkey FOREIGN KEY (worker_id) REFERENCES procrastinate_workers(id) ON DELETE CASCADE,
     CONSTRAINT orc_worker_configs_pkey PRIMARY KEY (worker_id)
 );

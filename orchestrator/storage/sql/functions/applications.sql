@@ -14,9 +14,9 @@ $$;
 -- p_whole: what it gives of a kind is all it declares of it, and a name it declared before and
 -- no longer gives is withdrawn; otherwise it only adds and changes (an operator's command that
 -- holds part of the application's definitions). A withdrawal waits while a live process of the
--- application (its registry heartbeat younger than p_live_seconds) runs another config version
--- than p_version, the declaring process's: that peer may still define the name (a rolling
--- deploy half done, a one-off script run with another config); such names are returned
+-- application (its registry heartbeat younger than p_live_seconds) records another fingerprint
+-- of what it declares than p_version, the declaring process's (migration 0060): that peer may
+-- still define the name (a rolling deploy half done, a one-off script); such names are returned
 -- `deferred`, still declared, and the caller declares again later. p_version null: withdraw at
 -- once (`migrate`, the act of the code that migrates).
 --
@@ -77,7 +77,7 @@ BEGIN
         SELECT FROM orc_worker_configs AS c
           JOIN procrastinate_workers AS w ON w.id = c.worker_id
          WHERE coalesce(c.application, 'default') = p_application
-           AND c.config_version <> p_version
+           AND c.declares IS DISTINCT FROM p_version AND c.declares IS NOT NULL
            AND w.last_heartbeat > now() - make_interval(secs => p_live_seconds)) THEN
         RETURN QUERY
         SELECT o.kind, o.name, NULL::text, NULL::jsonb, true
