@@ -14,9 +14,9 @@ One transaction, under an advisory lock (so two pods migrating at once take turn
    (as a restore does), so no file depends on another's order.
 4. The state machine of :mod:`orchestrator.domain.states`, copied into ``orc_states`` and
    ``orc_state_transitions`` for the guard trigger.
-5. What each character of a principal's name looks like (:mod:`orchestrator.domain.principals`,
-   from Unicode's confusables data), copied into ``orc_principal_looks`` for
-   ``orc_principal_person_v1``.
+5. What each character of a principal's name looks like, case-folded and as written
+   (:mod:`orchestrator.domain.principals`, from Unicode's confusables data), copied into
+   ``orc_principal_looks`` for ``orc_principal_persons_v1``.
 
 Steps 3 to 5 are left alone when a newer release migrated the database (compatibly: otherwise
 nothing is done at all): its definitions and its state machine are its own, not this code's to
@@ -353,10 +353,14 @@ async def _sync_principal_looks(conn: psycopg.AsyncConnection[Any]) -> None:
     cur = conn.cursor(row_factory=tuple_row)
     await cur.execute(QUERIES["principal_looks_table_exists"])
     if (await cur.fetchone()) != (True,):
-        return  # a test's own folder of migrations, stopped before 0038
+        return  # a test's own folder of migrations, stopped before 0057
     rows = await asyncio.to_thread(look_rows)
     await conn.execute(
         QUERIES["sync_principal_looks"],
-        {"chars": [ch for ch, _ in rows], "looks": [looks for _, looks in rows]},
+        {
+            "chars": [ch for ch, _, _ in rows],
+            "looks": [folded for _, folded, _ in rows],
+            "written": [written for _, _, written in rows],
+        },
     )
     await conn.execute(QUERIES["rederive_requested_persons"])
