@@ -23,7 +23,7 @@
 -- migrate, on this newer schema, leaves the looks alone.
 --
 -- compatible-with-older-workers: yes
--- revises: functions/principals.sql af4cf1bb089cc8fcb60c1152dda5aa87be4eda37e209eaeb6c3ea69385e71fd8
+-- revises: functions/principals.sql 274b7c52d5e7ede9f006fb54c04c5ad202aed8251dbf3a5cb9e6602682d4d0c5
 
 ALTER TABLE orc_principal_looks ADD COLUMN look_as_written text;
 UPDATE orc_principal_looks SET look_as_written = look;  -- until migrate writes them, below
