@@ -59,6 +59,7 @@ from orchestrator.services import maintenance
 from orchestrator.services.maintenance import Maintenance
 from orchestrator.services.scheduler import Scheduler
 from orchestrator.settings import Settings
+from orchestrator.storage.applications import application_of
 from orchestrator.storage.migrate import MigrationReport, Plan
 from orchestrator.storage.rows import ApprovalRecord, StepRecord
 from orchestrator.storage.stores import Stores
@@ -204,7 +205,7 @@ class Orchestrator:
     @property
     def application(self) -> Application:
         """The application this process belongs to (docs/applications.md)."""
-        return Application.of(self.settings)
+        return application_of(self.settings)
 
     def declares(self) -> str:
         """The fingerprint of what this process declares of the shared rows (its limits, its

@@ -45,7 +45,10 @@ Where each part of the code is tested:
                               sequential scan of a job-sized table): test_plans; the named
                               queries beside their stores: test_queries; where the SQL lives
                               (function files, schema.sql, an upgrade's catalog):
-                              test_sql_layout
+                              test_sql_layout; several applications on one database
+                              (declarations, refusals, withdrawals, unserved jobs):
+                              test_applications, and with real processes of two
+                              applications: test_applications_fleet
     checkpoints               test_checkpoints, test_crash, test_chaos (slow)
     orchestrator/runtime      the worker loop: test_worker_loop, test_batched_writes,
                               test_worker_wakeup; attempts and outcomes: test_runtime,

@@ -383,15 +383,19 @@ async def test_a_tenant_s_token_never_reaches_another_tenant_s_jobs(
 async def test_dead_letters_are_requeued_and_discarded_by_two_principals(
     orc: Orchestrator, server: ApiServer
 ) -> None:
-    doomed = [await orc.submit("scripted", {"script": ["permanent"]}) for _ in range(2)]
+    doomed = [await orc.submit("scripted", {"script": ["permanent"]}) for _ in range(3)]
     async with WorkerRun(orc) as worker:
         await worker.until_finished(*doomed)
-    first, second = await orc.dead_letters()
+    first, second, first_again = await orc.dead_letters()
     alice = await token(orc.stores.tokens, "alice", Scope.READ, Scope.OPERATE)
     bob = await token(orc.stores.tokens, "bob", Scope.READ, Scope.OPERATE)
     async with _client(server, alice) as a, _client(server, bob) as b:
         listed = (await a.get("/api/v1/dead-letters", params={"state": "recorded"})).json()
-        assert {d["id"] for d in listed["dead_letters"]} == {str(first.id), str(second.id)}
+        assert {d["id"] for d in listed["dead_letters"]} == {
+            str(first.id),
+            str(second.id),
+            str(first_again.id),
+        }
         requeued = (await a.post(f"/api/v1/dead-letters/{first.id}/requeue")).json()
         assert (await orc.get_job(requeued["job_id"])).status is Status.PENDING
 
@@ -403,6 +407,12 @@ async def test_dead_letters_are_requeued_and_discarded_by_two_principals(
         assert asked.json()["discard_requested_by"] == "token:alice"
         alone = await a.post(f"/api/v1/dead-letters/{second.id}/discard-confirm")
         assert_problem(alone, 409, "DLQ_ACTION_INVALID")  # the same principal cannot confirm
+        capital_i = await token(orc.stores.tokens, "Ik", Scope.OPERATE)  # looks like lk
+        await orc.request_discard(first_again.id, by="lk (cli:root)", reason="stale")
+        async with _client(server, capital_i) as i:
+            look_alike = await i.post(f"/api/v1/dead-letters/{first_again.id}/discard-confirm")
+        assert_problem(look_alike, 409, "DLQ_ACTION_INVALID")  # issue 43: lk's person
+        assert "and token:Ik is the same person" in look_alike.text
         confirmed = await b.post(f"/api/v1/dead-letters/{second.id}/discard-confirm")
         assert confirmed.json()["state"] == "discarded"
         assert confirmed.json()["discarded_by"] == "token:bob"

@@ -230,6 +230,36 @@ def test_dlq_list_requeue_and_two_person_discard(cli: Any, dsn: str) -> None:
     assert code == 2 and "it is requeued" in err
 
 
+def test_a_discard_requested_by_lk_is_not_confirmed_by_capital_i_or_palochka_k(
+    cli: Any, dsn: str
+) -> None:
+    """Issue 43: a capital I and a Cyrillic capital palochka look like a small l (their case
+    folds do not): refused as the second reviewer of "lk"; "ik" is another person."""
+    code, out, _ = cli("submit", "http_request", "--payload", '{"url": "http://127.0.0.1:9/"}')
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        letter = conn.execute(
+            "INSERT INTO orc_dead_letters (id, job_id, job_type, payload, error)"
+            " VALUES (gen_random_uuid(), %s, 'http_request', '{}', '{\"ts\": \"2026-11-21T00:00:00Z\","
+            ' "message": "gone", "code": "HTTP_404", "classification": "PERMANENT",'
+            ' "attempt": 1, "terminal": true}\') RETURNING id',
+            (out.strip(),),
+        ).fetchone()
+    assert letter is not None
+    letter_id = str(letter[0])
+    code, out, err = cli("dlq", "discard", letter_id, "--by", "lk", "--reason", "stale")
+    assert code == 0, err
+    for look_alike in ("Ik", "\u04c0k"):
+        code, out, err = cli("dlq", "discard", letter_id, "--by", look_alike)
+        assert (code, out) == (2, "")
+        assert err == (
+            f"error: lk (cli:{OS_USER}) requested this discard, and {look_alike} (cli:{OS_USER})"
+            " is the same person; a second reviewer must confirm it\n"
+        )
+    code, out, err = cli("dlq", "discard", letter_id, "--by", "ik")
+    assert code == 0, err
+    assert cli("dlq", "show", letter_id)[1].splitlines()[0].endswith("discarded")
+
+
 @log_guard.fails_jobs("HTTP_400")
 async def test_a_tenant_is_shown_and_filters_jobs_and_dead_letters(
     cli: Any, make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]

@@ -143,7 +143,9 @@ async def test_the_fallback_threshold_is_the_database_s_and_a_fallback_call_meet
         ids = [await orc.submit("llm_generate", ask(model)) for model in ("m", "m2", "m2")]
         for job_id in ids:
             await wait_for(lambda job_id=job_id: finished(orc, job_id), timeout=30)
-        await orc.stores.flow.sync(load(fleet_config))  # the fleet's config, applied last
+        await orc.stores.flow.sync(
+            load(fleet_config), orc.application
+        )  # the fleet's config, applied last
         await provider_pause(db, "anthropic:m", 60)
         job_id = await orc.submit("llm_generate", ask("m"))
 

@@ -158,14 +158,18 @@ async def test_a_limit_removed_while_no_worker_runs_holds_nothing_once_one_start
     db: psycopg.AsyncConnection[Any],
 ) -> None:  # fmt: skip
     """A worker stops while jobs wait at concurrency 1; the limit is removed from the file;
-    the worker started again on it runs the waiting jobs at once, several at a time."""
+    the worker started again on it runs the waiting jobs at once, several at a time. The first
+    is killed: it counts as live (its registry entry fresh) until it has been silent
+    ORCHESTRATOR_STALLED_WORKER_SECONDS, and a withdrawal waits for the live peers that declare
+    otherwise (docs/applications.md): 3 s here."""
     path = tmp_path / "retry_config.toml"
     held(path, "concurrency = 1")
     orc = make_orc(retry_config=path)
     flow_app.register(orc)
     await orc.open()
     ids = [await orc.submit("hold", {"pool": "s", "seconds": 0.5}) for _ in range(12)]
-    with WorkerProcess(dsn, APP, **reloading(path)):
+    quick = {"ORCHESTRATOR_STALLED_WORKER_SECONDS": "3"}
+    with WorkerProcess(dsn, APP, **reloading(path), **quick):
         await wait_for(lambda: _waiting(db, "hold:s", 11), timeout=30)
     held(path, None)
     seen: list[int] = []
@@ -174,7 +178,7 @@ async def test_a_limit_removed_while_no_worker_runs_holds_nothing_once_one_start
         seen.append(await running_of(db, "hold:s"))
         return seen[-1] >= 2
 
-    with WorkerProcess(dsn, APP, **reloading(path)):
+    with WorkerProcess(dsn, APP, **reloading(path), **quick):
         await wait_for(several, timeout=30)
         await wait_for(lambda: _none_left(db, ids), timeout=30)
     [key] = await orc.flow_keys("hold:s")

@@ -329,11 +329,10 @@ async def test_a_tenant_reads_its_own_schedules_weights_and_unserved_jobs_of_the
     """GET /api/v1/applications, by the rule of /config: what names a tenant (a schedule, a
     limit's weight, a job waiting unserved) only for the token's tenants."""
 
-    async def declared() -> bool:  # the server's scheduler declares its schedules as it starts
-        found = (await tokens.fleet.get("/api/v1/applications")).json()["applications"]
-        return any(len(app["schedules"]) == 3 for app in found)
-
-    await wait_for(declared, timeout=30)
+    # The application's limits and schedules declared (as the server does as it starts: the
+    # tables were emptied since), a schedule of each tenant and one of none.
+    await orc.stores.flow.sync(orc.retry_config, orc.application)
+    await orc.stores.schedules.sync(orc.application, orc.schedules.values())
     # Jobs of a type no live application declares: one of each tenant's.
     await db.execute(
         "INSERT INTO orc_application_definitions (kind, name, application, definition) "

@@ -21,7 +21,6 @@ from pydantic import BaseModel
 
 from orchestrator.domain.errors import ApplicationConflict
 from orchestrator.domain.schedules import Schedule
-from orchestrator.settings import Settings
 from retry_config import RetryConfig
 
 #: The application of a process that names none: a database of one application never names it.
@@ -95,10 +94,6 @@ class Application:
 
     name: str = DEFAULT_APPLICATION
     live_seconds: float = 30.0
-
-    @classmethod
-    def of(cls, settings: Settings) -> Application:
-        return cls(settings.application, settings.stalled_worker_seconds)
 
 
 @dataclass(frozen=True)

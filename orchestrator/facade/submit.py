@@ -20,7 +20,6 @@ from pydantic import (
 )
 
 from orchestrator.domain import events
-from orchestrator.domain.applications import Application
 from orchestrator.domain.errors import ConfigError, InvalidPayload, SubmitError, UnknownJobType
 from orchestrator.domain.flow import Flow, FlowKeyError, flow_of
 from orchestrator.domain.ids import uuid7
@@ -32,6 +31,7 @@ from orchestrator.domain.storable import Text
 from orchestrator.domain.traceparent import normalized, trace_id_of
 from orchestrator.facade.lifecycle import Lifecycle
 from orchestrator.settings import Settings
+from orchestrator.storage.applications import application_of
 from orchestrator.storage.jobs import TASK_PREFIX
 from orchestrator.storage.producers import Producers
 from retry_config import MAX_VALUE, FlowLimit, LiveConfig
@@ -210,7 +210,7 @@ class JobRows:
         return Producers(
             types,
             self._graphile() if self._settings.graphile_compat else None,
-            Application.of(self._settings),
+            application_of(self._settings),
         )
 
     def _graphile(self) -> dict[str, Any]:

@@ -40,7 +40,6 @@ import psycopg
 from procrastinate import manager
 
 from orchestrator.domain import events
-from orchestrator.domain.applications import Application
 from orchestrator.domain.classification import Classified, ErrorClass
 from orchestrator.domain.errors import InvalidOutput, OrchestratorError, StaleLease
 from orchestrator.domain.events import Fault
@@ -62,6 +61,7 @@ from orchestrator.runtime.outcomes import (
 )
 from orchestrator.runtime.wakeups import Wakeups
 from orchestrator.settings import Settings
+from orchestrator.storage.applications import application_of
 from orchestrator.storage.database import OwnConnection
 from orchestrator.storage.dispatches import Dispatch
 from orchestrator.storage.jobs import Held
@@ -370,7 +370,7 @@ class ExternalRuns:
         """Record beside its registry entry which retry config version this server runs (as a
         worker does)."""
         assert self.worker_id is not None
-        application, declares = Application.of(self.settings), self.declares()
+        application, declares = application_of(self.settings), self.declares()
         await self.stores.config_versions.record(
             self.worker_id, worker=f"{self.host}/w{self.worker_id}", config=self.config,
             application=application.name, declares=declares,

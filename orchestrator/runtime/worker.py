@@ -48,7 +48,6 @@ import procrastinate
 import psycopg
 from procrastinate import periodic
 
-from orchestrator.domain.applications import Application
 from orchestrator.domain.errors import TransactionConflict
 from orchestrator.domain.models import Claim
 from orchestrator.runtime import current_attempt
@@ -65,6 +64,7 @@ from orchestrator.runtime.outcomes import Abandoned, OutcomeWriter, named
 from orchestrator.runtime.running import Running
 from orchestrator.runtime.wakeups import Wakeups
 from orchestrator.settings import Settings
+from orchestrator.storage.applications import application_of
 from orchestrator.storage.database import OwnConnection, describe_database
 from orchestrator.storage.dispatches import Dispatch
 from orchestrator.storage.stores import Stores
@@ -388,7 +388,7 @@ class Worker:
         """Record beside its registry entry which retry config version this worker runs
         (``orchestrator config show --workers`` reads it)."""
         assert self.worker_id is not None
-        application, declares = Application.of(self.settings), self.declares()
+        application, declares = application_of(self.settings), self.declares()
         await self.stores.config_versions.record(
             self.worker_id, worker=f"{HOST}/w{self.worker_id}", config=self.kit.config,
             application=application.name, declares=declares,

@@ -27,6 +27,7 @@ from orchestrator.domain.applications import (
     UnservedJobs,
     shown_weights,
 )
+from orchestrator.settings import Settings
 from orchestrator.storage.queries import QUERIES
 
 if TYPE_CHECKING:  # both import migrate, which declares through this module
@@ -34,6 +35,11 @@ if TYPE_CHECKING:  # both import migrate, which declares through this module
     from orchestrator.storage.runner import Queries
 
 T = TypeVar("T")
+
+
+def application_of(settings: Settings) -> Application:
+    """The application a process of these settings belongs to."""
+    return Application(settings.application, settings.stalled_worker_seconds)
 
 
 async def declare(conn: Conn, declaration: Declaration) -> Declared:

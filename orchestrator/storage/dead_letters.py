@@ -4,8 +4,9 @@ recorded ──► requeued                 a new job with the dead one's payloa
     │
     └──► discard_requested ──► discarded    two different reviewers, a reason required
 
-Two reviewers are different when they are different persons (principals.person_of), whatever
-their kind: the database derives each reviewer's person (migration 0022) and refuses the rest.
+Two reviewers are different when they are different persons, whatever their kind: the database
+derives each reviewer's person (orc_principal_persons_v1, sql/functions/principals.sql) and
+refuses the rest.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from uuid import UUID
 
 from orchestrator.domain.errors import DeadLetterError, DeadLetterNotFound
 from orchestrator.domain.models import DeadLetter
-from orchestrator.domain.principals import person_of
 from orchestrator.storage.database import Conn
 from orchestrator.storage.runner import Queries
 
@@ -77,7 +77,7 @@ class DeadLetterStore:
         async with self.queries.transaction() as conn:
             letter = await self.lock(dead_letter_id, conn)
         requester = letter.discard_requested_by or ""
-        if reviewer is not None and requester and person_of(requester) == person_of(reviewer):
+        if reviewer is not None and requester and await self.same_person(requester, reviewer):
             same = "" if requester == reviewer else f", and {reviewer} is the same person"
             return DeadLetterError(
                 f"{requester} requested this discard{same}; a second reviewer must confirm it"
@@ -85,3 +85,8 @@ class DeadLetterStore:
         return DeadLetterError(
             f"cannot {action} dead letter {dead_letter_id}: it is {letter.state}"
         )
+
+    async def same_person(self, first: str, second: str) -> bool:
+        """Whether two recorded actors are one person (the two-person rule, in the database)."""
+        row = await self.queries.row("same_person", {"first": first, "second": second})
+        return row is not None and row["same"] is True

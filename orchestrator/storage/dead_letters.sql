@@ -28,12 +28,17 @@ UPDATE orc_dead_letters
 RETURNING id
 
 -- confirm_dead_letter_discard --
--- By another person than the requester's (the persons: sql/functions/principals.sql's trigger).
+-- By another person than the requester's: no skeleton in common (the persons:
+-- sql/functions/principals.sql's trigger).
 UPDATE orc_dead_letters
    SET state = 'discarded', discarded_by = %(reviewer)s, resolved_at = now()
  WHERE id = %(dead_letter_id)s AND state = 'discard_requested'
-   AND discard_requested_person <> orc_principal_person_v1(%(reviewer)s)
+   AND NOT discard_requested_persons && orc_principal_persons_v1(%(reviewer)s)
 RETURNING id
+
+-- same_person --
+-- Whether two recorded principals are one person (sql/functions/principals.sql).
+SELECT orc_principal_persons_v1(%(first)s) && orc_principal_persons_v1(%(second)s) AS same
 
 -- dead_letter_of_job --
 SELECT * FROM orc_dead_letters WHERE job_id = %(job_id)s ORDER BY created_at DESC LIMIT 1

@@ -14,9 +14,9 @@ One transaction, under an advisory lock (so two pods migrating at once take turn
    (as a restore does), so no file depends on another's order.
 4. The state machine of :mod:`orchestrator.domain.states`, copied into ``orc_states`` and
    ``orc_state_transitions`` for the guard trigger.
-5. What each character of a principal's name looks like (:mod:`orchestrator.domain.principals`,
-   from Unicode's confusables data), copied into ``orc_principal_looks`` for
-   ``orc_principal_person_v1``.
+5. What each character of a principal's name looks like, case-folded and as written
+   (:mod:`orchestrator.domain.principals`, from Unicode's confusables data), copied into
+   ``orc_principal_looks`` for ``orc_principal_persons_v1``.
 
 Steps 3 to 5 are left alone when a newer release migrated the database (compatibly: otherwise
 nothing is done at all): its definitions and its state machine are its own, not this code's to
@@ -358,7 +358,7 @@ async def _synced(
         found.states, found.transitions = row if row else (0, 0)
     elif tables_to_come:
         found.states, found.transitions = len(statuses), len(pairs)
-    if await _table_exists(conn, "orc_principal_looks"):
+    if await _looks_table(conn):
         cur = conn.cursor(row_factory=tuple_row)
         await cur.execute(QUERIES["principal_looks_changes"], await _looks_params())
         row = await cur.fetchone()
@@ -405,7 +405,7 @@ async def migrate(
             synced = await _synced(conn, producers, tables_to_come=False)
             if synced.states or synced.transitions:
                 await _sync_state_machine(conn)
-            if await _table_exists(conn, "orc_principal_looks"):
+            if await _looks_table(conn):
                 if synced.looks:
                     await conn.execute(QUERIES["sync_principal_looks"], await _looks_params())
                 # The persons of the discards awaiting confirmation, by the looks (and the
@@ -483,10 +483,22 @@ async def _sync_state_machine(conn: psycopg.AsyncConnection[Any]) -> None:
 
 
 async def _looks_params() -> dict[str, list[str]]:
-    """orc_principal_looks's rows, from Unicode's confusables data (the Python side of the
-    rule)."""
+    """orc_principal_looks's rows, from Unicode's confusables data (what each character looks
+    like case-folded, and as written: the Python side of the rule)."""
     rows = await asyncio.to_thread(look_rows)
-    return {"chars": [ch for ch, _ in rows], "looks": [looks for _, looks in rows]}
+    return {
+        "chars": [ch for ch, _, _ in rows],
+        "looks": [folded for _, folded, _ in rows],
+        "written": [written for _, _, written in rows],
+    }
+
+
+async def _looks_table(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """orc_principal_looks as this code writes it (0057: both looks), not a test's own folder of
+    migrations stopped before it."""
+    cur = conn.cursor(row_factory=tuple_row)
+    await cur.execute(QUERIES["principal_looks_table_exists"])
+    return (await cur.fetchone()) == (True,)
 
 
 @dataclass(frozen=True)

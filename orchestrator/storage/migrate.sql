@@ -100,34 +100,47 @@ ON CONFLICT DO NOTHING
 -- principal_looks_changes --
 -- How many rows sync_principal_looks would write or delete.
 WITH declared AS (
-    SELECT * FROM unnest(%(chars)s::text[], %(looks)s::text[]) AS d(ch, look)
+    SELECT * FROM unnest(%(chars)s::text[], %(looks)s::text[], %(written)s::text[])
+        AS d(ch, look, look_as_written)
 )
 SELECT (SELECT count(*) FROM declared AS d
          WHERE NOT EXISTS (SELECT FROM orc_principal_looks AS l
-                            WHERE l.ch = d.ch AND l.look = d.look))
+                            WHERE l.ch = d.ch AND l.look = d.look
+                              AND l.look_as_written = d.look_as_written))
      + (SELECT count(*) FROM orc_principal_looks AS l
          WHERE NOT EXISTS (SELECT FROM declared AS d WHERE d.ch = l.ch))
+
+-- principal_looks_table_exists --
+-- orc_principal_looks as the code writes it (migration 0057: both looks).
+SELECT EXISTS (SELECT 1 FROM pg_attribute
+                WHERE attrelid = to_regclass('orc_principal_looks')
+                  AND attname = 'look_as_written' AND NOT attisdropped)
 
 -- sync_principal_looks --
 -- Make orc_principal_looks exactly the looks of orchestrator.domain.principals.look_rows.
 WITH declared AS (
-    SELECT * FROM unnest(%(chars)s::text[], %(looks)s::text[]) AS d(ch, look)
+    SELECT * FROM unnest(%(chars)s::text[], %(looks)s::text[], %(written)s::text[])
+        AS d(ch, look, look_as_written)
 ), removed AS (
     DELETE FROM orc_principal_looks AS l
      WHERE NOT EXISTS (SELECT 1 FROM declared AS d WHERE d.ch = l.ch)
 )
-INSERT INTO orc_principal_looks (ch, look)
-SELECT ch, look FROM declared
-ON CONFLICT (ch) DO UPDATE SET look = EXCLUDED.look
-WHERE orc_principal_looks.look <> EXCLUDED.look
+INSERT INTO orc_principal_looks (ch, look, look_as_written)
+SELECT ch, look, look_as_written FROM declared
+ON CONFLICT (ch) DO UPDATE SET look = EXCLUDED.look, look_as_written = EXCLUDED.look_as_written
+WHERE (orc_principal_looks.look, orc_principal_looks.look_as_written)
+      IS DISTINCT FROM (EXCLUDED.look, EXCLUDED.look_as_written)
 
 -- rederive_requested_persons --
 -- The requester's person of every discard awaiting confirmation, by the looks just written (the
 -- trigger derives it only when the requester is written; a confirmed discard keeps its persons).
 UPDATE orc_dead_letters
-   SET discard_requested_person = orc_principal_person_v1(discard_requested_by)
+   SET discard_requested_person = orc_principal_person_v1(discard_requested_by),
+       discard_requested_persons = orc_principal_persons_v1(discard_requested_by)
  WHERE discard_requested_by IS NOT NULL AND discarded_by IS NULL
-   AND discard_requested_person IS DISTINCT FROM orc_principal_person_v1(discard_requested_by)
+   AND (discard_requested_person, discard_requested_persons) IS DISTINCT FROM
+       (orc_principal_person_v1(discard_requested_by),
+        orc_principal_persons_v1(discard_requested_by))
 
 -- job_types_changes --
 -- What `application`'s migrate would do to orc_job_types, by job type: add, change (any of its

@@ -22,7 +22,6 @@ from orchestrator.domain.principals import (
     name_of,
     new_token,
     parse_token,
-    skeleton,
 )
 from orchestrator.storage.database import Conn
 from orchestrator.storage.runner import Queries
@@ -71,9 +70,9 @@ class TokenStore:
 
         async def create(conn: Conn) -> None:
             await self.queries.execute("lock_token_names", conn=conn)
-            for row in await self.queries.rows("token_names", conn=conn):
-                if skeleton(row["name"]) == skeleton(name):
-                    raise TokenError(_taken(typed, name, row["name"]))
+            found = await self.queries.row("token_of_person", {"name": name}, conn)
+            if found is not None:
+                raise TokenError(_taken(typed, name, found["name"]))
             await self.queries.execute(
                 "create_token",
                 {
@@ -94,8 +93,8 @@ class TokenStore:
         return [TokenInfo.model_validate(row) for row in await self.queries.rows("list_tokens")]
 
     async def revoke(self, name: str) -> None:
-        names = [name, canonical(name)]
-        if await self.queries.row("revoke_token", {"names": names}) is None:
+        params = {"names": [name, canonical(name)], "folded": canonical(name)}
+        if await self.queries.row("revoke_token", params) is None:
             raise TokenError(f"no live token named {name!r}")
 
     async def authenticate(self, token: str) -> Principal:
@@ -115,7 +114,7 @@ class TokenStore:
 
 def _taken(typed: str, name: str, existing: str) -> str:
     """Why a name is refused: the same as a token's once normalised, or a look-alike of it."""
-    if canonical(existing) != name:
+    if canonical(existing).casefold() != name.casefold():
         why = "looks like it (letters of another script that look the same, or 0 and 1)"
     elif typed != existing:
         why = f"is the same name in normal form ({name!r}: case, spaces and width aside)"

@@ -441,12 +441,22 @@ async def _acted(to: str, note: str, action: Any) -> RedirectResponse:
 async def _letters(request: Request, orc: Orchestrator, session: Session) -> dict[str, Any]:
     state = request.query_params.get("state") or None
     states = ("recorded", "discard_requested", "requeued", "discarded")
+    letters = await orc.dead_letters(
+        state=state if state in states else None, limit=100, tenants=session.principal.tenants
+    )
+    same = orc.stores.dead_letters.same_person
     return {
-        "letters": await orc.dead_letters(
-            state=state if state in states else None, limit=100, tenants=session.principal.tenants
-        ),
+        "letters": letters,
         "state": state,
         "states": states,
+        #: the discards this viewer requested, as the database's two-person rule tells persons
+        "requested_by_viewer": {
+            letter.id
+            for letter in letters
+            if letter.discard_requested_by is not None
+            and letter.discarded_by is None
+            and await same(letter.discard_requested_by, session.principal.actor)
+        },
     }
 
 

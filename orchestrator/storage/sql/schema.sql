@@ -101,9 +101,12 @@ CREATE TABLE orc_dead_letters (
     tenant_id text,
     discard_requested_person text,
     discarded_person text,
+    discard_requested_persons text[],
+    discarded_persons text[],
     CONSTRAINT orc_dead_letters_state_check CHECK ((state = ANY (ARRAY['recorded'::text, 'discard_requested'::text, 'requeued'::text, 'discarded'::text]))),
     CONSTRAINT orc_dead_letters_tenant_id_length CHECK (((char_length(tenant_id) >= 1) AND (char_length(tenant_id) <= 200))),
     CONSTRAINT orc_dead_letters_two_persons CHECK (((discarded_person IS NULL) OR (discarded_person <> discard_requested_person))) NOT VALID,
+    CONSTRAINT orc_dead_letters_two_persons_as_written CHECK (((discarded_persons IS NULL) OR (NOT (discarded_persons && discard_requested_persons)))) NOT VALID,
     CONSTRAINT orc_dead_letters_two_reviewers CHECK (((discarded_by IS NULL) OR (discarded_by <> discard_requested_by))),
     CONSTRAINT orc_dead_letters_job_id_fkey FOREIGN KEY (job_id) REFERENCES orc_jobs(id) ON DELETE CASCADE,
     CONSTRAINT orc_dead_letters_requeued_job_id_fkey FOREIGN KEY (requeued_job_id) REFERENCES orc_jobs(id) ON DELETE SET NULL,
@@ -395,6 +398,7 @@ CREATE INDEX orc_llm_usage_tenant_recorded_at ON public.orc_llm_usage USING btre
 CREATE TABLE orc_principal_looks (
     ch text NOT NULL,
     look text NOT NULL,
+    look_as_written text NOT NULL,
     CONSTRAINT orc_principal_looks_pkey PRIMARY KEY (ch)
 );
 
@@ -635,7 +639,10 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_max_attempts_v1(p_attempt integer, p_run integer, p_max_runs integer, p_retry_count integer, p_max_retries integer)
 --   orc_notify_event_listeners_v1()
 --   orc_notify_lock_freed_v1()
+--   orc_principal_chars_v1(recorded text)
 --   orc_principal_person_v1(recorded text)
+--   orc_principal_persons_v1(recorded text)
+--   orc_principal_skeleton_v1(looks text)
 --   orc_replay_ledger_v1()
 --   orc_rolled_up_to_v1()
 --   orc_running_event_v1(j orc_jobs)
