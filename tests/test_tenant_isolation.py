@@ -324,10 +324,11 @@ async def test_a_tenant_reads_its_own_schedules_and_weights_in_the_config(
 
 
 async def test_a_tenant_reads_its_own_schedules_weights_and_unserved_jobs_of_the_applications(
-    tokens: Tokens, orc: Orchestrator, db: psycopg.AsyncConnection[Any]
+    tokens: Tokens, orc: Orchestrator, db: psycopg.AsyncConnection[Any], server: ApiServer
 ) -> None:
-    """GET /api/v1/applications, by the rule of /config: what names a tenant (a schedule, a
-    limit's weight, a job waiting unserved) only for the token's tenants."""
+    """GET /api/v1/applications and the dashboard's applications page, by the rule of /config:
+    what names a tenant (a schedule, a limit's weight, a job waiting unserved) only for the
+    token's tenants."""
 
     # The application's limits and schedules declared (as the server does as it starts: the
     # tables were emptied since), a schedule of each tenant and one of none.
@@ -358,6 +359,17 @@ async def test_a_tenant_reads_its_own_schedules_weights_and_unserved_jobs_of_the
     (app,) = [a for a in everything["applications"] if a["name"] == "default"]
     assert sorted(app["schedules"]) == sorted(REPORTS.values())
     assert everything["unserved"] == [{"job_type": "gone_type", "pending": 3, "retry": 0}]
+    # The dashboard's applications page, by the same rule.
+    with ui_session(server, tokens.secrets["read_a"]) as (browser, _):
+        page = browser.get("/ui/applications")
+        assert page.status_code == 200 and REPORTS[MINE] in page.text
+        assert 'data-job-type="gone_type"><td><a href="/ui/jobs?job_type=gone_type">gone_type</a>' \
+               "</td><td>1</td>" in page.text  # fmt: skip
+        assert THEIRS not in page.text and REPORTS[None] not in page.text
+    with ui_session(server, tokens.secrets["fleet"]) as (browser, _):
+        page = browser.get("/ui/applications")
+        assert all(report in page.text for report in REPORTS.values())
+        assert "</td><td>3</td>" in page.text
 
 
 # -- 5. a tenant is never empty or blank ------------------------------------------------------

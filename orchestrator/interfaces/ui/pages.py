@@ -625,6 +625,24 @@ async def usage_page(request: Request, orc: Orc, session: Viewer) -> HTMLRespons
     )  # fmt: skip
 
 
+# -- the applications -------------------------------------------------------------------------
+
+
+async def _applications(orc: Orchestrator, session: Session) -> dict[str, Any]:
+    return {"found": await orc.applications(tenants=session.principal.tenants)}
+
+
+@router.get("/applications")
+async def applications_page(request: Request, orc: Orc, session: Viewer) -> HTMLResponse:
+    """The applications sharing the database (docs/applications.md), as the API lists them."""
+    return _page(request, "applications.html", session, **await _applications(orc, session))
+
+
+@router.get("/fragments/applications")
+async def applications_fragment(request: Request, orc: Orc, session: Viewer) -> HTMLResponse:
+    return _page(request, "_applications.html", session, **await _applications(orc, session))
+
+
 # -- the retry config -------------------------------------------------------------------------
 
 
