@@ -8,6 +8,10 @@ second application beside a first's LLM jobs) is tests/test_applications_fleet.p
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,8 +23,9 @@ from orchestrator import JobContext, Orchestrator
 from orchestrator.domain.applications import Application
 from orchestrator.domain.errors import ApplicationConflict
 from orchestrator.domain.schedules import define
+from orchestrator.services.fleet import FleetMetrics
 from retry_config import parse_bytes
-from tests.support.harness import config_with
+from tests.support.harness import ROOT, config_with
 
 A = Application("agents")
 B = Application("billing")
@@ -205,3 +210,57 @@ async def test_waiting_jobs_of_a_type_no_live_application_declares_are_shown_per
     found = await gone.applications()
     assert found.unserved == []
     assert next(a for a in found.applications if a.name == "gone").live
+
+
+async def test_the_operator_sees_a_refusal_between_live_applications_and_the_unserved_jobs(
+    make_orc: Callable[..., Orchestrator], dsn: str
+) -> None:
+    """The exporter's series behind OrchestratorApplicationsDisagree and
+    OrchestratorJobsUnserved, and the command line (`applications`, `status` without a job
+    id), read from the database's record of a refusal and of the live processes."""
+
+    async def run(ctx: JobContext, payload: Any) -> None:
+        return None
+
+    gone = make_orc(application="gone")
+    gone.job_type("gone_type")(run)
+    await gone.migrate()
+    await gone.open()
+    await gone.submit("gone_type", {})
+    flow = gone.stores.flow
+    await flow.sync(config(LLM_1), A)
+    with pytest.raises(ApplicationConflict):
+        await flow.sync(config(LLM_5), B)
+    fleet = FleetMetrics(gone.stores.fleet, zombie_threshold=300, max_tenants=10, min_interval=0)
+
+    def series(families: list[Any], name: str) -> list[tuple[dict[str, str], float]]:
+        return [(s.labels, s.value) for f in families for s in f.samples if s.name == name]
+
+    families = await fleet.families()
+    assert series(families, "orchestrator_application_conflicts") == []  # neither is live
+    assert series(families, "orchestrator_jobs_unserved") == [({"job_type": "gone_type"}, 1)]
+    for application in ("agents", "billing"):
+        worker = await gone.stores.dispatches.register_worker(prune_after=30)
+        await gone.stores.config_versions.record(
+            worker, worker=application, config=gone.live_config, application=application
+        )
+    families = await fleet.families()
+    assert series(families, "orchestrator_application_conflicts") == [
+        ({"application": "billing", "other": "agents", "kind": "limit", "name": "llm"}, 1)
+    ]
+    for argv in (["applications"], ["status"]):
+        done = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "orchestrator", *argv], capture_output=True,
+            text=True, cwd=ROOT, timeout=60, env={**os.environ, "DATABASE_URL": dsn},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert "billing: 1 live process(es), config " + gone.retry_config.version in lines
+        assert (
+            "  REFUSED limit 'llm': application 'agents' defines it otherwise (concurrency 5 "
+            "here, 1 there)" in lines
+        ), lines
+        assert (
+            "UNSERVED gone_type: 1 pending, 0 to retry; no live application runs this type "
+            "(they wait for one)" in lines
+        ), lines

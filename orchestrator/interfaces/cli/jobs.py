@@ -48,8 +48,12 @@ def add_parsers(commands: Commands) -> None:
     )
     cmd.set_defaults(handler=cmd_submit)
 
-    cmd = commands.add_parser("status", help="one job: state, counters, last error, history")
-    cmd.add_argument("job_id")
+    cmd = commands.add_parser(
+        "status",
+        help="one job: state, counters, last error, history; without JOB_ID, the applications"
+        " and the waiting jobs none of them serves (as `orchestrator applications`)",
+    )
+    cmd.add_argument("job_id", nargs="?")
     cmd.set_defaults(handler=cmd_status)
 
     cmd = commands.add_parser("jobs", help="list jobs, newest first")
@@ -96,6 +100,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 @on_app
 async def cmd_status(args: argparse.Namespace, orc: Orchestrator) -> int:
+    if args.job_id is None:
+        print("\n".join(render.application_lines(await orc.applications())))
+        return 0
     job = await orc.get_job(args.job_id)
     print(render.describe(job, await orc.job_events(job.id), await orc.job_steps(job.id)))
     usage = await orc.job_usage(job.id)
