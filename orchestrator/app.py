@@ -16,6 +16,7 @@ module of its concern (orchestrator.facade), given the objects that concern need
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -30,7 +31,7 @@ import retry_config
 from orchestrator.domain.applications import Application, Applications
 from orchestrator.domain.classification import Classifier
 from orchestrator.domain.degradation import Degrader, Fallback
-from orchestrator.domain.errors import ConfigError, InvalidTransition
+from orchestrator.domain.errors import ConfigError, InvalidArgument, InvalidTransition
 from orchestrator.domain.failures import Failures
 from orchestrator.domain.flow import FlowKey
 from orchestrator.domain.job_types import JobType
@@ -411,6 +412,18 @@ class Orchestrator:
 
     async def get_job(self, job_id: UUID | str) -> Job:
         return await self._reads.job(job_id)
+
+    async def forget_application(self, name: str) -> list[str]:
+        """Withdraw everything the application ``name``, gone for good, declares (refused while
+        a process of it lives): the shared rows no other application declares go; what went."""
+        (rule,) = Settings.model_fields["application"].metadata  # ORCHESTRATOR_APPLICATION's
+        if not re.fullmatch(rule.pattern, name):
+            raise InvalidArgument(
+                f"application: {name!r} is not an application's name (lower-case letters, "
+                "digits, '_', '.' and '-', starting with a letter, at most 63 characters)"
+            )
+        application = application_of(self.settings.model_copy(update={"application": name}))
+        return await self._actions.forget_application(application)
 
     async def applications(self, *, tenants: Collection[str] | None = None) -> Applications:
         """The applications sharing the database (docs/applications.md), and the waiting jobs

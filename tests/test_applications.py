@@ -264,3 +264,46 @@ async def test_the_operator_sees_a_refusal_between_live_applications_and_the_uns
             "UNSERVED gone_type: 1 pending, 0 to retry; no live application runs this type "
             "(they wait for one)" in lines
         ), lines
+
+
+async def test_an_application_gone_for_good_is_forgotten_not_while_it_lives(
+    orc: Orchestrator, db: psycopg.AsyncConnection[Any], dsn: str
+) -> None:
+    """`orchestrator applications forget NAME`: the application's declarations go, with the
+    shared rows no other application declares and its refusals; refused while it lives, or for
+    a name no application could have."""
+    await orc.stores.flow.sync(config(LLM_1 + OTHER), B)
+    await orc.stores.flow.sync(config(LLM_1), A)  # shares llm
+    with pytest.raises(ApplicationConflict):
+        await orc.stores.flow.sync(config(LLM_5), Application("relay"))
+    await orc.stores.schedules.sync(B, [define("hourly", "sweep", source="t", cron="0 * * * *")])
+    worker = await orc.stores.dispatches.register_worker(prune_after=30)
+    await orc.stores.config_versions.record(
+        worker, worker="host/w1", config=orc.live_config, application="billing"
+    )
+
+    def forget(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator", "applications", "forget", name],
+            capture_output=True, text=True, cwd=ROOT, timeout=60,
+            env={**os.environ, "DATABASE_URL": dsn},
+        )  # fmt: skip
+
+    live = await asyncio.to_thread(forget, "billing")
+    assert live.returncode == 2 and "Traceback" not in live.stderr, live.stderr
+    assert "application 'billing' has 1 live process(es) (host/w1)" in live.stderr
+    assert await limits(db) == {"llm": (1, None), "other": (None, 10)}
+    bad = await asyncio.to_thread(forget, "Billing Service")
+    assert bad.returncode == 2 and "is not an application's name" in bad.stderr, bad.stderr
+    await db.execute("DELETE FROM procrastinate_workers")
+    done = await asyncio.to_thread(forget, "billing")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("forgot application 'billing': ")
+    assert await limits(db) == {"llm": (1, None)}  # A still declares it
+    cur = await db.execute("SELECT count(*) FROM orc_schedules")
+    assert await cur.fetchone() == (0,)
+    assert await declared(db, "limit") == {("agents", "llm")}
+    # The refused application's refusal goes with it when it is forgotten.
+    assert (await asyncio.to_thread(forget, "relay")).returncode == 0
+    cur = await db.execute("SELECT count(*) FROM orc_application_conflicts")
+    assert await cur.fetchone() == (0,)

@@ -17,6 +17,7 @@ OrchestratorError                  base; every subclass carries a stable ``code`
 ├── ScheduleNotFound               no schedule of that name (or not of the caller's tenants)
 ├── ApplicationConflict            a sync refused: another application declares one of its
 │                                  job types, limits or schedules otherwise; nothing was declared
+├── ApplicationLive                an application forgotten while a process of it lives
 ├── MigrationError
 ├── SchemaOutdated                 the database is not migrated to this version
 ├── SchemaTooNew                   ... or migrated past it, incompatibly with this version
@@ -183,6 +184,12 @@ class ApplicationConflict(OrchestratorError):
 
 def _json(value: Any) -> str:
     return "unset" if value is None else json.dumps(value, sort_keys=True)
+
+
+class ApplicationLive(OrchestratorError):
+    """An application cannot be forgotten while a process of it lives: it declares again."""
+
+    code = "APPLICATION_LIVE"
 
 
 class MigrationError(OrchestratorError):

@@ -12,6 +12,7 @@ from uuid import UUID
 
 import psycopg
 
+from orchestrator.domain.applications import Application, Kind
 from orchestrator.domain.errors import DeadLetterError, InvalidTransition
 from orchestrator.facade.arguments import storable, uuid_of
 from orchestrator.facade.lifecycle import Lifecycle
@@ -32,6 +33,15 @@ class OperatorActions:
         self._lifecycle = lifecycle
         self._rows = rows
         self._metrics = metrics
+
+    async def forget_application(self, application: Application) -> list[str]:
+        """Withdraw all an application gone for good declares (docs/applications.md): the
+        shared rows no other application declares go; the ``kind name`` of each."""
+        stores = self._lifecycle.stores
+        declared = await stores.applications.forget(application)
+        await stores.flow.relimited(declared.gone(Kind.LIMIT))
+        return [f"{kind.value} {name}" for kind, names in declared.withdrawn.items()
+                for name in names]  # fmt: skip
 
     async def cancel(self, job_id: UUID | str, *, reason: str, by: str) -> None:
         storable(reason=reason, by=by)

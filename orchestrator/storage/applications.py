@@ -16,6 +16,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from orchestrator.domain.applications import (
+    GRAPHILE_SCHEMA,
     Application,
     ApplicationConflictView,
     ApplicationLimit,
@@ -27,6 +28,7 @@ from orchestrator.domain.applications import (
     UnservedJobs,
     shown_weights,
 )
+from orchestrator.domain.errors import ApplicationLive
 from orchestrator.settings import Settings
 from orchestrator.storage.queries import QUERIES
 
@@ -136,6 +138,45 @@ class ApplicationStore:
         """The queues of the job types other applications declare."""
         rows = await self.queries.rows("foreign_queues", {"application": application.name})
         return {row["queue"] for row in rows}
+
+    async def forget(self, application: Application) -> Declared:
+        """Withdraw everything ``application`` declares, with the shared rows no other
+        application declares (its limits, its types' limits, its job types, its schedules,
+        Graphile Worker's API), and its refusals: an application gone for good. Refused
+        (ApplicationLive) while a process of it lives; nothing declared: nothing to forget."""
+        live = [p for p in await self.queries.rows(
+            "application_processes", {"seconds": application.live_seconds}
+        ) if p["application"] == application.name]  # fmt: skip
+        if live:
+            raise ApplicationLive(
+                f"application {application.name!r} has {len(live)} live process(es) "
+                f"({', '.join(p['worker'] for p in live)}): stop them first, or they declare "
+                "it again"
+            )
+        everything = Declaration(application, {kind: {} for kind in Kind})
+
+        async def write(conn: Conn, declared: Declared) -> None:
+            await self.queries.rows("sync_flow_limits", {
+                "limits": Jsonb([]), "types": Jsonb([]),
+                "gone_limits": declared.gone(Kind.LIMIT),
+                "gone_types": declared.gone(Kind.LIMIT_OF_TYPE),
+            }, conn)  # fmt: skip
+            await self.queries.execute(
+                "sync_schedules", {"schedules": Jsonb([]), "gone": declared.gone(Kind.SCHEDULE)},
+                conn,
+            )  # fmt: skip
+            await self.queries.execute(
+                "sync_job_types", {"types": Jsonb([]), "gone": declared.gone(Kind.JOB_TYPE)}, conn
+            )
+            if declared.gone(Kind.GRAPHILE):
+                await self.queries.execute("graphile_drop", None, conn)
+                await self.queries.execute("graphile_forget", {"component": GRAPHILE_SCHEMA}, conn)
+            await self.queries.execute(
+                "forget_application_conflicts", {"application": application.name}, conn
+            )
+
+        declared, _ = await self.in_declaration(everything, write)
+        return declared
 
     async def live_conflicts(self, *, seconds: float) -> list[dict[str, Any]]:
         """The refusals standing between two applications that both have a live process."""

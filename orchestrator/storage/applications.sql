@@ -16,6 +16,10 @@ SELECT DISTINCT d.definition ->> 'queue' AS queue
    AND d.definition ->> 'queue' IS NOT NULL
  ORDER BY 1
 
+-- forget_application_conflicts --
+-- The refusals of an application forgotten.
+DELETE FROM orc_application_conflicts WHERE application = %(application)s
+
 -- application_definitions --
 -- Every application's declarations.
 SELECT application, kind, name, definition

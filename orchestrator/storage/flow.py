@@ -102,10 +102,15 @@ class FlowStore:
 
         declared, rows = await self.applications.in_declaration(declaration, write)
         names = [row["name"] for row in rows]
-        if names:  # a limit removed, raised or lowered: its keys' lines, as it now allows
-            keys = await self.queries.rows("flow_keys_of_limits", {"names": names})
-            await self.reschedule([row["key"] for row in keys])
+        await self.relimited(names)
         return names, declared
+
+    async def relimited(self, names: Sequence[str]) -> None:
+        """The lines of the keys of these limits, removed, raised or lowered, handed out as
+        they now allow."""
+        if names:
+            keys = await self.queries.rows("flow_keys_of_limits", {"names": list(names)})
+            await self.reschedule([row["key"] for row in keys])
 
     async def reschedule(self, keys: Sequence[str]) -> int:
         """Hand each key's capacity out afresh, as the key stands now (orc_flow_reschedule_v1),
