@@ -99,14 +99,14 @@ class Application:
 @dataclass(frozen=True)
 class Declaration:
     """What ``application`` declares of ``kinds``. ``whole``: all it declares of them (a name it
-    declared before and no longer gives is withdrawn, once no live process of the application
-    runs another config ``version`` than this one; None: at once); otherwise it adds and
-    changes only."""
+    declared before and no longer gives is withdrawn, once every live process of the
+    application records the fingerprint ``declares``, the declaring process's; None: at once);
+    otherwise it adds and changes only."""
 
     application: Application
     kinds: Mapping[Kind, Definitions]
     whole: bool = True
-    version: str | None = None
+    declares: str | None = None
 
 
 @dataclass(frozen=True)

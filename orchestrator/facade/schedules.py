@@ -117,7 +117,7 @@ class Schedules:
     def scheduler(self) -> Scheduler:
         return Scheduler(
             stores=self._lifecycle.stores, application=application_of(self._settings),
-            version=self.declares, schedules=self._schedules,
+            declares=self.declares, schedules=self._schedules,
             runs=self.runs,
             grace=self._settings.schedule_grace_seconds,
             max_sleep=self._settings.schedule_check_seconds,

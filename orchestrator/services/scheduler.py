@@ -69,7 +69,7 @@ class Scheduler:
         *,
         stores: Stores,
         application: Application,
-        version: Callable[[], str],
+        declares: Callable[[], str],
         schedules: Mapping[str, Schedule],
         runs: Runs,
         grace: float,
@@ -77,7 +77,7 @@ class Scheduler:
     ) -> None:
         self.stores = stores
         self.application = application
-        self.version = version
+        self.declares = declares  # the fingerprint of what this process declares
         self.schedules = dict(schedules)
         self.runs = runs
         self.grace = grace
@@ -97,7 +97,7 @@ class Scheduler:
             try:
                 if not settled:
                     declared = await self.stores.schedules.sync(
-                        self.application, self.schedules.values(), version=self.version()
+                        self.application, self.schedules.values(), declares=self.declares()
                     )
                     settled = not declared.deferred
                 if not self.schedules:

@@ -55,7 +55,7 @@ async def declare(conn: Conn, declaration: Declaration) -> Declared:
             "kinds": [kind.value for kind in declaration.kinds],
             "definitions": Jsonb({kind.value: dict(d) for kind, d in declaration.kinds.items()}),
             "whole": declaration.whole,
-            "version": declaration.version,
+            "version": declaration.declares,
             "live_seconds": declaration.application.live_seconds,
         },
     )

@@ -89,7 +89,7 @@ class FlowStore:
         of the application declares otherwise than ``declares``; None: at once)."""
         kinds = limit_definitions(config)
         limits, types = kinds[Kind.LIMIT], kinds[Kind.LIMIT_OF_TYPE]
-        declaration = Declaration(application, kinds, version=declares)
+        declaration = Declaration(application, kinds, declares=declares)
 
         async def write(conn: Conn, declared: Declared) -> list[Row]:
             params = {

@@ -46,16 +46,18 @@ class ScheduleStore:
         application: Application,
         schedules: Iterable[Schedule],
         *,
-        version: str | None = None,
+        declares: str | None = None,
         whole: bool = True,
     ) -> Declared:
         """Declare these definitions as ``application``'s and write them where new or changed
         (a new one is due from now on). ``whole``: all the application's schedules, and those
         it withdrew that no other application declares go (once no live process of it declares
-        otherwise than ``version``, this process's fingerprint: else ``deferred``); otherwise
+        otherwise than ``declares``, this process's fingerprint: else ``deferred``); otherwise
         (an operator's command, which may hold part of them) nothing goes."""
         rows = schedule_definitions(schedules)
-        declaration = Declaration(application, {Kind.SCHEDULE: rows}, whole=whole, version=version)
+        declaration = Declaration(
+            application, {Kind.SCHEDULE: rows}, whole=whole, declares=declares
+        )
 
         async def write(conn: Conn, declared: Declared) -> None:
             gone = declared.gone(Kind.SCHEDULE)
