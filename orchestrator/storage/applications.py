@@ -178,10 +178,6 @@ class ApplicationStore:
         declared, _ = await self.in_declaration(everything, write)
         return declared
 
-    async def live_conflicts(self, *, seconds: float) -> list[dict[str, Any]]:
-        """The refusals standing between two applications that both have a live process."""
-        return await self.queries.rows("live_application_conflicts", {"seconds": seconds})
-
     async def unserved(
         self, *, seconds: float, tenants: Collection[str] | None = None
     ) -> list[UnservedJobs]:
