@@ -419,7 +419,7 @@ class Orchestrator:
         (rule,) = Settings.model_fields["application"].metadata  # ORCHESTRATOR_APPLICATION's
         if not re.fullmatch(rule.pattern, name):
             raise InvalidArgument(
-                f"application: {name!r} is not an application's name (lower-case letters, "
+                f"name: {name!r} is not an application's name (lower-case letters, "
                 "digits, '_', '.' and '-', starting with a letter, at most 63 characters)"
             )
         application = application_of(self.settings.model_copy(update={"application": name}))
