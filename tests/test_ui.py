@@ -611,7 +611,12 @@ async def test_the_overview_charts_the_rollups_each_viewer_its_tenants_only(
             assert totals == want, title
             line = chart.locator("polyline.chart-completed")
             assert len((await line.get_attribute("points") or "").split()) > 1
-            box = await chart.locator("svg").bounding_box()
+            box = None
+            for _ in range(40):  # a live refresh may be replacing the chart at this moment
+                box = await chart.locator("svg").bounding_box()
+                if box is not None:
+                    break
+                await asyncio.sleep(0.25)
             assert box is not None and box["width"] > 200 and box["height"] > 50  # drawn
     await shot(everyone, "overview-charts")
     for page in (everyone, tenant_a):
