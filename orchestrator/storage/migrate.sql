@@ -186,9 +186,7 @@ ORDER BY 1
 -- Would `application`'s declaration of `kinds` ({kind: {name: definition}}) write: a definition
 -- new or changed, one withdrawn, or a refusal of it to clear?
 WITH given AS (
-    SELECT g.kind, d.key AS name, d.value AS definition
-      FROM unnest(%(kinds)s::text[]) AS g (kind),
-           jsonb_each(coalesce(%(definitions)s::jsonb -> g.kind, '{}'::jsonb)) AS d
+    SELECT * FROM orc_declared_v1(%(kinds)s::text[], %(definitions)s::jsonb)
 )
 SELECT EXISTS (SELECT FROM given AS g
                 WHERE NOT EXISTS (SELECT FROM orc_application_definitions AS o
