@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -183,9 +183,3 @@ class Applications(BaseModel):
 
     applications: list[ApplicationView]
     unserved: list[UnservedJobs]
-
-
-def shown_weights(weights: Mapping[str, Any], tenants: Collection[str] | None) -> dict[str, Any]:
-    """A limit's weights as a reader of ``tenants`` may see them: a tenant's name is its own
-    (None: every tenant's)."""
-    return dict(weights) if tenants is None else {k: v for k, v in weights.items() if k in tenants}

@@ -27,7 +27,7 @@ import importlib.metadata
 import re
 import secrets
 import unicodedata
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypeVar
@@ -45,6 +45,12 @@ class Scope(StrEnum):
     OPERATE = "operate"  # cancel, requeue, discard, approve, reject
     WORKER = "worker"  # run jobs as an external worker (claim, heartbeat, complete)
     ADMIN = "admin"  # all of the above, and the internal replay endpoints
+
+
+def tenant_entries(by_tenant: Mapping[str, T], tenants: Collection[str] | None) -> dict[str, T]:
+    """The entries of a table keyed by tenant that a reader of ``tenants`` may read (None:
+    every tenant's): a tenant's name is its own."""
+    return {t: value for t, value in by_tenant.items() if tenants is None or t in tenants}
 
 
 class Unauthorized(OrchestratorError):
@@ -98,7 +104,7 @@ class Principal:
         """The entries of a table keyed by tenant (the token budgets, a limit's weights) this
         principal may read: all of them for a principal of every tenant, else its tenants'
         only (a tenant's name is its own: no other tenant learns it)."""
-        return {tenant: value for tenant, value in by_tenant.items() if self.sees(tenant)}
+        return tenant_entries(by_tenant, self.tenants)
 
     def tenant_for_submit(self, tenant_id: str | None) -> str | None:
         """The tenant a submit gets: the one asked for, which must be the principal's; a

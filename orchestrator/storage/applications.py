@@ -26,9 +26,9 @@ from orchestrator.domain.applications import (
     Declared,
     Kind,
     UnservedJobs,
-    shown_weights,
 )
 from orchestrator.domain.errors import ApplicationLive
+from orchestrator.domain.principals import tenant_entries
 from orchestrator.settings import Settings
 from orchestrator.storage.queries import QUERIES
 
@@ -191,5 +191,5 @@ class ApplicationStore:
 
 def _limit(row: dict[str, Any], tenants: Collection[str] | None) -> ApplicationLimit:
     definition = row["definition"]
-    weights = shown_weights(definition.get("weights") or {}, tenants)
+    weights = tenant_entries(definition.get("weights") or {}, tenants)
     return ApplicationLimit(name=row["name"], definition=definition | {"weights": weights})
