@@ -215,6 +215,7 @@ async def test_an_agent_job_reads_as_a_transcript_with_its_answer_in_full(
     height = await page.locator("#job-answer").evaluate("e => e.scrollHeight")
     assert height <= answer["height"] + 1  # no box to scroll: all of it is shown
     await shot(page, "job-agent")
-    assert await _holds_at_a_phone_s_width(page)
+    await page.set_viewport_size(PHONE)
     await shot(page, "job-agent-phone")
+    assert await _holds_at_a_phone_s_width(page)
     await page.context.close()

@@ -204,8 +204,7 @@ def test_an_agent_s_result_reads_as_turns_with_their_tool_calls_and_answer() -> 
     assert [(t.role, t.text) for t in shown.turns] == [
         ("user", "tell the team"),
         ("assistant", "Sending."),
-        ("assistant", "Done. " * 400),
-    ]
+    ]  # the last one is the answer
     [call] = shown.turns[1].calls
     assert (call.tool, call.args, call.output) == ("send_message", '{"text": "hi"}', '{"id": 7}')
     assert views.transcript({"answer": "not an agent's"}) is None

@@ -387,6 +387,7 @@ def short_ids(ids: list[UUID], *, least: int = 8) -> dict[UUID, str]:
 
 @dataclass(frozen=True)
 class ToolCall:
+    id: str
     tool: str
     args: str
     output: str
@@ -430,11 +431,13 @@ def transcript(result: Any) -> TranscriptView | None:
                 case "tool_use":
                     call = calls.get(block.get("id"), {})
                     used.append(ToolCall(
-                        str(block.get("name")), _text(block.get("input", {})),
+                        str(block.get("id")), str(block.get("name")), _text(block.get("input", {})),
                         _text(call.get("output")) if call else "", call.get("error"),
                     ))  # fmt: skip
         if texts or used:
             turns.append(TurnView(str(message.get("role", "")), "\n".join(texts), used))
     answer = result.get("answer")
+    if turns and not turns[-1].calls and turns[-1].text == answer:
+        turns.pop()  # the answer, shown once, as such
     return TranscriptView(turns, answer if isinstance(answer, str) else None,
                           int(result.get("steps") or 0))  # fmt: skip
