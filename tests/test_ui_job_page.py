@@ -219,3 +219,26 @@ async def test_an_agent_job_reads_as_a_transcript_with_its_answer_in_full(
     await shot(page, "job-agent-phone")
     assert await _holds_at_a_phone_s_width(page)
     await page.context.close()
+
+
+async def test_a_retrying_job_says_when_and_keeps_an_opened_fold_open_as_it_updates(
+    orc: Orchestrator, server: ApiServer, browser: Any
+) -> None:
+    page = await signed_in(browser, server, await token(orc.stores.tokens, "ops"))
+    job_id = await orc.submit("paced", None)
+    async with WorkerRun(orc):
+        await wait_for(lambda: _status(orc, job_id, Status.RETRY))
+        await page.goto(f"{server.url}/ui/jobs/{job_id}")
+        assert await page.locator("#job-status").inner_text() == "RETRY"
+        nxt = await page.locator("#job-next").inner_text()
+        assert re.search(
+            r"retries at \d\d:\d\d:\d\d UTC, attempt 2 of at most \d+ \(app layer\)", nxt
+        )
+        assert "transient failure" in await page.locator("#job-why").inner_text()
+        scheduled = page.locator(".timeline .event[data-kind='job.retry_scheduled'] details")
+        await scheduled.locator("summary").click()
+        status = page.locator("#job-status")  # the page re-reads itself as the job moves on
+        await status.filter(has_text=re.compile("^COMPLETED$")).wait_for(timeout=30_000)
+    assert await scheduled.get_attribute("open") is not None  # still open after the updates
+    assert "backoff" in await scheduled.locator("dl.payload").inner_text()
+    await page.context.close()
