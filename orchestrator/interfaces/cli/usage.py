@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-from datetime import UTC, datetime, timedelta
 
 from orchestrator.app import Orchestrator
 from orchestrator.interfaces import render
 from orchestrator.interfaces.cli.shared import (
-    SECONDS_PER_UNIT,
     Commands,
-    iso_time,
     on_app,
     tenant,
+    time_or_age,
     whole,
 )
-
-_AGE = re.compile(r"(\d+)([smhd])")
 
 
 def add_parsers(commands: Commands) -> None:
@@ -26,10 +21,11 @@ def add_parsers(commands: Commands) -> None:
         "usage", help="LLM calls and their tokens over a time range, grouped (token accounting)"
     )
     cmd.add_argument(
-        "--since", type=_since, help="start: ISO 8601 with a timezone, or an age (30m, 24h, 7d);"
-        " default: everything recorded",
+        "--since", type=time_or_age,
+        help="start: ISO 8601 with a timezone, or an age (30m, 24h, 7d); default: everything"
+        " recorded",
     )  # fmt: skip
-    cmd.add_argument("--until", type=_since, help="end, as --since (default: now)")
+    cmd.add_argument("--until", type=time_or_age, help="end, as --since (default: now)")
     cmd.add_argument(
         "--by", default="tenant,model",
         help="group by any of job, tenant, agent, model, job_type (default tenant,model;"
@@ -43,19 +39,6 @@ def add_parsers(commands: Commands) -> None:
     cmd.add_argument("--limit", type=whole(1, 100_000), default=1000, help="most groups shown")
     cmd.add_argument("--json", action="store_true", help="print the totals as JSON")
     cmd.set_defaults(handler=cmd_usage)
-
-
-def _since(value: str) -> datetime:
-    """An ISO 8601 time with a timezone, or an age before now: ``30m``, ``24h``, ``7d``."""
-    if age := _AGE.fullmatch(value.strip()):
-        seconds = int(age.group(1)) * SECONDS_PER_UNIT[age.group(2)]
-        if seconds > 100 * 366 * 86400:
-            raise argparse.ArgumentTypeError(f"{value!r} is more than a hundred years ago")
-        return datetime.now(UTC) - timedelta(seconds=seconds)
-    try:
-        return iso_time(value)
-    except argparse.ArgumentTypeError as exc:
-        raise argparse.ArgumentTypeError(f"{exc}; or give an age such as 30m, 24h, 7d") from None
 
 
 @on_app
