@@ -140,6 +140,11 @@ def test_user_mistakes_are_one_line_and_exit_2(cli: Any, argv: list[str], fragme
             "(got '0')",
         ),
         (
+            {"DATABASE_URL": "postgresql://ops:s3cret word@db/orchestrator"},
+            "error: DATABASE_URL: not a PostgreSQL URL (postgresql://user:password@host:port/"
+            "database) nor a key=value connection string",  # the password never repeated
+        ),
+        (
             {"ORCHESTRATOR_SWEEP_CRON": "every minute"},
             "error: ORCHESTRATOR_SWEEP_CRON: not a cron schedule (five fields, or six with "
             "seconds last) (got 'every minute')",
