@@ -39,7 +39,7 @@ Where each part of the code is tested:
                               API for producers: test_graphile_compat; a rolling
                               deploy beside the previous release: test_rollout;
                               connections: test_pool; every store operation: test_transitions_db;
-                              the embedded server's life: test_embedded; lock order and
+                              the embedded server's life (and a new one said): test_embedded; lock order and
                               conflicts: test_lock_order; the fetch's rules: test_fetch;
                               every hot statement's plan on a planted history (no
                               sequential scan of a job-sized table): test_plans; the named
