@@ -1,7 +1,7 @@
 """The CLI's lists through the real command (a process of its own, on the test database): a
 list cut at ``--limit`` says so, ``jobs`` takes the API's filters, a person at a terminal reads
 a header row over each table (a script reading a pipe gets the rows alone), ``stats`` takes
-durations and the natural names of what it splits by."""
+durations and the natural names of what it splits by, ``usage`` says when its groups are cut."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 
 import tasks
@@ -139,3 +141,26 @@ def test_stats_takes_durations_and_the_names_it_splits_by(
     code, out, err = cli("stats", "--by", "colour")
     assert (code, out) == (2, "")
     assert err == "error: by: 'colour' is not one of job_type, queue, tenant (or type)\n"
+
+
+async def test_usage_says_when_its_groups_are_cut(
+    cli: Callable[..., tuple[int, str, str]],
+    make_orc: Callable[..., Orchestrator],
+    db: psycopg.AsyncConnection[Any],
+) -> None:
+    orc = make_orc()
+    tasks.register_all(orc)
+    async with orc:
+        (job_id,) = await submitted(orc, 1)
+    for n, model in enumerate(("small", "medium", "large")):
+        await db.execute(
+            "INSERT INTO orc_llm_usage (job_id, call_id, attempt, job_type, model, input_tokens,"
+            " output_tokens, cache_read_tokens, cache_creation_tokens)"
+            " VALUES (%s, %s, 1, 'http_request', %s, %s, 0, 0, 0)",
+            (job_id, f"call-{n}", model, 10 ** (n + 1)),
+        )
+    code, out, err = cli("usage", "--by", "model", "--limit", "2")
+    assert code == 0 and [line.split()[0] for line in out.splitlines()[2:4]] == ["large", "medium"]
+    assert err == "the 2 largest groups shown; more match (--limit to see more)\n"
+    code, out, err = cli("usage", "--by", "model", "--limit", "3")
+    assert (code, err) == (0, "") and "small" in out

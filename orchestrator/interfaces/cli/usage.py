@@ -9,6 +9,7 @@ from orchestrator.app import Orchestrator
 from orchestrator.interfaces import render
 from orchestrator.interfaces.cli.shared import (
     Commands,
+    nothing,
     on_app,
     tenant,
     time_or_age,
@@ -36,7 +37,9 @@ def add_parsers(commands: Commands) -> None:
     cmd.add_argument("--model", help="only calls to this model")
     cmd.add_argument("--type", dest="job_type", help="only jobs of this type")
     cmd.add_argument("--job", dest="job_id", help="only this job's calls")
-    cmd.add_argument("--limit", type=whole(1, 100_000), default=1000, help="most groups shown")
+    cmd.add_argument(
+        "--limit", type=whole(1, 99_999), default=1000, help="most groups shown (default 1000)"
+    )
     cmd.add_argument("--json", action="store_true", help="print the totals as JSON")
     cmd.set_defaults(handler=cmd_usage)
 
@@ -46,10 +49,14 @@ async def cmd_usage(args: argparse.Namespace, orc: Orchestrator) -> int:
     totals = await orc.llm_usage(
         by=args.by, since=args.since, until=args.until, tenant_id=args.tenant,
         agent_id=args.agent, model=args.model, job_type=args.job_type, job_id=args.job_id,
-        limit=args.limit,
+        limit=args.limit + 1,
     )  # fmt: skip
+    cut = len(totals) > args.limit
+    totals = totals[: args.limit]
     if args.json:
         print(json.dumps([t.model_dump(mode="json") for t in totals], indent=2))
     else:
         print("\n".join(render.usage_lines(totals, args.by, args.since, args.until)))
+    if cut:  # the largest groups were shown; "all" sums those only
+        nothing(f"the {args.limit} largest groups shown; more match (--limit to see more)")
     return 0
