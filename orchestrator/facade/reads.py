@@ -54,7 +54,7 @@ class Reads:
         created_before: datetime | None,
         limit: int,
     ) -> list[Job]:
-        """A page of jobs, newest first: the API's read, from the newest."""
+        """The newest jobs that match: the API's read and filters, without its cursor."""
         storable(job_type=job_type, tenant_id=tenant_id, job_key=job_key, agent_id=agent_id)
         tenants_named(tenant_id=tenant_id)
         if created_after and created_before and created_after >= created_before:
