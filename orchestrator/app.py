@@ -444,13 +444,19 @@ class Orchestrator:
         job_type: str | None = None,
         tenant_id: str | None = None,
         job_key: str | None = None,
+        agent_id: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
         limit: int = 50,
     ) -> list[Job]:
-        """Newest first, of the given status, type, tenant and job key (each: any when None;
-        a key is per tenant, so without ``tenant_id`` every tenant's job with the key)."""
+        """Newest first, of the given status, type, tenant, job key and agent, created in
+        [``created_after``, ``created_before``) (each: any when None; a key is per tenant, so
+        without ``tenant_id`` every tenant's job with the key): the API's filters."""
         return await self._reads.jobs(
-            status=status, job_type=job_type, tenant_id=tenant_id, job_key=job_key, limit=limit
-        )
+            status=status, job_type=job_type, tenant_id=tenant_id, job_key=job_key,
+            agent_id=agent_id, created_after=created_after, created_before=created_before,
+            limit=limit,
+        )  # fmt: skip
 
     async def dead_letters(
         self,

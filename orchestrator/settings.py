@@ -9,7 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+import psycopg
 from croniter import croniter
+from psycopg.conninfo import conninfo_to_dict
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -292,6 +294,21 @@ class Settings(BaseSettings):
         description="The tenant of the jobs added through Graphile Worker's API; unset: none"
         " (a tenant's name as a submit takes it: `migrate` refuses another).",
     )
+
+    @field_validator("database_url")
+    @classmethod
+    def _connection_string(cls, value: str | None) -> str | None:
+        """A URL (or key=value string) psycopg can read: a mistake in it is said at start-up in
+        one line, which repeats none of it (it may hold a password)."""
+        if value is not None:
+            try:
+                conninfo_to_dict(value)
+            except psycopg.ProgrammingError:
+                raise ValueError(
+                    "not a PostgreSQL URL (postgresql://user:password@host:port/database) nor a"
+                    " key=value connection string"
+                ) from None
+        return value
 
     @field_validator(
         "safety_net_cron", "sweep_cron", "approvals_cron", "prune_cron", "retention_cron",

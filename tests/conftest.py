@@ -39,7 +39,7 @@ Where each part of the code is tested:
                               API for producers: test_graphile_compat; a rolling
                               deploy beside the previous release: test_rollout;
                               connections: test_pool; every store operation: test_transitions_db;
-                              the embedded server's life: test_embedded; lock order and
+                              the embedded server's life (and a new one said): test_embedded; lock order and
                               conflicts: test_lock_order; the fetch's rules: test_fetch;
                               every hot statement's plan on a planted history (no
                               sequential scan of a job-sized table): test_plans; the named
@@ -91,14 +91,16 @@ Where each part of the code is tested:
                               `prune`: test_retention; a bad row in a batch: test_passed_over;
                               the maintenance lane: test_worker_loop; rollups and the stats
                               read (API, tenants): test_rollups
-    orchestrator/interfaces   test_cli, test_first_hour; the HTTP API: test_api,
+    orchestrator/interfaces   test_cli, test_first_hour; the lists (cut, filters, header
+                              rows) through the real command: test_cli_lists; the HTTP API: test_api,
                               test_api_schema (Schemathesis), every error code and limit
                               answered for a real reason: test_api_errors; test_external_workers
                               (a Node.js worker); what the external workers' endpoints write:
                               test_external_contract; the token cache's window, for
                               streams and long-polls too: test_token_cache; who sees a lease token: test_lease_token; the
                               dashboard: test_ui (a real Chromium), a job's page (its summary,
-                              approvals, steps, transcript): test_ui_job_page, test_ui_views, its
+                              approvals, steps, transcript): test_ui_job_page, every page's
+                              layout at 390 and 1280 px: test_ui_layout, test_ui_views, its
                               session and CSRF rules over HTTP: test_ui_session; the string
                               rule, everywhere: test_strings; who may call what (every
                               operation and page x every credential): test_authorization;

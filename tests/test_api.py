@@ -144,6 +144,12 @@ async def test_submit_read_list_and_cancel(orc: Orchestrator, admin: httpx.Async
     assert len(agent_b) == 3
     tenant = (await admin.get("/api/v1/jobs", params={"tenant_id": "acme"})).json()["jobs"]
     assert [j["id"] for j in tenant] == [job_id]
+    by_status = [
+        (await admin.get("/api/v1/jobs", params={"status": status})).json()
+        for status in ("PENDING", "pending", "Pending")
+    ]  # any case, as the CLI's --status
+    assert by_status[0] == by_status[1] == by_status[2] and len(by_status[0]["jobs"]) == 4
+    assert (await admin.get("/api/v1/jobs", params={"status": "done"})).status_code == 422
 
     cancelled = await admin.post(f"/api/v1/jobs/{job_id}/cancel", json={"reason": "done"})
     assert cancelled.json()["status"] == "CANCELLED"

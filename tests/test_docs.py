@@ -30,6 +30,15 @@ def test_every_setting_is_documented(name: str) -> None:
     assert f"`{variable}" in REFERENCE
 
 
+def test_every_variable_the_code_reads_is_documented() -> None:
+    """Settings' fields and the variables read outside them (the built-in job types')."""
+    sources = [*(ROOT / "orchestrator").rglob("*.py"), *(ROOT / "tasks").rglob("*.py")]
+    named = {
+        v for path in sources for v in re.findall(r"ORCHESTRATOR_[A-Z0-9_]+", path.read_text())
+    }
+    assert {v for v in named if f"`{v}`" not in REFERENCE} == set()
+
+
 @pytest.mark.parametrize(
     "field",
     sorted(JobRetryConfig.model_fields.keys() - {"backoff"})

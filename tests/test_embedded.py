@@ -1,7 +1,8 @@
 """The embedded PostgreSQL's lifecycle, with real processes in a data directory of this module's
 own (never the suite's server): the server stops once no process using it is alive, one killed
 by SIGKILL included; ``orchestrator db status`` says what runs and who uses it; ``db stop``
-refuses while the server is in use, unless forced."""
+refuses while the server is in use, unless forced; a folder without one is told a new one is
+made."""
 
 from __future__ import annotations
 
@@ -130,3 +131,22 @@ def test_the_server_runs_while_any_user_lives_and_stops_after_the_last(data_dir:
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=30) == 0
         wait_until(lambda: embedded.postmaster() is None, timeout=15, what="the server stopped")
+
+
+def test_a_folder_without_a_server_is_told_a_new_one_is_made(tmp_path: Path) -> None:
+    """The CLI run from another folder finds no embedded server there: it says that it makes a
+    new, empty one, and how to reach the one made before (never silently); once made, not."""
+    try:
+        first = orchestrator(tmp_path, "jobs")
+        assert (
+            f"no embedded PostgreSQL in {tmp_path.resolve()}: creating a new, empty one (to use"
+            " the one made before, run from its folder or set ORCHESTRATOR_DATA_DIR;"
+        ) in first.stderr, first.stderr
+        again = orchestrator(tmp_path, "jobs")
+        assert "no embedded PostgreSQL" not in again.stderr, again.stderr
+        embedded = Embedded(tmp_path)
+        wait_until(lambda: embedded.postmaster() is None, timeout=30, what="the server stopped")
+    finally:
+        postmaster = Embedded(tmp_path).postmaster()
+        if postmaster is not None:
+            Embedded(tmp_path).stop(postmaster)

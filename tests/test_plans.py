@@ -330,8 +330,9 @@ async def read(stores: Stores, plans: Plans, job_id: uuid.UUID) -> None:
     reads: dict[str, Callable[[], Awaitable[Any]]] = {
         "job": lambda: stores.jobs.get(job_id),
         "job history": lambda: stores.jobs.history(job_id),
-        "job list": lambda: stores.jobs.list_jobs(limit=50),
-        "job list by status": lambda: stores.jobs.list_jobs(status=None, job_type="llm_generate"),
+        "job page of a type": lambda: stores.jobs.page(
+            JobFilters(job_type="llm_generate"), before=None, limit=50
+        ),
         "job page": lambda: stores.jobs.page(JobFilters(), before=None, limit=50),
         "job page, next": lambda: stores.jobs.page(JobFilters(), before=job_id, limit=50),
         "job page of tenants": lambda: stores.jobs.page(

@@ -31,6 +31,8 @@ BUCKETS: tuple[tuple[str, int | None], ...] = (
 BOUNDS_MS: tuple[int, ...] = tuple(bound for _, bound in BUCKETS if bound is not None)
 #: What a series can be split by, as the API's ``by`` names them.
 DIMENSIONS = ("job_type", "queue", "tenant")
+#: The other names a dimension is known by (the CLI's ``--type``, the rows' ``tenant_id``).
+DIMENSION_ALIASES = {"type": "job_type", "tenant_id": "tenant"}
 #: A read answers this many points per series at most.
 MAX_POINTS = 1440
 MINUTE, HOUR = 60, 3600
@@ -114,10 +116,11 @@ def window(
     period = HOUR if step % HOUR == 0 else MINUTE
     since = _floor(since, period)
     until = since + math.ceil((until - since).total_seconds() / step) * timedelta(seconds=step)
+    by = [DIMENSION_ALIASES.get(d, d) for d in by]
     unknown = [d for d in by if d not in DIMENSIONS]
     if unknown:
         raise StatsQueryInvalid(f"by: {', '.join(map(repr, unknown))} is not one of "
-                                f"{', '.join(DIMENSIONS)}")  # fmt: skip
+                                f"{', '.join(DIMENSIONS)} (or type)")  # fmt: skip
     chosen = Window(since=since, until=until, step=step, period=period,
                     by=tuple(d for d in DIMENSIONS if d in by))  # fmt: skip
     if chosen.points > MAX_POINTS:

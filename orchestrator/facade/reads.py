@@ -4,13 +4,16 @@ argument checked before the query."""
 from __future__ import annotations
 
 from collections.abc import Collection
+from datetime import datetime
 from uuid import UUID
 
 from orchestrator.domain.applications import Applications
+from orchestrator.domain.errors import InvalidArgument
 from orchestrator.domain.models import DeadLetter, Job, JobEvent
 from orchestrator.domain.states import Status
 from orchestrator.facade.arguments import status_of, storable, tenants_named, uuid_of
 from orchestrator.facade.lifecycle import Lifecycle
+from orchestrator.storage.jobs import JobFilters
 from orchestrator.storage.rows import ApprovalRecord, StepRecord
 
 
@@ -46,17 +49,25 @@ class Reads:
         job_type: str | None,
         tenant_id: str | None,
         job_key: str | None,
+        agent_id: str | None,
+        created_after: datetime | None,
+        created_before: datetime | None,
         limit: int,
     ) -> list[Job]:
-        storable(job_type=job_type, tenant_id=tenant_id, job_key=job_key)
+        """The newest jobs that match: the API's read and filters, without its cursor."""
+        storable(job_type=job_type, tenant_id=tenant_id, job_key=job_key, agent_id=agent_id)
         tenants_named(tenant_id=tenant_id)
-        return await self._lifecycle.stores.jobs.list_jobs(
-            status=status_of(status) if status else None,
-            job_type=job_type,
-            tenant_id=tenant_id,
-            job_key=job_key,
-            limit=limit,
-        )
+        if created_after and created_before and created_after >= created_before:
+            raise InvalidArgument(
+                f"created_after: {created_after.isoformat()} is not before created_before"
+                f" ({created_before.isoformat()})"
+            )
+        filters = JobFilters(
+            status=status_of(status) if status else None, job_type=job_type,
+            tenant_id=tenant_id, agent_id=agent_id, job_key=job_key,
+            created_after=created_after, created_before=created_before,
+        )  # fmt: skip
+        return await self._lifecycle.stores.jobs.page(filters, before=None, limit=limit)
 
     async def dead_letters(
         self,

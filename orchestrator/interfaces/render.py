@@ -53,15 +53,24 @@ def describe(job: Job, events: list[JobEvent], steps: list[StepRecord] | None = 
     return "\n".join(lines)
 
 
+#: The columns' names over ``job_line``'s rows (the optional tenant, key and wait are named in
+#: the row).
+JOB_HEAD = f"{'ID':<36}  {'TYPE':<20} {'STATUS':<16} {'ATTEMPT':>7} {'RETRIES':>7}  CREATED"
+
+
 def job_line(job: Job) -> str:
     tenant = f"  tenant {job.tenant_id}" if job.tenant_id is not None else ""
     key = f"  key {job.job_key} rev {job.revision}" if job.job_key is not None else ""
     waiting = f"  {job.waiting_for}" if job.waiting_for is not None else ""
+    retries = f"{job.retry_count}/{job.max_retries}"
     return (
-        f"{job.id}  {job.job_type:<20} {job.status.value:<10} attempt {job.attempt:<3} "
-        f"retries {job.retry_count}/{job.max_retries}  {job.created_at:%Y-%m-%d %H:%M:%S}"
-        f"{tenant}{key}{waiting}"
+        f"{job.id}  {job.job_type:<20} {job.status.value:<16} {job.attempt:>7} {retries:>7}  "
+        f"{job.created_at:%Y-%m-%d %H:%M:%S}{tenant}{key}{waiting}"
     )
+
+
+#: Over ``flow_key_line``'s rows: each part after the key is named in the row.
+FLOW_KEY_HEAD = f"{'KEY':<32} LIMIT, USE, WAITING, PAUSE"
 
 
 def flow_key_line(k: FlowKey) -> str:
@@ -84,6 +93,10 @@ def flow_key_line(k: FlowKey) -> str:
     if k.rate_factor is not None and k.rate_factor < 1:
         parts.append(f"rate x{k.rate_factor:.2f} (429s without a hint)")
     return "  ".join(parts)
+
+
+#: Over ``dead_letter_line``'s rows.
+DEAD_LETTER_HEAD = f"{'DEAD LETTER':<36}  {'JOB':<40}  {'TYPE':<20} {'STATE':<18} [TENANT] ERROR"
 
 
 def dead_letter_line(letter: DeadLetter) -> str:
@@ -117,12 +130,20 @@ def describe_dead_letter(letter: DeadLetter) -> str:
     return "\n".join(lines)
 
 
+#: Over ``approval_line``'s rows.
+APPROVAL_HEAD = f"{'ID':<36}  {'JOB':<36}  {'STEP':>4}  {'STATUS':<9}  {'EXPIRES':<19}  QUESTION"
+
+
 def approval_line(a: ApprovalRecord) -> str:
     decided = f"  {a['status']} by {a['decided_by']}: {a['reason']}" if a["decided_by"] else ""
     return (
-        f"{a['id']}  job {a['job_id']}  step {a['step']}  {a['status']:<9} "
-        f"expires {a['expires_at']:%Y-%m-%d %H:%M:%S}  {a['question']}{decided}"
+        f"{a['id']}  {a['job_id']}  {a['step']:>4}  {a['status']:<9}  "
+        f"{a['expires_at']:%Y-%m-%d %H:%M:%S}  {a['question']}{decided}"
     )
+
+
+#: Over ``schedule_line``'s rows.
+SCHEDULE_HEAD = f"{'NAME':<24} {'TYPE':<20} {'WHEN':<32} {'NEXT':<26} LAST"
 
 
 def schedule_line(s: ScheduleView) -> str:
@@ -132,7 +153,7 @@ def schedule_line(s: ScheduleView) -> str:
     state = f"paused by {s.paused_by}" if s.paused else f"next {_utc(s.next_tick)}"
     last = f"last {_utc(s.last_tick)} job {s.last_job_id}" if s.last_tick else "never run"
     tenant = f"  tenant {s.tenant_id}" if s.tenant_id is not None else ""
-    return f"{s.name:<24} {s.job_type:<20} {when:<32} {state}  {last}{tenant}"
+    return f"{s.name:<24} {s.job_type:<20} {when:<32} {state:<26} {last}{tenant}"
 
 
 def _utc(when: datetime | None) -> str:

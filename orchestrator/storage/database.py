@@ -96,6 +96,12 @@ def start_embedded(data_dir: Path) -> str:
     key = data_dir.resolve()
     if key not in _embedded:
         embedded = Embedded(key)
+        if not embedded.pgdata.exists():  # a folder other than the usual one, often: say so
+            logger.warning(
+                "no embedded PostgreSQL in %s: creating a new, empty one (to use the one made"
+                " before, run from its folder or set ORCHESTRATOR_DATA_DIR; or set DATABASE_URL)",
+                key,
+            )
         if embedded.running() is None:
             logger.info("starting embedded PostgreSQL in %s", embedded.pgdata)
         try:

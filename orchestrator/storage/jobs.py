@@ -218,25 +218,6 @@ class JobStore:
         rows = await self.queries.rows("job_events", {"job_id": job_id})
         return [_event(row) for row in rows]
 
-    async def list_jobs(
-        self,
-        *,
-        status: Status | None = None,
-        job_type: str | None = None,
-        tenant_id: str | None = None,
-        job_key: str | None = None,
-        limit: int = 50,
-    ) -> list[Job]:
-        params = {
-            "status": status.value if status else None,
-            "job_type": job_type,
-            "tenant_id": tenant_id,
-            "job_key": job_key,
-            "limit": limit,
-        }
-        rows = await self.queries.rows("list_jobs", params)
-        return [Job.model_validate(row) for row in rows]
-
     async def page(self, filters: JobFilters, *, before: UUID | None, limit: int) -> list[Job]:
         """A page of jobs, newest first, older than ``before`` (the previous page's last id)."""
         params = {**filters.params(), "before": before, "limit": limit}

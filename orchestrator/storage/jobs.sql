@@ -46,21 +46,6 @@ SELECT j.*, w.blocked_on AS flow_blocked_on, k.paused_until AS flow_paused_until
 -- job_events --
 SELECT id, job_id, kind, at, payload FROM orc_job_events WHERE job_id = %(job_id)s ORDER BY id
 
--- list_jobs --
--- Newest first (ids are UUIDv7, so id order is creation order); a tenant's through
--- orc_jobs_tenant_id. A key is per tenant: without a tenant, every tenant's job with it.
-SELECT j.*, w.blocked_on AS flow_blocked_on, k.paused_until AS flow_paused_until
-  FROM (SELECT * FROM orc_jobs
-         WHERE (%(status)s::text IS NULL OR status = %(status)s)
-           AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s)
-           AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
-           AND (%(job_key)s::text IS NULL OR job_key = %(job_key)s)
-         ORDER BY id DESC
-         LIMIT %(limit)s) AS j
-  LEFT JOIN orc_flow_waiters AS w ON w.job_id = j.id
-  LEFT JOIN orc_flow_keys AS k ON k.key = w.key
- ORDER BY j.id DESC
-
 -- record_events --
 -- Append events (a JSON array of {job_id, kind, payload}) in order.
 INSERT INTO orc_job_events (job_id, kind, payload)

@@ -18,7 +18,7 @@ from uuid import UUID
 from fastapi import APIRouter, Depends, Header, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
-from pydantic import ValidationError
+from pydantic import BeforeValidator, ValidationError
 
 from orchestrator.app import JobSpec, Orchestrator
 from orchestrator.domain.errors import JobNotFound, SubmitError
@@ -111,7 +111,11 @@ def _owned(spec: JobSpec, caller: Principal, **update: object) -> JobSpec:
 async def list_jobs(
     orc: Orc,
     caller: Reader,
-    status_: Annotated[Status | None, Query(alias="status")] = None,
+    status_: Annotated[
+        Status | None,
+        BeforeValidator(lambda value: value.upper() if isinstance(value, str) else value),
+        Query(alias="status", description="in any case (failed or FAILED)"),
+    ] = None,
     job_type: Annotated[str | None, Query(max_length=200)] = None,
     tenant_id: TenantFilter = None,
     agent_id: Annotated[str | None, Query(max_length=200)] = None,

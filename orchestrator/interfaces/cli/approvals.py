@@ -24,7 +24,9 @@ def add_parsers(commands: Commands) -> None:
     )
     cmd = approvals.add_parser("list", help="list approvals (pending ones by default)")
     cmd.add_argument("--status", default="pending", type=str.lower, choices=APPROVAL_STATUSES)
-    cmd.add_argument("--limit", type=whole(1, MAX_LIMIT), default=50)
+    cmd.add_argument(
+        "--limit", type=whole(1, MAX_LIMIT), default=50, help="most shown (default 50)"
+    )
     cmd.set_defaults(handler=cmd_approvals_list)
     for action, done in (("approve", "approved"), ("reject", "rejected")):
         cmd = approvals.add_parser(action, help=f"{action} a waiting step")
@@ -37,8 +39,9 @@ def add_parsers(commands: Commands) -> None:
 @on_app
 async def cmd_approvals_list(args: argparse.Namespace, orc: Orchestrator) -> int:
     status = None if args.status == "all" else args.status
-    approvals = await orc.approvals(status=status, limit=args.limit)
-    print_list(approvals, render.approval_line, f"no {status + ' ' if status else ''}approvals")
+    approvals = await orc.approvals(status=status, limit=args.limit + 1)
+    empty = f"no {status + ' ' if status else ''}approvals"
+    print_list(approvals, render.approval_line, empty, head=render.APPROVAL_HEAD, limit=args.limit)
     return 0
 
 

@@ -29,7 +29,9 @@ def add_parsers(commands: Commands) -> None:
     cmd = dlq.add_parser("list", help="list dead letters, newest first")
     cmd.add_argument("--state", type=str.lower, choices=DEAD_LETTER_STATES)
     cmd.add_argument("--tenant", type=tenant, help="only this tenant's dead letters")
-    cmd.add_argument("--limit", type=whole(1, MAX_LIMIT), default=50)
+    cmd.add_argument(
+        "--limit", type=whole(1, MAX_LIMIT), default=50, help="most shown (default 50)"
+    )
     cmd.set_defaults(handler=cmd_dlq_list)
     cmd = dlq.add_parser("show", help="one dead letter: its job, error, review and payload")
     cmd.add_argument("dead_letter_id")
@@ -48,9 +50,12 @@ def add_parsers(commands: Commands) -> None:
 
 @on_app
 async def cmd_dlq_list(args: argparse.Namespace, orc: Orchestrator) -> int:
-    letters = await orc.dead_letters(state=args.state, tenant_id=args.tenant, limit=args.limit)
+    letters = await orc.dead_letters(state=args.state, tenant_id=args.tenant, limit=args.limit + 1)
     state = args.state + " " if args.state else ""
-    print_list(letters, render.dead_letter_line, f"no {state}dead letters{of_tenant(args.tenant)}")
+    empty = f"no {state}dead letters{of_tenant(args.tenant)}"
+    print_list(
+        letters, render.dead_letter_line, empty, head=render.DEAD_LETTER_HEAD, limit=args.limit
+    )
     return 0
 
 

@@ -9,9 +9,9 @@ import os
 from orchestrator.app import Orchestrator
 from orchestrator.interfaces import render
 from orchestrator.interfaces.cli.shared import (
-    SECONDS_PER_UNIT,
     Commands,
     cli_actor,
+    duration,
     on_app,
     print_list,
 )
@@ -40,16 +40,9 @@ def add_parsers(commands: Commands) -> None:
 
 
 def _seconds(text: str) -> float:
-    """A duration: seconds, or a number with s, m, h or d."""
-    units = SECONDS_PER_UNIT
-    number, unit = (text[:-1], units[text[-1]]) if text[-1:] in units else (text, 1)
-    try:
-        value = float(number) * unit
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a duration: {text!r} (e.g. 90, 30s, 10m, 2h)"
-        ) from None
-    if not 0 < value <= 86_400 * 30:
+    """A pause's length: a duration of 30 days at most."""
+    value = duration(text)
+    if value > 86_400 * 30:
         raise argparse.ArgumentTypeError(f"{text!r} is not between 0 and 30 days")
     return value
 
@@ -57,7 +50,7 @@ def _seconds(text: str) -> float:
 @on_app
 async def cmd_flow_list(args: argparse.Namespace, orc: Orchestrator) -> int:
     empty = "no flow keys (no job under a limit has been claimed yet)"
-    print_list(await orc.flow_keys(), render.flow_key_line, empty)
+    print_list(await orc.flow_keys(), render.flow_key_line, empty, head=render.FLOW_KEY_HEAD)
     return 0
 
 

@@ -22,8 +22,12 @@ from orchestrator.interfaces.cli.shared import (
     opened,
     print_list,
     tenant,
+    time_or_age,
     whole,
 )
+
+#: What ``orchestrator jobs`` shows without ``--limit`` (as the API's page).
+JOBS_SHOWN = 50
 
 
 def add_parsers(commands: Commands) -> None:
@@ -56,14 +60,29 @@ def add_parsers(commands: Commands) -> None:
     cmd.add_argument("job_id", nargs="?")
     cmd.set_defaults(handler=cmd_status)
 
-    cmd = commands.add_parser("jobs", help="list jobs, newest first")
-    cmd.add_argument("--status", type=str.upper, choices=[s.value for s in Status])
-    cmd.add_argument("--type", dest="job_type")
+    listed = (
+        f"list jobs, newest first ({JOBS_SHOWN} unless --limit; stderr says when more match),"
+        " by the API's filters"
+    )
+    cmd = commands.add_parser("jobs", help=listed, description=listed)
+    cmd.add_argument(
+        "--status", type=str.upper, choices=[s.value for s in Status], help="in any case"
+    )
+    cmd.add_argument("--type", dest="job_type", help="only jobs of this type")
     cmd.add_argument("--tenant", type=tenant, help="only this tenant's jobs")
+    cmd.add_argument("--agent", dest="agent_id", help="only this agent's jobs")
     cmd.add_argument(
         "--job-key", help="only jobs with this key (keys are per tenant: give --tenant for one)"
     )
-    cmd.add_argument("--limit", type=whole(1, MAX_LIMIT), default=50)
+    cmd.add_argument(
+        "--since", type=time_or_age,
+        help="created at or after: ISO 8601 with a timezone, or an age (30m, 24h, 7d)",
+    )  # fmt: skip
+    cmd.add_argument("--until", type=time_or_age, help="created before, as --since")
+    cmd.add_argument(
+        "--limit", type=whole(1, MAX_LIMIT), default=JOBS_SHOWN,
+        help=f"most jobs shown (default {JOBS_SHOWN})",
+    )  # fmt: skip
     cmd.set_defaults(handler=cmd_jobs)
 
 
@@ -115,13 +134,21 @@ async def cmd_status(args: argparse.Namespace, orc: Orchestrator) -> int:
 async def cmd_jobs(args: argparse.Namespace, orc: Orchestrator) -> int:
     jobs = await orc.list_jobs(
         status=args.status, job_type=args.job_type, tenant_id=args.tenant,
-        job_key=args.job_key, limit=args.limit,
+        job_key=args.job_key, agent_id=args.agent_id, created_after=args.since,
+        created_before=args.until, limit=args.limit + 1,
     )  # fmt: skip
     kind = f" of type {args.job_type}" if args.job_type else ""
     key = f" with key {args.job_key}" if args.job_key else ""
+    agent = f" of agent {args.agent_id}" if args.agent_id else ""
     status = args.status + " " if args.status else ""
-    print_list(jobs, render.job_line, f"no {status}jobs{kind}{key}{of_tenant(args.tenant)}")
+    empty = f"no {status}jobs{kind}{key}{agent}{of_tenant(args.tenant)}{_created(args)}"
+    print_list(jobs, render.job_line, empty, head=render.JOB_HEAD, limit=args.limit)
     return 0
+
+
+def _created(args: argparse.Namespace) -> str:
+    since = f" since {args.since.isoformat()}" if args.since else ""
+    return f"{since} until {args.until.isoformat()}" if args.until else since
 
 
 @on_app

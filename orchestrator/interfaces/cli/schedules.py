@@ -32,7 +32,8 @@ def add_parsers(commands: Commands) -> None:
 
 @on_app
 async def cmd_schedules_list(args: argparse.Namespace, orc: Orchestrator) -> int:
-    print_list(await orc.list_schedules(), render.schedule_line, "no schedules")
+    schedules = await orc.list_schedules()
+    print_list(schedules, render.schedule_line, "no schedules", head=render.SCHEDULE_HEAD)
     return 0
 
 

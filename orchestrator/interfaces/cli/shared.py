@@ -9,10 +9,12 @@ import asyncio
 import functools
 import getpass
 import importlib
+import math
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn, Protocol, TypeVar
 
 import psycopg
@@ -26,6 +28,7 @@ from retry_config.names import tenant_refusal
 
 MAX_LIMIT = 100_000  # rows a list command prints at most
 SECONDS_PER_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_AGE = re.compile(r"(\d+)([smhd])")
 T = TypeVar("T")
 
 
@@ -84,8 +87,11 @@ def _invalid(exc: ValidationError) -> list[str]:
             problems.append(f"{exc.title}: {message}")
             continue
         where = ".".join(str(part) for part in error["loc"])
+        if exc.title == "Settings" and where.lower() == "database_url":  # may hold a password
+            problems.append(f"DATABASE_URL: {message}")
+            continue
         if exc.title == "Settings":
-            where = "DATABASE_URL" if where == "database_url" else f"ORCHESTRATOR_{where.upper()}"
+            where = f"ORCHESTRATOR_{where.upper()}"
         problems.append(f"{where}: {message} (got {error['input']!r})")
     return problems
 
@@ -142,12 +148,28 @@ def opened(orc: Orchestrator, body: Callable[[Orchestrator], Awaitable[T]]) -> T
     return asyncio.run(go())
 
 
-def print_list(rows: Sequence[T], line: Callable[[T], str], empty: str) -> None:
-    """Each row on a line of its own; no row, ``empty`` said as ``nothing`` says it."""
-    for row in rows:
+def print_list(
+    rows: Sequence[T],
+    line: Callable[[T], str],
+    empty: str,
+    *,
+    head: str | None = None,
+    limit: int | None = None,
+) -> None:
+    """Each row on a line of its own, under ``head`` (the columns' names) when a person reads
+    it (stdout a terminal: a script reading a pipe gets the rows alone, as always); no row,
+    ``empty`` said as ``nothing`` says it. Rows read one past ``limit`` (a cheap "is there
+    more?", where counting them all would read every match) print the first ``limit`` and say
+    on stderr that the list is cut."""
+    shown = rows if limit is None else rows[:limit]
+    if shown and head is not None and sys.stdout.isatty():
+        print(head)
+    for row in shown:
         print(line(row))
     if not rows:
         nothing(empty)
+    elif len(shown) < len(rows):
+        nothing(f"the first {limit} shown; more match (--limit to see more)")
 
 
 def nothing(line: str) -> None:
@@ -197,6 +219,35 @@ def tenant(value: str) -> str:
 
 def csv_list(value: str) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def duration(text: str) -> float:
+    """A duration in seconds, given as seconds or a number with s, m, h or d: 90, 30s, 10m,
+    2h (``flow pause --for``, ``stats --step``)."""
+    units = SECONDS_PER_UNIT
+    number, unit = (text[:-1], units[text[-1]]) if text[-1:] in units else (text, 1)
+    try:
+        value = float(number) * unit
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"not a duration: {_clip_arg(text)} (e.g. 90, 30s, 10m, 2h)"
+        )
+    return value
+
+
+def time_or_age(value: str) -> datetime:
+    """An ISO 8601 time with a timezone, or an age before now: ``30m``, ``24h``, ``7d``."""
+    if age := _AGE.fullmatch(value.strip()):
+        seconds = int(age.group(1)) * SECONDS_PER_UNIT[age.group(2)]
+        if seconds > 100 * 366 * 86400:
+            raise argparse.ArgumentTypeError(f"{value!r} is more than a hundred years ago")
+        return datetime.now(UTC) - timedelta(seconds=seconds)
+    try:
+        return iso_time(value)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; or give an age such as 30m, 24h, 7d") from None
 
 
 def iso_time(value: str) -> datetime:

@@ -9,10 +9,10 @@ from orchestrator.interfaces import render
 from orchestrator.interfaces.cli.shared import (
     Commands,
     csv_list,
-    iso_time,
+    duration,
     on_app,
     tenant,
-    whole,
+    time_or_age,
 )
 
 
@@ -20,16 +20,33 @@ def add_parsers(commands: Commands) -> None:
     cmd = commands.add_parser(
         "stats", help="jobs finished per step and the queue depth, from the rollups"
     )
-    cmd.add_argument("--from", dest="since", type=iso_time, help="start (default: an hour ago)")
-    cmd.add_argument("--to", dest="until", type=iso_time, help="end (default: now)")
     cmd.add_argument(
-        "--step", type=whole(60, 366 * 86400),
-        help="seconds per point, whole minutes (default 60; 3600 past a day)",
+        "--from", dest="since", type=time_or_age,
+        help="start: ISO 8601 with a timezone, or an age (30m, 24h, 7d); default: an hour ago",
     )  # fmt: skip
-    cmd.add_argument("--by", type=csv_list, default=[], help="split by job_type, queue, tenant")
+    cmd.add_argument("--to", dest="until", type=time_or_age, help="end, as --from (default: now)")
+    cmd.add_argument(
+        "--step", type=_step,
+        help="per point: whole minutes, as seconds or 5m, 1h, 1d (default 1m; 1h past a day)",
+    )  # fmt: skip
+    cmd.add_argument(
+        "--by", type=csv_list, default=[],
+        help="split by any of job_type (or type), queue, tenant, comma-separated",
+    )  # fmt: skip
     cmd.add_argument("--tenant", type=tenant, help="only this tenant's jobs")
     cmd.add_argument("--json", action="store_true", help="print the API's JSON document")
     cmd.set_defaults(handler=cmd_stats)
+
+
+def _step(text: str) -> int:
+    """A step: a duration of whole seconds, from a minute to a year (the rollups say whether
+    they can answer it: whole minutes, whole hours past a day)."""
+    value = duration(text)
+    if not value.is_integer() or not 60 <= value <= 366 * 86400:
+        raise argparse.ArgumentTypeError(
+            f"must be whole seconds from 1m to 366d, got {text!r} (e.g. 60, 5m, 1h)"
+        )
+    return int(value)
 
 
 @on_app

@@ -54,8 +54,12 @@ async def cmd_tokens_create(args: argparse.Namespace, orc: Orchestrator) -> int:
 
 @on_app
 async def cmd_tokens_list(args: argparse.Namespace, orc: Orchestrator) -> int:
-    print_list(await orc.stores.tokens.list_tokens(), _token_line, "no tokens")
+    tokens = await orc.stores.tokens.list_tokens()
+    print_list(tokens, _token_line, "no tokens", head=_TOKEN_HEAD)
     return 0
+
+
+_TOKEN_HEAD = f"{'NAME':<24} {'SCOPES':<28} {'TENANTS':<24} STATE"
 
 
 def _token_line(t: TokenInfo) -> str:
