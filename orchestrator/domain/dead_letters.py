@@ -36,7 +36,8 @@ BECOMES: dict[Action, str] = {
 @dataclass(frozen=True)
 class LetterFilter:
     """Which letters a bulk action takes (besides the states it can take): of this job type,
-    of this tenant, whose error has ``error`` in its code, message or class (any case); None: any. ``LetterFilter()``: every letter."""
+    of this tenant, whose error has ``error`` in its code, message or class (any case); None:
+    any. ``LetterFilter()``: every letter."""
 
     job_type: str | None = None
     tenant_id: str | None = None
