@@ -7,13 +7,11 @@ and each bulk call bounded (``more``: the rest is left for the next call)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -25,8 +23,9 @@ from orchestrator.domain.dead_letters import BULK_MAX, LetterFilter
 from orchestrator.domain.principals import Scope
 from orchestrator.facade import actions
 from tests.support.api_server import APP, ROOT, ApiServer, api_orchestrator, token
+from tests.support.letters import error_of, plant
 
-FAR = datetime.now(UTC) + timedelta(days=365)
+OK = {"script": ["ok"]}
 
 
 @pytest.fixture(scope="module")
@@ -40,31 +39,6 @@ async def orc(make_orc: Callable[..., Orchestrator]) -> Orchestrator:
     return await api_orchestrator(make_orc)
 
 
-def error_of(code: str, message: str, classification: str) -> str:
-    return json.dumps({
-        "ts": "2026-11-21T00:00:00Z", "message": message, "code": code,
-        "classification": classification, "attempt": 1, "max_attempts": 1, "terminal": True,
-    })  # fmt: skip
-
-
-async def plant(
-    orc: Orchestrator, db: psycopg.AsyncConnection[Any], tenant: str, job_type: str,
-    error: str,
-) -> str:  # fmt: skip
-    """A dead letter of a job of ``tenant`` (never run: due in a year), as a terminal failure
-    writes it (its tenant from its job's); its id."""
-    payload = {"script": ["ok"]} if job_type == "scripted" else {"output": 1}
-    job_id = await orc.submit(job_type, payload, tenant_id=tenant, run_at=FAR)
-    cur = await db.execute(
-        "INSERT INTO orc_dead_letters (id, job_id, job_type, payload, error)"
-        " VALUES (gen_random_uuid(), %s, %s, %s, %s) RETURNING id",
-        (job_id, job_type, json.dumps(payload), error),
-    )
-    row = await cur.fetchone()
-    assert row is not None
-    return str(row[0])
-
-
 async def plant_both(orc: Orchestrator, db: psycopg.AsyncConnection[Any]) -> dict[str, str]:
     """Tenant a: two scripted letters (HTTP 400, one requeued already) and an external one
     (a timeout); tenant b: a scripted letter (HTTP 400)."""
@@ -73,10 +47,10 @@ async def plant_both(orc: Orchestrator, db: psycopg.AsyncConnection[Any]) -> dic
         error_of("TIMEOUT", "the deadline passed", "TRANSIENT_INFRA"),
     )
     letters = {
-        "a_bad": await plant(orc, db, "a", "scripted", bad),
-        "a_done": await plant(orc, db, "a", "scripted", bad),
-        "a_slow": await plant(orc, db, "a", "external_echo", slow),
-        "b_bad": await plant(orc, db, "b", "scripted", bad),
+        "a_bad": await plant(orc, db, "a", "scripted", bad, OK),
+        "a_done": await plant(orc, db, "a", "scripted", bad, OK),
+        "a_slow": await plant(orc, db, "a", "external_echo", slow, {"output": 1}),
+        "b_bad": await plant(orc, db, "b", "scripted", bad, OK),
     }
     await orc.requeue_dead_letter(letters["a_done"])
     return letters
@@ -218,7 +192,7 @@ async def test_a_bulk_action_takes_at_most_its_bound_and_says_more_match(
 ) -> None:
     monkeypatch.setattr(actions, "BULK_MAX", 2)
     bad = error_of("HTTP_400", "400 Bad Request", "PERMANENT")
-    planted = [await plant(orc, db, "a", "scripted", bad) for _ in range(3)]
+    planted = [await plant(orc, db, "a", "scripted", bad, OK) for _ in range(3)]
     first = await orc.requeue_dead_letters(matching=LetterFilter(tenant_id="a"))
     assert (first.done, first.more) == (2, True)
     second = await orc.requeue_dead_letters(matching=LetterFilter(tenant_id="a"))
