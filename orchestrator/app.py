@@ -509,43 +509,51 @@ class Orchestrator:
 
     async def review_dead_letters(
         self, action: Action, ids: Sequence[UUID | str] | None = None, *,
-        matching: LetterFilter | None = None, by: str = "", reason: str = "",
-        tenants: Collection[str] | None = None,
+        job_type: str | None = None, tenant_id: str | None = None, error: str | None = None,
+        by: str = "", reason: str = "", tenants: Collection[str] | None = None,
     ) -> BulkReview:  # fmt: skip
         """``action`` (``requeue``, ``discard-request``, ``discard-confirm``) on the letters
-        given by id, or on those ``matching`` takes (``LetterFilter()``: all) in a state the
-        action takes, at most BULK_MAX a call (``more``: call again), each in its own
-        transaction; ``tenants``: only these tenants' letters. Each letter's outcome
-        (docs/operations.md, "Dead letters")."""
+        given by id, or (no ids) on those of the given type, tenant and error (as
+        dead_letters'; none: all) in a state the action takes, at most BULK_MAX a call
+        (``more``: call again), each in its own transaction; ``tenants``: only these tenants'
+        letters. Each letter's outcome (docs/operations.md, "Dead letters")."""
+        matching = LetterFilter(job_type, tenant_id, error)
         return await self._actions.review_dead_letters(
             action, ids, matching=matching, by=by, reason=reason, tenants=tenants
         )
 
     async def requeue_dead_letters(
-        self, ids: Sequence[UUID | str] | None = None, *, matching: LetterFilter | None = None,
+        self, ids: Sequence[UUID | str] | None = None, *, job_type: str | None = None,
+        tenant_id: str | None = None, error: str | None = None,
         tenants: Collection[str] | None = None,
     ) -> BulkReview:  # fmt: skip
-        """Requeue these letters, or the open ones ``matching`` takes (review_dead_letters)."""
-        return await self.review_dead_letters("requeue", ids, matching=matching, tenants=tenants)
+        """Requeue these letters, or the open ones matching the filters (review_dead_letters)."""
+        return await self.review_dead_letters(
+            "requeue", ids, job_type=job_type, tenant_id=tenant_id, error=error, tenants=tenants
+        )
 
     async def request_discards(
         self, ids: Sequence[UUID | str] | None = None, *, by: str, reason: str,
-        matching: LetterFilter | None = None, tenants: Collection[str] | None = None,
+        job_type: str | None = None, tenant_id: str | None = None, error: str | None = None,
+        tenants: Collection[str] | None = None,
     ) -> BulkReview:  # fmt: skip
         """The first review of each letter's discard (of the recorded ones)."""
         return await self.review_dead_letters(
-            "discard-request", ids, matching=matching, by=by, reason=reason, tenants=tenants
-        )
+            "discard-request", ids, job_type=job_type, tenant_id=tenant_id, error=error, by=by,
+            reason=reason, tenants=tenants,
+        )  # fmt: skip
 
     async def confirm_discards(
         self, ids: Sequence[UUID | str] | None = None, *, by: str,
-        matching: LetterFilter | None = None, tenants: Collection[str] | None = None,
+        job_type: str | None = None, tenant_id: str | None = None, error: str | None = None,
+        tenants: Collection[str] | None = None,
     ) -> BulkReview:  # fmt: skip
         """The second review of each letter's discard (of those requested): refused, letter by
         letter, where ``by`` is the person who requested it."""
         return await self.review_dead_letters(
-            "discard-confirm", ids, matching=matching, by=by, tenants=tenants
-        )
+            "discard-confirm", ids, job_type=job_type, tenant_id=tenant_id, error=error, by=by,
+            tenants=tenants,
+        )  # fmt: skip
 
     async def approve(self, approval_id: UUID | str, *, by: str, reason: str = "") -> None:
         """Approve a waiting step: its job resumes from its last checkpoint (no budget used)."""

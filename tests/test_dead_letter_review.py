@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from orchestrator import Orchestrator
-from orchestrator.domain.dead_letters import BULK_MAX, LetterFilter
+from orchestrator.domain.dead_letters import BULK_MAX
 from orchestrator.domain.principals import Scope
 from orchestrator.facade import actions
 from tests.support.api_server import APP, ROOT, ApiServer, api_orchestrator, token
@@ -193,16 +193,16 @@ async def test_a_bulk_action_takes_at_most_its_bound_and_says_more_match(
     monkeypatch.setattr(actions, "BULK_MAX", 2)
     bad = error_of("HTTP_400", "400 Bad Request", "PERMANENT")
     planted = [await plant(orc, db, "a", "scripted", bad, OK) for _ in range(3)]
-    first = await orc.requeue_dead_letters(matching=LetterFilter(tenant_id="a"))
+    first = await orc.requeue_dead_letters(tenant_id="a")
     assert (first.done, first.more) == (2, True)
-    second = await orc.requeue_dead_letters(matching=LetterFilter(tenant_id="a"))
+    second = await orc.requeue_dead_letters(tenant_id="a")
     assert (second.done, second.more) == (1, False)
     taken = [o.dead_letter_id for o in [*first.outcomes, *second.outcomes]]
     assert sorted(map(str, taken)) == sorted(planted)
     with pytest.raises(ValueError, match="ids: at most 2 letters a call"):
         await orc.requeue_dead_letters(planted)
-    with pytest.raises(ValueError, match="ids: give the letters' ids or a filter"):
-        await orc.requeue_dead_letters()
+    with pytest.raises(ValueError, match="ids: give the letters' ids or filters, not both"):
+        await orc.requeue_dead_letters(planted[:1], tenant_id="a")
 
 
 def cli(dsn: str, *argv: str) -> subprocess.CompletedProcess[str]:

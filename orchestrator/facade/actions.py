@@ -99,23 +99,24 @@ class OperatorActions:
     async def review_dead_letters(
         self,
         action: Action,
-        ids: Sequence[UUID | str] | None = None,
+        ids: Sequence[UUID | str] | None,
         *,
-        matching: LetterFilter | None = None,
-        by: str = "",
-        reason: str = "",
-        tenants: Collection[str] | None = None,
+        matching: LetterFilter,
+        by: str,
+        reason: str,
+        tenants: Collection[str] | None,
     ) -> BulkReview:
-        """``action`` on each letter given by id, or on each letter the action can take that
-        ``matching`` takes, at most BULK_MAX, newest first: each in its own transaction, as
-        one letter's action would be (the two-person rule too, per letter). ``tenants``: only
-        letters of these tenants are taken; an id of another's is ``not_found``, as one that
-        does not exist."""
-        if (ids is None) == (matching is None):
-            raise InvalidArgument("ids: give the letters' ids or a filter (matching), not both")
-        job_type, tenant_id, error = astuple(matching) if matching else (None, None, None)
-        storable(job_type=job_type, tenant_id=tenant_id, error=error, tenants=tenants)
+        """``action`` on each letter given by id, or (no ids) on each letter the action can
+        take that ``matching`` takes, at most BULK_MAX, newest first: each in its own
+        transaction, as one letter's action would be (the two-person rule too, per letter).
+        ``tenants``: only letters of these tenants are taken; an id of another's is
+        ``not_found``, as one that does not exist."""
+        job_type, tenant_id, error = astuple(matching)
+        storable(job_type=job_type, tenant_id=tenant_id, error=error, by=by, reason=reason,
+                 tenants=tenants)  # fmt: skip
         tenants_named(tenant_id=tenant_id, tenants=tenants)
+        if ids is not None and matching != LetterFilter():
+            raise InvalidArgument("ids: give the letters' ids or filters, not both")
         if action == "discard-request" and not reason.strip():
             raise InvalidArgument("reason: a discard needs a reason")
         store = self._lifecycle.stores.dead_letters

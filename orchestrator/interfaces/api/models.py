@@ -12,7 +12,7 @@ from fastapi import Query
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator.app import JobSpec
-from orchestrator.domain.dead_letters import BULK_MAX, LetterFilter
+from orchestrator.domain.dead_letters import BULK_MAX
 from orchestrator.domain.flow import FlowKey
 from orchestrator.domain.models import DeadLetter, Job, JobEvent, QueueStats
 from orchestrator.domain.policy import Budget, max_attempts
@@ -123,13 +123,6 @@ class LetterSelection(_In):
     @property
     def filtered(self) -> bool:
         return (self.job_type, self.tenant_id, self.error) != (None, None, None)
-
-    @property
-    def matching(self) -> LetterFilter | None:
-        """The filter, when no ids are given (none given either: every letter)."""
-        if self.dead_letter_ids is not None:
-            return None
-        return LetterFilter(self.job_type, self.tenant_id, self.error)
 
 
 class DiscardSelection(LetterSelection):

@@ -72,17 +72,23 @@ async def list_dead_letters(
 async def requeue_many(body: LetterSelection, orc: Orc, caller: Operator) -> BulkReview:
     """Requeue the letters given, or every open one matching the filters: at most 500 a call
     (``more``: call again), each in its own transaction, each letter's outcome said."""
-    return await orc.requeue_dead_letters(
-        body.dead_letter_ids, matching=body.matching, tenants=caller.tenants
+    return await orc.review_dead_letters(
+        "requeue",
+        body.dead_letter_ids,
+        job_type=body.job_type,
+        tenant_id=body.tenant_id,
+        error=body.error,
+        tenants=caller.tenants,
     )
 
 
 @router.post("/dead-letters/discard-request", tags=["dead letters"])
 async def request_discards(body: DiscardSelection, orc: Orc, caller: Operator) -> BulkReview:
     """The first review of each letter's discard (of the recorded ones), with one reason."""
-    return await orc.request_discards(
-        body.dead_letter_ids, matching=body.matching, by=caller.actor, reason=body.reason,
-        tenants=caller.tenants,
+    return await orc.review_dead_letters(
+        "discard-request", body.dead_letter_ids, job_type=body.job_type,
+        tenant_id=body.tenant_id, error=body.error, by=caller.actor,
+        reason=body.reason, tenants=caller.tenants,
     )  # fmt: skip
 
 
@@ -90,9 +96,11 @@ async def request_discards(body: DiscardSelection, orc: Orc, caller: Operator) -
 async def confirm_discards(body: LetterSelection, orc: Orc, caller: Operator) -> BulkReview:
     """The second review of each letter's discard (of those requested): refused, per letter,
     where this principal's person requested it."""
-    return await orc.confirm_discards(
-        body.dead_letter_ids, matching=body.matching, by=caller.actor, tenants=caller.tenants
-    )
+    return await orc.review_dead_letters(
+        "discard-confirm", body.dead_letter_ids, job_type=body.job_type,
+        tenant_id=body.tenant_id, error=body.error, by=caller.actor,
+        tenants=caller.tenants,
+    )  # fmt: skip
 
 
 @router.get("/dead-letters/{dead_letter_id}", tags=["dead letters"])

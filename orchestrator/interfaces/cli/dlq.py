@@ -8,7 +8,7 @@ import argparse
 from uuid import UUID
 
 from orchestrator.app import Orchestrator
-from orchestrator.domain.dead_letters import BULK_MAX, SHOWN, BulkReview, LetterFilter
+from orchestrator.domain.dead_letters import BULK_MAX, SHOWN, BulkReview
 from orchestrator.domain.errors import DeadLetterNotFound
 from orchestrator.facade.arguments import uuid_of
 from orchestrator.interfaces import render
@@ -103,7 +103,10 @@ async def cmd_dlq_requeue(args: argparse.Namespace, orc: Orchestrator) -> int:
         print(await orc.requeue_dead_letter(single))
         return 0
     ids = await _ids(args, orc)
-    return _said(await orc.requeue_dead_letters(ids, matching=_matching(args, ids)), args)
+    review = await orc.requeue_dead_letters(
+        ids, job_type=args.job_type, tenant_id=args.tenant, error=args.error
+    )
+    return _said(review, args)
 
 
 @on_app
@@ -116,10 +119,13 @@ async def cmd_dlq_discard(args: argparse.Namespace, orc: Orchestrator) -> int:
     ids = await _ids(args, orc)
     if args.reason is not None:
         review = await orc.request_discards(
-            ids, by=by, reason=args.reason, matching=_matching(args, ids)
-        )
+            ids, by=by, reason=args.reason, job_type=args.job_type, tenant_id=args.tenant,
+            error=args.error,
+        )  # fmt: skip
     else:
-        review = await orc.confirm_discards(ids, by=by, matching=_matching(args, ids))
+        review = await orc.confirm_discards(
+            ids, by=by, job_type=args.job_type, tenant_id=args.tenant, error=args.error
+        )
     return _said(review, args)
 
 
@@ -163,10 +169,6 @@ async def _ids(args: argparse.Namespace, orc: Orchestrator) -> list[UUID] | None
             f"at most {BULK_MAX} dead letter ids a run, got {len(args.dead_letter_ids)}"
         )
     return [await _letter_id(orc, given) for given in args.dead_letter_ids]
-
-
-def _matching(args: argparse.Namespace, ids: list[UUID] | None) -> LetterFilter | None:
-    return LetterFilter(args.job_type, args.tenant, args.error) if ids is None else None
 
 
 async def _letter_id(orc: Orchestrator, given: str) -> UUID:

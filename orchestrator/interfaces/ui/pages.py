@@ -522,9 +522,11 @@ async def dead_letters_bulk(
         return _back(back, error="tick the letters to act on, or choose all matching the filter")
     tenants, actor = session.principal.tenants, session.principal.actor
     try:
+        chosen = _letter_filter(form) if matching else LetterFilter()
         review = await orc.review_dead_letters(
-            taken, None if matching else ids, by=actor, reason=reason, tenants=tenants,
-            matching=_letter_filter(form) if matching else None,
+            taken, None if matching else ids, job_type=chosen.job_type,
+            tenant_id=chosen.tenant_id, error=chosen.error, by=actor, reason=reason,
+            tenants=tenants,
         )  # fmt: skip
     except OrchestratorError as exc:
         return _back(back, error=str(exc))
