@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from orchestrator import Orchestrator
+from orchestrator.client import AsyncClient
 from orchestrator.domain.dead_letters import BULK_MAX
 from orchestrator.domain.principals import Scope
 from orchestrator.facade import actions
@@ -184,7 +185,14 @@ async def test_a_bulk_discard_takes_two_people_letter_by_letter(
         assert answer.status_code == 422 and "not both" in answer.text
     discarded = await orc.dead_letter(ids["a_bad"])
     assert (discarded.discard_requested_by, discarded.discarded_by) == ("token:alice", "token:bob")
-    assert (await orc.dead_letter(ids["a_slow"])).state == "recorded"
+    # the Python client's bulk calls: the same endpoints
+    async with AsyncClient(server.url, alice) as api, AsyncClient(server.url, bob) as other:
+        asked_by_client = await api.request_discards("stale", [ids["a_slow"]])
+        assert [o.outcome for o in asked_by_client.outcomes] == ["discard_requested"]
+        assert (await api.confirm_discards(job_type="external_echo")).refused == 1
+        assert (await other.confirm_discards(job_type="external_echo")).done == 1
+        assert (await other.requeue_many(tenant_id="a")).outcomes == []
+    assert (await orc.dead_letter(ids["a_slow"])).state == "discarded"
 
 
 async def test_a_bulk_action_takes_at_most_its_bound_and_says_more_match(
