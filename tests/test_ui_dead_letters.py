@@ -53,6 +53,7 @@ async def test_the_page_filters_and_requeues_the_letters_ticked_or_all_matching(
     await page.get_by_role("button", name="Filter").click()
     await page.wait_for_url(re.compile(r"type=scripted"))
     assert await shown(page) == set(bad)
+    assert await page.get_by_role("alert").count() == 0  # a filter is no refusal
 
     # the one ticked
     await page.locator(f"li[data-letter='{bad[0]}'] input[type=checkbox]").check()
@@ -65,6 +66,7 @@ async def test_the_page_filters_and_requeues_the_letters_ticked_or_all_matching(
     await page.get_by_label(re.compile("all matching the filter")).check()
     await page.locator("#bulk").get_by_role("button", name="Requeue").click()
     assert "requeued: 2 of 2" in await said(page, "status")
+    assert await page.get_by_role("alert").count() == 0
     assert {(await orc.dead_letter(i)).state for i in bad} == {"requeued"}
     assert {(await orc.dead_letter(i)).state for i in (slow, theirs)} == {"recorded"}
     assert (

@@ -440,8 +440,9 @@ async def _acted(to: str, note: str, action: Any) -> RedirectResponse:
 # -- dead letters -----------------------------------------------------------------------------
 
 
-#: The dead-letter page's filters: query parameter -> the facade's argument.
-LETTER_FILTERS = {"type": "job_type", "tenant": "tenant_id", "error": "error"}
+#: The dead-letter page's filters: query parameter -> the facade's argument (``failure``, not
+#: ``error``: a page's ``error`` is the refusal it shows).
+LETTER_FILTERS = {"type": "job_type", "tenant": "tenant_id", "failure": "error"}
 
 
 def _letter_filter(values: Any) -> LetterFilter:
