@@ -97,7 +97,8 @@ Where each part of the code is tested:
                               (a Node.js worker); what the external workers' endpoints write:
                               test_external_contract; the token cache's window, for
                               streams and long-polls too: test_token_cache; who sees a lease token: test_lease_token; the
-                              dashboard: test_ui (a real Chromium), test_ui_views, its
+                              dashboard: test_ui (a real Chromium), a job's page (its summary,
+                              approvals, steps, transcript): test_ui_job_page, test_ui_views, its
                               session and CSRF rules over HTTP: test_ui_session; the string
                               rule, everywhere: test_strings; who may call what (every
                               operation and page x every credential): test_authorization;

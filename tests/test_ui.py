@@ -272,10 +272,10 @@ async def test_a_job_page_shows_its_timeline_steps_and_ledger(
     kinds = await timeline.locator("strong").all_inner_texts()
     assert kinds[0] == "job.created" and kinds.count("job.checkpointed") == 3
     checkpointed = timeline.filter(has=page.locator("strong", has_text="job.checkpointed")).first
-    assert "step" in await checkpointed.locator("dl.payload").inner_text()  # readable, not JSON
-    steps = page.locator("table.steps")
-    assert await steps.locator("tr.checkpoint").count() == 3
-    effect = steps.locator("tr.side_effect")
+    assert "step 1" in await checkpointed.locator(".what").inner_text()  # readable, not JSON
+    steps = page.locator("ol.steps")
+    assert await steps.locator("li.checkpoint").count() == 3
+    effect = steps.locator("li.side_effect")
     assert await effect.count() == 1 and "committed" in await effect.inner_text()
     await shot(page, "job")
     await page.set_viewport_size({"width": 390, "height": 844})

@@ -4,6 +4,7 @@ the retrying layer, the backoff schedules, durations, readable payloads and the 
 from __future__ import annotations
 
 import math
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.domain.classification import ErrorClass
+from orchestrator.domain.models import Job, JobEvent
 from orchestrator.interfaces.ui import views
 from retry_config import BackoffConfig, JobRetryConfig, ProportionalJitter
 
@@ -111,3 +113,99 @@ def test_a_chart_draws_each_line_to_scale_up_to_what_is_known() -> None:
     assert views.chart("e", steps, {"completed": {}}, unit="", known_until=None).empty
     day = views.steps_of(T0, T0 + timedelta(days=1), 3600)
     assert views.chart("f", day, {}, unit="", known_until=None).start == "Sun 12:00 UTC"
+
+
+# -- a job's page -----------------------------------------------------------------------------
+
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+def _job(**fields: object) -> Job:
+    return Job.model_validate({
+        "id": uuid.uuid4(), "job_type": "fetch", "status": "PENDING", "payload": {},
+        "queue": "default", "priority": 0, "run_at": NOW, "attempt": 0, "max_attempts": 3,
+        "dispatch_attempt": 0, "retry_count": 0, "max_retries": 2, "next_retry_at": None,
+        "heartbeat_at": None, "locked_by": None, "procrastinate_job_id": None,
+        "last_error": None, "job_key": None, "agent_id": None, "trace_id": "t",
+        "tenant_id": None, "timeout_seconds": None, "replay_of": None, "created_at": NOW,
+        "updated_at": NOW, "started_at": None, "finished_at": None, **fields,
+    })  # fmt: skip
+
+
+def _event(kind: str, **payload: object) -> JobEvent:
+    return JobEvent(id=1, job_id=uuid.uuid4(), kind=kind, at=NOW, payload=payload)
+
+
+def test_a_retrying_job_s_summary_says_why_when_and_which_attempt_of_its_ceiling() -> None:
+    error = {"ts": NOW, "message": "429 Too Many Requests\nmore", "code": "HTTP_429",
+             "classification": "TRANSIENT_APP", "attempt": 2, "terminal": False}  # fmt: skip
+    job = _job(status="RETRY", attempt=2, last_error=error,
+               next_retry_at=NOW + timedelta(seconds=40))  # fmt: skip
+    events = [_event("job.running", attempt=1, worker="w", max_attempts=12),
+              _event("job.retry_scheduled", layer="app", backoff_ms=40_000, retry_count=1,
+                     max_attempts=4)]  # fmt: skip
+    said = views.summary(job, events, None, None, NOW)
+    assert (
+        said.why == "a transient failure (retried with backoff while retries last): "
+        "HTTP_429: 429 Too Many Requests"
+    )
+    assert said.next == "retries at 03:04:45 UTC, attempt 3 of at most 4 (app layer)"
+    assert said.notified is None
+    lines = [line.text for line in views.event_lines(events)]
+    assert lines == ["attempt 1 on w · at most 12 attempts from here",
+                     "app backoff 40.00s, retry 1 · at most 4 attempts from here"]  # fmt: skip
+
+
+def test_a_failed_job_s_summary_says_who_was_told() -> None:
+    job = _job(status="FAILED")
+    nobody = _event("job.degraded", action="notify_human", message="Manual review required.")
+    said = views.summary(job, [nobody], None, None, NOW)
+    assert said.notified == (
+        "nobody notified (ORCHESTRATOR_ESCALATION_TARGET is unset): Manual review required."
+    )
+    someone = _event("job.degraded", action="notify_human", message="Manual review required.",
+                     escalation_job_id="e1")  # fmt: skip
+    assert views.summary(job, [someone], None, None, NOW).notified.startswith(  # type: ignore[union-attr]
+        "a person is notified (job e1)"
+    )
+
+
+@given(st.lists(st.uuids(), unique=True, max_size=30), st.binary(min_size=6, max_size=6))
+def test_each_id_is_shown_by_a_prefix_no_other_id_of_its_list_shares(
+    ids: list[uuid.UUID], shared: bytes
+) -> None:
+    close = [uuid.UUID(bytes=shared + i.bytes[6:]) for i in ids]  # UUIDv7's: the same time
+    for listed in (ids, list(dict.fromkeys(close))):
+        shown = views.short_ids(listed)
+        for i in listed:
+            prefix = shown[i].removesuffix("…")
+            assert str(i).startswith(prefix) and len(prefix) >= 8
+            assert not any(str(j).startswith(prefix) for j in listed if j != i)
+
+
+def test_an_agent_s_result_reads_as_turns_with_their_tool_calls_and_answer() -> None:
+    result = {
+        "messages": [
+            {"role": "user", "content": "tell the team"},
+            {"role": "assistant", "content": [
+                {"type": "text", "text": "Sending."},
+                {"type": "tool_use", "id": "t1", "name": "send_message", "input": {"text": "hi"}},
+            ]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                          "content": "sent"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "Done. " * 400}]},
+        ],
+        "tool_calls": [{"step": 1, "id": "t1", "tool": "send_message", "args": {"text": "hi"},
+                        "output": {"id": 7}, "error": None}],
+        "steps": 2, "answer": "Done. " * 400,
+    }  # fmt: skip
+    shown = views.transcript(result)
+    assert shown is not None and shown.answer == "Done. " * 400  # whole
+    assert [(t.role, t.text) for t in shown.turns] == [
+        ("user", "tell the team"),
+        ("assistant", "Sending."),
+    ]  # the last one is the answer
+    [call] = shown.turns[1].calls
+    assert (call.tool, call.args, call.output) == ("send_message", '{"text": "hi"}', '{"id": 7}')
+    assert views.transcript({"answer": "not an agent's"}) is None
+    assert views.transcript([1, 2]) is None

@@ -82,17 +82,21 @@ SELECT f.job_id, 'job.maintenance_failed', f.payload
 RETURNING job_id
 
 -- job_steps --
--- A job's checkpoints and side effects, for `orchestrator status` and the demo.
-SELECT 'checkpoint' AS kind, step, NULL AS invocation_id, NULL AS name, NULL AS status,
-       state AS detail, attempt, created_at AS at
-  FROM orc_checkpoints WHERE job_id = %(job_id)s
-UNION ALL
-SELECT 'side_effect', step, invocation_id, name, status,
-       jsonb_build_object('args', args, 'result', result, 'error', error,
-                          'reconciled', reconciled),
-       attempt, updated_at
-  FROM orc_side_effects WHERE job_id = %(job_id)s
- ORDER BY step, at
+-- A job's checkpoints and side effects, for `orchestrator status`, the job's page and the demo:
+-- step by step, each step's side effects in the order they began (`at`), then its checkpoint
+-- (which commits them: its time is not theirs to be sorted among).
+SELECT kind, step, invocation_id, name, status, detail, attempt, at FROM (
+    SELECT 'checkpoint' AS kind, step, NULL AS invocation_id, NULL AS name, NULL AS status,
+           state AS detail, attempt, created_at AS at
+      FROM orc_checkpoints WHERE job_id = %(job_id)s
+    UNION ALL
+    SELECT 'side_effect', step, invocation_id, name, status,
+           jsonb_build_object('args', args, 'result', result, 'error', error,
+                              'reconciled', reconciled),
+           attempt, created_at
+      FROM orc_side_effects WHERE job_id = %(job_id)s
+) AS steps
+ ORDER BY step, kind = 'checkpoint', at, invocation_id
 
 -- cancel_job_approvals --
 -- A cancelled job's open approval is closed with it.

@@ -38,6 +38,7 @@ from orchestrator.domain.errors import (
     OrchestratorError,
     ScheduleNotFound,
 )
+from orchestrator.domain.models import Job, JobEvent
 from orchestrator.domain.principals import Scope, Unauthorized
 from orchestrator.domain.states import Status
 from orchestrator.domain.storable import Text
@@ -46,6 +47,7 @@ from orchestrator.interfaces.api.operations import shown_limit, shown_type
 from orchestrator.interfaces.api.watch import EventWatch
 from orchestrator.interfaces.ui import views
 from orchestrator.storage.jobs import JobFilters
+from orchestrator.storage.rows import ApprovalRecord
 from orchestrator.storage.sessions import Session
 from retry_config.names import tenant_refusal
 
@@ -358,6 +360,7 @@ async def _jobs(request: Request, orc: Orchestrator, session: Session) -> dict[s
     query = {k: v for k, v in request.query_params.items() if k not in ("cursor", "note", "error")}
     return {
         "jobs": jobs[:JOB_PAGE],
+        "short": views.short_ids([job.id for job in jobs[:JOB_PAGE]]),
         "next_page": (
             "/ui/jobs?" + urlencode({**query, "cursor": str(jobs[JOB_PAGE - 1].id)})
             if more
@@ -389,14 +392,33 @@ async def _job(orc: Orchestrator, session: Session, job_id: UUID) -> dict[str, A
     job = await orc.get_job(job_id)
     if not session.principal.sees(job.tenant_id):
         raise JobNotFound(job_id)
+    events = await orc.job_events(job_id)
+    letter = await orc.stores.dead_letters.of_job(job_id)
+    approval = await _pending_approval(orc, job, events)
     return {
         "job": job,
-        "events": await orc.job_events(job_id),
+        "summary": views.summary(job, events, letter, approval, datetime.now(UTC)),
+        "events": views.event_lines(events),
         "steps": await orc.job_steps(job_id),
-        "letter": await orc.stores.dead_letters.of_job(job_id),
+        "letter": letter,
+        "approval": approval,
+        "transcript": views.transcript(job.result),
         "config": orc.retry_config.for_type(job.job_type),
         "usage": await orc.job_usage(job_id),
     }
+
+
+async def _pending_approval(
+    orc: Orchestrator, job: Job, events: list[JobEvent]
+) -> ApprovalRecord | None:
+    """The approval a job waiting for one waits for: its newest ``job.waiting_approval``'s."""
+    if job.status is not Status.WAITING_APPROVAL:
+        return None
+    asked = next((e for e in reversed(events) if e.kind == "job.waiting_approval"), None)
+    if asked is None:
+        return None
+    approval = await orc.stores.approvals.get(UUID(asked.payload["approval_id"]))
+    return approval if approval["status"] == "pending" else None
 
 
 @router.get("/jobs/{job_id}")
@@ -582,20 +604,18 @@ async def approvals_fragment(request: Request, orc: Orc, session: Viewer) -> HTM
 async def decide(
     orc: Orc, session: Acting, approval_id: UUID, decision: str,
     reason: Annotated[Text, Form(max_length=2000)] = "",
+    back: Annotated[Text, Form(max_length=2000)] = "/ui/approvals",
 ) -> Response:  # fmt: skip
+    """Approve or reject, from the approvals page or the job's own (``back``: where to)."""
     approval = await orc.stores.approvals.get(approval_id)
     if not session.principal.sees(approval["tenant_id"]):
         raise ApprovalNotFound(approval_id)
-    actor = session.principal.actor
+    actor, to = session.principal.actor, _local(back)
     if decision == "approve":
-        return await _acted(
-            "/ui/approvals", "approved", orc.approve(approval_id, by=actor, reason=reason)
-        )
+        return await _acted(to, "approved", orc.approve(approval_id, by=actor, reason=reason))
     if decision == "reject":
-        return await _acted(
-            "/ui/approvals", "rejected", orc.reject(approval_id, by=actor, reason=reason)
-        )
-    return _back("/ui/approvals", error=f"no such decision: {decision[:40]!r}")
+        return await _acted(to, "rejected", orc.reject(approval_id, by=actor, reason=reason))
+    return _back(to, error=f"no such decision: {decision[:40]!r}")
 
 
 # -- schedules --------------------------------------------------------------------------------

@@ -7,13 +7,17 @@ import itertools
 import json
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 from orchestrator.domain.backoff import app_delay_bounds_ms, graphile_delay_seconds
 from orchestrator.domain.classification import ErrorClass
+from orchestrator.domain.models import DeadLetter, Job, JobEvent
 from orchestrator.domain.rollups import Stats
 from orchestrator.domain.states import TERMINAL, Status
+from orchestrator.interfaces.render import event_detail, first_line
+from orchestrator.storage.rows import ApprovalRecord
 from retry_config import JobRetryConfig
 
 #: Rows of a backoff schedule shown at most (a type may allow thousands of retries).
@@ -254,3 +258,186 @@ def depth_series(stats: Stats) -> dict[str, dict[datetime, int]]:
 #: The usage page's grouping columns: each group's heading.
 USAGE_COLUMN = {"job": "Job", "tenant": "Tenant", "agent": "Agent", "model": "Model",
                 "job_type": "Job type"}  # fmt: skip
+
+
+# -- a job's page: its summary, condensed events, steps and transcript ------------------------
+
+#: A failure's class in words: what it means for the job.
+CLASS_WORDS = {
+    ErrorClass.TRANSIENT_INFRA: "an infrastructure failure (its run is retried)",
+    ErrorClass.TRANSIENT_APP: "a transient failure (retried with backoff while retries last)",
+    ErrorClass.PERMANENT: "a permanent failure (never retried)",
+    ErrorClass.INVALID_OUTPUT: "an output that did not fit its type (never retried)",
+    ErrorClass.VALID: "no failure",
+}
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A job's page's first lines: where it stands, why, what happens next, what to do."""
+
+    why: str | None
+    next: str
+    todo: str | None
+    notified: str | None  # after a failure for good: who was told (the job.degraded event)
+
+
+def ceiling(events: list[JobEvent]) -> int | None:
+    """The most attempts the job can reach if every try fails, as its newest event that says
+    so reports it (events.py: it falls as retries are spent, and rises at a fresh dispatch)."""
+    for event in reversed(events):
+        if "max_attempts" in event.payload:
+            return int(event.payload["max_attempts"])
+    return None
+
+
+def summary(
+    job: Job, events: list[JobEvent], letter: DeadLetter | None,
+    approval: ApprovalRecord | None, now: datetime,
+) -> Summary:  # fmt: skip
+    error = job.last_error
+    why = (
+        f"{CLASS_WORDS[error.classification]}: {error.code}: {first_line(error.message)}"
+        if error is not None and job.status in (Status.RETRY, Status.FAILED)
+        else None
+    )
+    degraded = next((e for e in reversed(events) if e.kind == "job.degraded"), None)
+    notified = event_detail(degraded) if degraded is not None else None
+    nxt, todo = _next(job, events, letter, approval, now)
+    return Summary(why, nxt, todo, notified)
+
+
+def _next(
+    job: Job, events: list[JobEvent], letter: DeadLetter | None,
+    approval: ApprovalRecord | None, now: datetime,
+) -> tuple[str, str | None]:  # fmt: skip
+    """What happens next, and what an operator may do about it."""
+    most = ceiling(events)
+    of = f" of at most {most}" if most is not None else ""
+    match job.status:
+        case Status.RETRY if job.next_retry_at is not None:
+            layer = layer_of(job.last_error.classification) if job.last_error else "app"
+            return (
+                f"retries at {clock(job.next_retry_at)}, attempt {job.attempt + 1}{of} "
+                f"({layer} layer)",
+                "wait, or cancel it",
+            )
+        case Status.WAITING_APPROVAL:
+            asked = f": {approval['question']}" if approval is not None else ""
+            return f"waits for approval{asked}", "approve or reject it below"
+        case Status.RUNNING:
+            return f"runs attempt {job.attempt}{of} on {job.locked_by}", None
+        case Status.PENDING if job.waiting_for:
+            return job.waiting_for, None
+        case Status.PENDING if job.run_at > now:
+            return f"runs at {clock(job.run_at)} ({_in(job.run_at, now)})", None
+        case Status.PENDING:
+            return f"waits for a worker of queue {job.queue}", None
+        case Status.FAILED if letter is not None and letter.state == "recorded":
+            return "dead-lettered: review it", "requeue it as a new job, or request its discard"
+        case Status.FAILED if letter is not None and letter.requeued_job_id is not None:
+            return f"nothing: requeued as job {letter.requeued_job_id}", None
+        case Status.FAILED if letter is not None:
+            return f"nothing: its dead letter is {letter.state.replace('_', ' ')}", None
+    return f"nothing: it is {job.status.value.lower()}", None
+
+
+def clock(when: datetime) -> str:
+    return f"{when.astimezone(UTC):%H:%M:%S} UTC"
+
+
+def _in(when: datetime, now: datetime) -> str:
+    left = (when - now).total_seconds()
+    return f"in {seconds(left)}" if left > 0 else "due now"
+
+
+@dataclass(frozen=True)
+class EventLine:
+    """One event as a line: when, what, the fields that matter (the rest a click away)."""
+
+    event: JobEvent
+    text: str
+
+
+def event_lines(events: list[JobEvent]) -> list[EventLine]:
+    """Each event in words (the command line's, render.event_detail); an event that reports
+    ``max_attempts`` says what it is: the ceiling from there, not a budget."""
+    lines = []
+    for event in events:
+        text = event_detail(event)
+        if "max_attempts" in event.payload and event.kind != "job.failed":
+            text += f" · at most {event.payload['max_attempts']} attempts from here"
+        lines.append(EventLine(event, text))
+    return lines
+
+
+def short_ids(ids: list[UUID], *, least: int = 8) -> dict[UUID, str]:
+    """Each id by its shortest prefix (``least`` characters at least) that no other id of the
+    list shares: UUIDv7 ids made close together share their time's first characters."""
+    texts = {i: str(i) for i in ids}
+    shown = {}
+    for i, text in texts.items():
+        others = [t for j, t in texts.items() if j != i]
+        n = least
+        while n < len(text) and any(o.startswith(text[:n]) for o in others):
+            n += 1
+        shown[i] = text if n >= len(text) else text[:n] + "…"
+    return shown
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    tool: str
+    args: str
+    output: str
+    error: str | None
+
+
+@dataclass(frozen=True)
+class TurnView:
+    """One turn of an agent's transcript: who spoke, what was said, the tools it called."""
+
+    role: str
+    text: str
+    calls: list[ToolCall]
+
+
+@dataclass(frozen=True)
+class TranscriptView:
+    turns: list[TurnView]
+    answer: str | None
+    steps: int
+
+
+def transcript(result: Any) -> TranscriptView | None:
+    """An agent job's result (tasks/agent.py's Transcript) as its turns, or None when the
+    result is not one."""
+    if not (isinstance(result, dict) and isinstance(result.get("messages"), list)
+            and "tool_calls" in result):  # fmt: skip
+        return None
+    calls = {c.get("id"): c for c in result.get("tool_calls") or [] if isinstance(c, dict)}
+    turns = []
+    for message in result["messages"]:
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        texts, used = [], []
+        for block in blocks if isinstance(blocks, list) else []:
+            match block.get("type") if isinstance(block, dict) else None:
+                case "text":
+                    texts.append(str(block.get("text", "")))
+                case "tool_use":
+                    call = calls.get(block.get("id"), {})
+                    used.append(ToolCall(
+                        str(block.get("id")), str(block.get("name")), _text(block.get("input", {})),
+                        _text(call.get("output")) if call else "", call.get("error"),
+                    ))  # fmt: skip
+        if texts or used:
+            turns.append(TurnView(str(message.get("role", "")), "\n".join(texts), used))
+    answer = result.get("answer")
+    if turns and not turns[-1].calls and turns[-1].text == answer:
+        turns.pop()  # the answer, shown once, as such
+    return TranscriptView(turns, answer if isinstance(answer, str) else None,
+                          int(result.get("steps") or 0))  # fmt: skip

@@ -27,7 +27,13 @@ async function refresh(region) {
   const focused = region.contains(document.activeElement) && document.activeElement.value;
   if (focused) return; // never replace a form someone is typing into
   if (region.querySelector("input[type=checkbox]:checked")) return; // nor rows someone chose
+  // a fold someone opened stays open (each named by its id)
+  const opened = [...region.querySelectorAll("details[id][open]")].map((d) => d.id);
   region.innerHTML = await response.text();
+  for (const id of opened) {
+    const fold = document.getElementById(id);
+    if (fold) fold.open = true;
+  }
   arm(region);
   tick();
 }
