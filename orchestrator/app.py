@@ -30,6 +30,7 @@ import psycopg
 import retry_config
 from orchestrator.domain.applications import Application, Applications
 from orchestrator.domain.classification import Classifier
+from orchestrator.domain.dead_letters import Action, BulkReview, LetterFilter
 from orchestrator.domain.degradation import Degrader, Fallback
 from orchestrator.domain.errors import ConfigError, InvalidArgument, InvalidTransition
 from orchestrator.domain.failures import Failures
@@ -462,18 +463,27 @@ class Orchestrator:
         self,
         *,
         state: str | None = None,
+        job_type: str | None = None,
         tenant_id: str | None = None,
+        error: str | None = None,
         limit: int = 50,
         tenants: Collection[str] | None = None,
     ) -> list[DeadLetter]:
-        """Newest first, in the given state and of the given tenant (each: any when None);
-        ``tenants``: only letters of these tenants."""
+        """Newest first: in the given state (``open``: awaiting review, ``all``, or one state;
+        None: any), of the given type and tenant, whose error has ``error`` in its code,
+        message or class (any case); ``tenants``: only letters of these
+        tenants."""
         return await self._reads.dead_letters(
-            state=state, tenant_id=tenant_id, limit=limit, tenants=tenants
-        )
+            state=state, job_type=job_type, tenant_id=tenant_id, error=error, limit=limit,
+            tenants=tenants,
+        )  # fmt: skip
 
     async def dead_letter(self, dead_letter_id: UUID | str) -> DeadLetter:
         return await self._reads.dead_letter(dead_letter_id)
+
+    async def dead_letter_of_job(self, job_id: UUID | str) -> DeadLetter | None:
+        """The job's latest dead letter, if it has one."""
+        return await self._reads.dead_letter_of_job(job_id)
 
     async def approvals(
         self,
@@ -502,6 +512,54 @@ class Orchestrator:
     async def confirm_discard(self, dead_letter_id: UUID | str, *, by: str) -> None:
         """Second review: by someone other than the requester."""
         await self._actions.confirm_discard(dead_letter_id, by=by)
+
+    async def review_dead_letters(
+        self, action: Action, ids: Sequence[UUID | str] | None = None, *,
+        job_type: str | None = None, tenant_id: str | None = None, error: str | None = None,
+        by: str = "", reason: str = "", tenants: Collection[str] | None = None,
+    ) -> BulkReview:  # fmt: skip
+        """``action`` (``requeue``, ``discard-request``, ``discard-confirm``) on the letters
+        given by id, or (no ids) on those of the given type, tenant and error (as
+        dead_letters'; none: all) in a state the action takes, at most BULK_MAX a call
+        (``more``: call again), each in its own transaction; ``tenants``: only these tenants'
+        letters. Each letter's outcome (docs/operations.md, "Dead letters")."""
+        matching = LetterFilter(job_type, tenant_id, error)
+        return await self._actions.review_dead_letters(
+            action, ids, matching=matching, by=by, reason=reason, tenants=tenants
+        )
+
+    async def requeue_dead_letters(
+        self, ids: Sequence[UUID | str] | None = None, *, job_type: str | None = None,
+        tenant_id: str | None = None, error: str | None = None,
+        tenants: Collection[str] | None = None,
+    ) -> BulkReview:  # fmt: skip
+        """Requeue these letters, or the open ones matching the filters (review_dead_letters)."""
+        return await self.review_dead_letters(
+            "requeue", ids, job_type=job_type, tenant_id=tenant_id, error=error, tenants=tenants
+        )
+
+    async def request_discards(
+        self, ids: Sequence[UUID | str] | None = None, *, by: str, reason: str,
+        job_type: str | None = None, tenant_id: str | None = None, error: str | None = None,
+        tenants: Collection[str] | None = None,
+    ) -> BulkReview:  # fmt: skip
+        """The first review of each letter's discard (of the recorded ones)."""
+        return await self.review_dead_letters(
+            "discard-request", ids, job_type=job_type, tenant_id=tenant_id, error=error, by=by,
+            reason=reason, tenants=tenants,
+        )  # fmt: skip
+
+    async def confirm_discards(
+        self, ids: Sequence[UUID | str] | None = None, *, by: str,
+        job_type: str | None = None, tenant_id: str | None = None, error: str | None = None,
+        tenants: Collection[str] | None = None,
+    ) -> BulkReview:  # fmt: skip
+        """The second review of each letter's discard (of those requested): refused, letter by
+        letter, where ``by`` is the person who requested it."""
+        return await self.review_dead_letters(
+            "discard-confirm", ids, job_type=job_type, tenant_id=tenant_id, error=error, by=by,
+            tenants=tenants,
+        )  # fmt: skip
 
     async def approve(self, approval_id: UUID | str, *, by: str, reason: str = "") -> None:
         """Approve a waiting step: its job resumes from its last checkpoint (no budget used)."""

@@ -14,7 +14,7 @@ answer raises :class:`ApiError` with the API's stable ``code`` (``JOB_NOT_FOUND`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Generic, TypeVar
@@ -23,6 +23,7 @@ from uuid import UUID
 
 import httpx
 
+from orchestrator.domain.dead_letters import BulkReview
 from orchestrator.domain.errors import OrchestratorError
 from orchestrator.domain.flow import FlowKey
 from orchestrator.domain.models import DeadLetter, Job, JobEvent
@@ -157,6 +158,16 @@ class _Calls:
         )  # fmt: skip
 
     @staticmethod
+    def review(action: str, ids: Sequence[UUID | str] | None, **body: Any) -> _Call[BulkReview]:
+        """A bulk action (``requeue``, ``discard-request``, ``discard-confirm``): on these
+        letters, or (no ids) on those the filters in ``body`` match."""
+        chosen = {"dead_letter_ids": [str(i) for i in ids]} if ids is not None else {}
+        return _Call(
+            "POST", f"/api/v1/dead-letters/{action}", BulkReview.model_validate,
+            body={**chosen, **_params(**body)},
+        )  # fmt: skip
+
+    @staticmethod
     def approvals(status: str = "pending", limit: int = 50) -> _Call[list[dict[str, Any]]]:
         return _Call(
             "GET", "/api/v1/approvals", lambda a: list(a["approvals"]),
@@ -281,6 +292,21 @@ class Client:
     def confirm_discard(self, dead_letter_id: UUID | str) -> DeadLetter:
         return self.send(_Calls.confirm_discard(dead_letter_id))
 
+    def requeue_many(self, ids: Sequence[UUID | str] | None = None, **filters: Any) -> BulkReview:
+        """These letters, or (no ids) the open ones ``filters`` (job_type, tenant_id, error)
+        match: at most 500 a call, each letter's outcome."""
+        return self.send(_Calls.review("requeue", ids, **filters))
+
+    def request_discards(
+        self, reason: str, ids: Sequence[UUID | str] | None = None, **filters: Any
+    ) -> BulkReview:
+        return self.send(_Calls.review("discard-request", ids, reason=reason, **filters))
+
+    def confirm_discards(
+        self, ids: Sequence[UUID | str] | None = None, **filters: Any
+    ) -> BulkReview:
+        return self.send(_Calls.review("discard-confirm", ids, **filters))
+
     def approvals(self, status: str = "pending", limit: int = 50) -> list[dict[str, Any]]:
         return self.send(_Calls.approvals(status, limit))
 
@@ -375,6 +401,21 @@ class AsyncClient:
 
     async def confirm_discard(self, dead_letter_id: UUID | str) -> DeadLetter:
         return await self.send(_Calls.confirm_discard(dead_letter_id))
+
+    async def requeue_many(
+        self, ids: Sequence[UUID | str] | None = None, **filters: Any
+    ) -> BulkReview:
+        return await self.send(_Calls.review("requeue", ids, **filters))
+
+    async def request_discards(
+        self, reason: str, ids: Sequence[UUID | str] | None = None, **filters: Any
+    ) -> BulkReview:
+        return await self.send(_Calls.review("discard-request", ids, reason=reason, **filters))
+
+    async def confirm_discards(
+        self, ids: Sequence[UUID | str] | None = None, **filters: Any
+    ) -> BulkReview:
+        return await self.send(_Calls.review("discard-confirm", ids, **filters))
 
     async def approvals(self, status: str = "pending", limit: int = 50) -> list[dict[str, Any]]:
         return await self.send(_Calls.approvals(status, limit))

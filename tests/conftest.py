@@ -108,6 +108,9 @@ Where each part of the code is tested:
                               (the reserved queues, a schedule's tick keys, the config
                               read, blank tenants on every path, the overview's zombies,
                               a job page's 404): test_tenant_isolation
+                              dead-letter review at scale (filters, bulk actions, tenants, the
+                              two-person rule; API and CLI): test_dead_letter_review; its
+                              page in Chromium: test_ui_dead_letters
     logs and traces           test_logs, test_tracing
     tasks, demo               test_job_types, test_llm_server, test_demo
     token accounting          usage recorded per call, totals, budgets, the API's tenant

@@ -208,8 +208,11 @@ def test_dlq_list_requeue_and_two_person_discard(cli: Any, dsn: str) -> None:
     code, out, _ = cli("dlq", "list", "--state", "RECORDED")
     assert code == 0 and job_id in out and "[PERMANENT HTTP_400] 400 Bad Request" in out
     letter_id = out.split()[0]
-    code, out, err = cli("dlq", "show", job_id)  # a job's id is not its dead letter's
-    assert (code, err) == (2, f"error: no dead letter with id {job_id}\n")
+    code, out, err = cli("dlq", "show", job_id)  # a job's id: its dead letter's is named
+    assert (code, err) == (
+        2, f"error: {job_id} is a job's id, not a dead letter's: its dead letter is "
+        f"{letter_id} (orchestrator dlq show {letter_id})\n",
+    )  # fmt: skip
 
     code, out, err = cli("dlq", "discard", letter_id, "--by", "alice")  # no request to confirm
     assert code == 2 and out == ""
@@ -401,7 +404,7 @@ def test_empty_lists_say_so_on_stderr(cli: Any) -> None:
     assert cli("jobs", "--status", "failed", "--type", "http_request") == (
         0, "", "no FAILED jobs of type http_request\n",
     )  # fmt: skip
-    assert cli("dlq", "list") == (0, "", "no dead letters\n")
+    assert cli("dlq", "list") == (0, "", "no open dead letters\n")
     assert cli("dlq", "list", "--state", "requeued") == (0, "", "no requeued dead letters\n")
     assert cli("approvals", "list") == (0, "", "no pending approvals\n")
     assert cli("approvals", "list", "--status", "all") == (0, "", "no approvals\n")

@@ -43,6 +43,7 @@ from psycopg_pool import AsyncConnectionPool
 from bench.history import fill_history
 from checkpoints import CheckpointStore
 from orchestrator import JobContext, Orchestrator, Status
+from orchestrator.domain.dead_letters import BULK_MAX, OPEN
 from orchestrator.domain.policy import Layer
 from orchestrator.domain.rollups import Window
 from orchestrator.services.approvals import ApprovalDecisions
@@ -340,6 +341,13 @@ async def read(stores: Stores, plans: Plans, job_id: uuid.UUID) -> None:
         ),
         "dead letters": lambda: stores.dead_letters.list_letters(limit=50),
         "dead letters of tenants": lambda: stores.dead_letters.list_letters(tenants=tenants),
+        "open dead letters, filtered": lambda: stores.dead_letters.list_letters(
+            states=OPEN, job_type="llm_generate", error="timeout", limit=BULK_MAX + 1
+        ),
+        "open dead letters of tenants": lambda: stores.dead_letters.list_letters(
+            states=OPEN, tenants=tenants, limit=BULK_MAX + 1
+        ),
+        "dead letters by id": lambda: stores.dead_letters.find([job_id], tenants=tenants),
         "fleet": lambda: stores.fleet.read(zombie_threshold=300),
         "overview counts": lambda: stores.fleet.unfinished(zombie_threshold=300),
         "overview counts of tenants": lambda: stores.fleet.unfinished(

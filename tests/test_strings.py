@@ -366,7 +366,8 @@ def assert_refused(answer: httpx.Response, status: int, name: str) -> None:
 
 #: The dashboard's pages read these query parameters, and ignore any other (checked as well).
 UI_PARAMETERS = ["status", "job_type", "tenant_id", "agent_id", "job_key", "created_after",
-                 "created_before", "cursor", "q", "state", "note", "error", "next"]  # fmt: skip
+                 "created_before", "cursor", "q", "state", "note", "error", "next",
+                 "type", "tenant", "failure"]  # fmt: skip
 any_name = st.from_regex(r"[a-z_]{1,12}", fullmatch=True)
 UI_PAGES = [r.path for r in pages.router.routes if "GET" in getattr(r, "methods", ())]
 UI_FORMS = [

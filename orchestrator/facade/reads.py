@@ -8,6 +8,7 @@ from datetime import datetime
 from uuid import UUID
 
 from orchestrator.domain.applications import Applications
+from orchestrator.domain.dead_letters import states_shown
 from orchestrator.domain.errors import InvalidArgument
 from orchestrator.domain.models import DeadLetter, Job, JobEvent
 from orchestrator.domain.states import Status
@@ -73,18 +74,25 @@ class Reads:
         self,
         *,
         state: str | None,
+        job_type: str | None = None,
         tenant_id: str | None,
+        error: str | None = None,
         limit: int,
         tenants: Collection[str] | None,
     ) -> list[DeadLetter]:
-        storable(state=state, tenant_id=tenant_id, tenants=tenants)
+        storable(state=state, job_type=job_type, tenant_id=tenant_id, error=error,
+                 tenants=tenants)  # fmt: skip
         tenants_named(tenant_id=tenant_id, tenants=tenants)
         return await self._lifecycle.stores.dead_letters.list_letters(
-            state=state, tenant_id=tenant_id, limit=limit, tenants=tenants
-        )
+            states=states_shown(state) if state is not None else None, job_type=job_type,
+            tenant_id=tenant_id, error=error or None, limit=limit, tenants=tenants,
+        )  # fmt: skip
 
     async def dead_letter(self, dead_letter_id: UUID | str) -> DeadLetter:
         return await self._lifecycle.stores.dead_letters.get(uuid_of(dead_letter_id, "dead letter"))
+
+    async def dead_letter_of_job(self, job_id: UUID | str) -> DeadLetter | None:
+        return await self._lifecycle.stores.dead_letters.of_job(uuid_of(job_id))
 
     async def approvals(
         self, *, status: str | None, limit: int, tenants: Collection[str] | None

@@ -27,16 +27,29 @@ class DeadLetterStore:
     async def list_letters(
         self,
         *,
-        state: str | None = None,
+        states: Collection[str] | None = None,
+        job_type: str | None = None,
         tenant_id: str | None = None,
+        error: str | None = None,
         limit: int = 50,
         tenants: Collection[str] | None = None,
     ) -> list[DeadLetter]:
-        """Newest first; ``tenants``: only letters of these tenants (None: any)."""
-        params = {"state": state, "tenant_id": tenant_id, "limit": limit,
+        """Newest first, in ``states`` (None: any), of the type and tenant given, whose error
+        has ``error`` in its code, message or class (any case); ``tenants``: only letters of
+        these tenants (None: any)."""
+        params = {"states": list(states) if states is not None else None,
+                  "job_type": job_type, "tenant_id": tenant_id, "error": error, "limit": limit,
                   "tenants": sorted(tenants) if tenants is not None else None}  # fmt: skip
         rows = await self.queries.rows("list_dead_letters", params)
         return [DeadLetter.model_validate(row) for row in rows]
+
+    async def find(
+        self, ids: Collection[UUID], *, tenants: Collection[str] | None = None
+    ) -> dict[UUID, DeadLetter]:
+        """Those of these letters that exist, of ``tenants`` only (None: any), by id."""
+        params = {"ids": list(ids), "tenants": sorted(tenants) if tenants is not None else None}
+        rows = await self.queries.rows("find_dead_letters", params)
+        return {letter.id: letter for letter in map(DeadLetter.model_validate, rows)}
 
     async def get(self, dead_letter_id: UUID) -> DeadLetter:
         row = await self.queries.row("find_dead_letter", {"dead_letter_id": dead_letter_id})

@@ -1,12 +1,25 @@
 -- list_dead_letters --
 -- Newest first; a tenant's through orc_dead_letters_tenant; `tenants`: only theirs (an API
--- principal's), null for any.
+-- principal's), null for any. The open ones (the default) through orc_dead_letters_state: the
+-- cost grows with the letters awaiting review, never with those reviewed. `error`: a part
+-- of the error's code, message or class, in any case.
 SELECT * FROM orc_dead_letters
- WHERE (%(state)s::text IS NULL OR state = %(state)s)
+ WHERE (%(states)s::text[] IS NULL OR state = ANY (%(states)s))
+   AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s)
    AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
    AND (%(tenants)s::text[] IS NULL OR tenant_id = ANY (%(tenants)s))
+   AND (%(error)s::text IS NULL
+        OR strpos(lower(error->>'code'), lower(%(error)s)) > 0
+        OR strpos(lower(error->>'message'), lower(%(error)s)) > 0
+        OR strpos(lower(error->>'classification'), lower(%(error)s)) > 0)
  ORDER BY created_at DESC
  LIMIT %(limit)s
+
+-- find_dead_letters --
+-- These letters, of `tenants` only (null: any): a bulk action's given ids.
+SELECT * FROM orc_dead_letters
+ WHERE id = ANY (%(ids)s::uuid[])
+   AND (%(tenants)s::text[] IS NULL OR tenant_id = ANY (%(tenants)s))
 
 -- find_dead_letter --
 SELECT * FROM orc_dead_letters WHERE id = %(dead_letter_id)s

@@ -9,9 +9,10 @@ from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from fastapi import Query
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator.app import JobSpec
+from orchestrator.domain.dead_letters import BULK_MAX
 from orchestrator.domain.flow import FlowKey
 from orchestrator.domain.models import DeadLetter, Job, JobEvent, QueueStats
 from orchestrator.domain.policy import Budget, max_attempts
@@ -97,6 +98,35 @@ class DeadLetters(BaseModel):
 
 class Requeued(BaseModel):
     job_id: UUID
+
+
+class LetterSelection(_In):
+    """The letters a bulk action takes: these ids, or (none given) every letter the action can
+    take that matches the filters (none: all of them), newest first; at most BULK_MAX a call."""
+
+    dead_letter_ids: list[UUID] | None = Field(default=None, min_length=1, max_length=BULK_MAX)
+    job_type: Text | None = Field(default=None, min_length=1, max_length=200)
+    tenant_id: Annotated[Text, AfterValidator(named_tenant)] | None = Field(
+        default=None, min_length=1, max_length=MAX_TENANT
+    )
+    #: A part of the error's code, message or class (any case).
+    error: Text | None = Field(default=None, min_length=1, max_length=200)
+
+    @model_validator(mode="after")
+    def _ids_or_filters(self) -> LetterSelection:
+        if self.dead_letter_ids is not None and self.filtered:
+            raise ValueError(
+                "give dead_letter_ids or filters (job_type, tenant_id, error), not both"
+            )
+        return self
+
+    @property
+    def filtered(self) -> bool:
+        return (self.job_type, self.tenant_id, self.error) != (None, None, None)
+
+
+class DiscardSelection(LetterSelection):
+    reason: Text = Field(min_length=1, max_length=2_000)
 
 
 class Approvals(BaseModel):

@@ -13,6 +13,7 @@ from uuid import UUID
 from fastapi import APIRouter, Depends, Query
 
 from orchestrator.domain.applications import Applications
+from orchestrator.domain.dead_letters import BulkReview
 from orchestrator.domain.errors import ApprovalNotFound, DeadLetterNotFound
 from orchestrator.domain.models import DeadLetter
 from orchestrator.domain.principals import Principal, Scope
@@ -21,6 +22,8 @@ from orchestrator.interfaces.api.jobs import Orc
 from orchestrator.interfaces.api.models import (
     Approvals,
     DeadLetters,
+    DiscardSelection,
+    LetterSelection,
     Queues,
     Reason,
     Requeued,
@@ -35,7 +38,7 @@ router = APIRouter(prefix="/api/v1")
 
 Reader = Annotated[Principal, Depends(Allowed(Scope.READ))]
 Operator = Annotated[Principal, Depends(Allowed(Scope.OPERATE))]
-LetterState = Literal["recorded", "requeued", "discard_requested", "discarded"]
+LetterState = Literal["open", "all", "recorded", "requeued", "discard_requested", "discarded"]
 ApprovalStatus = Literal["pending", "approved", "rejected", "expired", "cancelled", "all"]
 
 
@@ -50,14 +53,54 @@ async def _letter(orc: Orc, caller: Principal, dead_letter_id: UUID) -> DeadLett
 async def list_dead_letters(
     orc: Orc,
     caller: Reader,
-    state: LetterState | None = None,
+    state: LetterState = "open",
+    job_type: Annotated[str | None, Query(max_length=200)] = None,
     tenant_id: TenantFilter = None,
+    error: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> DeadLetters:
+    """Newest first; ``open`` (the default): those awaiting review (recorded, or a discard
+    requested); ``error``: a part of the error's code, message or class (any case)."""
     letters = await orc.dead_letters(
-        state=state, tenant_id=tenant_id, limit=limit, tenants=caller.tenants
-    )
+        state=state, job_type=job_type, tenant_id=tenant_id, error=error, limit=limit,
+        tenants=caller.tenants,
+    )  # fmt: skip
     return DeadLetters(dead_letters=letters)
+
+
+@router.post("/dead-letters/requeue", tags=["dead letters"])
+async def requeue_many(body: LetterSelection, orc: Orc, caller: Operator) -> BulkReview:
+    """Requeue the letters given, or every open one matching the filters: at most 500 a call
+    (``more``: call again), each in its own transaction, each letter's outcome said."""
+    return await orc.review_dead_letters(
+        "requeue",
+        body.dead_letter_ids,
+        job_type=body.job_type,
+        tenant_id=body.tenant_id,
+        error=body.error,
+        tenants=caller.tenants,
+    )
+
+
+@router.post("/dead-letters/discard-request", tags=["dead letters"])
+async def request_discards(body: DiscardSelection, orc: Orc, caller: Operator) -> BulkReview:
+    """The first review of each letter's discard (of the recorded ones), with one reason."""
+    return await orc.review_dead_letters(
+        "discard-request", body.dead_letter_ids, job_type=body.job_type,
+        tenant_id=body.tenant_id, error=body.error, by=caller.actor,
+        reason=body.reason, tenants=caller.tenants,
+    )  # fmt: skip
+
+
+@router.post("/dead-letters/discard-confirm", tags=["dead letters"])
+async def confirm_discards(body: LetterSelection, orc: Orc, caller: Operator) -> BulkReview:
+    """The second review of each letter's discard (of those requested): refused, per letter,
+    where this principal's person requested it."""
+    return await orc.review_dead_letters(
+        "discard-confirm", body.dead_letter_ids, job_type=body.job_type,
+        tenant_id=body.tenant_id, error=body.error, by=caller.actor,
+        tenants=caller.tenants,
+    )  # fmt: skip
 
 
 @router.get("/dead-letters/{dead_letter_id}", tags=["dead letters"])

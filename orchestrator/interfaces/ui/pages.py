@@ -30,6 +30,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response, Streamin
 from fastapi.templating import Jinja2Templates
 
 from orchestrator.app import Orchestrator
+from orchestrator.domain.dead_letters import BECOMES, BULK_MAX, SHOWN, TAKES, LetterFilter
 from orchestrator.domain.errors import (
     ApprovalNotFound,
     DeadLetterNotFound,
@@ -145,7 +146,8 @@ Acting = Annotated[Session, Depends(acting)]
 
 def _back(to: str, *, note: str | None = None, error: str | None = None) -> RedirectResponse:
     query = urlencode({k: v for k, v in (("note", note), ("error", error)) if v})
-    return RedirectResponse(f"{to}?{query}" if query else to, status_code=303)
+    joined = "&" if "?" in to else "?"
+    return RedirectResponse(f"{to}{joined}{query}" if query else to, status_code=303)
 
 
 def _page(
@@ -460,17 +462,40 @@ async def _acted(to: str, note: str, action: Any) -> RedirectResponse:
 # -- dead letters -----------------------------------------------------------------------------
 
 
+#: The dead-letter page's filters: query parameter -> the facade's argument (``failure``, not
+#: ``error``: a page's ``error`` is the refusal it shows).
+LETTER_FILTERS = {"type": "job_type", "tenant": "tenant_id", "failure": "error"}
+
+
+def _letter_filter(values: Any) -> LetterFilter:
+    """The filters given (the page's query, or the bulk form's fields); blank: none."""
+    given = {arg: str(values.get(name) or "").strip() for name, arg in LETTER_FILTERS.items()}
+    return LetterFilter(**{arg: value or None for arg, value in given.items()})
+
+
 async def _letters(request: Request, orc: Orchestrator, session: Session) -> dict[str, Any]:
-    state = request.query_params.get("state") or None
-    states = ("recorded", "discard_requested", "requeued", "discarded")
-    letters = await orc.dead_letters(
-        state=state if state in states else None, limit=100, tenants=session.principal.tenants
-    )
+    state = request.query_params.get("state") or "open"
+    chosen = _letter_filter(request.query_params)
+    shown = {name: request.query_params.get(name, "") for name in LETTER_FILTERS}
+    query = urlencode({k: v for k, v in {"state": state, **shown}.items() if v})
+    letters, filter_error = [], None
+    try:
+        letters = await orc.dead_letters(
+            state=state, job_type=chosen.job_type, tenant_id=chosen.tenant_id,
+            error=chosen.error, limit=100, tenants=session.principal.tenants,
+        )  # fmt: skip
+    except OrchestratorError as exc:  # a filter refused: said on the page, nothing listed
+        filter_error = str(exc)
     same = orc.stores.dead_letters.same_person
     return {
         "letters": letters,
         "state": state,
-        "states": states,
+        "states": tuple(SHOWN),
+        "shown": shown,
+        "query": query,
+        "filter_error": filter_error,
+        "filtered": chosen != LetterFilter(),
+        "bulk_max": BULK_MAX,
         #: the discards this viewer requested, as the database's two-person rule tells persons
         "requested_by_viewer": {
             letter.id
@@ -496,6 +521,44 @@ async def _own_letter(orc: Orchestrator, session: Session, letter_id: UUID) -> N
     letter = await orc.dead_letter(letter_id)
     if not session.principal.sees(letter.tenant_id):
         raise DeadLetterNotFound(letter_id)
+
+
+@router.post("/dead-letters/bulk")
+async def dead_letters_bulk(
+    request: Request, orc: Orc, session: Acting,
+    action: Annotated[Text, Form(max_length=40)] = "",
+    ids: Annotated[list[Text], Form(max_length=BULK_MAX)] = [],  # noqa: B006 (FastAPI's form)
+    matching: Annotated[Text, Form(max_length=10)] = "",
+    reason: Annotated[Text, Form(max_length=2000)] = "",
+) -> Response:  # fmt: skip
+    """One action on the letters ticked, or on every one the action can take matching the
+    page's filters (``matching``): each letter's outcome counted in the note, the first
+    refusal in the error."""
+    form = await request.form()
+    query = urlencode({"state": str(form.get("state") or "open"),
+                       **{n: str(form[n]) for n in LETTER_FILTERS if form.get(n)}})  # fmt: skip
+    back = f"/ui/dead-letters?{query}"
+    taken = next((name for name in TAKES if name == action), None)
+    if taken is None:
+        return _back(back, error=f"no such action: {action[:40]!r}")
+    if not matching and not ids:
+        return _back(back, error="tick the letters to act on, or choose all matching the filter")
+    tenants, actor = session.principal.tenants, session.principal.actor
+    try:
+        chosen = _letter_filter(form) if matching else LetterFilter()
+        review = await orc.review_dead_letters(
+            taken, None if matching else ids, job_type=chosen.job_type,
+            tenant_id=chosen.tenant_id, error=chosen.error, by=actor, reason=reason,
+            tenants=tenants,
+        )  # fmt: skip
+    except OrchestratorError as exc:
+        return _back(back, error=str(exc))
+    done = f"{BECOMES[taken].replace('_', ' ')}: {review.done} of {len(review.outcomes)}"
+    more = f"; more match (at most {BULK_MAX} at a time)" if review.more else ""
+    refusal = next((o.detail for o in review.outcomes if o.detail), None)
+    if refusal is not None:
+        return _back(back, error=f"{done}, {review.refused} refused ({refusal}){more}")
+    return _back(back, note=done + more)
 
 
 @router.post("/dead-letters/{letter_id}/{action}")

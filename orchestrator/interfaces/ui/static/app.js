@@ -26,6 +26,7 @@ async function refresh(region) {
   if (response.redirected || !response.ok) return; // signed out, or the job is gone
   const focused = region.contains(document.activeElement) && document.activeElement.value;
   if (focused) return; // never replace a form someone is typing into
+  if (region.querySelector("input[type=checkbox]:checked")) return; // nor rows someone chose
   // a fold someone opened stays open (each named by its id)
   const opened = [...region.querySelectorAll("details[id][open]")].map((d) => d.id);
   region.innerHTML = await response.text();
