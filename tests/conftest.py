@@ -98,7 +98,10 @@ Where each part of the code is tested:
                               test_external_contract; the token cache's window, for
                               streams and long-polls too: test_token_cache; who sees a lease token: test_lease_token; the
                               dashboard: test_ui (a real Chromium), test_ui_views, its
-                              session and CSRF rules over HTTP: test_ui_session; the string
+                              session and CSRF rules over HTTP: test_ui_session; `serve`
+                              through a database outage (503 within a probe's 2 s, the
+                              outage page, the live pages' notice, its log and access
+                              lines): test_ui_outage; the string
                               rule, everywhere: test_strings; who may call what (every
                               operation and page x every credential): test_authorization;
                               one tenant's token against another tenant and the fleet

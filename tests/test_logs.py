@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import psycopg
 import pytest
 
 from orchestrator import Orchestrator, Status
+from orchestrator.runtime import logs
 from tests.support import http_peers, observed_app
 from tests.support.harness import BASE_CONFIG, ROOT, finished
 from tests.support.workers import WorkerProcess
@@ -123,3 +125,24 @@ async def test_run_worker_without_logging_set_up_writes_json_to_stderr(
     assert [r["message"] for r in steps] == ["step 1", "step 2"]
     assert all(r["job_id"] == job_id and r["attempt"] == 1 for r in steps)
     assert any(r["message"].endswith("attempt 1: completed") for r in records)
+
+
+def test_a_line_repeated_through_an_outage_passes_once_a_minute_with_a_count() -> None:
+    # psycopg_pool says "error connecting ..." per attempt, about every second, while the
+    # database is away: the handler lets the first through, then one a minute with a count.
+    quiet = logs.QuietRepeats(every=60)
+
+    def passes(name: str, message: str, at: float, *args: object) -> str | None:
+        record = logging.makeLogRecord({"name": name, "msg": message, "args": args})
+        record.created = at
+        return record.getMessage() if quiet.filter(record) else None
+
+    said = [passes("psycopg.pool", "error connecting in %r: %s", t, "p", t) for t in range(130)]
+    assert [line for line in said if line] == [
+        "error connecting in 'p': 0",
+        "error connecting in 'p': 60 [59 more like it in the last 60 s]",
+        "error connecting in 'p': 120 [59 more like it in the last 60 s]",
+    ]
+    assert passes("psycopg.pool", "pool %r is ready", 5, "p") == "pool 'p' is ready"  # another
+    others = [passes("orchestrator.worker", "job %s done", t, t) for t in (5, 6)]
+    assert others == ["job 5 done", "job 6 done"]  # a worker's own lines are never held back

@@ -21,6 +21,7 @@ driver's error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -29,8 +30,10 @@ from typing import Any, LiteralString, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg_pool import PoolTimeout
 
 from orchestrator.domain.errors import DatabaseUnavailable, InvalidTransition, TransactionConflict
+from orchestrator.storage import availability
 from orchestrator.storage.database import Conn, Pool
 from orchestrator.storage.queries import QUERIES
 
@@ -91,7 +94,7 @@ class Queries:
     async def transaction(self) -> AsyncIterator[Conn]:
         """A pooled connection inside a transaction, committed when the block ends."""
         with as_orchestrator_errors(self.on_refused):
-            async with self.pool.connection() as conn, conn.transaction():
+            async with self._pooled() as conn, conn.transaction():
                 yield conn
 
     async def in_transaction(self, work: Callable[[Conn], Awaitable[T]]) -> T:
@@ -112,8 +115,26 @@ class Queries:
                 yield conn
             return
         with as_orchestrator_errors(self.on_refused):
-            async with self.pool.connection() as pooled:
+            async with self._pooled() as pooled:
                 yield pooled
+
+    @asynccontextmanager
+    async def _pooled(self) -> AsyncIterator[Conn]:
+        """A pooled connection; inside a request, waited for as storage.availability says (a
+        bounded wait, then on only if the database answers)."""
+        bound = availability.BOUND.get()
+        if bound is None:
+            async with self.pool.connection() as conn:
+                yield conn
+            return
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                conn = await stack.enter_async_context(self.pool.connection(timeout=bound.wait))
+            except PoolTimeout:
+                if not await bound.reachable():
+                    raise
+                conn = await stack.enter_async_context(self.pool.connection())
+            yield conn
 
     async def rows(
         self, name: LiteralString, params: Params | None = None, conn: Conn | None = None

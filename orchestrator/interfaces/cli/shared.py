@@ -84,8 +84,11 @@ def _invalid(exc: ValidationError) -> list[str]:
             problems.append(f"{exc.title}: {message}")
             continue
         where = ".".join(str(part) for part in error["loc"])
+        if exc.title == "Settings" and where.lower() == "database_url":  # no password shown
+            problems.append(f"DATABASE_URL: {message}")
+            continue
         if exc.title == "Settings":
-            where = "DATABASE_URL" if where == "database_url" else f"ORCHESTRATOR_{where.upper()}"
+            where = f"ORCHESTRATOR_{where.upper()}"
         problems.append(f"{where}: {message} (got {error['input']!r})")
     return problems
 
