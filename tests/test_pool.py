@@ -6,6 +6,7 @@ error; a request's wait for one is bounded while the database is away, and only 
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import psycopg
@@ -132,19 +133,21 @@ async def test_a_request_fails_fast_while_the_database_is_away_and_not_after_it(
     away = psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=str(free_port()))
     pool = create_pool(with_connect_timeout(away, 2), min_size=1, max_size=1)
     await pool.open()
-    availability = Availability(away, wait=0.2, probe_every=0.1)
+    availability = Availability(away, wait=0.2, probe_every=0.1, log_every=1.0)
     try:
         with availability.bounding(), pytest.raises(DatabaseUnavailable):
             await Queries(pool).row("ping")
         assert availability.away and not await availability.reachable()
         for _ in range(5):
-            availability.refused()
+            availability.refused()  # within log_every of the first line: said nothing more
+        await asyncio.sleep(1.0)
+        availability.refused()  # once log_every has passed: said again, with the count
         availability.dsn = dsn  # the database is back
-        await asyncio.sleep(0.1)
         assert await availability.reachable() and not availability.away
     finally:
         await pool.close(timeout=1)
     said = [r.getMessage() for r in caplog.records if r.name == "orchestrator.database"]
-    assert len(said) == 2, said
+    assert len(said) == 3, said
     assert said[0].startswith("database unreachable (")
-    assert said[1].startswith("database reachable again, after 0 s away (5 requests")
+    assert re.match(r"database still unreachable, for \d+ s \(6 requests answered 503", said[1])
+    assert re.match(r"database reachable again, after \d+ s away \(0 requests", said[2])

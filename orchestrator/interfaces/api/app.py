@@ -194,30 +194,35 @@ class ServerTiming:
         await self.app(scope, receive, timed)
 
 
-#: Paths that read nothing from the database: answered whether it is there or not.
+#: Paths answered while the database is away (they need nothing from it, or, /metrics behind a
+#: token, need only the token cache's word).
 NO_DATABASE = ("/healthz", "/metrics", OPENAPI_URL, "/ui/static/")
 
 
 class FailFast:
     """While the database is away (storage.availability), a request that needs it is answered
     503 at once (the dashboard's outage page, the API's problem, /readyz's text) rather than
-    after the pool's wait; meanwhile, and until it answers, every other request's wait for a
-    connection is bounded (``api_database_wait_seconds``)."""
+    after the pool's wait. Any other request's wait for a pooled connection is bounded:
+    ``api_database_wait_seconds``, then on only if a probe connection says the database
+    answers."""
 
     def __init__(self, app: Callable[[AsgiScope, Receive, Send], Awaitable[None]]):
         self.app = app
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "")
-        if scope["type"] != "http" or path.startswith(NO_DATABASE):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        path = scope["path"]
         availability: Availability = scope["app"].state.availability
-        if availability.away and not await availability.reachable():
+        if (
+            not path.startswith(NO_DATABASE)
+            and availability.away
+            and not await availability.reachable()
+        ):
             availability.refused()
             reason = f"cannot reach the database: {availability.reason}"
-            answer = problems.outage_answer(path, reason)
-            await answer(scope, receive, send)
+            await problems.outage_answer(path, reason)(scope, receive, send)
             return
         with availability.bounding():
             await self.app(scope, receive, send)
