@@ -4,7 +4,8 @@ A store method runs on a pooled connection, or inside its caller's transaction w
 ``conn`` (so one transaction can span several stores: a failure and the escalation job it
 submits, a decision and the dispatch it makes). A connection lost or refused, whatever the
 statement, raises :class:`~orchestrator.domain.errors.DatabaseUnavailable` with the reason: the
-one error the rest of the code has to know for "the database is away".
+one error the rest of the code has to know for "the database is away". Inside an API request
+the wait for a pooled connection is bounded (orchestrator.storage.availability).
 
 A status change the database's guard refuses (SQLSTATE WF001) raises
 :class:`~orchestrator.domain.errors.InvalidTransition` (``by_database``), and is reported to the
@@ -132,7 +133,7 @@ class Queries:
                 conn = await stack.enter_async_context(self.pool.connection(timeout=bound.wait))
             except PoolTimeout:
                 if not await bound.reachable():
-                    raise
+                    raise DatabaseUnavailable(bound.reason) from None
                 conn = await stack.enter_async_context(self.pool.connection())
             yield conn
 

@@ -5,7 +5,8 @@ Every error the API returns is shaped here, once: the orchestrator's own errors 
 read is ``REQUEST_INVALID`` with what was wrong where; a statement naming what the database
 lacks, on a database that is not migrated to this version (emptied, or restored from an older
 backup under a running server), is ``SCHEMA_OUTDATED``; anything else unexpected is a 500 that
-says nothing of the server's insides (no stack, no SQL; the log has them).
+says nothing of the server's insides (no stack, no SQL; the log has them). A database away is
+``DATABASE_UNAVAILABLE`` (503), and for a dashboard page its outage page, never JSON.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ async def orchestrator_error(request: Request, exc: Exception) -> Response:
     status = status_of(exc)
     if isinstance(exc, errors.DatabaseUnavailable):
         return await database_unavailable(request, exc)
-    if status >= 500 and not isinstance(exc, errors.DatabaseUnavailable | errors.SchemaOutdated):
+    if status >= 500 and not isinstance(exc, errors.SchemaOutdated):
         return await unexpected(request, exc)
     code = getattr(exc, "code", "ORC_ERROR")
     return problem(status, code, str(exc))
