@@ -15,6 +15,18 @@ from psycopg.conninfo import conninfo_to_dict
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+DATA_DIR = ".orchestrator"
+
+
+def nearest_data_dir(start: Path) -> Path:
+    """The nearest ``.orchestrator`` holding an embedded cluster (``pgdata``), in ``start`` or
+    a folder above it: a command run from a project's subfolder uses the project's database
+    rather than a new, empty one; ``start/.orchestrator`` when there is none."""
+    for folder in (start, *start.parents):
+        if (folder / DATA_DIR / "pgdata").is_dir():
+            return folder / DATA_DIR
+    return start / DATA_DIR
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ORCHESTRATOR_", extra="ignore")
@@ -33,7 +45,10 @@ class Settings(BaseSettings):
         description="PostgreSQL URL; unset starts the embedded server under data_dir.",
     )
     data_dir: Path = Field(
-        Path(".orchestrator"), description="Embedded PostgreSQL lives in <data_dir>/pgdata."
+        default_factory=lambda: nearest_data_dir(Path.cwd()),
+        description="Embedded PostgreSQL lives in <data_dir>/pgdata; unset: the nearest"
+        " .orchestrator holding one, in the current directory or a folder above it (as git"
+        " finds .git), else ./.orchestrator.",
     )
     embedded_database: str = Field("orchestrator", description="Database used on that server.")
     connect_timeout: int = Field(
@@ -169,6 +184,14 @@ class Settings(BaseSettings):
         description="Longest a long-poll (an outcome's wait, an external worker's claim) may"
         " wait; longer requests wait this long.",
     )  # fmt: skip
+    api_database_wait_seconds: float = Field(
+        0.5, gt=0, le=60,
+        description="Longest a request to `orchestrator serve` waits for a pooled connection"
+        " before it checks that the database answers (one direct connection, at most 1 s):"
+        " if not, it answers 503 DATABASE_UNAVAILABLE, and so does every request at once until"
+        " the database answers again; if so (the pool is only busy), it waits on up to"
+        " pool_timeout.",
+    )  # fmt: skip
     api_stream_ping_seconds: float = Field(
         15.0, gt=0, le=3600,
         description="An idle event stream (a job's /stream, the dashboard's live pages) sends"
@@ -295,21 +318,6 @@ class Settings(BaseSettings):
         " (a tenant's name as a submit takes it: `migrate` refuses another).",
     )
 
-    @field_validator("database_url")
-    @classmethod
-    def _connection_string(cls, value: str | None) -> str | None:
-        """A URL (or key=value string) psycopg can read: a mistake in it is said at start-up in
-        one line, which repeats none of it (it may hold a password)."""
-        if value is not None:
-            try:
-                conninfo_to_dict(value)
-            except psycopg.ProgrammingError:
-                raise ValueError(
-                    "not a PostgreSQL URL (postgresql://user:password@host:port/database) nor a"
-                    " key=value connection string"
-                ) from None
-        return value
-
     @field_validator(
         "safety_net_cron", "sweep_cron", "approvals_cron", "prune_cron", "retention_cron",
         "rollup_cron",
@@ -320,6 +328,22 @@ class Settings(BaseSettings):
         with seconds last)."""
         if not croniter.is_valid(value):
             raise ValueError("not a cron schedule (five fields, or six with seconds last)")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _connection_string(cls, value: str | None) -> str | None:
+        """A URL or key=value string libpq can read: a malformed one is said at once, naming
+        the setting, in one line that repeats none of it (libpq's own reason may quote a part
+        of a password), rather than failing in the first connection's traceback."""
+        if value is not None:
+            try:
+                conninfo_to_dict(value)
+            except psycopg.ProgrammingError:
+                raise ValueError(
+                    "not a PostgreSQL URL (postgresql://user:password@host:port/database) nor a"
+                    " key=value connection string"
+                ) from None
         return value
 
     @model_validator(mode="after")

@@ -101,7 +101,10 @@ Where each part of the code is tested:
                               dashboard: test_ui (a real Chromium), a job's page (its summary,
                               approvals, steps, transcript): test_ui_job_page, every page's
                               layout at 390 and 1280 px: test_ui_layout, test_ui_views, its
-                              session and CSRF rules over HTTP: test_ui_session; the string
+                              session and CSRF rules over HTTP: test_ui_session; `serve`
+                              through a database outage (503 within a probe's 2 s, the
+                              outage page, the live pages' notice, its log and access
+                              lines): test_ui_outage; the string
                               rule, everywhere: test_strings; who may call what (every
                               operation and page x every credential): test_authorization;
                               one tenant's token against another tenant and the fleet

@@ -22,6 +22,7 @@ from orchestrator.domain.classification import ErrorClass
 from orchestrator.domain.events import Fault
 from orchestrator.domain.models import JobState
 from orchestrator.interfaces.cli import main
+from orchestrator.settings import nearest_data_dir
 from tests.support import log_guard, scripted
 from tests.support.harness import WorkerRun, config_with
 
@@ -166,6 +167,32 @@ def test_a_bad_setting_is_one_line_naming_its_variable(
         cwd=ROOT, timeout=60,
     )  # fmt: skip
     assert (done.returncode, done.stdout, done.stderr) == (2, "", expected + "\n")
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["postgresql://orc:s3cret-pw@db host/orc", "not a url", "host=db password=s3cret word"],
+)  # the last: libpq's own reason would quote a part of the password
+def test_a_malformed_database_url_is_one_line_without_its_password(url: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "jobs"],
+        capture_output=True, text=True, env={**os.environ, "DATABASE_URL": url}, cwd=ROOT,
+        timeout=60,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith("error: DATABASE_URL: not a PostgreSQL URL (")
+    assert done.stderr.count("\n") == 1 and "s3cret" not in done.stderr, done.stderr
+
+
+def test_a_command_uses_the_embedded_database_of_a_folder_above(tmp_path: Path) -> None:
+    # run from a project's subfolder, it finds the project's .orchestrator (as git finds .git);
+    # from a folder with none above it, ./.orchestrator (where it says it creates one)
+    (tmp_path / ".orchestrator" / "pgdata").mkdir(parents=True)
+    (tmp_path / "sub" / "deeper").mkdir(parents=True)
+    assert nearest_data_dir(tmp_path / "sub" / "deeper") == tmp_path / ".orchestrator"
+    (tmp_path / "elsewhere").mkdir()
+    assert nearest_data_dir(tmp_path / "elsewhere") == tmp_path / ".orchestrator"
+    assert nearest_data_dir(Path("/")) == Path("/.orchestrator")
 
 
 def test_config_validate_and_show(cli: Any, tmp_path: Path) -> None:

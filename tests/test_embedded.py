@@ -134,16 +134,16 @@ def test_the_server_runs_while_any_user_lives_and_stops_after_the_last(data_dir:
 
 
 def test_a_folder_without_a_server_is_told_a_new_one_is_made(tmp_path: Path) -> None:
-    """The CLI run from another folder finds no embedded server there: it says that it makes a
-    new, empty one, and how to reach the one made before (never silently); once made, not."""
+    """A command that finds no embedded server where it looks says that it makes a new, empty
+    one, where, and what names another (never silently); once made, not."""
     try:
         first = orchestrator(tmp_path, "jobs")
         assert (
-            f"no embedded PostgreSQL in {tmp_path.resolve()}: creating a new, empty one (to use"
-            " the one made before, run from its folder or set ORCHESTRATOR_DATA_DIR;"
+            f"creating a new embedded PostgreSQL in {tmp_path.resolve() / 'pgdata'} (no"
+            " .orchestrator with one here or above; DATABASE_URL or ORCHESTRATOR_DATA_DIR name"
         ) in first.stderr, first.stderr
         again = orchestrator(tmp_path, "jobs")
-        assert "no embedded PostgreSQL" not in again.stderr, again.stderr
+        assert "creating a new embedded" not in again.stderr, again.stderr
         embedded = Embedded(tmp_path)
         wait_until(lambda: embedded.postmaster() is None, timeout=30, what="the server stopped")
     finally:

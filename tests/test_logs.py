@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -15,10 +16,13 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
 from orchestrator import Orchestrator, Status
+from orchestrator.interfaces.api import access
+from orchestrator.runtime import logs
 from tests.support import http_peers, observed_app
 from tests.support.harness import BASE_CONFIG, ROOT, finished
 from tests.support.workers import WorkerProcess
@@ -123,3 +127,52 @@ async def test_run_worker_without_logging_set_up_writes_json_to_stderr(
     assert [r["message"] for r in steps] == ["step 1", "step 2"]
     assert all(r["job_id"] == job_id and r["attempt"] == 1 for r in steps)
     assert any(r["message"].endswith("attempt 1: completed") for r in records)
+
+
+def test_a_line_repeated_through_an_outage_passes_once_a_minute_with_a_count() -> None:
+    # psycopg_pool says "error connecting ..." per attempt, about every second, while the
+    # database is away: the handler lets the first through, then one a minute with a count.
+    quiet = logs.QuietRepeats(every=60)
+
+    def passes(name: str, message: str, at: float, *args: object) -> str | None:
+        record = logging.makeLogRecord({"name": name, "msg": message, "args": args})
+        record.created = at
+        return record.getMessage() if quiet.filter(record) else None
+
+    said = [passes("psycopg.pool", "error connecting in %r: %s", t, "p", t) for t in range(130)]
+    assert [line for line in said if line] == [
+        "error connecting in 'p': 0",
+        "error connecting in 'p': 60 [59 more like it in the last 60 s]",
+        "error connecting in 'p': 120 [59 more like it in the last 60 s]",
+    ]
+    assert passes("psycopg.pool", "pool %r is ready", 5, "p") == "pool 'p' is ready"  # another
+    others = [passes("orchestrator.worker", "job %s done", t, t) for t in (5, 6)]
+    assert others == ["job 5 done", "job 6 done"]  # a worker's own lines are never held back
+
+
+async def test_an_access_line_in_json_has_its_fields_and_no_secret(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # serve's access log (interfaces.api.access) in ORCHESTRATOR_LOG_FORMAT=json: the request's
+    # fields, a token in the query redacted (the text format's test: test_ui_outage).
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    transport = httpx.ASGITransport(app=access.AccessLog(app), client=("10.0.0.7", 51234))
+    secret = "orc_" + "0" * 32 + "_" + "s" * 43
+    with caplog.at_level(logging.INFO, logger="orchestrator.api.access"):
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+            await client.get(f"/api/v1/jobs?limit=5&token={secret}",
+                             headers={"Authorization": f"Bearer {secret}"})  # fmt: skip
+    [record] = [r for r in caplog.records if r.name == "orchestrator.api.access"]
+    line = json.loads(logs.JsonFormatter().format(record))
+    assert line["message"] == (
+        '10.0.0.7:51234 "GET /api/v1/jobs?limit=5&token=%5Bredacted%5D" 204 0 B '
+        f"{line['duration_ms']:.1f} ms"
+    )
+    assert {k: line[k] for k in ("client", "method", "path", "query", "status", "bytes")} == {
+        "client": "10.0.0.7:51234", "method": "GET", "path": "/api/v1/jobs",
+        "query": "limit=5&token=%5Bredacted%5D", "status": 204, "bytes": 0,
+    }  # fmt: skip
+    assert line["principal"] is None and "s" * 43 not in json.dumps(line)

@@ -56,14 +56,48 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+#: Loggers that say the same thing once per attempt while the database is away: the pool's
+#: (each connection attempt, about every second), the due-time refresh's (twice a second) and
+#: the listeners' (each reconnection).
+REPEATING = ("psycopg.pool", "orchestrator.runtime.wakeups", "orchestrator.api.watch")
+REPEAT_SECONDS = 60.0
+
+
+class QuietRepeats(logging.Filter):
+    """A handler filter: a record of a REPEATING logger passes once, and then, while the same
+    line (the same message template) keeps coming, once every ``every`` seconds, saying how many
+    were left out meanwhile. An outage is then a few lines, not one per attempt."""
+
+    def __init__(self, loggers: tuple[str, ...] = REPEATING, every: float = REPEAT_SECONDS):
+        super().__init__()
+        self.loggers = loggers
+        self.every = every
+        self._last: dict[tuple[str, str], tuple[float, int]] = {}  # -> (passed at, left out)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(self.loggers):
+            return True
+        key = (record.name, str(record.msg))
+        passed_at, left_out = self._last.get(key, (-self.every, 0))
+        if record.created - passed_at < self.every:
+            self._last[key] = (passed_at, left_out + 1)
+            return False
+        self._last[key] = (record.created, 0)
+        if left_out:
+            record.msg = f"{record.msg} [{left_out} more like it in the last {self.every:.0f} s]"
+        return True
+
+
 def formatter(log_format: LogFormat) -> logging.Formatter:
     return JsonFormatter() if log_format == "json" else logging.Formatter(FORMAT)
 
 
 def prepare(handler: logging.Handler, log_format: LogFormat) -> None:
     """Make ``handler`` write in ``log_format``, each record with its attempt's fields and
-    secrets redacted (the fields first, so they are redacted too)."""
+    secrets redacted (the fields first, so they are redacted too), repeated lines quietened
+    (QuietRepeats)."""
     handler.setFormatter(formatter(log_format))
+    handler.addFilter(QuietRepeats())
     handler.addFilter(AttemptFields())
     handler.addFilter(RedactingFilter())
 

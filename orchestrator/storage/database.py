@@ -96,13 +96,12 @@ def start_embedded(data_dir: Path) -> str:
     key = data_dir.resolve()
     if key not in _embedded:
         embedded = Embedded(key)
-        if not embedded.pgdata.exists():  # a folder other than the usual one, often: say so
+        if not embedded.pgdata.exists():  # said on stderr: its database starts empty
             logger.warning(
-                "no embedded PostgreSQL in %s: creating a new, empty one (to use the one made"
-                " before, run from its folder or set ORCHESTRATOR_DATA_DIR; or set DATABASE_URL)",
-                key,
-            )
-        if embedded.running() is None:
+                "creating a new embedded PostgreSQL in %s (no .orchestrator with one here or "
+                "above; DATABASE_URL or ORCHESTRATOR_DATA_DIR name another)", embedded.pgdata,
+            )  # fmt: skip
+        elif embedded.running() is None:
             logger.info("starting embedded PostgreSQL in %s", embedded.pgdata)
         try:
             server = embedded.use()

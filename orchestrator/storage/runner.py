@@ -4,7 +4,8 @@ A store method runs on a pooled connection, or inside its caller's transaction w
 ``conn`` (so one transaction can span several stores: a failure and the escalation job it
 submits, a decision and the dispatch it makes). A connection lost or refused, whatever the
 statement, raises :class:`~orchestrator.domain.errors.DatabaseUnavailable` with the reason: the
-one error the rest of the code has to know for "the database is away".
+one error the rest of the code has to know for "the database is away". Inside an API request
+the wait for a pooled connection is bounded (orchestrator.storage.availability).
 
 A status change the database's guard refuses (SQLSTATE WF001) raises
 :class:`~orchestrator.domain.errors.InvalidTransition` (``by_database``), and is reported to the
@@ -21,6 +22,7 @@ driver's error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -29,8 +31,10 @@ from typing import Any, LiteralString, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg_pool import PoolTimeout
 
 from orchestrator.domain.errors import DatabaseUnavailable, InvalidTransition, TransactionConflict
+from orchestrator.storage import availability
 from orchestrator.storage.database import Conn, Pool
 from orchestrator.storage.queries import QUERIES
 
@@ -91,7 +95,7 @@ class Queries:
     async def transaction(self) -> AsyncIterator[Conn]:
         """A pooled connection inside a transaction, committed when the block ends."""
         with as_orchestrator_errors(self.on_refused):
-            async with self.pool.connection() as conn, conn.transaction():
+            async with self._pooled() as conn, conn.transaction():
                 yield conn
 
     async def in_transaction(self, work: Callable[[Conn], Awaitable[T]]) -> T:
@@ -112,8 +116,26 @@ class Queries:
                 yield conn
             return
         with as_orchestrator_errors(self.on_refused):
-            async with self.pool.connection() as pooled:
+            async with self._pooled() as pooled:
                 yield pooled
+
+    @asynccontextmanager
+    async def _pooled(self) -> AsyncIterator[Conn]:
+        """A pooled connection; inside a request, waited for as storage.availability says (a
+        bounded wait, then on only if the database answers)."""
+        bound = availability.BOUND.get()
+        if bound is None:
+            async with self.pool.connection() as conn:
+                yield conn
+            return
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                conn = await stack.enter_async_context(self.pool.connection(timeout=bound.wait))
+            except PoolTimeout:
+                if not await bound.reachable():
+                    raise DatabaseUnavailable(bound.reason) from None
+                conn = await stack.enter_async_context(self.pool.connection())
+            yield conn
 
     async def rows(
         self, name: LiteralString, params: Params | None = None, conn: Conn | None = None

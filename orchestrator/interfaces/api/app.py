@@ -26,6 +26,7 @@ from starlette.staticfiles import StaticFiles
 from orchestrator.app import Orchestrator
 from orchestrator.domain.principals import Principal, Scope
 from orchestrator.interfaces.api import (
+    access,
     flow,
     jobs,
     operations,
@@ -40,6 +41,7 @@ from orchestrator.interfaces.api.watch import EventWatch
 from orchestrator.interfaces.ui import pages
 from orchestrator.runtime.external import ExternalRuns
 from orchestrator.runtime.loops import keep_running
+from orchestrator.storage.availability import Availability
 
 logger = logging.getLogger("orchestrator.api")
 
@@ -64,6 +66,7 @@ def create_app(orc: Orchestrator) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         orc.check_definition()
         await orc.open()
+        app.state.availability = Availability(orc.dsn, wait=settings.api_database_wait_seconds)
         app.state.authenticator = Authenticator(orc.stores.tokens)
         app.state.watch = EventWatch(dsn=orc.dsn, listeners=orc.stores.listeners)
         app.state.external = ExternalRuns(
@@ -118,8 +121,10 @@ def create_app(orc: Orchestrator) -> FastAPI:
     app.add_middleware(BodyLimit, limit=settings.api_max_body_bytes)
     app.add_middleware(StorableParameters)
     app.add_middleware(Authenticate, open_metrics=settings.api_open_metrics)
+    app.add_middleware(FailFast)
     app.add_middleware(SecurityHeaders)
     app.add_middleware(ServerTiming)
+    app.add_middleware(access.AccessLog)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
@@ -144,10 +149,11 @@ async def healthz() -> Response:
 
 
 async def readyz(request: Request) -> Response:
+    """Ready while the database answers; 503 at once while it is away (FailFast), and within
+    ``api_database_wait_seconds`` and a probe's second when it just went."""
     orc: Orchestrator = request.app.state.orc
-    if await orc.stores.liveness.ping():
-        return Response("ok", media_type="text/plain")
-    return Response("database unreachable", status_code=503, media_type="text/plain")
+    await orc.stores.liveness.ping()  # DatabaseUnavailable: answered by problems.outage_answer
+    return Response("ok", media_type="text/plain")
 
 
 async def metrics(request: Request) -> Response:
@@ -186,6 +192,40 @@ class ServerTiming:
             await send(message)
 
         await self.app(scope, receive, timed)
+
+
+#: Paths answered while the database is away (they need nothing from it, or, /metrics behind a
+#: token, need only the token cache's word).
+NO_DATABASE = ("/healthz", "/metrics", OPENAPI_URL, "/ui/static/")
+
+
+class FailFast:
+    """While the database is away (storage.availability), a request that needs it is answered
+    503 at once (the dashboard's outage page, the API's problem, /readyz's text) rather than
+    after the pool's wait. Any other request's wait for a pooled connection is bounded:
+    ``api_database_wait_seconds``, then on only if a probe connection says the database
+    answers."""
+
+    def __init__(self, app: Callable[[AsgiScope, Receive, Send], Awaitable[None]]):
+        self.app = app
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        availability: Availability = scope["app"].state.availability
+        if (
+            not path.startswith(NO_DATABASE)
+            and availability.away
+            and not await availability.reachable()
+        ):
+            availability.refused()
+            reason = f"cannot reach the database: {availability.reason}"
+            await problems.outage_answer(path, reason)(scope, receive, send)
+            return
+        with availability.bounding():
+            await self.app(scope, receive, send)
 
 
 class BodyLimit:

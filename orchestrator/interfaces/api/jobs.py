@@ -21,7 +21,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BeforeValidator, ValidationError
 
 from orchestrator.app import JobSpec, Orchestrator
-from orchestrator.domain.errors import JobNotFound, SubmitError
+from orchestrator.domain.errors import DatabaseUnavailable, JobNotFound, SubmitError
 from orchestrator.domain.models import Job
 from orchestrator.domain.principals import Principal, Scope, Unauthorized
 from orchestrator.domain.states import Status
@@ -241,21 +241,25 @@ async def _events(
     """Its events from ``cursor`` on, and a keep-alive comment whenever none came for
     ORCHESTRATOR_API_STREAM_PING_SECONDS (proxies close silent connections). ``check``ed
     before each read that follows a wake-up and every RECHECK_SECONDS meanwhile: the stream
-    ends, sending nothing more, once the caller's token is revoked (a reconnection gets 401)."""
+    ends, sending nothing more, once the caller's token is revoked (a reconnection gets 401),
+    or the database is lost (a reconnection gets 503 while it is away)."""
     ping = orc.settings.api_stream_ping_seconds
-    async with watch.watching(job_id) as waiter:
-        while True:
-            job = await orc.get_job(job_id)
-            while events := await orc.stores.jobs.events_after(job_id, after=cursor, limit=500):
-                for event in events:
-                    data = json.dumps(event.model_dump(mode="json"), separators=(",", ":"))
-                    yield f"id: {event.id}\nevent: {event.kind}\ndata: {data}\n\n"
-                    cursor = event.id
-            if job.finished_at is not None:
-                return
-            try:
-                woken = await waiter.wait_checked(ping, every=RECHECK_SECONDS, check=check)
-            except Unauthorized:
-                return
-            if not woken:
-                yield ": ping\n\n"
+    try:
+        async with watch.watching(job_id) as waiter:
+            while True:
+                job = await orc.get_job(job_id)
+                while events := await orc.stores.jobs.events_after(job_id, after=cursor, limit=500):
+                    for event in events:
+                        data = json.dumps(event.model_dump(mode="json"), separators=(",", ":"))
+                        yield f"id: {event.id}\nevent: {event.kind}\ndata: {data}\n\n"
+                        cursor = event.id
+                if job.finished_at is not None:
+                    return
+                try:
+                    woken = await waiter.wait_checked(ping, every=RECHECK_SECONDS, check=check)
+                except Unauthorized:
+                    return
+                if not woken:
+                    yield ": ping\n\n"
+    except DatabaseUnavailable:  # the stream ends (no traceback); the client reconnects
+        return

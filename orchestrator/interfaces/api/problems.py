@@ -5,7 +5,8 @@ Every error the API returns is shaped here, once: the orchestrator's own errors 
 read is ``REQUEST_INVALID`` with what was wrong where; a statement naming what the database
 lacks, on a database that is not migrated to this version (emptied, or restored from an older
 backup under a running server), is ``SCHEMA_OUTDATED``; anything else unexpected is a 500 that
-says nothing of the server's insides (no stack, no SQL; the log has them).
+says nothing of the server's insides (no stack, no SQL; the log has them). A database away is
+``DATABASE_UNAVAILABLE`` (503), and for a dashboard page its outage page, never JSON.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from typing import Any
 import psycopg
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from orchestrator.domain import errors
 from orchestrator.domain.principals import Forbidden, Unauthorized
 from orchestrator.domain.rollups import StatsQueryInvalid
+from orchestrator.interfaces.ui.outage import is_dashboard, outage_page
 from orchestrator.runtime.external import NotExternal
 from orchestrator.storage.migrate import names_what_is_missing, schema_outdated
 from orchestrator.storage.tokens import TokenError
@@ -32,7 +34,7 @@ logger = logging.getLogger("orchestrator.api")
 
 MEDIA_TYPE = "application/problem+json"
 
-Handler = Callable[["Request", Exception], Awaitable["JSONResponse"]]
+Handler = Callable[["Request", Exception], Awaitable["Response"]]
 
 #: The HTTP status of each of the orchestrator's errors (the first class that matches wins).
 STATUS: tuple[tuple[type[Exception], int], ...] = (
@@ -98,12 +100,33 @@ def status_of(exc: Exception) -> int:
     return next((status for kind, status in STATUS if isinstance(exc, kind)), 500)
 
 
-async def orchestrator_error(request: Request, exc: Exception) -> JSONResponse:
+async def orchestrator_error(request: Request, exc: Exception) -> Response:
     status = status_of(exc)
-    if status >= 500 and not isinstance(exc, errors.DatabaseUnavailable | errors.SchemaOutdated):
+    if isinstance(exc, errors.DatabaseUnavailable):
+        return await database_unavailable(request, exc)
+    if status >= 500 and not isinstance(exc, errors.SchemaOutdated):
         return await unexpected(request, exc)
     code = getattr(exc, "code", "ORC_ERROR")
     return problem(status, code, str(exc))
+
+
+async def database_unavailable(request: Request, exc: errors.DatabaseUnavailable) -> Response:
+    """503: the dashboard's outage page for its pages, the problem for the API's. Whether the
+    database is away is checked (one probe connection, storage.availability), so that the next
+    requests answer at once while it is."""
+    availability = getattr(request.app.state, "availability", None)
+    if availability is not None:
+        await availability.reachable()
+    return outage_answer(request.url.path, str(exc))
+
+
+def outage_answer(path: str, reason: str) -> Response:
+    """What a request of ``path`` is answered while the database is away."""
+    if is_dashboard(path):
+        return outage_page(path, reason)
+    if path == "/readyz":
+        return Response("database unreachable", status_code=503, media_type="text/plain")
+    return problem(503, errors.DatabaseUnavailable.code, reason)
 
 
 async def request_invalid(request: Request, exc: Exception) -> JSONResponse:
@@ -183,7 +206,7 @@ HANDLERS: tuple[tuple[type[Exception], Handler], ...] = (
 )
 
 
-async def answer(request: Request, exc: Exception) -> JSONResponse:
+async def answer(request: Request, exc: Exception) -> Response:
     """The problem a route's error would have been answered with."""
     handler = next(handle for kind, handle in HANDLERS if isinstance(exc, kind))
     return await handler(request, exc)

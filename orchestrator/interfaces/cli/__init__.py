@@ -80,11 +80,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _log_to_stderr(args: argparse.Namespace) -> None:
-    """Records go to stderr, secrets redacted, from WARNING up (INFO with ``-v``). A worker (and
-    the exporter) says what it does (its start, each job's outcome) in
+    """Records go to stderr, secrets redacted, from WARNING up (INFO with ``-v``). A worker (the
+    exporter, ``serve``) says what it does (its start, each job's outcome, each request) in
     ``ORCHESTRATOR_LOG_FORMAT``, read before its application is imported: importing it may log
     already."""
-    server = args.command in ("worker", "exporter")
+    server = args.command in ("worker", "exporter", "serve")
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING)
     if server:
         logging.getLogger("orchestrator").setLevel(logging.INFO)

@@ -6,10 +6,18 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
+import socket
+from typing import TYPE_CHECKING
 
 from orchestrator.domain.errors import DatabaseUnavailable
 from orchestrator.interfaces.cli.shared import Commands, load_app, whole
 from orchestrator.storage.database import check_database
+
+if TYPE_CHECKING:
+    import uvicorn
+
+logger = logging.getLogger("orchestrator.api")
 
 
 def add_parsers(commands: Commands) -> None:
@@ -45,13 +53,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     asyncio.run(_refuse_a_schema_it_cannot_serve(orc.dsn))  # once it answers
     config = uvicorn.Config(
         create_app(orc), host=host, port=port, log_config=None, lifespan="on",
-        server_header=False, proxy_headers=True,
+        server_header=False, proxy_headers=True, access_log=False,  # api.access logs each
     )  # fmt: skip
-    server = uvicorn.Server(config)
+    server = _server(config)
     # uvicorn takes SIGTERM/SIGINT over as it starts, shuts down gracefully on one, then raises
     # it again for the handler it found (interfaces.start), which ends the process with 0.
     asyncio.run(server.serve())
     return 0 if server.started else 1
+
+
+def _server(config: uvicorn.Config) -> uvicorn.Server:
+    """uvicorn's server, saying where it listens once it does (the port bound, also for 0)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            for server in self.servers:
+                for bound in server.sockets:
+                    host, port = bound.getsockname()[:2]
+                    logger.info(
+                        "serving the API on http://%s:%d (/api/v1, the dashboard /ui, /healthz,"
+                        " /readyz, /metrics)", f"[{host}]" if ":" in host else host, port,
+                    )  # fmt: skip
+
+    return Server(config)
 
 
 async def _refuse_a_schema_it_cannot_serve(dsn: str) -> None:

@@ -33,6 +33,7 @@ from orchestrator.app import Orchestrator
 from orchestrator.domain.dead_letters import BECOMES, BULK_MAX, SHOWN, TAKES, LetterFilter
 from orchestrator.domain.errors import (
     ApprovalNotFound,
+    DatabaseUnavailable,
     DeadLetterNotFound,
     JobNotFound,
     OrchestratorError,
@@ -754,7 +755,8 @@ async def signed_in(request: Request) -> None:
 @router.get("/live")
 async def live(request: Request, session: Viewer) -> StreamingResponse:
     """The lists' heartbeat: "changed" every two seconds (the page re-reads its fragment),
-    while the session lives."""
+    while the session lives and the database answers (the stream ends otherwise: the page
+    says it is disconnected, and connects again)."""
 
     async def ticks() -> AsyncIterator[str]:
         yield "retry: 2000\n\n"
@@ -762,7 +764,7 @@ async def live(request: Request, session: Viewer) -> StreamingResponse:
             await asyncio.sleep(LIST_REFRESH_SECONDS)
             try:
                 await signed_in(request)
-            except SignInFirst:
+            except (SignInFirst, DatabaseUnavailable):  # the page shows it is disconnected
                 return
             yield "data: changed\n\n"
 
@@ -779,12 +781,12 @@ async def live_job(request: Request, orc: Orc, session: Viewer, job_id: UUID) ->
     every, check = SESSION_CHECK_SECONDS, functools.partial(signed_in, request)
 
     async def changes() -> AsyncIterator[str]:
-        async with watch.watching(job_id) as waiter:
-            while True:
-                try:
+        try:
+            async with watch.watching(job_id) as waiter:
+                while True:
                     woken = await waiter.wait_checked(ping, every=every, check=check)
-                except SignInFirst:
-                    return
-                yield "data: changed\n\n" if woken else ": ping\n\n"
+                    yield "data: changed\n\n" if woken else ": ping\n\n"
+        except (SignInFirst, DatabaseUnavailable):  # the page shows it is disconnected
+            return
 
     return StreamingResponse(changes(), media_type="text/event-stream")

@@ -18,12 +18,27 @@ function tick() {
   }
 }
 
+// Whether the page shows that it lost the server (or the server its database): the notice
+// in base.html, shown while the live stream or a fragment read fails, hidden once one works.
+function disconnected(shown) {
+  const notice = document.getElementById("disconnected");
+  if (notice) notice.hidden = !shown;
+}
+
 async function refresh(region) {
-  const response = await fetch(region.dataset.liveSrc, {
-    credentials: "same-origin",
-    headers: { accept: "text/html" },
-  });
+  let response;
+  try {
+    response = await fetch(region.dataset.liveSrc, {
+      credentials: "same-origin",
+      headers: { accept: "text/html" },
+    });
+  } catch (error) {
+    disconnected(true); // the server itself does not answer
+    return;
+  }
+  if (response.status >= 500) disconnected(true); // the database is away (503)
   if (response.redirected || !response.ok) return; // signed out, or the job is gone
+  disconnected(false);
   const focused = region.contains(document.activeElement) && document.activeElement.value;
   if (focused) return; // never replace a form someone is typing into
   if (region.querySelector("input[type=checkbox]:checked")) return; // nor rows someone chose
@@ -46,13 +61,14 @@ function arm(root) {
   }
 }
 
+const RECONNECT_MS = 3000;
+
 function live() {
   const source = document.body.dataset.liveEvents;
   if (!source) return;
   const regions = document.querySelectorAll("[data-live-src]");
   let busy = false;
-  const events = new EventSource(source);
-  events.onmessage = async () => {
+  const update = async () => {
     if (busy) return;
     busy = true;
     try {
@@ -61,6 +77,36 @@ function live() {
       busy = false;
     }
   };
+  const connect = () => {
+    const events = new EventSource(source);
+    events.onopen = () => {
+      disconnected(false);
+      update(); // what changed while the page was disconnected
+    };
+    events.onmessage = update;
+    events.onerror = () => {
+      disconnected(true);
+      // A stream that ended is connected again by the browser; one refused (503 while the
+      // database is away) is not: this page tries again until it is taken.
+      if (events.readyState === EventSource.CLOSED) setTimeout(reconnect, RECONNECT_MS);
+    };
+  };
+  const reconnect = async () => {
+    let response = null; // none: the server itself does not answer
+    const reading = new AbortController();
+    try {
+      response = await fetch(source, { credentials: "same-origin", signal: reading.signal });
+    } catch (error) {}
+    reading.abort(); // its status is all this asks: the stream is the EventSource's
+    if (response && (response.redirected || (response.status >= 400 && response.status < 500))) {
+      disconnected(false); // signed out, or the job is gone: nothing to connect to
+    } else if (response && response.ok) {
+      connect();
+    } else {
+      setTimeout(reconnect, RECONNECT_MS);
+    }
+  };
+  connect();
 }
 
 document.addEventListener("DOMContentLoaded", () => {
