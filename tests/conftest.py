@@ -98,7 +98,9 @@ Where each part of the code is tested:
                               test_external_contract; the token cache's window, for
                               streams and long-polls too: test_token_cache; who sees a lease token: test_lease_token; the
                               dashboard: test_ui (a real Chromium), test_ui_views, its
-                              session and CSRF rules over HTTP: test_ui_session; the string
+                              session and CSRF rules over HTTP: test_ui_session; the
+                              overview's banners and "Now" chart: test_ui_overview; the
+                              fleet summary (API, CLI, tenants): test_fleet_summary; the string
                               rule, everywhere: test_strings; who may call what (every
                               operation and page x every credential): test_authorization;
                               one tenant's token against another tenant and the fleet
