@@ -174,7 +174,9 @@ async def test_failures_that_notify_nobody_are_a_banner_until_a_target_is_set(
     await page.context.close()
     target = '{"channel": "webhook", "url": "https://hooks.example/secret-path"}'
     with ApiServer(dsn, app=APP, ORCHESTRATOR_RETRY_CONFIG=ui_app.CONFIG,
-                   ORCHESTRATOR_ESCALATION_TARGET=target) as told:  # fmt: skip
+                   ORCHESTRATOR_ESCALATION_TARGET=target,
+                   ORCHESTRATOR_ESCALATION_JOB_TYPE="shaped",
+                   ORCHESTRATOR_APPROVAL_JOB_TYPE="shaped") as told:  # fmt: skip
         page = await signed_in(browser, told, secret)
         await shown(page)
         assert await banner(page, "notifications").count() == 0

@@ -6,7 +6,7 @@ it as it is. Pure: no I/O."""
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel
@@ -151,7 +151,8 @@ def problems(
             ))  # fmt: skip
     for k in held_keys:
         if k.paused_until is not None:
-            said = f"paused by {k.paused_by or 'unknown'} until {k.paused_until:%H:%M:%S} UTC"
+            until = k.paused_until.astimezone(UTC)
+            said = f"paused by {k.paused_by or 'unknown'} until {until:%H:%M:%S} UTC"
             if k.pause_reason:
                 said += f": {k.pause_reason}"
             fix = f"resume it on Flow (orchestrator flow resume {k.key}) once the cause is gone"

@@ -60,14 +60,15 @@ SELECT count(*)::integer AS n
                      AND j.tenant_id = ANY (%(tenants)s)))
 
 -- activity --
--- Retries scheduled and failures (jobs failed for good) by the minute they happened, since
+-- Retries scheduled and failures (jobs failed for good: dead-lettered; `job.failed` is written
+-- for every failed attempt) by the minute they happened, since
 -- %(since)s (orc_job_events_activity, 0061: a range of the last hour's events of these two
 -- kinds, never the whole history); `tenants`: only their jobs' events.
 SELECT date_bin('1 minute', e.at, %(since)s) AS at,
        count(*) FILTER (WHERE e.kind = 'job.retry_scheduled')::integer AS retried,
-       count(*) FILTER (WHERE e.kind = 'job.failed')::integer AS failed
+       count(*) FILTER (WHERE e.kind = 'job.dead_lettered')::integer AS failed
   FROM orc_job_events AS e
- WHERE e.kind IN ('job.retry_scheduled', 'job.failed') AND e.at >= %(since)s
+ WHERE e.kind IN ('job.retry_scheduled', 'job.dead_lettered') AND e.at >= %(since)s
    AND (%(tenants)s::text[] IS NULL
         OR EXISTS (SELECT FROM orc_jobs AS j WHERE j.id = e.job_id
                      AND j.tenant_id = ANY (%(tenants)s)))

@@ -19,4 +19,4 @@
 ALTER TABLE orc_worker_configs ADD COLUMN runs text;
 
 CREATE INDEX IF NOT EXISTS orc_job_events_activity ON orc_job_events (at)
-    WHERE kind IN ('job.retry_scheduled', 'job.failed');
+    WHERE kind IN ('job.retry_scheduled', 'job.dead_lettered');
