@@ -20,7 +20,7 @@ from tests.support.api_server import ApiServer, token
 from tests.support.harness import WorkerRun, wait_for
 from tests.support.tools import find
 from tests.support.workers import WorkerProcess
-from tests.test_ui import CHROMIUM_FLAGS, signed_in
+from tests.test_ui import CHROMIUM_FLAGS, shot, signed_in
 
 APP = "tests.support.ui_app:orc"
 SECONDS = 45_000  # ms a banner may take to show or go on a loaded machine (the overview is
@@ -153,6 +153,7 @@ async def test_letters_to_review_and_the_last_minutes_failures_show_at_once(
     assert totals == {"retried": 1, "failed": 1}, totals
     assert await now.locator(".yaxis span").all_inner_texts() == ["1", "0.5", "0"]
     assert "per minute, in the minute they happened" in await now.inner_text()
+    await shot(mine, "overview-banners")
     await banner(mine, "dead_letters").get_by_role("link", name="Fix it").click()
     await mine.wait_for_url(f"{server.url}/ui/dead-letters")
     await shown(theirs)  # another tenant: none of the letters, none of the failures
