@@ -37,6 +37,7 @@ class HeldKey(BaseModel):
 
     key: str
     limit_name: str
+    paused: bool  # (its pause may have ended while its rate is still low)
     paused_until: datetime | None
     paused_by: str | None
     pause_reason: str | None
@@ -150,7 +151,7 @@ def problems(
                 link="/ui/applications",
             ))  # fmt: skip
     for k in held_keys:
-        if k.paused_until is not None:
+        if k.paused and k.paused_until is not None:
             until = k.paused_until.astimezone(UTC)
             said = f"paused by {k.paused_by or 'unknown'} until {until:%H:%M:%S} UTC"
             if k.pause_reason:

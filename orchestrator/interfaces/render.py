@@ -374,7 +374,7 @@ def summary_lines(summary: FleetSummary) -> list[str]:
 
 
 def _held(key: HeldKey) -> str:
-    if key.paused_until is None:
+    if not key.paused or key.paused_until is None:
         return f"{key.key} slowed to {key.rate_factor or 0:.0%}"
     why = f": {key.pause_reason}" if key.pause_reason else ""
     return f"{key.key} paused by {key.paused_by or 'unknown'} until {_utc(key.paused_until)}{why}"

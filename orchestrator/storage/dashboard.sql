@@ -22,8 +22,8 @@ SELECT w.id AS worker_id, c.worker, c.application, c.runs, w.last_heartbeat,
 -- many jobs wait on each. `tenants`: only the keys a job of theirs waits on or runs under, and
 -- only their jobs counted (a key is shared by the fleet: the other tenants' jobs on it, and the
 -- keys only they use, are none of theirs).
-SELECT k.key, k.limit_name, k.paused_until, k.paused_by, k.pause_reason,
-       orc_flow_factor_v1(k, l) AS rate_factor,
+SELECT k.key, k.limit_name, coalesce(k.paused_until > now(), false) AS paused, k.paused_until,
+       k.paused_by, k.pause_reason, orc_flow_factor_v1(k, l) AS rate_factor,
        (SELECT count(*) FROM orc_flow_waiters AS w
          WHERE w.key = k.key
            AND (%(tenants)s::text[] IS NULL
@@ -38,7 +38,7 @@ SELECT k.key, k.limit_name, k.paused_until, k.paused_by, k.pause_reason,
         OR EXISTS (SELECT FROM orc_jobs AS j
                     WHERE j.flow_key = k.key AND j.status = 'RUNNING' AND j.flow_key IS NOT NULL
                       AND j.tenant_id = ANY (%(tenants)s)))
- ORDER BY k.paused_until > now() DESC, k.key
+ ORDER BY coalesce(k.paused_until > now(), false) DESC, k.key
  LIMIT 50
 
 -- letters_to_review --
