@@ -286,7 +286,7 @@ async def _overview(orc: Orchestrator, session: Session) -> dict[str, Any]:
     charts = [
         views.chart("Now: retries and failures, last hour", minutes, activity,
                     unit="per minute, in the minute they happened", known_until=None,
-                    nothing="no retry scheduled, no job failed"),
+                    nothing="no retry scheduled, no job failed", y_label="retries, failures"),
         views.chart("Finished, last hour", minutes, outcomes,
                     unit="per minute, in the minute the job finished",
                     known_until=hour.rolled_up_to),
