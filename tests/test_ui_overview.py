@@ -77,7 +77,7 @@ async def test_jobs_due_that_no_worker_runs_are_a_banner_until_a_worker_is_back(
     await banner(page, "unserved").wait_for(timeout=SECONDS)
     said = await banner(page, "unserved").inner_text()
     assert "2 scripted job(s) due on queue scripted, and no live worker runs this type" in said
-    assert "start a worker" in said
+    assert "Start a worker of an application that runs it" in said
     assert await page.locator("[data-runners]").get_attribute("data-runners") == "0"
     await banner(page, "unserved").get_by_role("link", name="Fix it").click()
     await page.wait_for_url(f"{server.url}/ui/applications")
@@ -114,7 +114,7 @@ async def test_a_paused_flow_key_is_a_banner_for_those_whose_jobs_it_holds(
         await banner(page, "flow_key").wait_for(timeout=SECONDS)
         said = await banner(page, "flow_key").inner_text()
         assert f"Flow key provider:m ({waiting} waiting) is paused by alice until" in said, said
-        assert "provider outage" in said and "resume it on Flow" in said
+        assert "provider outage" in said and "Resume it on Flow" in said
         link = banner(page, "flow_key").get_by_role("link", name="Fix it")
         assert await link.get_attribute("href") == "/ui/flow"
     await shown(stranger)  # none of its jobs waits on the key: nothing of it
