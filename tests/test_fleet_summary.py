@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -17,7 +18,9 @@ import psycopg
 import pytest
 
 from orchestrator import Orchestrator
+from orchestrator.domain.applications import UnservedJobs
 from orchestrator.domain.principals import Scope
+from orchestrator.domain.summary import HeldKey, Notifications, problems
 from tests.support import log_guard, ui_app
 from tests.support.api_server import ApiServer, token
 from tests.support.harness import ROOT, WorkerRun, wait_for
@@ -160,3 +163,32 @@ async def test_a_stalled_process_and_a_notification_target_are_said_as_they_are(
     (stalled,) = found["stalled"]
     assert stalled["runs"] is None and stalled["stalled"] is True
     assert "no heartbeat for" in found["problems"][0]["text"]
+
+
+def test_each_problem_says_what_and_what_to_do_the_most_urgent_first() -> None:
+    """The pure rule (orchestrator.domain.summary.problems): a key whose pause ended while its
+    rate is still low is slowed, not paused; nothing wrong, no problem."""
+    at = datetime(2026, 1, 1, 12, tzinfo=UTC)
+    key = HeldKey(key="provider:m", limit_name="provider", paused=False,
+                  paused_until=at - timedelta(minutes=1), paused_by="alice", pause_reason="x",
+                  rate_factor=0.25, waiting=3)  # fmt: skip
+    told = Notifications(failures="webhook", approvals=None)
+    found = problems(
+        processes=[], unserved=[UnservedJobs(job_type="t", pending=1, retry=1, due=2,
+                                             queues=["q"])],
+        held_keys=[key], letters_to_review={"recorded": 0, "discard_requested": 2},
+        notifications=told, at=at,
+    )  # fmt: skip
+    assert [p.kind for p in found] == ["unserved", "flow_key", "dead_letters", "notifications"]
+    assert (
+        found[1].text == "Flow key provider:m (3 waiting) is slowed to 25% of its rate after "
+        "its provider's 429s"
+    )
+    assert found[3].text == "Nobody is notified of approvals: no target is set"
+    everything_fine = problems(
+        processes=[], unserved=[UnservedJobs(job_type="t", pending=1, retry=0, due=0,
+                                             queues=["q"])],
+        held_keys=[], letters_to_review={"recorded": 0, "discard_requested": 0},
+        notifications=Notifications(failures="webhook", approvals="webhook"), at=at,
+    )  # fmt: skip
+    assert everything_fine == []  # (a job waiting unserved but not yet due is no problem yet)
