@@ -4,7 +4,8 @@ off: the read each viewer's refresh would make every two seconds without it).
     ./dev bench overview [--jobs 1000000] [--reads 20]
 
 The table is bench/fleet_scrape.py's settled fleet (95 % finished, 200 tenants, 12 types, 4
-queues, dead letters), its jobs finished over the last day, ANALYZEd and VACUUMed; the
+queues, dead letters), its jobs finished over the last day, with the events the overview's
+"Now" chart reads (each failure's, each retry's), ANALYZEd and VACUUMed; the
 rollup service has caught up with it (its time is printed too: the jobs it rolls up per
 second). The read is the dashboard's own (``pages._overview``), as a viewer of every tenant and
 as one of a single tenant; printed: median and slowest of ``--reads`` reads, and the same read
@@ -57,6 +58,17 @@ SELECT gen_random_uuid(), 'type_' || (i %% 12), s, 'null', 'queue_' || (i %% 4),
            WHEN i %% 100 < 99 THEN 'RUNNING'
            ELSE 'WAITING_APPROVAL' END AS s,
            now() - (1 - i::float8 / %(jobs)s) * interval '1 day' AS finish) AS x
+"""
+#: What the overview's "Now" chart reads: each failed job's dead letter and each job in RETRY's
+#: retry, as events at its time (the day's ~240,000 failures, a last hour's ~10,000 of them).
+ACTIVITY_EVENTS = """
+INSERT INTO orc_job_events (job_id, kind, at, payload)
+SELECT id, CASE status WHEN 'FAILED' THEN 'job.dead_lettered' ELSE 'job.retry_scheduled' END,
+       coalesce(finished_at, now() - interval '5 minutes'),
+       jsonb_build_object('attempt', 1, 'run', 1, 'max_runs', 3, 'retry_count', 0,
+                          'max_retries', 3, 'worker', 'w', 'run_id', 'r', 'layer', 'app',
+                          'backoff_ms', 0)
+  FROM orc_jobs WHERE status IN ('FAILED', 'RETRY')
 """
 VIEWERS = {
     "every tenant": Principal("bench", frozenset({Scope.READ})),
@@ -121,7 +133,9 @@ def main() -> None:
     with fresh_database("orc_bench_overview") as dsn:
         print(f"machine: {machine()}, PostgreSQL {asyncio.run(server_version(dsn))}")
         empty = asyncio.run(reads(dsn, args.reads))
-        asyncio.run(fill(dsn, [SETTLED_OVER_A_DAY, LETTERS, LETTER_ERRORS], args.jobs))
+        asyncio.run(
+            fill(dsn, [SETTLED_OVER_A_DAY, LETTERS, LETTER_ERRORS, ACTIVITY_EVENTS], args.jobs)
+        )
         asyncio.run(vacuum(dsn))
         seconds, runs = asyncio.run(catch_up(dsn))
         sizes = asyncio.run(rollup_sizes(dsn))

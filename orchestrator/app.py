@@ -42,6 +42,7 @@ from orchestrator.domain.rollups import Stats
 from orchestrator.domain.schedules import Schedule, ScheduleView
 from orchestrator.domain.secrets import Secrets
 from orchestrator.domain.states import Status
+from orchestrator.domain.summary import FleetSummary
 from orchestrator.domain.usage import JobUsage, UsageTotal
 from orchestrator.facade import actions, exporter, reloads, schedules
 from orchestrator.facade.actions import OperatorActions
@@ -53,6 +54,7 @@ from orchestrator.facade.reloads import ConfigWatch
 from orchestrator.facade.schedules import Schedules
 from orchestrator.facade.stats import Statistics
 from orchestrator.facade.submit import JobKeyMode, JobRows, JobSpec, Submitter, job_spec
+from orchestrator.facade.summary import fleet_summary
 from orchestrator.facade.workers import Workers
 from orchestrator.runtime.config_reload import ConfigReload
 from orchestrator.runtime.metrics import Metrics, NoMetrics
@@ -430,6 +432,12 @@ class Orchestrator:
         """The applications sharing the database (docs/applications.md), and the waiting jobs
         that no live one serves; ``tenants``: only what names them."""
         return await self._reads.applications(tenants=tenants)
+
+    async def summary(self, *, tenants: Collection[str] | None = None) -> FleetSummary:
+        """The fleet at a glance: unfinished jobs by status, the processes that run jobs, what
+        waits unserved or held, what waits for a person, and what is wrong (``problems``, each
+        with what to do); ``tenants``: only what concerns them."""
+        return await fleet_summary(self._lifecycle, self.settings, tenants=tenants)
 
     async def job_events(self, job_id: UUID | str) -> list[JobEvent]:
         return await self._reads.events(job_id)

@@ -104,7 +104,9 @@ Where each part of the code is tested:
                               session and CSRF rules over HTTP: test_ui_session; `serve`
                               through a database outage (503 within a probe's 2 s, the
                               outage page, the live pages' notice, its log and access
-                              lines): test_ui_outage; the string
+                              lines): test_ui_outage; the overview's banners and "Now" chart:
+                              test_ui_overview; the fleet summary (API, CLI, tenants):
+                              test_fleet_summary; the string
                               rule, everywhere: test_strings; who may call what (every
                               operation and page x every credential): test_authorization;
                               one tenant's token against another tenant and the fleet

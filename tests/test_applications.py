@@ -116,7 +116,7 @@ async def test_a_withdrawal_waits_while_a_live_peer_declares_otherwise(
     peer = await orc.stores.dispatches.register_worker(prune_after=30)
     await orc.stores.config_versions.record(
         peer, worker="peer", config=orc.live_config, application="agents",
-        declares="fingerprint-of-the-workers",
+        declares="fingerprint-of-the-workers", runs="jobs",
     )  # fmt: skip
     names, answer = await flow.sync(config(OTHER, "script"), A, "fingerprint-of-a-script")
     assert answer.deferred == ["limit llm"] and names == []
@@ -202,10 +202,17 @@ async def test_waiting_jobs_of_a_type_no_live_application_declares_are_shown_per
     ] == []
     app = next(a for a in found.applications if a.name == "gone")
     assert not app.live and "gone_type" in app.job_types
-    # A live process of the application: they are served again.
+    # A live API server of the application runs no in-process type: still unserved, and due.
+    server = await gone.stores.dispatches.register_worker(prune_after=30)
+    await gone.stores.config_versions.record(
+        server, worker="s", config=gone.live_config, application="gone", runs="external"
+    )
+    (still,) = (await gone.applications()).unserved
+    assert (still.job_type, still.due, still.queues) == ("gone_type", 3, ["gone_type"])
+    # A live worker of the application: they are served again.
     worker = await gone.stores.dispatches.register_worker(prune_after=30)
     await gone.stores.config_versions.record(
-        worker, worker="w", config=gone.live_config, application="gone"
+        worker, worker="w", config=gone.live_config, application="gone", runs="jobs"
     )
     found = await gone.applications()
     assert found.unserved == []
@@ -242,8 +249,9 @@ async def test_the_operator_sees_a_refusal_between_live_applications_and_the_uns
     for application in ("agents", "billing"):
         worker = await gone.stores.dispatches.register_worker(prune_after=30)
         await gone.stores.config_versions.record(
-            worker, worker=application, config=gone.live_config, application=application
-        )
+            worker, worker=application, config=gone.live_config, application=application,
+            runs="jobs",
+        )  # fmt: skip
     families = await fleet.families()
     assert series(families, "orchestrator_application_conflicts") == [
         ({"application": "billing", "other": "agents", "kind": "limit", "name": "llm"}, 1)
@@ -261,8 +269,8 @@ async def test_the_operator_sees_a_refusal_between_live_applications_and_the_uns
             "here, 1 there)" in lines
         ), lines
         assert (
-            "UNSERVED gone_type: 1 pending, 0 to retry; no live application runs this type "
-            "(they wait for one)" in lines
+            "UNSERVED gone_type: 1 pending, 0 to retry, 1 due (queue gone_type); no live worker "
+            "runs this type (they wait for one)" in lines
         ), lines
 
 
@@ -279,7 +287,7 @@ async def test_an_application_gone_for_good_is_forgotten_not_while_it_lives(
     await orc.stores.schedules.sync(B, [define("hourly", "sweep", source="t", cron="0 * * * *")])
     worker = await orc.stores.dispatches.register_worker(prune_after=30)
     await orc.stores.config_versions.record(
-        worker, worker="host/w1", config=orc.live_config, application="billing"
+        worker, worker="host/w1", config=orc.live_config, application="billing", runs="jobs"
     )
 
     def forget(name: str) -> subprocess.CompletedProcess[str]:

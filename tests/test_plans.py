@@ -364,6 +364,16 @@ async def read(stores: Stores, plans: Plans, job_id: uuid.UUID) -> None:
             tenants=None,
         ),
         "holders": lambda: stores.dashboard.holders(tenants=None),
+        "summary: processes": lambda: stores.dashboard.processes(seconds=30),
+        "summary: unserved": lambda: stores.applications.unserved(seconds=30, tenants=tenants),
+        "summary: held keys": lambda: stores.dashboard.held_keys(tenants=None),
+        "summary: held keys of tenants": lambda: stores.dashboard.held_keys(tenants=tenants),
+        "summary: letters": lambda: stores.dashboard.letters_to_review(tenants=tenants),
+        "summary: approvals": lambda: stores.dashboard.approvals_waiting(tenants=tenants),
+        "activity": lambda: stores.dashboard.activity(since=now - timedelta(hours=1), tenants=None),
+        "activity of tenants": lambda: stores.dashboard.activity(
+            since=now - timedelta(hours=1), tenants=tenants
+        ),
     }
     for path, reading in reads.items():
         plans.path = path

@@ -594,7 +594,7 @@ async def test_the_overview_charts_the_rollups_each_viewer_its_tenants_only(
         browser, server, await token(orc.stores.tokens, "charts-a", Scope.READ, tenants=["a"])
     )
     for page, completed, failed in ((everyone, 10, 1), (tenant_a, 4, 1)):
-        for title in ("Last hour", "Last day"):
+        for title in ("Finished, last hour", "Finished, last day"):
             chart = page.locator(f"figure[data-chart='{title}']")
             want = {"completed": completed, "failed": failed, "retried": 0}
             deadline = asyncio.get_running_loop().time() + pages.OVERVIEW_SECONDS + 10

@@ -103,6 +103,8 @@ def test_a_chart_draws_each_line_to_scale_up_to_what_is_known() -> None:
         unit="per minute", known_until=at(3),
     )  # fmt: skip
     assert drawn.top == 10 and (drawn.start, drawn.end) == ("12:00 UTC", "12:04 UTC")
+    assert (drawn.ticks, drawn.gridlines, drawn.middle) == (["10", "5", "0"], [0.0, 80.0],
+                                                            "12:02 UTC")  # fmt: skip
     completed, failed = drawn.lines
     # x: four gaps over the width; y: 0 at the bottom, the top at 0; steps 3 and 4 unknown
     assert completed.points == "0.0,48.0 150.0,160.0 300.0,0.0"

@@ -169,12 +169,15 @@ class ApplicationView(BaseModel):
 
 
 class UnservedJobs(BaseModel):
-    """Waiting jobs of a type that no live application declares: they wait (nothing fails
-    them) until a process of an application that runs the type is back."""
+    """Waiting jobs of a type that no live process runs (a worker of an application that
+    declares it; for an external type, its API server): they wait (nothing fails them) until
+    one is back. ``due``: of them, those whose time has come; ``queues``: theirs."""
 
     job_type: str
     pending: int
     retry: int
+    due: int
+    queues: list[str]
 
 
 class Applications(BaseModel):

@@ -12,6 +12,7 @@ from orchestrator.domain.models import DeadLetter, Job, JobEvent
 from orchestrator.domain.rollups import Stats
 from orchestrator.domain.schedules import ScheduleView
 from orchestrator.domain.states import Status
+from orchestrator.domain.summary import FleetSummary, HeldKey
 from orchestrator.domain.usage import GROUPS, JobUsage, UsageTotal, groups_of
 from orchestrator.services.retention import RetentionResult
 from orchestrator.storage.rows import ApprovalRecord, StepRecord
@@ -367,6 +368,39 @@ def job_usage_line(usage: JobUsage) -> str:
     )
 
 
+def summary_lines(summary: FleetSummary) -> list[str]:
+    """The fleet at a glance: one line per fact, then each problem with what to do."""
+    jobs = ", ".join(f"{n} {status}" for status, n in summary.jobs.items())
+    runners = ", ".join(p.worker or f"#{p.worker_id}" for p in summary.runners)
+    letters = summary.letters_to_review
+    held = [_held(k) for k in summary.held_keys]
+    unserved = [f"{u.job_type} ({u.due} due, queue {', '.join(u.queues)})"
+                for u in summary.unserved]  # fmt: skip
+    notified = summary.notifications
+    lines = [
+        f"jobs unfinished: {jobs}",
+        f"workers alive that run jobs: {len(summary.runners)}"
+        + (f" ({runners})" if runners else "")
+        + f"; API servers: {len(summary.servers)}; stalled: {len(summary.stalled)}",
+        f"jobs waiting that no live worker runs: {'; '.join(unserved) or 'none'}",
+        f"flow keys paused or slowed: {'; '.join(held) or 'none'}",
+        f"dead letters to review: {sum(letters.values())} ({letters.get('recorded', 0)} "
+        f"recorded, {letters.get('discard_requested', 0)} discard requested)",
+        f"approvals waiting: {summary.approvals_waiting}",
+        f"failures notified to: {notified.failures or 'nobody'}; approvals notified to: "
+        f"{notified.approvals or 'nobody'}",
+    ]
+    lines += [f"PROBLEM {p.text}: {p.fix} ({p.link})" for p in summary.problems]
+    return lines
+
+
+def _held(key: HeldKey) -> str:
+    if not key.paused or key.paused_until is None:
+        return f"{key.key} slowed to {key.rate_factor or 0:.0%}"
+    why = f": {key.pause_reason}" if key.pause_reason else ""
+    return f"{key.key} paused by {key.paused_by or 'unknown'} until {_utc(key.paused_until)}{why}"
+
+
 def application_lines(found: Applications) -> list[str]:
     """Each application: live or not, its processes with their config versions, what it
     declares, its refusals; then the waiting jobs no live application serves."""
@@ -395,8 +429,9 @@ def application_lines(found: Applications) -> list[str]:
         lines.append("no applications")
     for jobs in found.unserved:
         lines.append(
-            f"UNSERVED {jobs.job_type}: {jobs.pending} pending, {jobs.retry} to retry; no live "
-            "application runs this type (they wait for one)"
+            f"UNSERVED {jobs.job_type}: {jobs.pending} pending, {jobs.retry} to retry, {jobs.due} "
+            f"due (queue {', '.join(jobs.queues)}); no live worker runs this type (they wait for "
+            "one)"
         )
     return lines
 

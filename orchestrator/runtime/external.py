@@ -373,7 +373,7 @@ class ExternalRuns:
         application, declares = application_of(self.settings), self.declares()
         await self.stores.config_versions.record(
             self.worker_id, worker=f"{self.host}/w{self.worker_id}", config=self.config,
-            application=application.name, declares=declares,
+            application=application.name, declares=declares, runs='external',
         )  # fmt: skip
         await self.stores.flow.apply(self.config, application, declares)  # per version
 

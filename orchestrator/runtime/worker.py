@@ -391,7 +391,7 @@ class Worker:
         application, declares = application_of(self.settings), self.declares()
         await self.stores.config_versions.record(
             self.worker_id, worker=f"{HOST}/w{self.worker_id}", config=self.kit.config,
-            application=application.name, declares=declares,
+            application=application.name, declares=declares, runs='jobs',
         )  # fmt: skip
         await self.stores.flow.apply(self.kit.config, application, declares)  # per version
         if self.jobs_lane.queues is None:  # every queue: but other applications' own

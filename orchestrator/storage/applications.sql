@@ -58,8 +58,11 @@ SELECT c.application, c.kind, c.name, c.other
  ORDER BY c.application, c.kind, c.name, c.other
 
 -- unserved_jobs --
--- Waiting jobs (PENDING, RETRY) of the types no application with a live process declares, by
--- type; `tenants`: only theirs. The counts come from orc_jobs_unfinished_counts alone.
+-- Waiting jobs (PENDING, RETRY) of the types no live process runs, by type, with their queues
+-- and how many are due; `tenants`: only theirs. A type is run by a live process of an
+-- application that declares it and runs its kind (0061: a worker runs the in-process types, an
+-- API server the external ones; a process of an older release, recording neither, either). The
+-- counts come from orc_jobs_unfinished_counts alone.
 WITH served AS (
     SELECT DISTINCT d.name
       FROM orc_application_definitions AS d
@@ -67,16 +70,22 @@ WITH served AS (
       JOIN procrastinate_workers AS w ON w.id = o.worker_id
      WHERE d.kind = 'job_type'
        AND w.last_heartbeat > now() - make_interval(secs => %(seconds)s)
+       AND (o.runs IS NULL
+            OR o.runs = CASE WHEN coalesce((d.definition ->> 'external')::boolean, false)
+                             THEN 'external' ELSE 'jobs' END)
 ), waiting AS (
     SELECT j.job_type,
            count(*) FILTER (WHERE j.status = 'PENDING') AS pending,
-           count(*) FILTER (WHERE j.status = 'RETRY') AS retry
+           count(*) FILTER (WHERE j.status = 'RETRY') AS retry,
+           count(*) FILTER (WHERE (j.status = 'PENDING' AND j.run_at <= now())
+                               OR (j.status = 'RETRY' AND j.next_retry_at <= now())) AS due,
+           array_agg(DISTINCT j.queue ORDER BY j.queue) AS queues
       FROM orc_jobs AS j
      WHERE j.finished_at IS NULL AND j.status IN ('PENDING', 'RETRY')
        AND (%(tenants)s::text[] IS NULL OR j.tenant_id = ANY (%(tenants)s))
      GROUP BY j.job_type
 )
-SELECT w.job_type, w.pending, w.retry
+SELECT w.job_type, w.pending, w.retry, w.due, w.queues
   FROM waiting AS w
  WHERE NOT EXISTS (SELECT FROM served AS s WHERE s.name = w.job_type)
  ORDER BY w.job_type

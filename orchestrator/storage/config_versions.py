@@ -32,6 +32,7 @@ class ConfigVersionStore:
         worker: str,
         config: LiveConfig,
         application: str,
+        runs: str,
         declares: str | None = None,
     ) -> None:
         """The application of the registered process ``worker_id`` and the version ``config``
@@ -39,12 +40,13 @@ class ConfigVersionStore:
         seconds that writes only a change, and puts back a row that went missing); with it, the
         release this code is (0058: ``migrate --plan`` names the processes of an older one), and
         the fingerprint of what it declares (0060: a withdrawal waits for the peers that declare
-        otherwise)."""
+        otherwise), and what it runs (0061: ``jobs``, a worker; ``external``, an API server, the
+        external job types' dispatches)."""
         await self.queries.execute(
             "record_worker_config",
             {"worker_id": worker_id, "worker": worker, "version": config.current.version,
              "applied_at": config.applied_at, "application": application,
-             "schema_version": release(), "declares": declares},
+             "schema_version": release(), "declares": declares, "runs": runs},
         )  # fmt: skip
 
     async def live(self, *, seconds: float) -> list[WorkerConfig]:

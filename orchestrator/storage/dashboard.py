@@ -1,5 +1,6 @@
-"""What the dashboard's overview reads besides the fleet's counts and the rollups: who runs jobs
-now, and the workers the registry knows alive."""
+"""What the dashboard's overview and the fleet summary read besides the fleet's counts and the
+rollups: who runs jobs now, the registry's processes, the flow keys holding jobs back, the dead
+letters and approvals waiting for a person, and the last hour's activity by the minute."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 
+from orchestrator.domain.summary import TO_REVIEW, HeldKey, Process
 from orchestrator.storage.runner import Queries
 
 
@@ -19,12 +21,6 @@ class Holder:
     last_heartbeat: datetime | None
 
 
-@dataclass(frozen=True)
-class RegisteredWorker:
-    id: int
-    last_heartbeat: datetime
-
-
 class DashboardStore:
     def __init__(self, queries: Queries) -> None:
         self.queries = queries
@@ -33,10 +29,32 @@ class DashboardStore:
         rows = await self.queries.rows("job_holders", {"tenants": _list(tenants)})
         return [Holder(r["locked_by"], r["running"], r["last_heartbeat"]) for r in rows]
 
-    async def registered_workers(self, *, seconds: float) -> list[RegisteredWorker]:
-        """Workers (and API servers) whose registry heartbeat is younger than ``seconds``."""
-        rows = await self.queries.rows("registered_workers", {"seconds": seconds})
-        return [RegisteredWorker(r["id"], r["last_heartbeat"]) for r in rows]
+    async def processes(self, *, seconds: float) -> list[Process]:
+        """Every process of the registry, live or stalled (silent ``seconds`` or more)."""
+        rows = await self.queries.rows("registry_processes", {"seconds": seconds})
+        return [Process.model_validate(r) for r in rows]
+
+    async def held_keys(self, *, tenants: Collection[str] | None) -> list[HeldKey]:
+        rows = await self.queries.rows("held_flow_keys", {"tenants": _list(tenants)})
+        return [HeldKey.model_validate(r) for r in rows]
+
+    async def letters_to_review(self, *, tenants: Collection[str] | None) -> dict[str, int]:
+        rows = await self.queries.rows("letters_to_review", {"tenants": _list(tenants)})
+        found = {r["state"]: r["n"] for r in rows}
+        return {state: found.get(state, 0) for state in TO_REVIEW}
+
+    async def approvals_waiting(self, *, tenants: Collection[str] | None) -> int:
+        row = await self.queries.row("approvals_waiting", {"tenants": _list(tenants)})
+        assert row is not None
+        return int(row["n"])
+
+    async def activity(
+        self, *, since: datetime, tenants: Collection[str] | None
+    ) -> dict[str, dict[datetime, int]]:
+        """Retries scheduled and failures per minute from ``since``, by the minute they
+        happened: {"retried": {minute: n}, "failed": {minute: n}}."""
+        rows = await self.queries.rows("activity", {"since": since, "tenants": _list(tenants)})
+        return {name: {r["at"]: r[name] for r in rows if r[name]} for name in ("retried", "failed")}
 
 
 def _list(tenants: Collection[str] | None) -> list[str] | None:

@@ -34,6 +34,7 @@ from orchestrator.interfaces.api import (
     problems,
     schedules,
     stats,
+    summary,
     workers,
 )
 from orchestrator.interfaces.api.auth import Authenticator, authenticate
@@ -109,7 +110,8 @@ def create_app(orc: Orchestrator) -> FastAPI:
     app.state.overview = pages.OverviewCache(pages.OVERVIEW_SECONDS)
     for kind, handler in problems.HANDLERS:
         app.add_exception_handler(kind, handler)
-    for router in (jobs.router, operations.router, stats.router, schedules.router, flow.router):
+    for router in (jobs.router, operations.router, stats.router, schedules.router, flow.router,
+                   summary.router):  # fmt: skip
         app.include_router(router, responses=problems.ERRORS)
     app.include_router(workers.router)  # declares its own answers (no 404 for a report)
     app.include_router(pages.router)

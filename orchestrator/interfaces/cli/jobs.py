@@ -54,10 +54,13 @@ def add_parsers(commands: Commands) -> None:
 
     cmd = commands.add_parser(
         "status",
-        help="one job: state, counters, last error, history; without JOB_ID, the applications"
-        " and the waiting jobs none of them serves (as `orchestrator applications`)",
+        help="one job: state, counters, last error, history; without JOB_ID, the fleet at a"
+        " glance (jobs by status, workers, what waits and why, what is wrong and what to do),"
+        " then the applications (as `orchestrator applications`)",
     )
     cmd.add_argument("job_id", nargs="?")
+    cmd.add_argument("--tenant", type=tenant, help="without JOB_ID: only this tenant's")
+    cmd.add_argument("--json", action="store_true", help="without JOB_ID: the API's summary")
     cmd.set_defaults(handler=cmd_status)
 
     listed = (
@@ -120,8 +123,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
 @on_app
 async def cmd_status(args: argparse.Namespace, orc: Orchestrator) -> int:
     if args.job_id is None:
-        print("\n".join(render.application_lines(await orc.applications())))
+        tenants = None if args.tenant is None else [args.tenant]
+        summary = await orc.summary(tenants=tenants)
+        if args.json:
+            print(summary.model_dump_json(indent=2))
+            return 0
+        print("\n".join(render.summary_lines(summary)))
+        print("\n".join(render.application_lines(await orc.applications(tenants=tenants))))
         return 0
+    if args.tenant is not None or args.json:
+        raise UsageError("--tenant and --json: only without a job id (the fleet summary)")
     job = await orc.get_job(args.job_id)
     print(render.describe(job, await orc.job_events(job.id), await orc.job_steps(job.id)))
     usage = await orc.job_usage(job.id)

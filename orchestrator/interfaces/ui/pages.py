@@ -258,49 +258,58 @@ def _cached_overview(request: Request, orc: Orchestrator, session: Session) -> A
 
 
 async def _overview(orc: Orchestrator, session: Session) -> dict[str, Any]:
-    """What the overview shows: the unfinished jobs counted, and the history charted from the
-    rollups, so that nothing here reads the finished jobs (bench/overview.py: at 1,000,000).
+    """What the overview shows: what is wrong (the fleet summary's problems, as banners), the
+    unfinished jobs counted, the last hour's retries and failures by the minute they happened
+    (their events), and the history charted from the rollups, so that nothing here reads the
+    finished jobs (bench/overview.py: at 1,000,000).
     Its reads are independent of each other: they run at once, on as many connections (the
     first error is raised as it is, as one read's would be)."""
     tenants = session.principal.tenants
     now = datetime.now(UTC)
-    stores = orc.stores
+    stores, hour_ago = orc.stores, now - timedelta(hours=1)
+    minute_ago_hour = hour_ago.replace(second=0, microsecond=0)  # the rollups' first minute
     counts = asyncio.gather(
         stores.fleet.unfinished(zombie_threshold=orc.settings.zombie_threshold, tenants=tenants),
-        orc.stats(since=now - timedelta(hours=1), until=now, step=60, tenants=tenants),
+        orc.stats(since=hour_ago, until=now, step=60, tenants=tenants),
         orc.stats(since=now - timedelta(days=1), until=now, step=3600, tenants=tenants),
         stores.fleet.queue_stats(tenants=tenants),
     )
     lists = asyncio.gather(
         stores.dashboard.holders(tenants=tenants),
-        stores.dashboard.registered_workers(seconds=orc.settings.stalled_worker_seconds),
+        orc.summary(tenants=tenants),
         orc.dead_letters(limit=5, tenants=tenants),
         orc.approvals(limit=5, tenants=tenants),
+        stores.dashboard.activity(since=minute_ago_hour, tenants=tenants),
     )
-    (fleet, hour, day, queues), (holders, workers, letters, approvals) = await asyncio.gather(
-        counts, lists
-    )
+    (fleet, hour, day, queues), lists_read = await asyncio.gather(counts, lists)
+    holders, summary, letters, approvals, activity = lists_read
     outcomes = views.outcome_series(hour)
     finished = {"COMPLETED": sum(outcomes["completed"].values()),
                 "FAILED": sum(outcomes["failed"].values())}  # fmt: skip
     minutes = views.steps_of(hour.since, hour.until, hour.step)
     hours = views.steps_of(day.since, day.until, day.step)
     charts = [
-        views.chart("Last hour", minutes, outcomes, unit="per minute",
+        views.chart("Now: retries and failures, last hour", minutes, activity,
+                    unit="per minute, in the minute they happened", known_until=None,
+                    nothing="no retry scheduled, no job failed", y_label="retries, failures"),
+        views.chart("Finished, last hour", minutes, outcomes,
+                    unit="per minute, in the minute the job finished",
                     known_until=hour.rolled_up_to),
-        views.chart("Last day", hours, views.outcome_series(day), unit="per hour",
+        views.chart("Finished, last day", hours, views.outcome_series(day),
+                    unit="per hour, in the hour the job finished",
                     known_until=hour.rolled_up_to),
         views.chart("Queue depth, last hour", minutes, views.depth_series(hour),
                     unit="at each minute", known_until=views.last_sample(hour), sums=False,
                     nothing="nothing waiting or running"),
     ]  # fmt: skip
+    failed_now = sum(activity["failed"].values())
     return {
-        "counts": views.counts(fleet.jobs, finished, HISTORY_SECONDS, tenants),
+        "counts": views.counts(fleet.jobs, finished, HISTORY_SECONDS, tenants, failed_now),
         "charts": charts,
         "rolled_up_to": hour.rolled_up_to,
         "queues": queues,
         "holders": holders,
-        "workers": workers,
+        "summary": summary,
         "letters": letters,
         "approvals": approvals,
         "zombies": fleet.zombies,

@@ -113,6 +113,9 @@ class Counts:
     finished: int
     failed: int
     window_s: float
+    #: Jobs failed for good in the window, counted from their events as they happen (the
+    #: rollups' ``failed`` counts them only once their minute is rolled up).
+    failed_now: int = 0
 
     @property
     def per_second(self) -> float:
@@ -128,6 +131,7 @@ def counts(
     outcomes: dict[str, int],
     window_s: float,
     tenants: frozenset[str] | None,
+    failed_now: int = 0,
 ) -> Counts:
     """From the fleet's rows (status, job_type, tenant, n), those of the principal's tenants."""
     by_status: Counter[str] = Counter({s.value: 0 for s in Status if s not in TERMINAL})
@@ -143,7 +147,7 @@ def counts(
     finished = sum(outcomes.values())
     return Counts(
         dict(by_status), dict(by_type.most_common()), dict(by_tenant.most_common()),
-        finished, outcomes.get(Status.FAILED.value, 0), window_s,
+        finished, outcomes.get(Status.FAILED.value, 0), window_s, failed_now,
     )  # fmt: skip
 
 
@@ -166,16 +170,28 @@ class Chart:
     title: str
     lines: list[Line]
     top: int  # the value at the top edge
-    start: str  # the x axis' ends, as people read them
+    start: str  # the x axis' ends and middle, as people read them
     end: str
     unit: str  # what one point is: "per minute", "per hour"
     nothing: str  # what it says when every line is 0
+    y_label: str = "jobs"  # what the y axis counts
+    middle: str = ""
     width: int = CHART_WIDTH
     height: int = CHART_HEIGHT
 
     @property
     def empty(self) -> bool:
         return all(line.total == 0 for line in self.lines)
+
+    @property
+    def ticks(self) -> list[str]:
+        """The y axis' scale, top to bottom, at the top, the middle and the bottom edge."""
+        return [f"{self.top:g}", f"{self.top / 2:g}", "0"]
+
+    @property
+    def gridlines(self) -> list[float]:
+        """Where the ticks' lines are drawn (SVG units from the top)."""
+        return [0.0, self.height / 2]
 
 
 def chart(
@@ -187,11 +203,12 @@ def chart(
     known_until: datetime | None,
     sums: bool = True,
     nothing: str = "no jobs in the rollups yet",
+    y_label: str = "jobs",
 ) -> Chart:
     """Lines of ``series`` (name -> value per step; a step missing is 0) over ``steps``, scaled
     to a round top, drawn up to ``known_until`` (the steps after it are not known yet: not
     drawn as zeros); ``sums``: a line's total is the sum of its steps (else its last value);
-    ``nothing``: what an empty chart says."""
+    ``nothing``: what an empty chart says; ``y_label``: what its y axis counts."""
     peak = max((v for values in series.values() for v in values.values()), default=0)
     top = round_up(peak)
     last = max(len(steps) - 1, 1)
@@ -207,7 +224,8 @@ def chart(
         lines.append(Line(name, points, total, max(ys, default=0)))
     days = bool(steps) and steps[-1] - steps[0] > timedelta(hours=12)
     start, end = (_clock(steps[0], days), _clock(steps[-1], days)) if steps else ("", "")
-    return Chart(title, lines, top, start, end, unit, nothing)
+    middle = _clock(steps[len(steps) // 2], days) if steps else ""
+    return Chart(title, lines, top, start, end, unit, nothing, y_label, middle)
 
 
 def last_sample(stats: Stats) -> datetime | None:

@@ -234,6 +234,7 @@ CREATE TABLE orc_job_events (
     CONSTRAINT orc_job_events_job_id_fkey FOREIGN KEY (job_id) REFERENCES orc_jobs(id) ON DELETE CASCADE,
     CONSTRAINT orc_job_events_pkey PRIMARY KEY (job_id, id)
 );
+CREATE INDEX orc_job_events_activity ON public.orc_job_events USING btree (at) WHERE (kind = ANY (ARRAY['job.retry_scheduled'::text, 'job.dead_lettered'::text]));
 CREATE TRIGGER orc_job_events_append_only BEFORE UPDATE ON public.orc_job_events FOR EACH ROW EXECUTE FUNCTION orc_history_is_final_v1();
 CREATE TRIGGER orc_job_events_fill BEFORE INSERT ON public.orc_job_events FOR EACH ROW WHEN ((((new.kind = ANY (ARRAY['job.completed'::text, 'job.interrupted'::text])) AND (NOT (new.payload ?& ARRAY['attempt'::text, 'run'::text]))) OR ((new.kind = 'job.retry_scheduled'::text) AND (NOT (new.payload ?& ARRAY['attempt'::text, 'run'::text, 'max_runs'::text, 'retry_count'::text, 'max_retries'::text, 'worker'::text, 'run_id'::text]))) OR ((new.kind = 'job.failed'::text) AND (NOT (new.payload ?& ARRAY['attempt'::text, 'run'::text, 'max_runs'::text, 'retry_count'::text, 'max_retries'::text, 'layer'::text, 'backoff_ms'::text, 'dead_letter_id'::text, 'worker'::text, 'run_id'::text]))))) EXECUTE FUNCTION orc_job_events_fill_v1();
 CREATE TRIGGER orc_job_events_notify AFTER INSERT ON public.orc_job_events FOR EACH STATEMENT EXECUTE FUNCTION orc_notify_event_listeners_v1();
@@ -508,6 +509,7 @@ CREATE TABLE orc_worker_configs (
     application text,
     schema_version text,
     declares text,
+    runs text,
     CONSTRAINT orc_worker_configs_worker_id_fkey FOREIGN KEY (worker_id) REFERENCES procrastinate_workers(id) ON DELETE CASCADE,
     CONSTRAINT orc_worker_configs_pkey PRIMARY KEY (worker_id)
 );
