@@ -14,9 +14,6 @@ from pydantic import BaseModel
 from orchestrator.domain.applications import UnservedJobs
 from orchestrator.domain.states import TERMINAL, Status
 
-#: Dead letters someone has to look at: recorded, or asked to be discarded (the second person).
-TO_REVIEW = ("recorded", "discard_requested")
-
 
 class Process(BaseModel):
     """A process in the worker registry: ``runs`` ``jobs`` (a worker), ``external`` (an API

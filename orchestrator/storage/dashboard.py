@@ -8,7 +8,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 
-from orchestrator.domain.summary import TO_REVIEW, HeldKey, Process
+from orchestrator.domain.dead_letters import OPEN
+from orchestrator.domain.summary import HeldKey, Process
 from orchestrator.storage.runner import Queries
 
 
@@ -41,7 +42,7 @@ class DashboardStore:
     async def letters_to_review(self, *, tenants: Collection[str] | None) -> dict[str, int]:
         rows = await self.queries.rows("letters_to_review", {"tenants": _list(tenants)})
         found = {r["state"]: r["n"] for r in rows}
-        return {state: found.get(state, 0) for state in TO_REVIEW}
+        return {state: found.get(state, 0) for state in OPEN}
 
     async def approvals_waiting(self, *, tenants: Collection[str] | None) -> int:
         row = await self.queries.row("approvals_waiting", {"tenants": _list(tenants)})
