@@ -50,7 +50,7 @@ class Notifications(BaseModel):
     approvals: str | None
 
 
-class Problem(BaseModel):
+class FleetProblem(BaseModel):
     """Something wrong, said as a person acts on it: what, what to do, and the dashboard's page
     where it is fixed."""
 
@@ -74,7 +74,7 @@ class FleetSummary(BaseModel):
     letters_to_review: dict[str, int]
     approvals_waiting: int
     notifications: Notifications
-    problems: list[Problem]
+    problems: list[FleetProblem]
 
 
 def unfinished_by_status(
@@ -133,13 +133,13 @@ def problems(
     letters_to_review: dict[str, int],
     notifications: Notifications,
     at: datetime,
-) -> list[Problem]:
+) -> list[FleetProblem]:
     """What is wrong, the most urgent first: jobs due that nothing runs, keys held back,
     workers stalled, letters to review, notices going nowhere."""
     found = []
     for u in unserved:
         if u.due:
-            found.append(Problem(
+            found.append(FleetProblem(
                 kind="unserved",
                 text=f"{u.due} {u.job_type} job(s) due on queue {', '.join(u.queues)}, and no "
                      "live worker runs this type",
@@ -157,7 +157,7 @@ def problems(
         else:
             said = f"slowed to {k.rate_factor or 0:.0%} of its rate after its provider's 429s"
             fix = "it recovers by itself as calls succeed; see Flow"
-        found.append(Problem(
+        found.append(FleetProblem(
             kind="flow_key", text=f"Flow key {k.key} ({k.waiting} waiting) is {said}", fix=fix,
             link="/ui/flow",
         ))  # fmt: skip
@@ -165,7 +165,7 @@ def problems(
     if stalled:
         names = ", ".join(p.worker or f"#{p.worker_id}" for p in stalled)
         oldest = max((at - p.last_heartbeat).total_seconds() for p in stalled)
-        found.append(Problem(
+        found.append(FleetProblem(
             kind="stalled",
             text=f"{len(stalled)} registered process(es) stalled ({names}): no heartbeat for "
                  f"{oldest:.0f} s",
@@ -175,7 +175,7 @@ def problems(
         ))  # fmt: skip
     letters = sum(letters_to_review.values())
     if letters:
-        found.append(Problem(
+        found.append(FleetProblem(
             kind="dead_letters", text=f"{letters} dead letter(s) to review",
             fix="requeue or discard each (a discard takes a second person)",
             link="/ui/dead-letters",
@@ -183,7 +183,7 @@ def problems(
     targets = (("failures", notifications.failures), ("approvals", notifications.approvals))
     nobody = [what for what, target in targets if target is None]
     if nobody:
-        found.append(Problem(
+        found.append(FleetProblem(
             kind="notifications",
             text=f"Nobody is notified of {' or '.join(nobody)}: no target is set",
             fix="set ORCHESTRATOR_ESCALATION_TARGET (and ORCHESTRATOR_APPROVAL_TARGET) on the "

@@ -140,6 +140,8 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
             description=app.description, routes=app.routes,
         )  # fmt: skip
         schemas = document.setdefault("components", {}).setdefault("schemas", {})
+        if "Problem" in schemas:  # a model of an answer named so would be described as an error
+            raise RuntimeError("an API model is named Problem, the errors' schema: rename it")
         schemas["Problem"] = problems.Problem.model_json_schema()
         app.openapi_schema = document
     return app.openapi_schema
