@@ -13,7 +13,8 @@ $$;
 
 -- The characters of the name behind a recorded principal (a token's name, a CLI user's without
 -- its OS user, or a bare name), in NFD (not NFKD: a compatibility character has a prototype of
--- its own; its look decomposes it), private-use characters dropped: (ch, n) in order.
+-- its own as written; its look decomposes it), private-use characters dropped: (ch, n) in
+-- order. The name case-folded is these in NFKD (orc_principal_persons_v1).
 CREATE OR REPLACE FUNCTION orc_principal_chars_v1(recorded text)
 RETURNS TABLE (ch text, n bigint)
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
@@ -34,15 +35,30 @@ $$;
 -- capital nu, which looks like N and folds to a nu that looks like v, n with v), and would
 -- make names nobody confuses one person. The looks are written by `orchestrator migrate` from
 -- Unicode's confusables data (orchestrator.domain.principals.look_rows).
+--
+-- The name case-folded is read in NFKD, the whole name at once, before any character is
+-- looked up: a compatibility character that decomposes to a space and a combining mark (U+037A,
+-- Greek ypogegrammeni: a space and U+0345, which folds to an iota, like i) has its mark put in
+-- canonical order with the marks after it (a dot above, class 230, before U+0345, class 240),
+-- as in the name's normal form (NFKC, how a new name is kept). Looked up alone, in NFD, its
+-- look (" i") came before the dot, and the dot, taken for an i's own, was dropped: the name was
+-- another person than its own normal form (issue: U+037A U+0307 was "i", its normal form
+-- U+0307 U+0345 a dot and an i). The name as written stays in NFD: a compatibility character
+-- has a prototype of its own.
 CREATE OR REPLACE FUNCTION orc_principal_persons_v1(recorded text) RETURNS text[]
 LANGUAGE sql STABLE STRICT PARALLEL SAFE AS $$
+    WITH c AS (SELECT ch, n FROM orc_principal_chars_v1(recorded)),
+         k AS (SELECT k.ch, k.n
+                 FROM string_to_table(normalize(
+                          (SELECT coalesce(string_agg(ch, '' ORDER BY n), '') FROM c), NFKD),
+                          NULL) WITH ORDINALITY AS k(ch, n))
     SELECT ARRAY[
-               orc_principal_skeleton_v1(coalesce(string_agg(
-                   coalesce(l.look, c.ch), '' ORDER BY c.n), '')),
-               orc_principal_skeleton_v1(coalesce(string_agg(
-                   coalesce(l.look_as_written, c.ch), '' ORDER BY c.n), ''))]
-      FROM orc_principal_chars_v1(recorded) AS c
-      LEFT JOIN orc_principal_looks AS l ON l.ch = c.ch
+               (SELECT orc_principal_skeleton_v1(coalesce(string_agg(
+                           coalesce(l.look, k.ch), '' ORDER BY k.n), ''))
+                  FROM k LEFT JOIN orc_principal_looks AS l ON l.ch = k.ch),
+               (SELECT orc_principal_skeleton_v1(coalesce(string_agg(
+                           coalesce(l.look_as_written, c.ch), '' ORDER BY c.n), ''))
+                  FROM c LEFT JOIN orc_principal_looks AS l ON l.ch = c.ch)]
 $$;
 
 -- The skeleton of the name case-folded alone: the person of the release before 0057, whose

@@ -1,0 +1,24 @@
+-- 0062_principal_name_case_folded_in_nfkd: the skeleton of a name case-folded is read from the
+-- whole name in NFKD (orc_principal_persons_v1; docs/api.md, "The principal rule").
+--
+-- Each character of the name in NFD was looked up alone (orc_principal_looks.look), its looks
+-- joined and put in NFD. A compatibility character that decomposes to a space and a combining
+-- mark, Greek ypogegrammeni (U+037A: a space and U+0345, class 240, which folds to an iota,
+-- like i), then a dot above (U+0307, class 230), was " i" and a dot: the dot, taken for an i's
+-- own, was dropped, and the name was "i". In NFKD the marks are in canonical order, the dot
+-- first, and the name is a dot and an i, as its normal form (NFKC, U+0307 U+0345, how a new
+-- name is kept) is: the name and its normal form were two persons, one split in two. Now the
+-- name case-folded is the name's characters in NFKD, the whole name at once, each then looked
+-- up: the model of the rule (tests/test_principals.py), which does so, and the database agree.
+-- The name as written is still read in NFD (a compatibility character has a prototype of its
+-- own). The looks themselves do not change.
+--
+-- A discard awaiting confirmation has its requester's skeletons derived again by `migrate`, as
+-- each migrate does; one already confirmed keeps its reviewers'.
+--
+-- Compatible: the release before calls orc_principal_persons_v1 and orc_principal_person_v1
+-- (its first skeleton) by the same names and arguments; it gets the rule's answer, which
+-- differs only for names with such a character.
+--
+-- compatible-with-older-workers: yes
+-- revises: functions/principals.sql 88227685bfb9c34beabcc1f0cd03d61214bac4a60a6de5300e6a9b485a689620
