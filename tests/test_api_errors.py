@@ -113,8 +113,12 @@ async def test_a_stopped_database_server_is_503_database_unavailable_until_it_is
                 assert (await api.get("/readyz")).status_code == 503
                 assert (await api.get("/healthz")).status_code == 200
                 cluster.start()
-                back = await api.get(job)  # the same server, not restarted
-                assert back.status_code == 200 and back.json()["status"] == "PENDING", back.text
+
+                async def back() -> bool:  # the same server, not restarted: within its probe's
+                    answer = await api.get(job)  # second (it asks once a second while away)
+                    return answer.status_code == 200 and answer.json()["status"] == "PENDING"
+
+                await wait_for(back, timeout=15)
                 assert (await other.get(job)).status_code == 200
             assert "Traceback" not in server.output(), server.output()[-3000:]
     finally:
