@@ -62,6 +62,14 @@ async def test_jobs_due_that_no_worker_runs_are_a_banner_until_a_worker_is_back(
     orc: Orchestrator, server: ApiServer, browser: Any, dsn: str
 ) -> None:
     page = await signed_in(browser, server, await token(orc.stores.tokens, "ops", Scope.READ))
+
+    async def serve_is_a_server() -> bool:
+        """``serve`` back in the registry as a server (the test emptied it, ids restarting from
+        1: it registers anew at its next heartbeat), before a worker comes to be counted."""
+        found = await orc.summary(tenants=None)
+        return found.runners == [] and [p.runs for p in found.servers] == ["external"]
+
+    await wait_for(serve_is_a_server, 30)
     with WorkerProcess(dsn, app=APP, ORCHESTRATOR_RETRY_CONFIG=ui_app.CONFIG) as worker:
         ran = await orc.submit("scripted", {"script": ["ok"]})
 
