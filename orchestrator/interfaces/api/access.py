@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
+from orchestrator.interfaces.api.middleware import AsgiScope, HttpMiddleware, Receive, Send
+
 logger = logging.getLogger("orchestrator.api.access")
 
-AsgiScope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 REDACTED = "[redacted]"
 #: A query parameter whose name holds one of these is logged without its value.
@@ -44,14 +43,8 @@ def _secret(name: str, value: str) -> bool:
     return any(word in lowered for word in SECRET_NAMES) or value.startswith(TOKEN_PREFIX)
 
 
-class AccessLog:
-    def __init__(self, app: Callable[[AsgiScope, Receive, Send], Awaitable[None]]):
-        self.app = app
-
-    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+class AccessLog(HttpMiddleware):
+    async def http(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         status, sent = 500, 0  # an answer never started is uvicorn's 500
 

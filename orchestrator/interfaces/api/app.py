@@ -38,6 +38,7 @@ from orchestrator.interfaces.api import (
     workers,
 )
 from orchestrator.interfaces.api.auth import Authenticator, authenticate
+from orchestrator.interfaces.api.middleware import AsgiScope, HttpMiddleware, Receive, Send
 from orchestrator.interfaces.api.watch import EventWatch
 from orchestrator.interfaces.ui import pages
 from orchestrator.runtime.external import ExternalRuns
@@ -170,22 +171,11 @@ async def metrics(request: Request) -> Response:
     return Response(body, media_type=content_type)
 
 
-AsgiScope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-
-
-class ServerTiming:
+class ServerTiming(HttpMiddleware):
     """``Server-Timing: app;dur=<ms>`` on every answer: the server's own time, which a browser's
     developer tools show, and bench/ui.py reads."""
 
-    def __init__(self, app: Callable[[AsgiScope, Receive, Send], Awaitable[None]]):
-        self.app = app
-
-    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
 
         async def timed(message: MutableMapping[str, Any]) -> None:
@@ -203,20 +193,14 @@ class ServerTiming:
 NO_DATABASE = ("/healthz", "/metrics", OPENAPI_URL, "/ui/static/")
 
 
-class FailFast:
+class FailFast(HttpMiddleware):
     """While the database is away (storage.availability), a request that needs it is answered
     503 at once (the dashboard's outage page, the API's problem, /readyz's text) rather than
     after the pool's wait. Any other request's wait for a pooled connection is bounded:
     ``api_database_wait_seconds``, then on only if a probe connection says the database
     answers."""
 
-    def __init__(self, app: Callable[[AsgiScope, Receive, Send], Awaitable[None]]):
-        self.app = app
-
-    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         availability: Availability = scope["app"].state.availability
         if (
@@ -329,17 +313,11 @@ SECURITY_HEADERS = (
 CACHEABLE = "/ui/static/"
 
 
-class SecurityHeaders:
+class SecurityHeaders(HttpMiddleware):
     """SECURITY_HEADERS on every answer, and ``Cache-Control: no-store`` on every answer but
     the static files (pages and API answers show jobs: no browser or proxy keeps them)."""
 
-    def __init__(self, app: Callable[[AsgiScope, Receive, Send], Awaitable[None]]):
-        self.app = app
-
-    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         cacheable = scope["path"].startswith(CACHEABLE)
 
         async def secured(message: MutableMapping[str, Any]) -> None:
