@@ -1,6 +1,6 @@
 """Fairness inside a flow key (docs/flow-control.md, "Fairness"): which share goes next, what a
 start or a call is charged, and the most of the key one share may hold. Pure; the database
-applies the same rules under the key's lock (functions/flow.sql: ``orc_flow_pump_v1`` picks,
+applies the same rules under the key's lock (functions/flow_pump.sql: ``orc_flow_pump_v1`` picks,
 ``orc_flow_estimate_v1``, ``orc_flow_charged_v1`` and ``orc_flow_charge_v1`` charge,
 ``orc_flow_cap_v1`` and ``orc_flow_share_capacity_v1`` cap), and tests/test_flow_share.py holds
 the policy's two promises by simulation: no share holds more than its cap, and shares that wait

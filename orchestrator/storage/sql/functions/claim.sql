@@ -4,7 +4,7 @@
 --
 -- In use: orc_fetch_dispatches_v3 (the worker's fetch, a dispatch per free slot), through
 -- orc_fetch_dispatch_v3 -> orc_take_dispatch_v1 (Procrastinate's fetch) -> the flow gate
--- (flow.sql) -> orc_claim_v1; orc_claim_v2 (a claim the fetch left for later, and the replay's).
+-- (flow_admit.sql) -> orc_claim_v1; orc_claim_v2 (a claim the fetch left for later, and the replay's).
 
 CREATE OR REPLACE FUNCTION orc_fetch_dispatches_v3(
     p_limit integer, p_queues character varying[], p_excluded character varying[],

@@ -1,0 +1,16 @@
+-- 0063_flow_functions_by_concept: flow control's functions, which were one file of 1,302 lines
+-- (functions/flow.sql), are now in a file per concept: its keys (flow_keys.sql), its window and
+-- capacity (flow_window.sql), the claim's gate (flow_admit.sql), the pump and its line of
+-- waiters (flow_pump.sql), a running job's calls (flow_calls.sql) and the limits learned from
+-- providers (flow_learned.sql). Each definition moved as it was: no function changes, none is
+-- added or retired, so applying them redefines each function as it already is (claim.sql: a
+-- comment names the new file).
+--
+-- compatible-with-older-workers: yes
+-- revises: functions/flow_admit.sql 16bf725cbbec3380e4e1cb77bc4c2b24ddad90817455544711819ed2b9cb8531
+-- revises: functions/flow_calls.sql 76ce90c4bdfafa4cb15c0d5212c17cbb2594c3bec08f08cb1a218aa087ba0cb0
+-- revises: functions/flow_keys.sql fb0db291354675716643d2df12c8af1d55e118f6adf137d1818f6e5e02a5c222
+-- revises: functions/flow_learned.sql 8e6785dddcc1046bea1479b357572100e4ff21088a660a99d2348e97a8151fb7
+-- revises: functions/flow_pump.sql 80c10c7aebd5b44f33dd0a17296587aa13a80591cfacbeadd5f2d5777e976961
+-- revises: functions/flow_window.sql 18ad39975587b113c6eee27168490047b88b2dc06fd585437f2161bfb3a2a224
+-- revises: functions/claim.sql 7e1732e6817c8accdb34c5d1f293b9c0595d588b331c441604ab23fad874679d
