@@ -125,6 +125,38 @@ def test_nothing_below_the_interfaces_imports_them() -> None:
     assert users == {"demo"}
 
 
+#: The parts of the interfaces layer, and the parts each may import: the entry point (start)
+#: loads the command line (cli), whose ``serve`` runs the application (server) that mounts the
+#: dashboard (ui) on the API (api), which knows nothing of it.
+INTERFACE_PARTS: dict[str, set[str]] = {
+    "render": set(),
+    "api": {"render"},
+    "ui": {"api", "render"},
+    "server": {"api", "ui"},
+    "cli": {"render", "server"},
+    "start": {"cli"},
+}
+
+
+def interface_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["orchestrator", "interfaces"] and len(parts) > 2 else None
+
+
+def test_the_interfaces_depend_one_way() -> None:
+    wrong = []
+    for module, path in sources():
+        source = interface_part(module)
+        if source is None:
+            continue
+        assert source in INTERFACE_PARTS, f"{module}: in no part of the interfaces"
+        for imported, line in imports_of(path, module):
+            target = interface_part(imported)
+            if target is not None and target != source and target not in INTERFACE_PARTS[source]:
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: {source} imports {target}")
+    assert wrong == []
+
+
 def test_the_public_surface_is_what_it_says() -> None:
     assert sorted(orchestrator.__all__) == sorted(orchestrator._HOME_OF)
     for name in orchestrator.__all__:

@@ -39,8 +39,8 @@ from fastapi.routing import APIRoute, iter_route_contexts
 
 from orchestrator import Orchestrator, Status
 from orchestrator.domain.principals import Scope, new_token
-from orchestrator.interfaces.api.app import create_app
 from orchestrator.interfaces.api.auth import Allowed
+from orchestrator.interfaces.server import create_app
 from orchestrator.interfaces.ui import pages
 from tests.support import agent_app, api_app, log_guard, scripted
 from tests.support.api_server import ApiServer, page_csrf, token

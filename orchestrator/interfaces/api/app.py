@@ -1,5 +1,6 @@
-"""``orchestrator serve``: the HTTP API (``/api/v1``, docs/api.md), its OpenAPI document, and
-its probes and metrics, as one ASGI application on FastAPI.
+"""The HTTP API (``/api/v1``, docs/api.md), its OpenAPI document, and its probes and metrics, as
+one ASGI application on FastAPI, which ``orchestrator serve`` extends with the dashboard
+(orchestrator.interfaces.server).
 
 FastAPI rather than bare Starlette: requests and responses are the pydantic models the Python
 API already has (``JobSpec``, ``Job``, ...), validated and documented once; the OpenAPI
@@ -15,13 +16,11 @@ import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.openapi.utils import get_openapi
 from starlette.exceptions import HTTPException
-from starlette.staticfiles import StaticFiles
 
 from orchestrator.app import Orchestrator
 from orchestrator.domain.principals import Principal, Scope
@@ -40,7 +39,6 @@ from orchestrator.interfaces.api import (
 from orchestrator.interfaces.api.auth import Authenticator, authenticate
 from orchestrator.interfaces.api.middleware import AsgiScope, HttpMiddleware, Receive, Send
 from orchestrator.interfaces.api.watch import EventWatch
-from orchestrator.interfaces.ui import pages
 from orchestrator.runtime.external import ExternalRuns
 from orchestrator.runtime.loops import keep_running
 from orchestrator.storage.availability import Availability
@@ -48,7 +46,6 @@ from orchestrator.storage.availability import Availability
 logger = logging.getLogger("orchestrator.api")
 
 VERSION = "1"
-STATIC = Path(pages.__file__).with_name("static")
 OPENAPI_URL = "/api/v1/openapi.json"
 #: The one /api/v1 path served without a token: the document describes the API, holds no data,
 #: and is the repository's docs/openapi.json anyway; clients and tools read it before they
@@ -59,9 +56,11 @@ OPEN_DOCUMENT = (
 )
 
 
-def create_app(orc: Orchestrator) -> FastAPI:
+def create_api(orc: Orchestrator) -> FastAPI:
     """The API for ``orc``, which the application opens when it starts and closes when it
-    stops (with its background tasks: external workers' wake-ups, event watching)."""
+    stops (with its background tasks: external workers' wake-ups, event watching). No
+    dashboard: a 503 while the database is away is a problem, until a dashboard that mounts on
+    it sets ``app.state.outage_page`` for its own pages (problems.outage_answer)."""
     settings = orc.settings
 
     @contextlib.asynccontextmanager
@@ -108,16 +107,13 @@ def create_app(orc: Orchestrator) -> FastAPI:
     )
     app.state.orc = orc
     app.state.settings = settings
-    app.state.overview = pages.OverviewCache(pages.OVERVIEW_SECONDS)
+    app.state.outage_page = None
     for kind, handler in problems.HANDLERS:
         app.add_exception_handler(kind, handler)
     for router in (jobs.router, operations.router, stats.router, schedules.router, flow.router,
                    summary.router):  # fmt: skip
         app.include_router(router, responses=problems.ERRORS)
     app.include_router(workers.router)  # declares its own answers (no 404 for a report)
-    app.include_router(pages.router)
-    app.add_exception_handler(pages.SignInFirst, pages.sign_in_first)
-    app.mount("/ui/static", StaticFiles(directory=STATIC), name="static")
     app.add_api_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
     app.add_api_route("/readyz", readyz, methods=["GET"], include_in_schema=False)
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
@@ -210,7 +206,8 @@ class FailFast(HttpMiddleware):
         ):
             availability.refused()
             reason = f"cannot reach the database: {availability.reason}"
-            await problems.outage_answer(path, reason)(scope, receive, send)
+            page = scope["app"].state.outage_page
+            await problems.outage_answer(path, reason, page)(scope, receive, send)
             return
         with availability.bounding():
             await self.app(scope, receive, send)

@@ -25,7 +25,6 @@ from starlette.exceptions import HTTPException
 from orchestrator.domain import errors
 from orchestrator.domain.principals import Forbidden, Unauthorized
 from orchestrator.domain.rollups import StatsQueryInvalid
-from orchestrator.interfaces.ui.outage import is_dashboard, outage_page
 from orchestrator.runtime.external import NotExternal
 from orchestrator.storage.migrate import names_what_is_missing, schema_outdated
 from orchestrator.storage.tokens import TokenError
@@ -35,6 +34,9 @@ logger = logging.getLogger("orchestrator.api")
 MEDIA_TYPE = "application/problem+json"
 
 Handler = Callable[["Request", Exception], Awaitable["Response"]]
+#: A dashboard's answer to a request of a path while the database is away (path, reason), for
+#: its own pages (in HTML); None for any other path.
+OutagePage = Callable[[str, str], "Response | None"]
 
 #: The HTTP status of each of the orchestrator's errors (the first class that matches wins).
 STATUS: tuple[tuple[type[Exception], int], ...] = (
@@ -117,13 +119,15 @@ async def database_unavailable(request: Request, exc: errors.DatabaseUnavailable
     availability = getattr(request.app.state, "availability", None)
     if availability is not None:
         await availability.reachable()
-    return outage_answer(request.url.path, str(exc))
+    return outage_answer(request.url.path, str(exc), request.app.state.outage_page)
 
 
-def outage_answer(path: str, reason: str) -> Response:
-    """What a request of ``path`` is answered while the database is away."""
-    if is_dashboard(path):
-        return outage_page(path, reason)
+def outage_answer(path: str, reason: str, page: OutagePage | None) -> Response:
+    """What a request of ``path`` is answered while the database is away: the dashboard's
+    ``page`` for its own paths, when one is mounted."""
+    answer = page(path, reason) if page is not None else None
+    if answer is not None:
+        return answer
     if path == "/readyz":
         return Response("database unreachable", status_code=503, media_type="text/plain")
     return problem(503, errors.DatabaseUnavailable.code, reason)

@@ -38,7 +38,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Until SIGTERM/SIGINT: uvicorn finishes the requests under way, then it ends with 0."""
     import uvicorn
 
-    from orchestrator.interfaces.api.app import create_app
+    from orchestrator.interfaces.server import create_app
 
     orc = load_app(args.app)
     settings = orc.settings
@@ -89,7 +89,7 @@ async def _refuse_a_schema_it_cannot_serve(dsn: str) -> None:
 
 
 def cmd_openapi(args: argparse.Namespace) -> int:
-    from orchestrator.interfaces.api.app import create_app
+    from orchestrator.interfaces.server import create_app
 
     print(json.dumps(create_app(load_app(args.app)).openapi(), indent=2))
     return 0

@@ -24,6 +24,11 @@ def outage_page(path: str, reason: str) -> HTMLResponse:
     return HTMLResponse(body, status_code=503, headers={"Retry-After": str(RETRY_SECONDS)})
 
 
+def answer(path: str, reason: str) -> HTMLResponse | None:
+    """The outage page for a dashboard page's path; None for any other (the API answers it)."""
+    return outage_page(path, reason) if is_dashboard(path) else None
+
+
 def is_dashboard(path: str) -> bool:
     """Whether ``path`` is one of the dashboard's pages (answered in HTML), not a static file."""
     return (path == "/ui" or path.startswith("/ui/")) and not path.startswith("/ui/static/")
