@@ -241,18 +241,19 @@ def pairs(base: Side, head: Side, args: argparse.Namespace) -> list[tuple[Cost, 
     return results
 
 
-def summary(measure: str, results: list[tuple[float, float]]) -> None:
-    """The verdict on one measure: the median of the paired deltas and their spread."""
+def summary(measure: str, results: list[tuple[float, float]], unit: str = "job") -> None:
+    """The verdict on one measure, in µs per ``unit``: the median of the paired deltas and
+    their spread."""
     base = statistics.median(b for b, _ in results)
     head = statistics.median(h for _, h in results)
     deltas = [h - b for b, h in results]
     delta = statistics.median(deltas)
     iqr = (percentile(deltas, 25), percentile(deltas, 75))
     noise = "" if min(deltas) > 0 or max(deltas) < 0 else " (it includes 0: within the noise)"
-    more = f"{delta:+.0f} µs/job ({100 * delta / base:+.1f} %) more"
-    less = f"{-delta:.0f} µs/job ({-100 * delta / base:.1f} %) less"
+    more = f"{delta:+.0f} µs/{unit} ({100 * delta / base:+.1f} %) more"
+    less = f"{-delta:.0f} µs/{unit} ({-100 * delta / base:.1f} %) less"
     print(
-        f"{measure}: base {base:.0f} µs/job, head {head:.0f} µs/job (medians of "
+        f"{measure}: base {base:.0f} µs/{unit}, head {head:.0f} µs/{unit} (medians of "
         f"{len(results)} pairs), ratio head/base {head / base:.3f}; head costs "
         f"{more if delta >= 0 else less} than base; paired deltas: min-max "
         f"[{min(deltas):+.0f}, {max(deltas):+.0f}], IQR [{iqr[0]:+.0f}, {iqr[1]:+.0f}]{noise}"
@@ -268,11 +269,11 @@ def verdicts(results: list[tuple[Cost, Cost]]) -> None:
 
 
 @contextlib.contextmanager
-def databases(*sides: Side) -> Iterator[None]:
+def databases(*sides: Side, prefix: str = "orc_paired") -> Iterator[None]:
     """A fresh database per side (dropped afterwards), each migrated by its side's code."""
     with contextlib.ExitStack() as stack:
         for s in sides:
-            s.dsn = stack.enter_context(fresh_database(f"orc_paired_{s.name}", schema=None))
+            s.dsn = stack.enter_context(fresh_database(f"{prefix}_{s.name}", schema=None))
             migrate(s)
         yield
 
