@@ -42,8 +42,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import backend_cpu, machine, server_version
-from bench.paired import Side, checkout, child_env, databases, plant_history, summary
+from bench.common import backend_cpu
+from bench.paired import Side, child_env, planted, sides_parser, summary
 from bench.round_trips import Proxy
 
 LIMITS = ("plain", "tenant_share")
@@ -238,33 +238,22 @@ def verdicts(results: dict[str, list[tuple[Run, Run]]]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="the paired bench of an admitted call")
-    parser.add_argument("--base", default="HEAD", help="the baseline's commit (default HEAD)")
-    parser.add_argument("--head", help="the measured commit (default: the working tree)")
+    parser = sides_parser("the paired bench of an admitted call")
     parser.add_argument("--calls", type=int, default=1000, help="timed calls per run")
-    parser.add_argument("--pairs", type=int, default=5)
-    parser.add_argument("--history", type=int, default=100_000, help="planted finished jobs")
     args = parser.parse_args()
     if args.calls < 1 or args.pairs < 1:
         parser.error("--calls and --pairs must be at least 1")
 
-    with tempfile.TemporaryDirectory(prefix="orc_call_admit_") as tmp:
-        base, head = checkout("base", args.base, Path(tmp)), checkout("head", args.head, Path(tmp))
-        print(f"base (the baseline): {base.commit}\nhead: {head.commit}")
-        configs = {limit: config_file(limit, Path(tmp)) for limit in LIMITS}
-        with databases(base, head, prefix="orc_call_admit"):
-            print(f"machine: {machine()}, PostgreSQL {asyncio.run(server_version(base.dsn))}")
-            for s in (base, head):
-                if args.history:
-                    asyncio.run(plant_history(s, args.history))
-            print(
-                f"history: {args.history} finished jobs planted per side; {args.calls} admitted "
-                "calls per run (one job, one worker process, its window never full), limits: "
-                "plain (share_by tenant), tenant_share (0.5)",
-                flush=True,
-            )
-            count((base, head), configs, args.calls)
-            verdicts(pairs((base, head), configs, args))
+    with planted(args, "orc_call_admit") as (base, head, tmp):
+        print(
+            f"history: {args.history} finished jobs planted per side; {args.calls} admitted "
+            "calls per run (one job, one worker process, its window never full), limits: "
+            "plain (share_by tenant), tenant_share (0.5)",
+            flush=True,
+        )
+        configs = {limit: config_file(limit, tmp) for limit in LIMITS}
+        count((base, head), configs, args.calls)
+        verdicts(pairs((base, head), configs, args))
 
 
 if __name__ == "__main__":

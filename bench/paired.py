@@ -278,31 +278,46 @@ def databases(*sides: Side, prefix: str = "orc_paired") -> Iterator[None]:
         yield
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="the paired bench against the release before")
+def sides_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments of a paired bench: the two sides, the pairs, the planted history."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--base", default="HEAD", help="the baseline's commit (default HEAD)")
     parser.add_argument("--head", help="the measured commit (default: the working tree)")
-    parser.add_argument("--jobs", type=int, default=3000, help="per drain")
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--history", type=int, default=100_000, help="planted finished jobs")
+    return parser
+
+
+@contextlib.contextmanager
+def planted(args: argparse.Namespace, prefix: str) -> Iterator[tuple[Side, Side, Path]]:
+    """The base and the head of ``args``, each on a database of its own migrated by its code
+    and planted with ``args.history`` finished jobs, the lines naming them printed; and a
+    temporary directory, for the run's files."""
+    with tempfile.TemporaryDirectory(prefix=f"{prefix}_") as tmp:
+        base, head = checkout("base", args.base, Path(tmp)), checkout("head", args.head, Path(tmp))
+        print(f"base: {base.commit}\nhead: {head.commit}")
+        with databases(base, head, prefix=prefix):
+            print(f"machine: {machine()}, PostgreSQL {asyncio.run(server_version(base.dsn))}")
+            for s in (base, head):
+                if args.history:
+                    asyncio.run(plant_history(s, args.history))
+            yield base, head, Path(tmp)
+
+
+def main() -> None:
+    parser = sides_parser("the paired bench against the release before")
+    parser.add_argument("--jobs", type=int, default=3000, help="per drain")
     parser.add_argument("--concurrency", type=int, default=10)
     args = parser.parse_args()
     if args.jobs < 1 or args.pairs < 1:
         parser.error("--jobs and --pairs must be at least 1")
 
-    with tempfile.TemporaryDirectory(prefix="orc_paired_") as tmp:
-        base, head = checkout("base", args.base, Path(tmp)), checkout("head", args.head, Path(tmp))
-        print(f"base: {base.commit}\nhead: {head.commit}")
-        with databases(base, head):
-            print(f"machine: {machine()}, PostgreSQL {asyncio.run(server_version(base.dsn))}")
-            for s in (base, head):
-                if args.history:
-                    asyncio.run(plant_history(s, args.history))
-            print(
-                f"history: {args.history} finished jobs planted per side; {args.jobs} no-op "
-                f"jobs per drain, 1 worker process, concurrency {args.concurrency}"
-            )
-            verdicts(pairs(base, head, args))
+    with planted(args, "orc_paired") as (base, head, _):
+        print(
+            f"history: {args.history} finished jobs planted per side; {args.jobs} no-op "
+            f"jobs per drain, 1 worker process, concurrency {args.concurrency}"
+        )
+        verdicts(pairs(base, head, args))
 
 
 if __name__ == "__main__":
