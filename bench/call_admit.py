@@ -22,13 +22,14 @@ this process's go-ahead), and this process reads the server's CPU there, so that
 start, its job's claim and its end are not counted. Round trips are counted by a proxy between
 the child and PostgreSQL (bench/round_trips.py: the client's Query and Sync messages), over the
 same stretch, less those of a stretch as long without a call that follows it (the worker's own
-statements, its heartbeat ..., a few a second). The proxy adds a hop to each round trip, so the
+statements, its heartbeat ..., one or two a second). The proxy adds a hop to each round trip, so the
 runs that count them (one per side and limit, first) are not timed; the timed runs connect
 directly.
 
 The timed runs come in pairs, one per side, the side that goes first alternating from pair to
 pair; the verdict is the median of the paired differences (head - base) with their spread
-(bench/paired.py's), for wall time and for the server's CPU time, and the ratios head/base.
+(bench/paired.py's), for the wall time, the server's CPU time and the caller's, and the ratios
+head/base.
 """
 
 from __future__ import annotations
