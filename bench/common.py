@@ -148,12 +148,12 @@ class CpuMeter:
         self._started: tuple[float, dict[int, int] | None] | None = None
 
     async def start(self, dsn: str) -> None:
-        self._started = (time.process_time(), await _backend_cpu(dsn))
+        self._started = (time.process_time(), await backend_cpu(dsn))
 
     async def stop(self, dsn: str, jobs: int) -> None:
         assert self._started is not None, "stop() before start()"
         python, before = self._started
-        after = await _backend_cpu(dsn)
+        after = await backend_cpu(dsn)
         self.python += time.process_time() - python
         if self.server is not None and before is not None and after is not None:
             # A backend that started meanwhile counts in full; one that ended is not counted.
@@ -172,7 +172,7 @@ def cpu_per_job(process_us: float, server_us: float | None) -> str:
     return f"CPU per job: the measuring process {process_us:.0f} us, the server {server}"
 
 
-async def _backend_cpu(dsn: str) -> dict[int, int] | None:
+async def backend_cpu(dsn: str) -> dict[int, int] | None:
     """Nanoseconds of CPU used so far by each server process connected to ``dsn``'s database
     (but this query's own), or None when they are not processes of this machine."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:

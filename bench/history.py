@@ -9,8 +9,8 @@ due to run, and rollups count it as already rolled up, so a worker started on it
 jobs a bench or test adds: the planted history is what the hot statements must stay
 indifferent to.
 
-Used by the plan test (tests/test_plans.py), the growing-table bench (bench/growing.py) and
-the paired bench (bench/paired.py).
+Used by the plan test (tests/test_plans.py), the growing-table bench (bench/growing.py), the
+paired bench (bench/paired.py) and the paired bench of an admitted call (bench/call_admit.py).
 """
 
 from __future__ import annotations

@@ -241,18 +241,19 @@ def pairs(base: Side, head: Side, args: argparse.Namespace) -> list[tuple[Cost, 
     return results
 
 
-def summary(measure: str, results: list[tuple[float, float]]) -> None:
-    """The verdict on one measure: the median of the paired deltas and their spread."""
+def summary(measure: str, results: list[tuple[float, float]], unit: str = "job") -> None:
+    """The verdict on one measure, in µs per ``unit``: the median of the paired deltas and
+    their spread."""
     base = statistics.median(b for b, _ in results)
     head = statistics.median(h for _, h in results)
     deltas = [h - b for b, h in results]
     delta = statistics.median(deltas)
     iqr = (percentile(deltas, 25), percentile(deltas, 75))
     noise = "" if min(deltas) > 0 or max(deltas) < 0 else " (it includes 0: within the noise)"
-    more = f"{delta:+.0f} µs/job ({100 * delta / base:+.1f} %) more"
-    less = f"{-delta:.0f} µs/job ({-100 * delta / base:.1f} %) less"
+    more = f"{delta:+.0f} µs/{unit} ({100 * delta / base:+.1f} %) more"
+    less = f"{-delta:.0f} µs/{unit} ({-100 * delta / base:.1f} %) less"
     print(
-        f"{measure}: base {base:.0f} µs/job, head {head:.0f} µs/job (medians of "
+        f"{measure}: base {base:.0f} µs/{unit}, head {head:.0f} µs/{unit} (medians of "
         f"{len(results)} pairs), ratio head/base {head / base:.3f}; head costs "
         f"{more if delta >= 0 else less} than base; paired deltas: min-max "
         f"[{min(deltas):+.0f}, {max(deltas):+.0f}], IQR [{iqr[0]:+.0f}, {iqr[1]:+.0f}]{noise}"
@@ -268,40 +269,55 @@ def verdicts(results: list[tuple[Cost, Cost]]) -> None:
 
 
 @contextlib.contextmanager
-def databases(*sides: Side) -> Iterator[None]:
+def databases(*sides: Side, prefix: str = "orc_paired") -> Iterator[None]:
     """A fresh database per side (dropped afterwards), each migrated by its side's code."""
     with contextlib.ExitStack() as stack:
         for s in sides:
-            s.dsn = stack.enter_context(fresh_database(f"orc_paired_{s.name}", schema=None))
+            s.dsn = stack.enter_context(fresh_database(f"{prefix}_{s.name}", schema=None))
             migrate(s)
         yield
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="the paired bench against the release before")
+def sides_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments of a paired bench: the two sides, the pairs, the planted history."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--base", default="HEAD", help="the baseline's commit (default HEAD)")
     parser.add_argument("--head", help="the measured commit (default: the working tree)")
-    parser.add_argument("--jobs", type=int, default=3000, help="per drain")
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--history", type=int, default=100_000, help="planted finished jobs")
+    return parser
+
+
+@contextlib.contextmanager
+def planted(args: argparse.Namespace, prefix: str) -> Iterator[tuple[Side, Side, Path]]:
+    """The base and the head of ``args``, each on a database of its own migrated by its code
+    and planted with ``args.history`` finished jobs, the lines naming them printed; and a
+    temporary directory, for the run's files."""
+    with tempfile.TemporaryDirectory(prefix=f"{prefix}_") as tmp:
+        base, head = checkout("base", args.base, Path(tmp)), checkout("head", args.head, Path(tmp))
+        print(f"base: {base.commit}\nhead: {head.commit}")
+        with databases(base, head, prefix=prefix):
+            print(f"machine: {machine()}, PostgreSQL {asyncio.run(server_version(base.dsn))}")
+            for s in (base, head):
+                if args.history:
+                    asyncio.run(plant_history(s, args.history))
+            yield base, head, Path(tmp)
+
+
+def main() -> None:
+    parser = sides_parser("the paired bench against the release before")
+    parser.add_argument("--jobs", type=int, default=3000, help="per drain")
     parser.add_argument("--concurrency", type=int, default=10)
     args = parser.parse_args()
     if args.jobs < 1 or args.pairs < 1:
         parser.error("--jobs and --pairs must be at least 1")
 
-    with tempfile.TemporaryDirectory(prefix="orc_paired_") as tmp:
-        base, head = checkout("base", args.base, Path(tmp)), checkout("head", args.head, Path(tmp))
-        print(f"base: {base.commit}\nhead: {head.commit}")
-        with databases(base, head):
-            print(f"machine: {machine()}, PostgreSQL {asyncio.run(server_version(base.dsn))}")
-            for s in (base, head):
-                if args.history:
-                    asyncio.run(plant_history(s, args.history))
-            print(
-                f"history: {args.history} finished jobs planted per side; {args.jobs} no-op "
-                f"jobs per drain, 1 worker process, concurrency {args.concurrency}"
-            )
-            verdicts(pairs(base, head, args))
+    with planted(args, "orc_paired") as (base, head, _):
+        print(
+            f"history: {args.history} finished jobs planted per side; {args.jobs} no-op "
+            f"jobs per drain, 1 worker process, concurrency {args.concurrency}"
+        )
+        verdicts(pairs(base, head, args))
 
 
 if __name__ == "__main__":
