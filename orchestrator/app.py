@@ -399,7 +399,8 @@ class Orchestrator:
         *,
         connection: psycopg.AsyncConnection[Any] | None = None,
     ) -> list[UUID]:
-        """Submit many jobs in one round trip; every spec is checked before anything is sent.
+        """Submit many jobs in one round trip; every spec is checked before anything is sent
+        (its flow key by the statement, which writes nothing when it refuses one).
         With tracing, each job gets a span of its own (orchestrator.runtime.tracing)."""
         specs = [job if isinstance(job, JobSpec) else job_spec(**job) for job in jobs]
         return [r.job_id for r in await self.submit_specs(specs, connection=connection)]
