@@ -196,6 +196,11 @@ class Orchestrator:
         wrong)."""
         self._definition.check()
 
+    async def check_schedules(self) -> None:
+        """Once open, before the API server starts its scheduler: each schedule's run gets its
+        flow key (ConfigError naming the schedules whose payload lacks a field it names)."""
+        await self._schedules.check_keys()
+
     def check_config(self, config: RetryConfig) -> None:
         """``config`` names only known job types, and no in-process job type shares a queue
         with an external one: at start-up, and for each new version a reload reads."""

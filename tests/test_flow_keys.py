@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
 from orchestrator import JobContext, Orchestrator, Status
-from orchestrator.domain.errors import InvalidPayload
+from orchestrator.domain.errors import ConfigError, InvalidPayload
 from tests.support.flow_keys import FlowKeyError, render_key
 from tests.support.harness import WorkerRun, config_with, wait_for
 
@@ -197,3 +197,21 @@ async def test_a_job_that_came_without_its_key_gets_it_at_its_claim_or_fails_nam
         return (await cur.fetchone()) == (0,)
 
     await wait_for(no_dispatch, timeout=10)
+
+
+async def test_a_schedule_whose_run_lacks_its_key_s_field_stops_a_worker_at_start_up(
+    make_orc: Callable[..., Orchestrator],
+) -> None:
+    """As an unknown job type is (before the database is open), a schedule's payload that lacks
+    what its limit's key names is refused at start-up, once the database can render the key,
+    naming the schedule; a schedule whose payload holds it passes."""
+    orc = keyed_app(make_orc, limits=True)
+    orc.schedule("fine", "keyed", cron="* * * * *", payload={"user": {"id": 1}})
+    orc.schedule("broken", "keyed", cron="* * * * *", payload={"x": 1})
+    await orc.open()
+    with pytest.raises(ConfigError) as raised:
+        await orc.run_worker(wait=False, install_signal_handlers=False)
+    assert str(raised.value) == (
+        "orc.schedule: schedule 'broken': invalid payload for job type 'keyed': the flow key"
+        " 'user:{payload.user.id}/{tenant}' needs payload.user.id, which is missing"
+    )

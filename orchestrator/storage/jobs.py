@@ -100,6 +100,18 @@ class JobStore:
         rows.sort(key=lambda r: r["ord"])
         return [SubmitResult(job_id=r["job_id"], outcome=r["outcome"]) for r in rows]
 
+    async def flow_key(self, row: dict[str, Any]) -> str | None:
+        """The flow key a submit of ``row`` would store (None: no limit), or InvalidPayload as
+        the submit would refuse it; nothing written."""
+        if not row.get("flow_template"):
+            return None
+        with _flow_key_refused():
+            found = await self.queries.row(
+                "render_flow_key", {**row, "payload": Jsonb(row.get("payload"))}
+            )
+        assert found is not None
+        return cast(str, found["key"])
+
     async def dispatch(self, job_ids: Sequence[UUID], conn: Conn) -> None:
         """A new dispatch for each job, at its next_retry_at or run_at."""
         await self.queries.row(
