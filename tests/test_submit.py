@@ -396,9 +396,9 @@ async def test_a_uuid7_made_in_sql_is_made_as_pythons(db: psycopg.AsyncConnectio
     millisecond times from one clock, so ids made one after the other sort in that order."""
     made = [uuid7()]
     for _ in range(3):
-        cur = await db.execute("SELECT orc_uuid7_v1(), pg_sleep(0.002)")
+        cur = await db.execute("SELECT orc_uuid7_v1() FROM pg_sleep(0.003)")  # (sleep first)
         made.append(UUID(str((await cur.fetchone() or (None,))[0])))
-        await asyncio.sleep(0.002)
+        await asyncio.sleep(0.003)
         made.append(uuid7())
     assert {(u.version, u.variant) for u in made} == {(7, RFC_4122)}
     assert sorted(made) == made
