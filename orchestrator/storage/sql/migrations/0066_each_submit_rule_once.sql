@@ -20,7 +20,7 @@
 --
 -- compatible-with-older-workers: yes
 -- revises: functions/flow_admit.sql 23abf05514886b2e4861fc39c6171b109461e221116e52875ffae2a6dc2c1923
--- revises: functions/flow_keys.sql 9f84cf925262af0cfcf06b85cd89f50e339215d5672562f53b713b5c41d89ea6
+-- revises: functions/flow_keys.sql 0b8db7c600e9aaf2a9982282f3570a31802e0e30406a8c626dda1bd487ba18d1
 -- revises: functions/outcomes.sql 05899aa830bf25a8f4c8dc1523bd32aec9e12055431df7b17a853fd03367163a
 -- revises: functions/submit.sql 90a5eb46e20c999b5d762074a284b4bca15f3e456bddd0ff6d4521d6654a9c61
 ALTER TYPE orc_job_spec_v1 ADD ATTRIBUTE flow_template text, ADD ATTRIBUTE flow_share_by text;
