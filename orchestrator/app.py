@@ -196,6 +196,11 @@ class Orchestrator:
         wrong)."""
         self._definition.check()
 
+    async def check_schedules(self) -> None:
+        """Once open, before the API server starts its scheduler: each schedule's run gets its
+        flow key (ConfigError naming the schedules whose payload lacks a field it names)."""
+        await self._schedules.check_keys()
+
     def check_config(self, config: RetryConfig) -> None:
         """``config`` names only known job types, and no in-process job type shares a queue
         with an external one: at start-up, and for each new version a reload reads."""
@@ -399,7 +404,8 @@ class Orchestrator:
         *,
         connection: psycopg.AsyncConnection[Any] | None = None,
     ) -> list[UUID]:
-        """Submit many jobs in one round trip; every spec is checked before anything is sent.
+        """Submit many jobs in one round trip; every spec is checked before anything is sent
+        (its flow key by the statement, which writes nothing when it refuses one).
         With tracing, each job gets a span of its own (orchestrator.runtime.tracing)."""
         specs = [job if isinstance(job, JobSpec) else job_spec(**job) for job in jobs]
         return [r.job_id for r in await self.submit_specs(specs, connection=connection)]

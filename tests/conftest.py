@@ -62,7 +62,10 @@ Where each part of the code is tested:
                               test_config_reload
     flow control              limits per key enforced at the claim, pauses, fairness, worker
                               processes against the local LLM server's rate limit:
-                              test_flow_control; worker processes' fetches across many keys
+                              test_flow_control; a key from its limit's template (the
+                              database's rule against its model, refused submits, a job
+                              without its key at its claim): test_flow_keys; worker
+                              processes' fetches across many keys
                               (no deadlock), limits changed in the file, pauses changed, the
                               backstop: test_flow_fleet; flow key locks in one order
                               (completion batches and the sweep across keys, worker

@@ -23,6 +23,7 @@ from demo import llm_server as llm
 from orchestrator import Orchestrator
 from orchestrator.domain.errors import FlowKeyNotFound
 from tests.support import flow_app
+from tests.support.flow_keys import render_key
 from tests.support.harness import ROOT, WorkerRun, run_safety_net, wait_for
 from tests.support.workers import WorkerProcess
 
@@ -705,8 +706,6 @@ async def test_a_job_submitted_without_its_key_gets_it_at_its_claim(
 async def test_the_database_renders_a_key_as_a_submit_does(
     db: psycopg.AsyncConnection[Any], template: str, payload: Any, tenant: Any, agent: Any
 ) -> None:
-    from orchestrator.domain.flow import render_key
-
     expected = render_key(
         template, job_type="kind", tenant_id=tenant, agent_id=agent, payload=payload
     )

@@ -388,6 +388,8 @@ async def test_priority_lowest_first_and_a_named_queue_runs_one_job_at_a_time(
         ("add_job('echo', priority => 40000)", "22003", "smallint"),
         ("add_job('echo', job_key => 'schedule/x/1')", "22023", "schedules' namespace"),
         ("add_job('echo', max_attempts => 0)", "22023", "max_attempts"),
+        ("add_job('echo', job_key => repeat('k', 513))", "22023", "job_key must be 1 to 512"),
+        ("add_job('echo', queue_name => repeat('q', 129))", "22023", "queue_name must be 1 to 128"),
         (
             "add_jobs(ARRAY[('echo', NULL, NULL, NULL, NULL, NULL, NULL, NULL),"
             " ('nope', NULL, NULL, NULL, NULL, NULL, NULL, NULL)]::graphile_worker.job_spec[])",
@@ -395,7 +397,18 @@ async def test_priority_lowest_first_and_a_named_queue_runs_one_job_at_a_time(
             "unknown job type",
         ),
     ],
-    ids=["unknown", "mode", "flags", "nul", "priority", "tick-key", "attempts", "batch"],
+    ids=[
+        "unknown",
+        "mode",
+        "flags",
+        "nul",
+        "priority",
+        "tick-key",
+        "attempts",
+        "key-length",
+        "queue-length",
+        "batch",
+    ],
 )
 async def test_bad_arguments_get_graphile_workers_kind_of_error_and_nothing_is_stored(
     compat: Callable[..., Orchestrator],

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from uuid import RFC_4122, UUID
 
 import psycopg
 import pytest
@@ -19,6 +22,7 @@ from orchestrator import (
     SubmitError,
     UnknownJobType,
 )
+from orchestrator.domain.ids import uuid7
 
 
 class Greeting(BaseModel):
@@ -384,3 +388,19 @@ async def test_a_keyed_jobs_revision_counts_every_later_submit_in_any_mode(
         assert fresh != job_id and (await orc.get_job(fresh)).revision == 0
         assert (await orc.get_job(job_id)).revision == 4
         assert (await orc.get_job(await orc.submit("greet", {"name": "d"}))).revision == 0
+
+
+async def test_a_uuid7_made_in_sql_is_made_as_pythons(db: psycopg.AsyncConnection[Any]) -> None:
+    """A submit in Python names its jobs (orchestrator.domain.ids.uuid7), Graphile Worker's API
+    and the failures no attempt held in SQL (orc_uuid7_v1): both RFC 9562 version 7, their
+    millisecond times from one clock, so ids made one after the other sort in that order."""
+    made = [uuid7()]
+    for _ in range(3):
+        cur = await db.execute("SELECT orc_uuid7_v1() FROM pg_sleep(0.003)")  # (sleep first)
+        made.append(UUID(str((await cur.fetchone() or (None,))[0])))
+        await asyncio.sleep(0.003)
+        made.append(uuid7())
+    assert {(u.version, u.variant) for u in made} == {(7, RFC_4122)}
+    assert sorted(made) == made
+    millis = [u.int >> 80 for u in made]
+    assert abs(millis[1] - time.time() * 1000) < 5_000

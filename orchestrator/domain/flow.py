@@ -1,5 +1,6 @@
-"""Flow control's pure parts (docs/flow-control.md): a job's key, rendered from its limit's
-template at submit; the share it waits in; and the one sentence that says why a job waits.
+"""Flow control's pure parts (docs/flow-control.md): what a submit says of a job's flow (its
+limit, whose template the submit's statement renders into the job's key, ``orc_flow_key_v1``,
+the rule's one home; its cost); and the one sentence that says why a job waits.
 
 The database enforces the limits at the claim (migration 0029); this module decides nothing
 there, it only shapes what is stored and what is shown.
@@ -7,88 +8,36 @@ there, it only shapes what is stored and what is shown.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from orchestrator.domain.flow_share import estimate
 from retry_config.models import FlowLimit
 
-_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
-#: The longest key stored: a key is a name, not a payload.
-MAX_KEY = 200
-
 #: What a waiting job waits for (``orc_flow_waiters.blocked_on``).
 Blocked = Literal["concurrency", "requests", "units", "paused", "line", "share"]
 
 
-class FlowKeyError(ValueError):
-    """The key cannot be rendered for this job (a payload field the template names is
-    missing, or not a scalar)."""
-
-
 @dataclass(frozen=True)
 class Flow:
-    """What a submit stores for a job under a limit: its key, the limit's name, its cost in
-    the limit's units and the share it waits in."""
+    """What a submit stores for a job under a limit: the limit's name, key template and whose
+    share a job waits in (the submit's statement renders the key and names the share from them:
+    ``orc_flow_key_v1``, ``orc_flow_share_of_v1``), and the job's cost in the limit's units."""
 
-    key: str
     limit: str
+    template: str
+    share_by: str
     cost: int
-    share: str
 
 
-def render_key(
-    template: str, *, job_type: str, tenant_id: str | None, agent_id: str | None, payload: Any
-) -> str:
-    """The template with each ``{...}`` filled: ``job_type``, ``tenant``, ``agent`` (``-``
-    when the job has none) or ``payload.<field>[.<field>...]``, a scalar the payload must
-    hold. Everything else is literal. Raises FlowKeyError naming what is missing."""
-
-    def fill(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name == "job_type":
-            return job_type
-        if name == "tenant":
-            return tenant_id or "-"
-        if name == "agent":
-            return agent_id or "-"
-        value: Any = payload
-        for part in name.removeprefix("payload.").split("."):
-            if not isinstance(value, dict) or part not in value:
-                raise FlowKeyError(f"the flow key {template!r} needs {name}, which is missing")
-            value = value[part]
-        if isinstance(value, dict | list) or value is None:
-            raise FlowKeyError(f"the flow key {template!r} needs {name} to be a string or number")
-        return str(value).lower() if isinstance(value, bool) else str(value)
-
-    key = _PLACEHOLDER.sub(fill, template)
-    if len(key) > MAX_KEY:
-        raise FlowKeyError(f"the flow key is {len(key)} characters long, over {MAX_KEY}")
-    return key
-
-
-def flow_of(
-    name: str,
-    limit: FlowLimit,
-    *,
-    job_type: str,
-    tenant_id: str | None,
-    agent_id: str | None,
-    payload: Any,
-    cost: int,
-) -> Flow:
+def flow_of(name: str, limit: FlowLimit, cost: int) -> Flow:
     """The job's flow under the limit ``name``; its ``cost`` (declared or estimated) an estimate
     bounded to ``[1, the units one share may hold]`` (orchestrator.domain.flow_share)."""
-    key = render_key(
-        limit.key, job_type=job_type, tenant_id=tenant_id, agent_id=agent_id, payload=payload
-    )
-    share = {"tenant": tenant_id, "agent": agent_id, "none": None}[limit.share_by]
     bounded = estimate(cost, limit.units, limit.tenant_share)
-    return Flow(key=key, limit=name, cost=bounded, share=share or "")
+    return Flow(limit=name, template=limit.key, share_by=limit.share_by, cost=bounded)
 
 
 def waiting_reason(key: str, blocked_on: Blocked, paused_until: datetime | None) -> str:

@@ -88,6 +88,20 @@ class Schedules:
         if problems:
             raise ConfigError("\n".join(problems))
 
+    async def check_keys(self) -> None:
+        """Each schedule's run gets its flow key (the database renders it, by the rule a tick's
+        submit follows), or a ConfigError names the schedules whose payload lacks a field their
+        limit's key names: at start-up, once the database is open (``check`` cannot ask it)."""
+        problems = []
+        for schedule in self._schedules.values():
+            (row,) = self.runs(schedule, [datetime.now(UTC)])
+            try:
+                await self._lifecycle.stores.jobs.flow_key(row)
+            except OrchestratorError as exc:
+                problems.append(f"{schedule.source}: schedule {schedule.name!r}: {exc}")
+        if problems:
+            raise ConfigError("\n".join(problems))
+
     def runs(self, schedule: Schedule, ticks: list[datetime]) -> list[dict[str, Any]]:
         """The job rows of ``schedule``'s runs at ``ticks``: each due at its tick, keyed
         ``schedule/<name>/<tick>``. That key is given to the row, not the spec: the schedules'

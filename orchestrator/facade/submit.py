@@ -21,7 +21,7 @@ from pydantic import (
 
 from orchestrator.domain import events
 from orchestrator.domain.errors import ConfigError, InvalidPayload, SubmitError, UnknownJobType
-from orchestrator.domain.flow import Flow, FlowKeyError, flow_of
+from orchestrator.domain.flow import Flow, flow_of
 from orchestrator.domain.ids import uuid7
 from orchestrator.domain.job_types import JobType
 from orchestrator.domain.models import SubmitResult
@@ -47,6 +47,9 @@ if TYPE_CHECKING:
     from orchestrator.runtime.tracing import Tracing
 
 JobKeyMode = Literal["replace", "preserve_run_at", "unsafe_dedupe"]
+#: The longest queue name and job key a submit takes (Graphile Worker's API reads them too).
+MAX_QUEUE = 128
+MAX_JOB_KEY = 512
 
 
 #: A W3C traceparent, as version 00 writes it (orchestrator.domain.traceparent).
@@ -74,12 +77,12 @@ class JobSpec(BaseModel):
     priority: int = Field(0, ge=-(2**31) + 1, le=2**31 - 1, description="Lower runs first.")
     #: Not one the orchestrator reserves (retry_config.names: the maintenance queue).
     queue: Annotated[Text, AfterValidator(open_queue)] | None = Field(
-        None, min_length=1, max_length=128
+        None, min_length=1, max_length=MAX_QUEUE
     )
     max_retries: int | None = Field(None, ge=0, le=MAX_VALUE)
     #: Not in the schedules' namespace (``schedule/...``): a tick's key is its schedule's own.
     job_key: Annotated[Text, AfterValidator(_not_a_tick)] | None = Field(
-        None, min_length=1, max_length=512
+        None, min_length=1, max_length=MAX_JOB_KEY
     )
     job_key_mode: JobKeyMode = "replace"
     timeout_seconds: int | None = Field(None, gt=0, le=MAX_VALUE)
@@ -162,10 +165,10 @@ class JobRows:
             "tenant_id": spec.tenant_id,
             # Stored effective, so the claim can stamp the attempt's deadline (the backstop).
             "timeout_seconds": spec.timeout_seconds or config.job_timeout_seconds,
-            "flow_key": flow and flow.key,
             "flow_limit": flow and flow.limit,
+            "flow_template": flow and flow.template,
+            "flow_share_by": flow and flow.share_by,
             "flow_cost": flow and flow.cost,
-            "flow_share": flow and flow.share,
         }
 
     def _queue_of(self, spec: JobSpec, job_type: JobType) -> str:
@@ -216,7 +219,7 @@ class JobRows:
     def _graphile(self) -> dict[str, Any]:
         """What Graphile Worker's API reads of this code: the tenant its jobs get, the payload
         limit, the state machine's names, the dispatches' task prefix, the schedules' keys, the
-        longest error message a failure stores."""
+        longest error message a failure stores, the longest queue name and job key."""
         tenant = self._settings.graphile_tenant
         reason = None if tenant is None else tenant_refusal(tenant)
         if reason is not None:
@@ -232,6 +235,8 @@ class JobRows:
             "task_prefix": TASK_PREFIX,
             "reserved_key_prefix": KEY_PREFIX,
             "max_message": events.MAX_MESSAGE,
+            "max_queue": MAX_QUEUE,
+            "max_job_key": MAX_JOB_KEY,
         }
 
 
@@ -291,16 +296,10 @@ class Submitter:
 def _flow_of(
     spec: JobSpec, job_type: JobType, payload: Any, limit: tuple[str, FlowLimit] | None
 ) -> Flow | None:
-    """The job's flow under its type's limit (None: no limit): its key rendered from the
-    payload (InvalidPayload naming the field the key needs), its cost declared or estimated."""
+    """The job's flow under its type's limit (None: no limit), its cost declared or estimated;
+    its key is rendered by the submit's statement, which refuses a payload lacking a field the
+    template names (InvalidPayload, from the job store)."""
     if limit is None:
         return None
-    name, config = limit
     cost = spec.cost if spec.cost is not None else job_type.cost_of(payload)
-    try:
-        return flow_of(
-            name, config, job_type=spec.job_type, tenant_id=spec.tenant_id,
-            agent_id=spec.agent_id, payload=payload, cost=cost,
-        )  # fmt: skip
-    except FlowKeyError as exc:
-        raise InvalidPayload(spec.job_type, str(exc)) from None
+    return flow_of(*limit, cost)

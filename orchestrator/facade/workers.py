@@ -73,6 +73,7 @@ class Workers:
         self._definition.check()
         logs.make_visible(self._settings.log_format)
         opened = self._lifecycle.opened
+        await self._schedules.check_keys()
         worker = Worker(
             dsn=self._lifecycle.dsn,
             stores=opened.stores,

@@ -7,16 +7,23 @@ such job, an illegal transition, a superseded lease).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 from uuid import UUID
 
+import psycopg
 from psycopg.types.json import Jsonb
 
 from orchestrator.domain import events, states
-from orchestrator.domain.errors import InvalidTransition, JobNotFound, StaleLease
+from orchestrator.domain.errors import (
+    InvalidPayload,
+    InvalidTransition,
+    JobNotFound,
+    StaleLease,
+)
 from orchestrator.domain.failures import TerminalFailure
 from orchestrator.domain.models import Claim, Job, JobEvent, SubmitResult
 from orchestrator.domain.states import Status
@@ -25,6 +32,8 @@ from orchestrator.storage.rows import StepRecord
 from orchestrator.storage.runner import Queries
 
 TASK_PREFIX = "orc."  # Procrastinate task name of a job type: TASK_PREFIX + job_type
+#: The SQLSTATE of a flow key its template cannot render from the job (orc_flow_key_v1).
+FLOW_KEY_REFUSED = "ORCFK"
 
 
 @dataclass(frozen=True)
@@ -73,16 +82,35 @@ class JobStore:
         self, specs: Sequence[dict[str, Any]], conn: Conn | None = None
     ) -> list[SubmitResult]:
         """Jobs and their first dispatches, in one statement (inside ``conn``'s transaction
-        when given: they vanish if it rolls back)."""
+        when given: they vanish if it rolls back). A spec under a flow limit whose payload
+        lacks what its key's template names refuses the whole submit (InvalidPayload, naming
+        it); inside ``conn``'s transaction, only the submit's own savepoint rolls back."""
         params = {
             "specs": Jsonb([{**spec, "ord": i} for i, spec in enumerate(specs)]),
             "initial_status": Status.PENDING.value,
             "waiting": sorted(s.value for s in states.CLAIMABLE),
             "task_prefix": TASK_PREFIX,
         }
-        rows = await self.queries.rows("submit_jobs", params, conn)
+        with _flow_key_refused():
+            if conn is not None and any(spec.get("flow_template") for spec in specs):
+                async with conn.transaction():
+                    rows = await self.queries.rows("submit_jobs", params, conn)
+            else:
+                rows = await self.queries.rows("submit_jobs", params, conn)
         rows.sort(key=lambda r: r["ord"])
         return [SubmitResult(job_id=r["job_id"], outcome=r["outcome"]) for r in rows]
+
+    async def flow_key(self, row: dict[str, Any]) -> str | None:
+        """The flow key a submit of ``row`` would store (None: no limit), or InvalidPayload as
+        the submit would refuse it; nothing written."""
+        if not row.get("flow_template"):
+            return None
+        with _flow_key_refused():
+            found = await self.queries.row(
+                "render_flow_key", {**row, "payload": Jsonb(row.get("payload"))}
+            )
+        assert found is not None
+        return cast(str, found["key"])
 
     async def dispatch(self, job_ids: Sequence[UUID], conn: Conn) -> None:
         """A new dispatch for each job, at its next_retry_at or run_at."""
@@ -238,3 +266,17 @@ class JobStore:
 def _event(row: dict[str, Any]) -> JobEvent:
     """An event as every reader gets it: its ``run_id`` no longer the attempt's lease token."""
     return JobEvent.model_validate({**row, "payload": events.shown(row["payload"])})
+
+
+@contextmanager
+def _flow_key_refused() -> Iterator[None]:
+    """The database's refusal of a flow key (orc_flow_key_v1: its message names the field, its
+    detail the job type) as the submit's InvalidPayload."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        if exc.sqlstate != FLOW_KEY_REFUSED:
+            raise
+        raise InvalidPayload(
+            exc.diag.message_detail or "?", exc.diag.message_primary or "?"
+        ) from None

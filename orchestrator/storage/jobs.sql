@@ -3,6 +3,12 @@
 SELECT ord, job_id, outcome
   FROM orc_submit_jobs_v2(%(specs)s, %(initial_status)s, %(waiting)s, %(task_prefix)s)
 
+-- render_flow_key --
+-- The flow key a submit of this row would store (orc_flow_key_v1, as orc_job_specs_v1 renders
+-- it), or its refusal; nothing written.
+SELECT orc_flow_key_v1(%(flow_template)s, %(job_type)s, %(tenant_id)s, %(agent_id)s,
+                       %(payload)s) AS key
+
 -- dispatch_jobs --
 -- Give jobs a new Procrastinate job each, at their next_retry_at or run_at.
 SELECT orc_dispatch_v1(%(job_ids)s::uuid[], %(task_prefix)s) AS dispatched

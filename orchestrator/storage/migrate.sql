@@ -249,36 +249,44 @@ WITH declared AS (
            %(cancelled)s::text AS cancelled, %(completed)s::text AS completed,
            %(failed)s::text AS failed, %(task_prefix)s::text AS task_prefix,
            %(reserved_key_prefix)s::text AS reserved_key_prefix,
-           %(max_message)s::integer AS max_message
+           %(max_message)s::integer AS max_message, %(max_queue)s::integer AS max_queue,
+           %(max_job_key)s::integer AS max_job_key
 )
 SELECT NOT EXISTS (
     SELECT FROM graphile_worker._orc_settings AS s, declared AS d
      WHERE (s.tenant_id, s.max_payload_bytes, s.initial_status, s.waiting, s.cancelled,
-            s.completed, s.failed, s.task_prefix, s.reserved_key_prefix, s.max_message)
+            s.completed, s.failed, s.task_prefix, s.reserved_key_prefix, s.max_message,
+            s.max_queue, s.max_job_key)
            IS NOT DISTINCT FROM
            (d.tenant_id, d.max_payload_bytes, d.initial_status, d.waiting, d.cancelled,
-            d.completed, d.failed, d.task_prefix, d.reserved_key_prefix, d.max_message))
+            d.completed, d.failed, d.task_prefix, d.reserved_key_prefix, d.max_message,
+            d.max_queue, d.max_job_key))
 
 -- graphile_settings --
 -- Graphile Worker's API's settings, from the code that migrates (graphile_worker.sql); the row
 -- is written only when they differ.
 INSERT INTO graphile_worker._orc_settings AS s (tenant_id, max_payload_bytes, initial_status, waiting,
                                           cancelled, completed, failed, task_prefix,
-                                          reserved_key_prefix, max_message)
+                                          reserved_key_prefix, max_message, max_queue,
+                                          max_job_key)
 VALUES (%(tenant_id)s, %(max_payload_bytes)s, %(initial_status)s, %(waiting)s, %(cancelled)s,
-        %(completed)s, %(failed)s, %(task_prefix)s, %(reserved_key_prefix)s, %(max_message)s)
+        %(completed)s, %(failed)s, %(task_prefix)s, %(reserved_key_prefix)s, %(max_message)s,
+        %(max_queue)s, %(max_job_key)s)
 ON CONFLICT (one) DO UPDATE
    SET tenant_id = EXCLUDED.tenant_id, max_payload_bytes = EXCLUDED.max_payload_bytes,
        initial_status = EXCLUDED.initial_status, waiting = EXCLUDED.waiting,
        cancelled = EXCLUDED.cancelled, completed = EXCLUDED.completed,
        failed = EXCLUDED.failed, task_prefix = EXCLUDED.task_prefix,
-       reserved_key_prefix = EXCLUDED.reserved_key_prefix, max_message = EXCLUDED.max_message
+       reserved_key_prefix = EXCLUDED.reserved_key_prefix, max_message = EXCLUDED.max_message,
+       max_queue = EXCLUDED.max_queue, max_job_key = EXCLUDED.max_job_key
  WHERE (s.tenant_id, s.max_payload_bytes, s.initial_status, s.waiting, s.cancelled, s.completed,
-        s.failed, s.task_prefix, s.reserved_key_prefix, s.max_message)
+        s.failed, s.task_prefix, s.reserved_key_prefix, s.max_message, s.max_queue,
+        s.max_job_key)
        IS DISTINCT FROM
        (EXCLUDED.tenant_id, EXCLUDED.max_payload_bytes, EXCLUDED.initial_status,
         EXCLUDED.waiting, EXCLUDED.cancelled, EXCLUDED.completed, EXCLUDED.failed,
-        EXCLUDED.task_prefix, EXCLUDED.reserved_key_prefix, EXCLUDED.max_message)
+        EXCLUDED.task_prefix, EXCLUDED.reserved_key_prefix, EXCLUDED.max_message,
+        EXCLUDED.max_queue, EXCLUDED.max_job_key)
 
 -- live_worker_releases --
 -- The registry's live workers and API servers, each with the release it recorded (0058: the

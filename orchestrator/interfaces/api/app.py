@@ -67,6 +67,7 @@ def create_api(orc: Orchestrator) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         orc.check_definition()
         await orc.open()
+        await orc.check_schedules()
         app.state.availability = Availability(orc.dsn, wait=settings.api_database_wait_seconds)
         app.state.authenticator = Authenticator(orc.stores.tokens)
         app.state.watch = EventWatch(dsn=orc.dsn, listeners=orc.stores.listeners)

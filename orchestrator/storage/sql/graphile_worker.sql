@@ -21,8 +21,9 @@ SELECT n, n IN (1, 3, 11, 13, 14, 16, 19) FROM generate_series(1, 19) AS n;
 
 -- What the functions take from the orchestrator, written by each `migrate` from its Python
 -- (one row): the tenant its jobs get, the payload limit, the state machine's names, the
--- Procrastinate task prefix, the key prefix only the scheduler may use, and the longest error
--- message a failure stores.
+-- Procrastinate task prefix, the key prefix only the scheduler may use, the longest error
+-- message a failure stores, and the longest queue name and job key a submit takes (its
+-- JobSpec's bounds).
 CREATE TABLE graphile_worker._orc_settings (
     one boolean PRIMARY KEY DEFAULT true CHECK (one),
     tenant_id text,
@@ -34,7 +35,9 @@ CREATE TABLE graphile_worker._orc_settings (
     failed text NOT NULL,
     task_prefix text NOT NULL,
     reserved_key_prefix text NOT NULL,
-    max_message integer NOT NULL
+    max_message integer NOT NULL,
+    max_queue integer NOT NULL,
+    max_job_key integer NOT NULL
 );
 
 -- Graphile Worker's job_spec, as its WorkerUtils.addJobs sends it.
@@ -97,6 +100,18 @@ BEGIN
 END;
 $$;
 
+-- A job's runs per dispatch (max_attempts) as given to add_job or reschedule_jobs: at least 1,
+-- as the job table holds them (null: the default, or kept).
+CREATE FUNCTION graphile_worker._runs(max_attempts smallint) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF max_attempts < 1 THEN
+        RAISE EXCEPTION 'graphile_worker: max_attempts must be at least 1 (given %)', max_attempts
+              USING ERRCODE = '22023';
+    END IF;
+END;
+$$;
+
 -- The orchestrator's job as Graphile Worker shows one.
 CREATE FUNCTION graphile_worker._job(j orc_jobs, s graphile_worker._orc_settings)
 RETURNS graphile_worker.job
@@ -113,17 +128,11 @@ LANGUAGE sql STABLE AS $$
            j.status = ANY (s.waiting)
 $$;
 
--- A time-ordered id, as the orchestrator's own (UUIDv7, orchestrator.domain.ids).
-CREATE FUNCTION graphile_worker._uuid7() RETURNS uuid
-LANGUAGE sql VOLATILE AS $$
-    SELECT encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid()) PLACING
-               substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
-                         FROM 3) FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid
-$$;
-
 -- Submit Graphile Worker job specs with one key mode, through orc_submit_jobs_v2; each spec's
 -- job, in the specs' order. A spec the orchestrator would refuse is refused, naming why, and
--- nothing is written.
+-- nothing is written. A job of a type under a flow limit gets its key from the limit's
+-- template in the submit's statement, as every submit's (a payload that lacks a field the
+-- template names is refused there: orc_flow_key_v1), with a cost of 1.
 CREATE FUNCTION graphile_worker._submit(specs graphile_worker.job_spec[], p_mode text)
 RETURNS SETOF graphile_worker.job
 LANGUAGE plpgsql AS $$
@@ -131,6 +140,7 @@ DECLARE
     s graphile_worker._orc_settings := graphile_worker._settings();
     spec graphile_worker.job_spec;
     t orc_job_types;
+    lim orc_flow_limits;
     n integer := 0;
     payload jsonb;
     existing jsonb;
@@ -149,19 +159,21 @@ BEGIN
             RAISE EXCEPTION 'graphile_worker: flags are not supported (given %); to hold jobs back, pause their flow key (docs/graphile.md)', spec.flags
                   USING ERRCODE = '0A000';
         END IF;
-        IF spec.queue_name IS NOT NULL AND (t.external OR EXISTS (
-                SELECT FROM orc_flow_job_types AS f WHERE f.job_type = t.job_type)) THEN
+        SELECT l.* INTO lim
+          FROM orc_flow_job_types AS f JOIN orc_flow_limits AS l ON l.name = f.limit_name
+         WHERE f.job_type = t.job_type;
+        IF spec.queue_name IS NOT NULL AND (t.external OR lim.name IS NOT NULL) THEN
             RAISE EXCEPTION 'graphile_worker: queue_name %: job type % %; a named (serial) queue is a flow key of its own',
                   quote_literal(spec.queue_name), quote_literal(t.job_type),
                   CASE WHEN t.external THEN 'is external' ELSE 'runs under a flow limit' END
                   USING ERRCODE = '22023';
         END IF;
-        IF spec.queue_name = '' OR length(spec.queue_name) > 128 THEN
-            RAISE EXCEPTION 'graphile_worker: queue_name must be 1 to 128 characters'
+        IF spec.queue_name = '' OR length(spec.queue_name) > s.max_queue THEN
+            RAISE EXCEPTION 'graphile_worker: queue_name must be 1 to % characters', s.max_queue
                   USING ERRCODE = '22023';
         END IF;
-        IF spec.job_key = '' OR length(spec.job_key) > 512 THEN
-            RAISE EXCEPTION 'graphile_worker: job_key must be 1 to 512 characters'
+        IF spec.job_key = '' OR length(spec.job_key) > s.max_job_key THEN
+            RAISE EXCEPTION 'graphile_worker: job_key must be 1 to % characters', s.max_job_key
                   USING ERRCODE = '22023';
         END IF;
         IF starts_with(spec.job_key, s.reserved_key_prefix) THEN
@@ -169,10 +181,7 @@ BEGIN
                   quote_literal(left(spec.job_key, 80)), s.reserved_key_prefix
                   USING ERRCODE = '22023';
         END IF;
-        IF spec.max_attempts < 1 THEN
-            RAISE EXCEPTION 'graphile_worker: max_attempts must be at least 1 (given %)', spec.max_attempts
-                  USING ERRCODE = '22023';
-        END IF;
+        PERFORM graphile_worker._runs(spec.max_attempts);
         payload := coalesce(spec.payload::jsonb, '{}');  -- \u0000: 22P05, as jsonb refuses it
         IF octet_length(payload::text) > s.max_payload_bytes THEN
             RAISE EXCEPTION 'graphile_worker: payload of job type %: % bytes, over the limit of % (ORCHESTRATOR_MAX_PAYLOAD_BYTES)',
@@ -182,8 +191,7 @@ BEGIN
         -- Graphile Worker's replace appends an array payload to a waiting job's array payload.
         IF spec.job_key IS NOT NULL AND p_mode <> 'unsafe_dedupe'
            AND jsonb_typeof(payload) = 'array' THEN
-            PERFORM pg_advisory_xact_lock(hashtextextended(
-                'orc_job_key:' || jsonb_build_array(s.tenant_id, spec.job_key)::text, 0));
+            PERFORM pg_advisory_xact_lock(orc_job_key_lock_id_v1(s.tenant_id, spec.job_key));
             SELECT j.payload INTO existing FROM orc_jobs AS j
              WHERE j.job_key = spec.job_key
                AND coalesce(j.tenant_id, '') = coalesce(s.tenant_id, '')
@@ -193,16 +201,18 @@ BEGIN
             END IF;
         END IF;
         rows := rows || jsonb_build_object(
-            'ord', n, 'id', graphile_worker._uuid7(), 'job_type', t.job_type,
+            'ord', n, 'id', orc_uuid7_v1(), 'job_type', t.job_type,
             'payload', payload, 'queue', t.queue, 'priority', coalesce(spec.priority, 0),
             'run_at', spec.run_at, 'max_attempts', coalesce(spec.max_attempts, t.max_attempts),
             'max_retries', t.max_retries, 'job_key', spec.job_key, 'job_key_mode', p_mode,
             'trace_id', replace(gen_random_uuid()::text, '-', ''),
             'timeout_seconds', t.timeout_seconds, 'tenant_id', s.tenant_id,
             'flow_key', graphile_worker._queue_limit() || ':' || spec.queue_name,
+            'flow_template', lim.key_template,
             'flow_limit', CASE WHEN spec.queue_name IS NOT NULL
-                               THEN graphile_worker._queue_limit() END,
-            'flow_cost', CASE WHEN spec.queue_name IS NOT NULL THEN 1 END,
+                               THEN graphile_worker._queue_limit() ELSE lim.name END,
+            'flow_cost', CASE WHEN spec.queue_name IS NOT NULL OR lim.name IS NOT NULL THEN 1 END,
+            'flow_share_by', lim.share_by,
             'flow_share', CASE WHEN spec.queue_name IS NOT NULL THEN '' END);
         n := n + 1;
     END LOOP;
@@ -369,28 +379,16 @@ BEGIN
 END;
 $$;
 
--- The counters of a job a terminal failure reports (orchestrator.domain.events.counters; its
--- max_attempts is the attempt: the job makes no more).
-CREATE FUNCTION graphile_worker._terminal_counters(j orc_jobs) RETURNS jsonb
-LANGUAGE sql STABLE AS $$
-    SELECT jsonb_build_object('attempt', j.attempt, 'max_attempts', j.attempt,
-                              'run', j.dispatch_attempt, 'max_runs', j.max_attempts,
-                              'retry_count', j.retry_count, 'max_retries', j.max_retries)
-$$;
-
--- Graphile Worker's permanently_fail_jobs: each waiting job of the ids ends FAILED through the
--- orchestrator's one failure writer (orc_fail_jobs_v1): dead-lettered, with last_error and
--- job.failed shaped as orchestrator.domain.events shapes a failure no attempt held (a
+-- Graphile Worker's permanently_fail_jobs: each waiting job of the ids ends FAILED as a failure
+-- no attempt held (orc_fail_unheld_v1, through the one failure writer): dead-lettered, a
 -- PERMANENT error, code GRAPHILE_PERMANENTLY_FAILED, message error_message or Graphile
--- Worker's 'Manually marked as failed'); nobody is notified, as for a rejected approval: the
+-- Worker's 'Manually marked as failed'; nobody is notified, as for a rejected approval: the
 -- producer decided it. Its dispatch is deleted. The jobs it failed.
 CREATE FUNCTION graphile_worker.permanently_fail_jobs(job_ids bigint[], error_message text DEFAULT NULL)
 RETURNS SETOF graphile_worker.job
 LANGUAGE plpgsql AS $$
 DECLARE
     s graphile_worker._orc_settings := graphile_worker._settings();
-    error jsonb;
-    ids uuid[];
     failed uuid[];
 BEGIN
     IF length(error_message) > s.max_message THEN
@@ -398,34 +396,14 @@ BEGIN
               s.max_message, length(error_message)
               USING ERRCODE = '22023';
     END IF;
-    error := jsonb_build_object(
-        'message', coalesce(error_message, 'Manually marked as failed'),
-        'code', 'GRAPHILE_PERMANENTLY_FAILED', 'classification', 'PERMANENT');
-    ids := ARRAY(SELECT w.id FROM graphile_worker._waiting(job_ids, s) AS w);
     failed := ARRAY(
-        SELECT ids[f.ord]
-          FROM orc_fail_jobs_v1(
-                   (SELECT coalesce(jsonb_agg(jsonb_build_object(
-                               'ord', i.n, 'job_id', j.id, 'lease_token', NULL,
-                               'dead_letter_id', graphile_worker._uuid7(),
-                               'error', error || graphile_worker._terminal_counters(j)
-                                   || jsonb_build_object(
-                                          'ts', to_char(now() AT TIME ZONE 'UTC',
-                                                        'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
-                                          'stack', NULL, 'terminal', true, 'backoff_ms', NULL,
-                                          'next_available_at', NULL, 'output', NULL),
-                               'failed', graphile_worker._terminal_counters(j)
-                                   || jsonb_build_object(
-                                          'terminal', true, 'run_id', NULL, 'worker', NULL,
-                                          'layer', NULL, 'backoff_ms', NULL, 'error', error,
-                                          'dead_letter_id', NULL),
-                               'before', '[]'::jsonb, 'degraded', NULL,
-                               'dispatch_id', NULL, 'dispatch_status', NULL)
-                               ORDER BY i.n), '[]')
-                      FROM unnest(ids) WITH ORDINALITY AS i (id, n)
-                      JOIN orc_jobs AS j ON j.id = i.id),
-                   s.failed, s.waiting) AS f
-         WHERE f.dead_letter_id IS NOT NULL);
+        SELECT f.job_id
+          FROM orc_fail_unheld_v1(
+                   ARRAY(SELECT w.id FROM graphile_worker._waiting(job_ids, s) AS w),
+                   jsonb_build_object(
+                       'message', coalesce(error_message, 'Manually marked as failed'),
+                       'code', 'GRAPHILE_PERMANENTLY_FAILED', 'classification', 'PERMANENT'),
+                   s.failed, s.waiting) AS f);
     PERFORM graphile_worker._drop_dispatches(failed);
     RETURN QUERY SELECT * FROM graphile_worker._jobs(failed, s);
 END;
@@ -455,10 +433,7 @@ BEGIN
               reschedule_jobs.attempts
               USING ERRCODE = '0A000';
     END IF;
-    IF v_max_attempts < 1 THEN
-        RAISE EXCEPTION 'graphile_worker: max_attempts must be at least 1 (given %)', v_max_attempts
-              USING ERRCODE = '22023';
-    END IF;
+    PERFORM graphile_worker._runs(v_max_attempts);
     ids := ARRAY(SELECT w.id FROM graphile_worker._waiting(job_ids, s) AS w);
     UPDATE orc_jobs AS j
        SET run_at = coalesce(reschedule_jobs.run_at, j.run_at),

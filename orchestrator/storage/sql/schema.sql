@@ -4,7 +4,7 @@
 -- catalog (orchestrator/storage/catalog.py); tests/test_sql_layout.py fails when it is stale.
 -- Read it; change the schema with a migration (sql/migrations) or a function file.
 
-CREATE TYPE orc_job_spec_v1 AS (ord integer, id uuid, job_type text, payload jsonb, queue text, priority integer, run_at timestamp with time zone, max_attempts integer, max_retries integer, job_key text, job_key_mode text, agent_id text, trace_id text, timeout_seconds integer, replay_of uuid, tenant_id text, traceparent text, flow_key text, flow_limit text, flow_cost integer, flow_share text);
+CREATE TYPE orc_job_spec_v1 AS (ord integer, id uuid, job_type text, payload jsonb, queue text, priority integer, run_at timestamp with time zone, max_attempts integer, max_retries integer, job_key text, job_key_mode text, agent_id text, trace_id text, timeout_seconds integer, replay_of uuid, tenant_id text, traceparent text, flow_key text, flow_limit text, flow_cost integer, flow_share text, flow_template text, flow_share_by text);
 
 CREATE TYPE procrastinate_job_to_defer_v1 AS (queue_name character varying, task_name character varying, priority integer, lock text, queueing_lock text, args jsonb, scheduled_at timestamp with time zone);
 
@@ -594,9 +594,11 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_dispatch_v1(p_job_ids uuid[], p_task_prefix text)
 --   orc_end_dispatch_v1(p_dispatch_id bigint, p_status text)
 --   orc_fail_jobs_v1(p_items jsonb, p_target text, p_sources text[])
+--   orc_fail_unheld_v1(p_ids uuid[], p_error jsonb, p_target text, p_sources text[])
 --   orc_fetch_dispatch_v3(p_queues character varying[], p_excluded character varying[], p_worker_id bigint, p_task_prefix text, p_worker text, p_claimable text[], p_running text)
 --   orc_fetch_dispatches_v3(p_limit integer, p_queues character varying[], p_excluded character varying[], p_worker_id bigint, p_task_prefix text, p_worker text, p_claimable text[], p_running text)
 --   orc_flow_admit_v1(j orc_jobs, p_task_prefix text)
+--   orc_flow_assign_v1(j orc_jobs)
 --   orc_flow_call_go_v1(p_key text, p_spend bigint)
 --   orc_flow_call_spend_v3(p_key text, p_job_id uuid, p_units bigint, p_reuse boolean, p_after double precision)
 --   orc_flow_call_window_v2(p_job_id uuid, p_model text, p_first boolean)
@@ -609,6 +611,7 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_flow_expire_v1(k orc_flow_keys, lim orc_flow_limits)
 --   orc_flow_factor_v1(k orc_flow_keys, lim orc_flow_limits)
 --   orc_flow_gate_v1(p_job_id uuid, p_dispatch_id bigint, p_claimable text[], p_task_prefix text)
+--   orc_flow_key_v1(p_template text, p_job_type text, p_tenant text, p_agent text, p_payload jsonb)
 --   orc_flow_learn_v1(p_key text, p_requests bigint, p_units bigint, p_hold double precision, p_reason text)
 --   orc_flow_leave_v1()
 --   orc_flow_limit_of_v1(k orc_flow_keys, lim orc_flow_limits)
@@ -627,6 +630,7 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_flow_reschedule_v1(p_key text)
 --   orc_flow_resume_v1(p_key text)
 --   orc_flow_share_capacity_v1(k orc_flow_keys, lim orc_flow_limits, p_share text, p_cost bigint, p_held integer, p_held_cost bigint, OUT blocked text, OUT wake timestamp with time zone)
+--   orc_flow_share_of_v1(p_share_by text, p_tenant text, p_agent text)
 --   orc_flow_share_waits_v1(p_key text, p_share text)
 --   orc_flow_spend_v1(p_key text, p_job_id uuid, p_units bigint, p_sent_seconds_ago double precision)
 --   orc_flow_spend_v2(p_key text, p_job_id uuid, p_units bigint, p_sent_seconds_ago double precision, p_call_id text)
@@ -637,6 +641,8 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_history_is_final_v1()
 --   orc_inherited_tenant_v1()
 --   orc_job_events_fill_v1()
+--   orc_job_key_lock_id_v1(p_tenant text, p_key text)
+--   orc_job_specs_v1(p_specs jsonb)
 --   orc_live_job_with_key_v1(p_key text, p_tenant text)
 --   orc_max_attempts_v1(p_attempt integer, p_run integer, p_max_runs integer, p_retry_count integer, p_max_retries integer)
 --   orc_notify_event_listeners_v1()
@@ -651,3 +657,4 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_submit_jobs_v1(p_specs jsonb, p_initial_status text, p_waiting text[], p_task_prefix text)
 --   orc_submit_jobs_v2(p_specs jsonb, p_initial_status text, p_waiting text[], p_task_prefix text)
 --   orc_take_dispatch_v1(p_queues character varying[], p_excluded character varying[], p_worker_id bigint)
+--   orc_uuid7_v1()

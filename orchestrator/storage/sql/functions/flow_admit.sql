@@ -131,15 +131,9 @@ DECLARE
 BEGIN
     SELECT * INTO j FROM orc_jobs AS o WHERE o.id = p_job_id;
     IF j.flow_key IS NULL AND j.status = ANY (p_claimable) THEN
-        -- Submitted without its flow, though its type runs under a limit: it gets it now.
-        UPDATE orc_jobs AS o
-           SET flow_key = orc_flow_render_v1(l.key_template, j), flow_limit = l.name,
-               flow_cost = 1,
-               flow_share = coalesce(CASE l.share_by WHEN 'tenant' THEN j.tenant_id
-                                                     WHEN 'agent' THEN j.agent_id END, '')
-          FROM orc_flow_job_types AS t JOIN orc_flow_limits AS l ON l.name = t.limit_name
-         WHERE t.job_type = j.job_type AND o.id = j.id
-        RETURNING o.* INTO j;
+        -- Submitted without its flow, though its type runs under a limit: it gets it now, or
+        -- fails (then it is no longer claimable, and its dispatch is stale).
+        j := orc_flow_assign_v1(j);
         IF j.id IS NULL THEN
             RETURN false;  -- no limit for its type
         END IF;

@@ -132,3 +132,47 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- Fail for good jobs no attempt holds (Graphile Worker's permanently_fail_jobs; a claim that
+-- finds a job's flow key cannot be rendered, orc_flow_assign_v1), through the one failure
+-- writer: `p_error` ({message, code, classification}) becomes last_error and job.failed's
+-- error, shaped as orchestrator.domain.events shapes a terminal failure no attempt held (its
+-- max_attempts the attempt: the job makes no more), each job dead-lettered under a new id;
+-- nobody is notified. The ids of the jobs failed, in the order given.
+CREATE OR REPLACE FUNCTION orc_fail_unheld_v1(
+    p_ids uuid[], p_error jsonb, p_target text, p_sources text[]
+) RETURNS TABLE (job_id uuid)
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY
+    SELECT p_ids[f.ord]
+      FROM orc_fail_jobs_v1(
+               (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                           'ord', i.n, 'job_id', j.id, 'lease_token', NULL,
+                           'dead_letter_id', orc_uuid7_v1(),
+                           'error', p_error || c.counters
+                               || jsonb_build_object(
+                                      'ts', to_char(now() AT TIME ZONE 'UTC',
+                                                    'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
+                                      'stack', NULL, 'terminal', true, 'backoff_ms', NULL,
+                                      'next_available_at', NULL, 'output', NULL),
+                           'failed', c.counters
+                               || jsonb_build_object(
+                                      'terminal', true, 'run_id', NULL, 'worker', NULL,
+                                      'layer', NULL, 'backoff_ms', NULL, 'error', p_error,
+                                      'dead_letter_id', NULL),
+                           'before', '[]'::jsonb, 'degraded', NULL,
+                           'dispatch_id', NULL, 'dispatch_status', NULL)
+                           ORDER BY i.n), '[]')
+                  FROM unnest(p_ids) WITH ORDINALITY AS i (id, n)
+                  JOIN orc_jobs AS j ON j.id = i.id,
+                  LATERAL (SELECT jsonb_build_object(
+                                      'attempt', j.attempt, 'max_attempts', j.attempt,
+                                      'run', j.dispatch_attempt, 'max_runs', j.max_attempts,
+                                      'retry_count', j.retry_count,
+                                      'max_retries', j.max_retries) AS counters) AS c),
+               p_target, p_sources) AS f
+     WHERE f.dead_letter_id IS NOT NULL
+     ORDER BY f.ord;
+END;
+$$;

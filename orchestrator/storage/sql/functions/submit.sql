@@ -5,8 +5,9 @@
 -- a batch with keys to orc_submit_jobs_v1 (Graphile Worker's job_key modes, per tenant), which
 -- hands its jobs without a key back to orc_submit_jobs_v2.
 
--- Submit jobs, each with its flow (its key, limit, cost and share; null: no limit), as shaped
--- by orchestrator.domain.flow; keyed submits go through orc_submit_jobs_v1.
+-- Submit jobs, each with its flow (its key, limit, cost and share; null: no limit), its key
+-- rendered here from its limit's template (orc_job_specs_v1); keyed submits go through
+-- orc_submit_jobs_v1.
 CREATE OR REPLACE FUNCTION orc_submit_jobs_v2(
     p_specs jsonb, p_initial_status text, p_waiting text[], p_task_prefix text
 ) RETURNS TABLE (ord integer, job_id uuid, outcome text)
@@ -20,7 +21,7 @@ BEGIN
 
     RETURN QUERY
     WITH spec AS (
-        SELECT s.* FROM jsonb_populate_recordset(NULL::orc_job_spec_v1, p_specs) AS s
+        SELECT s.* FROM orc_job_specs_v1(p_specs) AS s
     ), dispatch AS (
         INSERT INTO procrastinate_jobs (queue_name, task_name, priority, lock, args, scheduled_at)
         SELECT s.queue, p_task_prefix || s.job_type, -s.priority, s.id::text,
@@ -70,7 +71,7 @@ CREATE OR REPLACE FUNCTION orc_submit_jobs_v1(
 LANGUAGE plpgsql AS $$
 DECLARE
     specs orc_job_spec_v1[] := ARRAY(
-        SELECT s FROM jsonb_populate_recordset(NULL::orc_job_spec_v1, p_specs) AS s);
+        SELECT s FROM orc_job_specs_v1(p_specs) AS s WHERE s.job_key IS NOT NULL);
     spec orc_job_spec_v1;
     existing orc_jobs;
     fresh uuid[] := '{}';  -- keyed rows that need a dispatch: created and replaced ones
@@ -80,10 +81,8 @@ BEGIN
     -- key's lock is taken first, in the order of the lock ids, so two batches naming the same
     -- keys in other orders take turns rather than deadlock.
     PERFORM pg_advisory_xact_lock(k.lock_id)
-       FROM (SELECT DISTINCT hashtextextended(
-                 'orc_job_key:' || jsonb_build_array(s.tenant_id, s.job_key)::text, 0) AS lock_id
+       FROM (SELECT DISTINCT orc_job_key_lock_id_v1(s.tenant_id, s.job_key) AS lock_id
                FROM unnest(specs) AS s
-              WHERE s.job_key IS NOT NULL
               ORDER BY 1) AS k;
     -- Jobs without a key: written set-based, as orc_submit_jobs_v2 writes a batch without keys.
     RETURN QUERY SELECT * FROM orc_submit_jobs_v2(
@@ -92,7 +91,7 @@ BEGIN
           WHERE e ->> 'job_key' IS NULL),
         p_initial_status, p_waiting, p_task_prefix);
 
-    FOR spec IN SELECT * FROM unnest(specs) AS s WHERE s.job_key IS NOT NULL ORDER BY s.ord
+    FOR spec IN SELECT * FROM unnest(specs) AS s ORDER BY s.ord
     LOOP
         SELECT * INTO existing FROM orc_live_job_with_key_v1(spec.job_key, spec.tenant_id) AS k
          WHERE k.id IS NOT NULL;
@@ -168,6 +167,39 @@ BEGIN
     -- Keyed jobs get their dispatch now (orc_dispatch_v1 also wakes workers for future ones).
     PERFORM orc_dispatch_v1(fresh, p_task_prefix) WHERE cardinality(fresh) > 0;
 END;
+$$;
+
+-- A submit's specs, each job's flow key rendered from its limit's template and its share named
+-- by the limit's share_by where the spec names a template (`flow_template`, `flow_share_by`:
+-- orc_flow_key_v1 refuses a payload that lacks what the template names, and so the whole
+-- submit; orc_flow_share_of_v1); a spec that brings its key keeps it and its share (the release
+-- before renders its own; Graphile Worker's named queues).
+CREATE OR REPLACE FUNCTION orc_job_specs_v1(p_specs jsonb) RETURNS SETOF orc_job_spec_v1
+LANGUAGE sql STABLE AS $$
+    SELECT (CASE WHEN s.flow_template IS NULL THEN s
+                 ELSE jsonb_populate_record(s, jsonb_build_object(
+                          'flow_key', orc_flow_key_v1(s.flow_template, s.job_type, s.tenant_id,
+                                                      s.agent_id, s.payload),
+                          'flow_share', orc_flow_share_of_v1(s.flow_share_by, s.tenant_id,
+                                                             s.agent_id))) END).*
+      FROM jsonb_populate_recordset(NULL::orc_job_spec_v1, p_specs) AS s
+$$;
+
+-- The id of a job key's advisory lock in a scope (a tenant, or none): every submit naming the
+-- key there takes it first (orc_submit_jobs_v1; Graphile Worker's replace, docs/graphile.md).
+CREATE OR REPLACE FUNCTION orc_job_key_lock_id_v1(p_tenant text, p_key text) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT hashtextextended('orc_job_key:' || jsonb_build_array(p_tenant, p_key)::text, 0)
+$$;
+
+-- A time-ordered id (UUIDv7, RFC 9562) for a row written in SQL, as
+-- orchestrator.domain.ids.uuid7 makes one in Python: Graphile Worker's jobs, the dead letters
+-- of failures no attempt held (orc_fail_unheld_v1).
+CREATE OR REPLACE FUNCTION orc_uuid7_v1() RETURNS uuid
+LANGUAGE sql VOLATILE AS $$
+    SELECT encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid()) PLACING
+               substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+                         FROM 3) FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid
 $$;
 
 -- The live job that holds a job key in a scope (a tenant, or none: the no-tenant scope),

@@ -1,0 +1,26 @@
+-- 0066_each_submit_rule_once: each rule a submit follows has one home (issue 45).
+--
+-- A job's flow key is rendered from its limit's template by one rule, in SQL
+-- (orc_flow_key_v1, flow_keys.sql), in the submit's statement (orc_job_specs_v1, submit.sql):
+-- the Python submit sends its limit's template and share_by (the two attributes added below)
+-- instead of a key rendered in Python, and Graphile Worker's add_job does the same for a type
+-- under a limit. The rule refuses a payload that lacks a field the template names, or holds no
+-- scalar there, and a key over 200 characters (SQLSTATE ORCFK), where the claim's rendering
+-- (orc_flow_render_v1) wrote '-' or truncated: a job never runs under a key other than the one
+-- its template names. A job that comes to its claim without a key (submitted by the release
+-- before, or before its type had a limit) gets it there by the same rule; when its payload
+-- lacks the field, it fails for good (FLOW_KEY_INVALID) as a failure no attempt held
+-- (orc_fail_unheld_v1, outcomes.sql, which Graphile Worker's permanently_fail_jobs now calls
+-- too). A job key's advisory lock (orc_job_key_lock_id_v1) and a UUIDv7 made in SQL
+-- (orc_uuid7_v1) each have one definition, which Graphile Worker's API calls.
+--
+-- Compatible: the release before sends specs without the new attributes (their keys rendered,
+-- as before), and calls orc_submit_jobs_v1/v2, orc_flow_gate_v1 and orc_fetch_dispatch_v3 by
+-- the same names and arguments; no function it calls is retired.
+--
+-- compatible-with-older-workers: yes
+-- revises: functions/flow_admit.sql 23abf05514886b2e4861fc39c6171b109461e221116e52875ffae2a6dc2c1923
+-- revises: functions/flow_keys.sql 0b8db7c600e9aaf2a9982282f3570a31802e0e30406a8c626dda1bd487ba18d1
+-- revises: functions/outcomes.sql 05899aa830bf25a8f4c8dc1523bd32aec9e12055431df7b17a853fd03367163a
+-- revises: functions/submit.sql 90a5eb46e20c999b5d762074a284b4bca15f3e456bddd0ff6d4521d6654a9c61
+ALTER TYPE orc_job_spec_v1 ADD ATTRIBUTE flow_template text, ADD ATTRIBUTE flow_share_by text;
