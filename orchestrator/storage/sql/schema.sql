@@ -583,9 +583,12 @@ CREATE TABLE procrastinate_workers (
 CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_workers USING btree (last_heartbeat);
 
 -- Functions (sql/functions/*.sql):
+--   orc_cancelled_event_v1(p_reason text, p_by text)
+--   orc_checkpointed_event_v1(p_step integer, p_final boolean, p_effects_committed bigint)
 --   orc_claim_v1(p_job_id uuid, p_procrastinate_job_id bigint, p_run integer, p_worker text, p_claimable text[], p_running text)
 --   orc_claim_v2(p_job_id uuid, p_procrastinate_job_id bigint, p_run integer, p_worker text, p_claimable text[], p_running text, p_task_prefix text)
 --   orc_complete_jobs_v1(p_items jsonb, p_target text, p_sources text[])
+--   orc_completed_event_v1(p_attempt integer, p_run integer, p_run_id uuid, p_worker text, p_duration_ms numeric)
 --   orc_created_event_v1(j orc_jobs)
 --   orc_dead_letter_persons_v1()
 --   orc_declare_v1(p_application text, p_kinds text[], p_definitions jsonb, p_whole boolean, p_version text, p_live_seconds double precision)
@@ -637,6 +640,7 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_history_is_final_v1()
 --   orc_inherited_tenant_v1()
 --   orc_job_events_fill_v1()
+--   orc_key_revoked_event_v1(p_job_key text, p_replaced_by uuid)
 --   orc_live_job_with_key_v1(p_key text, p_tenant text)
 --   orc_max_attempts_v1(p_attempt integer, p_run integer, p_max_runs integer, p_retry_count integer, p_max_retries integer)
 --   orc_notify_event_listeners_v1()
@@ -645,9 +649,12 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_principal_person_v1(recorded text)
 --   orc_principal_persons_v1(recorded text)
 --   orc_principal_skeleton_v1(looks text)
+--   orc_replaced_event_v1(p_job_key text, p_mode text, p_revision integer, p_tenant_id text)
 --   orc_replay_ledger_v1()
+--   orc_rescheduled_event_v1(j orc_jobs)
 --   orc_rolled_up_to_v1()
 --   orc_running_event_v1(j orc_jobs)
 --   orc_submit_jobs_v1(p_specs jsonb, p_initial_status text, p_waiting text[], p_task_prefix text)
 --   orc_submit_jobs_v2(p_specs jsonb, p_initial_status text, p_waiting text[], p_task_prefix text)
 --   orc_take_dispatch_v1(p_queues character varying[], p_excluded character varying[], p_worker_id bigint)
+--   orc_waiting_for_capacity_event_v1(j orc_jobs, p_waiting_on text)

@@ -1,0 +1,20 @@
+-- 0067_event_payloads_one_writer_each: each kind of event written in SQL has one writer of its
+-- payload, a function in functions/history.sql that every statement writing the kind calls
+-- (docs/architecture.md, "Event payloads"): job.created and job.running's (moved there, as
+-- they were, from submit.sql and claim.sql), and new ones for job.replaced, job.key_revoked,
+-- job.cancelled, job.rescheduled, job.waiting_for_capacity, job.checkpointed and
+-- job.completed, which the submit, the flow gate and park, Graphile Worker's API, the stores'
+-- statements and the worker's Python each built for themselves. Payloads are unchanged.
+-- orc_complete_jobs_v1 shapes job.completed from an item's attempt, run, lease, worker and
+-- duration; an item of the release before still brings its own event, which it keeps writing.
+--
+-- No function the release before calls changes in what it takes or answers (its cancel and
+-- checkpoint statements pass their own payloads, as its completions do).
+--
+-- compatible-with-older-workers: yes
+-- revises: functions/claim.sql 7057d2b98fae338d95e9189471634dfaef88d7351fa92b415abcd987d1fde173
+-- revises: functions/flow_admit.sql 348130eb73fca4c42913a59934a615ea2d91f2342b6958845febd52c53c3ad9d
+-- revises: functions/flow_pump.sql 664c744536728c44b0000c75d18e2481d4600b05df1060d436274bbaecf73741
+-- revises: functions/history.sql 1f17551ef78cb3a9b10c75095f8240263f4cc76e897c5fe94949a687b3145e94
+-- revises: functions/outcomes.sql 9d1fc545ab3a786a8d954432d393b8e48bc1922a26c1f424ee706cb3871ed196
+-- revises: functions/submit.sql 2069928f219c85d7a3f5ecfed8f7efd07f849e2a5706a691613832da963e33bf
