@@ -176,3 +176,30 @@ def test_no_copy_of_a_kind_shaped_in_sql(kind: str) -> None:
             if isinstance(node, ast.Dict):
                 literal = {k.value for k in node.keys if isinstance(k, ast.Constant)}
                 assert keys != literal, f"{file}, at {node.lineno}, builds {kind}'s keys"
+
+
+#: The counters every failure reports; a copy of a kind's shape is told by its other keys.
+COUNTERS = {"attempt", "max_attempts", "run", "max_runs", "retry_count", "max_retries"}
+#: The one copy left of a payload shaped in Python (docs/architecture.md, "Event payloads"):
+#: Graphile Worker's permanently_fail_jobs, held equal to events.failed by test_graphile_compat
+#: (a job.failed has every key of a job.retry_scheduled).
+LEFT = {
+    kind: "graphile_worker.permanently_fail_jobs" for kind in ("job.failed", "job.retry_scheduled")
+}
+
+
+@pytest.mark.parametrize(
+    "kind", [k for k, (w, home) in table().items() if home == "domain/events.py" and "." in k]
+)
+def test_no_sql_copy_of_a_kind_shaped_in_python(kind: str) -> None:
+    keys = contract_keys()[kind] - TIES - COUNTERS
+    allowed = [d for name, ds in definitions().items() if name == LEFT.get(kind) for d in ds]
+    copies = [
+        f"{file}, at {text[:at].count(chr(10)) + 1}"
+        for file, text in sql_sources().items()
+        for at, built in built_objects(text)
+        if keys <= built and not any(f == file and s <= at < e for f, s, e in allowed)
+    ]
+    assert not copies, f"{kind}'s keys built in SQL: {copies}"
+    if kind in LEFT:
+        assert f"`{LEFT[kind].split('.')[1]}`" in ARCHITECTURE, "the copy left is documented"
