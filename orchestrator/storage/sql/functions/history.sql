@@ -100,7 +100,9 @@ CREATE OR REPLACE TRIGGER orc_job_events_notify
 
 -- The payloads of the kinds written in SQL, each shaped here and only here (the other kinds are
 -- shaped in orchestrator/domain/events.py; docs/architecture.md, "Event payloads", says which,
--- and tests/test_event_writers.py holds every statement that writes an event to it).
+-- and tests/test_event_writers.py holds every statement that writes an event to it). Each is
+-- STABLE, as jsonb_build_object is, so that PostgreSQL inlines it into the statement that calls
+-- it (job.created's says why).
 
 -- job.created's payload, computed inside the submit statement. STABLE, not IMMUTABLE: a
 -- timestamptz (run_at) turns into JSON text in the session's time zone, and PostgreSQL inlines
@@ -129,7 +131,7 @@ $$;
 CREATE OR REPLACE FUNCTION orc_replaced_event_v1(
     p_job_key text, p_mode text, p_revision integer, p_tenant_id text
 ) RETURNS jsonb
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('job_key', p_job_key, 'mode', p_mode, 'revision', p_revision,
                               'tenant_id', p_tenant_id)
 $$;
@@ -138,13 +140,13 @@ $$;
 -- Graphile Worker's remove_job).
 CREATE OR REPLACE FUNCTION orc_key_revoked_event_v1(p_job_key text, p_replaced_by uuid)
 RETURNS jsonb
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('job_key', p_job_key, 'replaced_by', p_replaced_by)
 $$;
 
 -- job.cancelled: why, and by whom (an operator, or Graphile Worker's remove_job).
 CREATE OR REPLACE FUNCTION orc_cancelled_event_v1(p_reason text, p_by text) RETURNS jsonb
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('reason', p_reason, 'by', p_by)
 $$;
 
@@ -160,7 +162,7 @@ $$;
 -- blocked it: a window, a concurrency, a pause), in the status it waits in.
 CREATE OR REPLACE FUNCTION orc_waiting_for_capacity_event_v1(j orc_jobs, p_waiting_on text)
 RETURNS jsonb
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('key', j.flow_key, 'waiting_on', p_waiting_on, 'status', j.status)
 $$;
 
@@ -169,7 +171,7 @@ $$;
 CREATE OR REPLACE FUNCTION orc_checkpointed_event_v1(
     p_step integer, p_final boolean, p_effects_committed bigint
 ) RETURNS jsonb
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('step', p_step, 'final', p_final,
                               'effects_committed', p_effects_committed)
 $$;
@@ -179,7 +181,7 @@ $$;
 CREATE OR REPLACE FUNCTION orc_completed_event_v1(
     p_attempt integer, p_run integer, p_run_id uuid, p_worker text, p_duration_ms numeric
 ) RETURNS jsonb
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('attempt', p_attempt, 'run', p_run, 'run_id', p_run_id,
                               'worker', p_worker, 'duration_ms', p_duration_ms)
 $$;

@@ -15,6 +15,6 @@
 -- revises: functions/claim.sql 7057d2b98fae338d95e9189471634dfaef88d7351fa92b415abcd987d1fde173
 -- revises: functions/flow_admit.sql 348130eb73fca4c42913a59934a615ea2d91f2342b6958845febd52c53c3ad9d
 -- revises: functions/flow_pump.sql 664c744536728c44b0000c75d18e2481d4600b05df1060d436274bbaecf73741
--- revises: functions/history.sql 1f17551ef78cb3a9b10c75095f8240263f4cc76e897c5fe94949a687b3145e94
+-- revises: functions/history.sql b9dd41aec1a347b2b834387abd4dd549c4a5ecf182e5d9cd174276fdbb1e88bc
 -- revises: functions/outcomes.sql 9d1fc545ab3a786a8d954432d393b8e48bc1922a26c1f424ee706cb3871ed196
 -- revises: functions/submit.sql 2069928f219c85d7a3f5ecfed8f7efd07f849e2a5706a691613832da963e33bf
