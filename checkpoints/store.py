@@ -12,7 +12,6 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from orchestrator.domain import events
 from orchestrator.domain.errors import StaleLease
 from orchestrator.domain.models import Fence
 from orchestrator.domain.states import Status
@@ -96,7 +95,6 @@ class CheckpointStore:
                 "step": step,
                 "state": Jsonb(state),
                 "final": final,
-                "event": Jsonb(events.checkpointed(step, final=final)),
                 "effects": Jsonb(effects),
                 "attempt": fence.attempt,
             },

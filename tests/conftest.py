@@ -31,6 +31,7 @@ Where each part of the code is tested:
                               a worker process: test_max_attempts; classification:
                               test_classification;
                               events and failures: test_events, test_failures, test_runtime;
+                              each event kind's one writer: test_event_writers;
                               degradation: test_degradation; principals (names, persons,
                               the two-person rule across the upgrade): test_principals;
                               schedules' ticks, crontab files: test_schedule_ticks

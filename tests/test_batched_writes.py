@@ -171,7 +171,7 @@ async def test_completions_written_together_each_get_their_own_outcome(
 
     async def complete(i: int) -> None:
         claim = claims[i]
-        if not await writer.complete(Completion(claim, {"n": i}, {"duration_ms": 1}, pjob_ids[i])):
+        if not await writer.complete(Completion(claim, {"n": i}, 1.0, pjob_ids[i])):
             raise await orc.stores.jobs.refusal(claim.id, Status.COMPLETED, claim.lease_token)
 
     # the first is written at once; the other three arrive meanwhile and go in one statement

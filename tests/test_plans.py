@@ -279,7 +279,7 @@ async def run_attempts(stores: Stores, plans: Plans, dispatches: list[Dispatch])
     plans.path = "completion"
     async with stores.queries.transaction() as conn:
         await stores.dispatches.complete(
-            [Completion(c, {"ok": True}, {}, d.id) for d, c in done], conn
+            [Completion(c, {"ok": True}, 0.0, d.id) for d, c in done], conn
         )
     return [lost.id, spent.id]
 

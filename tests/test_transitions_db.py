@@ -167,7 +167,7 @@ def operation(
             return await cur.fetchone()
 
     async def complete() -> None:
-        completion = Completion(claim, {"ok": True}, {}, await dispatch_id())
+        completion = Completion(claim, {"ok": True}, 0.0, await dispatch_id())
         async with stores.queries.connection() as conn:
             [done] = await stores.dispatches.complete([completion], conn)
         await written(done)

@@ -1,55 +1,61 @@
-"""The one place where event payloads and ``last_error`` are shaped.
+"""Where event payloads and ``last_error`` are shaped: here, for the kinds a worker or a service
+writes; in SQL (functions/history.sql), for those a statement writes from the rows it changes.
 
-Every job's history (``orc_job_events``) is written from these functions, whichever path writes
-it, so the same kind always has the same keys (docs/contracts.md has the table, and a test holds
-real events to it). The counters an event reports are named apart, so that no rule misreads
-them: ``attempt`` counts every claim of the job (never reset); ``max_attempts`` is the most
-attempts it can reach from here if every try fails (the worker contract's: a failure is
-terminal exactly when ``attempt >= max_attempts``; orchestrator.domain.policy.max_attempts);
-``run`` and ``max_runs`` are the current dispatch's infrastructure runs and their budget;
-``retry_count`` and ``max_retries`` the application retries and theirs. ``run_id`` names the
-attempt (stored as its lease token, read out as a one-way digest of it: :func:`shown`),
-``worker`` the process that held it (each event row also has ``job_id``, ``kind`` and ``at``):
+Each kind has one writer, named below and in docs/architecture.md ("Event payloads"), whichever
+path writes it, so the same kind always has the same keys (docs/contracts.md has the table; a test
+holds real events to it, and tests/test_event_writers.py holds every statement that writes one to
+its writer). The counters an event reports are named apart, so that no rule misreads them:
+``attempt`` counts every claim of the job (never reset); ``max_attempts`` is the most attempts it
+can reach from here if every try fails (the worker contract's: a failure is terminal exactly when
+``attempt >= max_attempts``; orchestrator.domain.policy.max_attempts); ``run`` and ``max_runs``
+are the current dispatch's infrastructure runs and their budget; ``retry_count`` and
+``max_retries`` the application retries and theirs. ``run_id`` names the attempt (stored as its
+lease token, read out as a one-way digest of it: :func:`shown`), ``worker`` the process that held
+it (each event row also has ``job_id``, ``kind`` and ``at``):
 
     job.created          {job_type, queue, run_at, max_runs, max_retries, job_key, trace_id,
-                          tenant_id}   (shaped by the submit statement: orc_created_event_v1)
-    job.replaced         {job_key, mode, revision, tenant_id}  a keyed submit replaced a waiting job
-    job.key_revoked      {job_key, replaced_by}              ... or took the key from a running one
+                          tenant_id}                      SQL: orc_created_event_v1
+    job.replaced         {job_key, mode, revision, tenant_id}  SQL: orc_replaced_event_v1
+    job.key_revoked      {job_key, replaced_by}           SQL: orc_key_revoked_event_v1
     job.running          {attempt, max_attempts, run, max_runs, retry_count, max_retries, worker,
-                          run_id}  (shaped by the claim statement: orc_running_event_v1)
-    job.completed        {attempt, run, run_id, worker, duration_ms}
+                          run_id}                         SQL: orc_running_event_v1
+    job.completed        {attempt, run, run_id, worker, duration_ms}  SQL: orc_completed_event_v1
     job.failed           {terminal, attempt, max_attempts, run, max_runs, retry_count,
                           max_retries, run_id, worker, layer, backoff_ms, error, dead_letter_id}
+                                                          here: failed
     job.retry_scheduled  {attempt, max_attempts, run, max_runs, retry_count, max_retries, run_id,
-                          worker, layer, backoff_ms, available_at}
-    job.dead_lettered    {dead_letter_id}                    always just before a terminal failed
+                          worker, layer, backoff_ms, available_at}  here: retry_scheduled
+    job.dead_lettered    {dead_letter_id}  always just before a terminal failed; SQL:
+                                                          orc_fail_jobs_v1 (outcomes.sql)
     job.degraded         {action, message, dead_letter_id, fallback? content?
-                          escalation_job_id?}                just after it
-    job.interrupted      {attempt, run, run_id, worker, reason}   handed back, no budget used
-    job.cancelled        {reason, by}
-    job.rescheduled      {run_at, priority, max_runs}        a producer moved a waiting job
-    job.redispatched     {lost_procrastinate_job_id, lost_procrastinate_status}
-    job.zombie_detected  {attempt, worker, last_heartbeat, threshold_seconds, reason}
-    job.checkpointed     {step, final, effects_committed}
+                          escalation_job_id?}  just after it; here: degraded
+    job.interrupted      {attempt, run, run_id, worker, reason}  handed back, no budget used;
+                                                          here: interrupted
+    job.cancelled        {reason, by}                     SQL: orc_cancelled_event_v1
+    job.rescheduled      {run_at, priority, max_runs}  a producer moved a waiting job; SQL:
+                                                          orc_rescheduled_event_v1
+    job.redispatched     {lost_procrastinate_job_id, lost_procrastinate_status}  here
+    job.zombie_detected  {attempt, worker, last_heartbeat, threshold_seconds, reason}  here
+    job.checkpointed     {step, final, effects_committed}  SQL: orc_checkpointed_event_v1
     job.model_fallback   {from, to, reason, code, retry_after, step}  an LLM call moved to the
-                         next model of the type's fallback_models (written by the attempt)
-    job.waiting_approval {approval_id, step, question, expires_at, notice_job_id}
+                         next model of the type's fallback_models; here: model_fallback
+    job.waiting_approval {approval_id, step, question, expires_at, notice_job_id}  here
     job.approved | job.rejected | job.approval_expired   {approval_id, step, decided_by, reason,
-                                                          on_reject}
+                                                          on_reject}  here: approval_decided
+    job.maintenance_failed  {service, error, code}       here
+    job.waiting_for_capacity  {key, waiting_on, status}  SQL: orc_waiting_for_capacity_event_v1
 
 ``error`` is ``{message, code, classification}``. On a retry ``layer`` and ``backoff_ms`` say how
 and ``dead_letter_id`` is null; on a terminal failure it is the reverse. Known secrets are
 redacted from every message and stack (orchestrator.domain.secrets) before anything is stored.
-The statement that stores an event adds only what ties it to the rows that statement writes:
-``dead_letter_id`` (stamped by the one failure writer on a terminal failure's three events),
-``effects_committed``, an approval's ``expires_at``, and a retry's ``available_at`` (and
-``last_error``'s ``next_available_at``): the database's clock plus ``backoff_ms``, so that no
-worker's clock decides when a job runs again. ``job.created`` and ``job.running`` are
-written inside one SQL statement each (the submit, the claim) and shaped there, once. Graphile
-Worker's API for producers, all SQL (orchestrator/storage/sql/graphile_worker.sql), shapes
-``job.rescheduled``, its one writer, and, for a waiting job it ends, a ``job.completed``,
-``job.failed`` and ``last_error`` with no attempt (``run_id``, ``worker`` null) that have the keys
-these functions give; tests/test_graphile_compat.py holds them equal.
+The statement that stores an event shaped here adds only what ties it to the rows that statement
+writes: ``dead_letter_id`` (stamped by the one failure writer on a terminal failure's three
+events), an approval's ``expires_at``, and a retry's ``available_at`` (and ``last_error``'s
+``next_available_at``): the database's clock plus ``backoff_ms``, so that no worker's clock
+decides when a job runs again. A failure no attempt held (``orc_fail_unheld_v1``, all SQL, in
+functions/outcomes.sql: Graphile Worker's permanently_fail_jobs, a job whose flow key cannot be
+rendered at its claim) still writes its own ``job.failed`` and ``last_error``, with no attempt (``run_id``, ``worker`` null), with the
+keys these functions give; tests/test_graphile_compat.py holds them equal.
 """
 
 from __future__ import annotations
@@ -210,15 +216,6 @@ def retry_scheduled(job: JobState, layer: Layer, backoff_ms: float) -> dict[str,
     }
 
 
-def completed(claim: Claim, duration_ms: float) -> dict[str, Any]:
-    return {
-        "attempt": claim.attempt,
-        "run": claim.dispatch_attempt,
-        **holder(claim),
-        "duration_ms": round(duration_ms, 3),
-    }
-
-
 def interrupted(claim: Claim, reason: str) -> dict[str, Any]:
     return {
         "attempt": claim.attempt,
@@ -226,10 +223,6 @@ def interrupted(claim: Claim, reason: str) -> dict[str, Any]:
         **holder(claim),
         "reason": reason,
     }
-
-
-def cancelled(reason: str, by: str) -> dict[str, Any]:
-    return {"reason": reason, "by": by}
 
 
 def zombie_detected(
@@ -283,12 +276,6 @@ def degraded(
     elif action == "notify_human":
         event["escalation_job_id"] = escalation_job_id
     return event
-
-
-def checkpointed(step: int, *, final: bool) -> dict[str, Any]:
-    """``job.checkpointed`` (the SQL that saves the checkpoint adds ``effects_committed``, the
-    ledger entries that statement committed)."""
-    return {"step": step, "final": final}
 
 
 def model_fallback(

@@ -280,7 +280,7 @@ class Attempt:
         except Exception as exc:
             return await self._failed(exc, output=output)
         duration_ms = (time.perf_counter() - started) * 1_000
-        return await self._ending(Completed(result, events.completed(claim, duration_ms)))
+        return await self._ending(Completed(result, duration_ms))
 
     async def _timed_out(self) -> Outcome:
         timed_out = _JobTimedOut(self.timeout_seconds)

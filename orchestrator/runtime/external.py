@@ -39,7 +39,6 @@ from uuid import UUID
 import psycopg
 from procrastinate import manager
 
-from orchestrator.domain import events
 from orchestrator.domain.classification import Classified, ErrorClass
 from orchestrator.domain.errors import InvalidOutput, OrchestratorError, StaleLease
 from orchestrator.domain.events import Fault
@@ -294,7 +293,7 @@ class ExternalRuns:
                     classified = Classified(ErrorClass.INVALID_OUTPUT, fault.code)
                     return terminal(claim, fault, classified, dispatch_id=dispatch_id,
                                     failures=self.failures)  # fmt: skip
-                return Completed(result, events.completed(claim, held.running_ms))
+                return Completed(result, held.running_ms)
             case FailedReport() as failed:
                 classified = Classified(failed.classification, failed.code)
                 fault = Fault(redact(failed.message), failed.code, failed.classification,

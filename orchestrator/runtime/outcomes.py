@@ -53,7 +53,7 @@ logger = logging.getLogger("orchestrator.outcomes")
 @dataclass(frozen=True)
 class Completed:
     result: Any
-    event: dict[str, Any]
+    duration_ms: float  # the attempt's, as its worker measured it
 
 
 @dataclass(frozen=True)
@@ -189,8 +189,8 @@ class OutcomeWriter:
         """Write ``outcome`` with the end of the dispatch that ran it; False when the lease or
         the state machine refused it (a stale write: logged, counted, nothing changed)."""
         match outcome:
-            case Completed(result=result, event=event):
-                written = await self.complete(Completion(claim, result, event, dispatch_id))
+            case Completed(result=result, duration_ms=duration_ms):
+                written = await self.complete(Completion(claim, result, duration_ms, dispatch_id))
                 return await self._refused_unless(written, claim, Status.COMPLETED, "completed")
             case Retried() as retried:
                 written = await self.dispatches.retry(

@@ -103,8 +103,7 @@ WITH leased AS (
 ), event AS (
     INSERT INTO orc_job_events (job_id, kind, payload)
     SELECT job_id, 'job.checkpointed',
-           %(event)s::jsonb || jsonb_build_object('effects_committed',
-                                                  (SELECT count(*) FROM committed))
+           orc_checkpointed_event_v1(step, %(final)s, (SELECT count(*) FROM committed))
       FROM saved
 )
 SELECT (SELECT count(*) FROM saved) AS saved, (SELECT count(*) FROM committed) AS committed

@@ -82,7 +82,7 @@ class Completion:
 
     claim: Claim
     result: Any
-    event: dict[str, Any]
+    duration_ms: float
     dispatch_id: int
 
 
@@ -174,16 +174,19 @@ class DispatchStore:
         return await self.queries.in_transaction(claim)
 
     async def complete(self, completions: Sequence[Completion], conn: Conn) -> list[bool]:
-        """COMPLETED with its result and ``job.completed``, and the dispatch succeeded, for each;
-        returns whether each job was COMPLETED (a refused one's dispatch is ended all the same).
-        """
+        """COMPLETED with its result and ``job.completed`` (shaped by orc_completed_event_v1 from
+        the attempt's facts given here), and the dispatch succeeded, for each; returns whether
+        each job was COMPLETED (a refused one's dispatch is ended all the same)."""
         items = [
             {
                 "ord": i,
                 "job_id": str(c.claim.id),
                 "lease_token": str(c.claim.lease_token),
                 "result": c.result,
-                "event": c.event,
+                "attempt": c.claim.attempt,
+                "run": c.claim.dispatch_attempt,
+                "worker": c.claim.locked_by,
+                "duration_ms": round(c.duration_ms, 3),
                 "procrastinate_job_id": c.dispatch_id,
                 "delete_dispatch": False,
             }

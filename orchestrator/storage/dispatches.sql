@@ -20,8 +20,8 @@ SELECT * FROM orc_claim_v2(%(job_id)s, %(dispatch_id)s, %(run)s,
                            %(running)s, %(task_prefix)s)
 
 -- complete_jobs --
--- Success, for several attempts at once ([{ord, job_id, lease_token, result, event,
--- procrastinate_job_id, delete_dispatch}]; see orc_complete_jobs_v1): each job COMPLETED with
+-- Success, for several attempts at once ([{ord, job_id, lease_token, result, attempt, run,
+-- worker, duration_ms, procrastinate_job_id, delete_dispatch}]; see orc_complete_jobs_v1): each job COMPLETED with
 -- its result, lease released, job.completed recorded, and its dispatch finished (succeeded) in
 -- the same transaction. One row per item: whether its job was COMPLETED.
 SELECT ord, completed FROM orc_complete_jobs_v1(%(items)s, %(target)s, %(sources)s)

@@ -178,7 +178,8 @@ class JobStore:
                     "job_id": job_id,
                     "target": Status.CANCELLED.value,
                     "sources": states.sources_of(Status.CANCELLED),
-                    "event": Jsonb(events.cancelled(reason, by)),
+                    "reason": reason,
+                    "by": by,
                 },
                 conn,
             )

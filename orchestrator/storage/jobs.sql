@@ -32,7 +32,7 @@ WITH cancelled AS (
     RETURNING id, procrastinate_job_id
 ), event AS (
     INSERT INTO orc_job_events (job_id, kind, payload)
-    SELECT id, 'job.cancelled', %(event)s FROM cancelled
+    SELECT id, 'job.cancelled', orc_cancelled_event_v1(%(reason)s, %(by)s) FROM cancelled
 )
 SELECT id, procrastinate_cancel_job_v1(procrastinate_job_id, true, false) AS procrastinate_job
   FROM cancelled

@@ -296,15 +296,14 @@ BEGIN
         RETURNING * INTO j;
         INSERT INTO orc_job_events (job_id, kind, payload)
         VALUES (j.id, 'job.cancelled',
-                jsonb_build_object('reason', 'graphile_worker.remove_job',
-                                   'by', 'graphile_worker'));
+                orc_cancelled_event_v1('graphile_worker.remove_job', 'graphile_worker'));
         PERFORM procrastinate_cancel_job_v1(j.procrastinate_job_id, true, false)
            WHERE j.procrastinate_job_id IS NOT NULL;
     ELSE
         UPDATE orc_jobs AS o SET job_key = NULL WHERE o.id = j.id RETURNING * INTO j;
         INSERT INTO orc_job_events (job_id, kind, payload)
         VALUES (j.id, 'job.key_revoked',
-                jsonb_build_object('job_key', remove_job.job_key, 'replaced_by', NULL));
+                orc_key_revoked_event_v1(remove_job.job_key, NULL));
     END IF;
     RETURN graphile_worker._job(j, s);
 END;
@@ -365,9 +364,8 @@ BEGIN
           FROM orc_complete_jobs_v1(
                    (SELECT coalesce(jsonb_agg(jsonb_build_object(
                                'ord', i.n, 'job_id', j.id, 'lease_token', NULL, 'result', NULL,
-                               'event', jsonb_build_object(
-                                   'attempt', j.attempt, 'run', j.dispatch_attempt,
-                                   'run_id', NULL, 'worker', NULL, 'duration_ms', NULL),
+                               'attempt', j.attempt, 'run', j.dispatch_attempt, 'worker', NULL,
+                               'duration_ms', NULL,
                                'procrastinate_job_id', NULL, 'delete_dispatch', false)
                                ORDER BY i.n), '[]')
                       FROM unnest(ids) WITH ORDINALITY AS i (id, n)
@@ -443,9 +441,7 @@ BEGIN
            max_attempts = coalesce(v_max_attempts, j.max_attempts)
      WHERE j.id = ANY (ids);
     INSERT INTO orc_job_events (job_id, kind, payload)
-    SELECT j.id, 'job.rescheduled',
-           jsonb_build_object('run_at', coalesce(j.next_retry_at, j.run_at),
-                              'priority', j.priority, 'max_runs', j.max_attempts)
+    SELECT j.id, 'job.rescheduled', orc_rescheduled_event_v1(j)
       FROM orc_jobs AS j
      WHERE j.id = ANY (ids)
      ORDER BY j.id;

@@ -223,17 +223,6 @@ BEGIN
 END;
 $$;
 
--- job.running's payload, from the job row as the claim leaves it.
-CREATE OR REPLACE FUNCTION orc_running_event_v1(j orc_jobs) RETURNS jsonb
-LANGUAGE sql STABLE AS $$
-    SELECT jsonb_build_object(
-        'attempt', j.attempt,
-        'max_attempts', orc_max_attempts_v1(j.attempt, j.dispatch_attempt, j.max_attempts,
-                                            j.retry_count, j.max_retries),
-        'run', j.dispatch_attempt, 'max_runs', j.max_attempts, 'retry_count', j.retry_count,
-        'max_retries', j.max_retries, 'worker', j.locked_by, 'run_id', j.lease_token)
-$$;
-
 -- The most attempts the job can still make in all (docs/contracts.md, "Attempt counting"):
 -- orchestrator.domain.policy.max_attempts is the same rule in Python, held equal to this one by
 -- a property test (tests/test_max_attempts.py).

@@ -101,7 +101,7 @@ BEGIN
         VALUES (j.id, j.flow_key, coalesce(j.flow_share, ''), cost::integer, blocked, j.priority);
         INSERT INTO orc_job_events (job_id, kind, payload)
         VALUES (j.id, 'job.waiting_for_capacity',
-                jsonb_build_object('key', j.flow_key, 'waiting_on', blocked, 'status', j.status));
+                orc_waiting_for_capacity_event_v1(j, blocked));
     ELSE  -- back in line, at its old place, its charge given back
         UPDATE orc_flow_waiters
            SET dispatched_at = NULL, blocked_on = blocked, key = j.flow_key

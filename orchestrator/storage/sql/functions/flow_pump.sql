@@ -364,7 +364,7 @@ BEGIN
             j.priority);
     INSERT INTO orc_job_events (job_id, kind, payload)
     VALUES (j.id, 'job.waiting_for_capacity',
-            jsonb_build_object('key', j.flow_key, 'waiting_on', p_blocked, 'status', j.status));
+            orc_waiting_for_capacity_event_v1(j, p_blocked));
     IF until IS NOT NULL THEN  -- sent for then, charged as the pump charges whom it sends
         PERFORM orc_flow_charge_v1(j.flow_key, j.flow_share,
                                    orc_flow_charged_v1(orc_flow_estimate_v1(j.flow_cost, lim), lim),

@@ -97,3 +97,91 @@ $$;
 CREATE OR REPLACE TRIGGER orc_job_events_notify
     AFTER INSERT ON orc_job_events
     FOR EACH STATEMENT EXECUTE FUNCTION orc_notify_event_listeners_v1();
+
+-- The payloads of the kinds written in SQL, each shaped here and only here (the other kinds are
+-- shaped in orchestrator/domain/events.py; docs/architecture.md, "Event payloads", says which,
+-- and tests/test_event_writers.py holds every statement that writes an event to it). Each is
+-- STABLE, as jsonb_build_object is, so that PostgreSQL inlines it into the statement that calls
+-- it (job.created's says why).
+
+-- job.created's payload, computed inside the submit statement. STABLE, not IMMUTABLE: a
+-- timestamptz (run_at) turns into JSON text in the session's time zone, and PostgreSQL inlines
+-- a SQL function only when its body is no more volatile than its declaration (declared
+-- IMMUTABLE, it cost a call per job: 125 us on PostgreSQL 15).
+CREATE OR REPLACE FUNCTION orc_created_event_v1(j orc_jobs) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('job_type', j.job_type, 'queue', j.queue, 'run_at', j.run_at,
+                              'max_runs', j.max_attempts, 'max_retries', j.max_retries,
+                              'job_key', j.job_key, 'trace_id', j.trace_id,
+                              'tenant_id', j.tenant_id)
+$$;
+
+-- job.running's payload, from the job row as the claim leaves it.
+CREATE OR REPLACE FUNCTION orc_running_event_v1(j orc_jobs) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'attempt', j.attempt,
+        'max_attempts', orc_max_attempts_v1(j.attempt, j.dispatch_attempt, j.max_attempts,
+                                            j.retry_count, j.max_retries),
+        'run', j.dispatch_attempt, 'max_runs', j.max_attempts, 'retry_count', j.retry_count,
+        'max_retries', j.max_retries, 'worker', j.locked_by, 'run_id', j.lease_token)
+$$;
+
+-- job.replaced: a keyed submit replaced a waiting job, whose revision is now p_revision.
+CREATE OR REPLACE FUNCTION orc_replaced_event_v1(
+    p_job_key text, p_mode text, p_revision integer, p_tenant_id text
+) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('job_key', p_job_key, 'mode', p_mode, 'revision', p_revision,
+                              'tenant_id', p_tenant_id)
+$$;
+
+-- job.key_revoked: a running job lost its key, to the job p_replaced_by (null: to nobody,
+-- Graphile Worker's remove_job).
+CREATE OR REPLACE FUNCTION orc_key_revoked_event_v1(p_job_key text, p_replaced_by uuid)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('job_key', p_job_key, 'replaced_by', p_replaced_by)
+$$;
+
+-- job.cancelled: why, and by whom (an operator, or Graphile Worker's remove_job).
+CREATE OR REPLACE FUNCTION orc_cancelled_event_v1(p_reason text, p_by text) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('reason', p_reason, 'by', p_by)
+$$;
+
+-- job.rescheduled: what a waiting job has now that a producer moved it. STABLE: run_at is a
+-- timestamptz (as job.created's).
+CREATE OR REPLACE FUNCTION orc_rescheduled_event_v1(j orc_jobs) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('run_at', coalesce(j.next_retry_at, j.run_at),
+                              'priority', j.priority, 'max_runs', j.max_attempts)
+$$;
+
+-- job.waiting_for_capacity: the job parked on its flow key, waiting on p_waiting_on (what
+-- blocked it: a window, a concurrency, a pause), in the status it waits in.
+CREATE OR REPLACE FUNCTION orc_waiting_for_capacity_event_v1(j orc_jobs, p_waiting_on text)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('key', j.flow_key, 'waiting_on', p_waiting_on, 'status', j.status)
+$$;
+
+-- job.checkpointed: the step saved, whether it was the last, and how many side effects the
+-- statement that saved it committed.
+CREATE OR REPLACE FUNCTION orc_checkpointed_event_v1(
+    p_step integer, p_final boolean, p_effects_committed bigint
+) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('step', p_step, 'final', p_final,
+                              'effects_committed', p_effects_committed)
+$$;
+
+-- job.completed: the attempt that completed (its lease token as run_id) and how long it ran, as
+-- its worker measured it (null for a job no attempt held: Graphile Worker's complete_jobs).
+CREATE OR REPLACE FUNCTION orc_completed_event_v1(
+    p_attempt integer, p_run integer, p_run_id uuid, p_worker text, p_duration_ms numeric
+) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('attempt', p_attempt, 'run', p_run, 'run_id', p_run_id,
+                              'worker', p_worker, 'duration_ms', p_duration_ms)
+$$;

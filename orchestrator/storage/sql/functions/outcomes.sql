@@ -2,9 +2,11 @@
 -- completions of a worker's group commit; every terminal failure (the one writer of failures:
 -- the worker's, the sweep's, an operator's).
 
--- Complete several attempts: p_items is [{ord, job_id, lease_token, result, event,
--- procrastinate_job_id, delete_dispatch}], in job-id order. For each, as for one before:
--- COMPLETED with its result and job.completed, fenced by the lease (a null lease completes a
+-- Complete several attempts: p_items is [{ord, job_id, lease_token, result, attempt, run,
+-- worker, duration_ms, procrastinate_job_id, delete_dispatch}], in job-id order. For each, as
+-- for one before: COMPLETED with its result and job.completed (orc_completed_event_v1 shapes
+-- it from the item's attempt, run, lease, worker and duration; an item of the release before
+-- brings its own, as `event`), fenced by the lease (a null lease completes a
 -- job no attempt holds: Graphile Worker's complete_jobs, docs/graphile.md), and its dispatch
 -- (when given) finished (succeeded) in the same transaction, so a job is never COMPLETED while
 -- its dispatch still shows as running, nor the other way round. The dispatch is finished even
@@ -41,7 +43,8 @@ BEGIN
     END IF;
     FOR item IN
         SELECT * FROM jsonb_to_recordset(p_items)
-            AS i (ord integer, job_id uuid, lease_token uuid, result jsonb, event jsonb,
+            AS i (ord integer, job_id uuid, lease_token uuid, result jsonb, attempt integer,
+                  run integer, worker text, duration_ms numeric, event jsonb,
                   procrastinate_job_id bigint, delete_dispatch boolean)
     LOOP
         ord := item.ord;
@@ -57,7 +60,10 @@ BEGIN
            AND j.status = ANY (p_sources);
         IF FOUND THEN
             INSERT INTO orc_job_events (job_id, kind, payload)
-            VALUES (item.job_id, 'job.completed', item.event);
+            VALUES (item.job_id, 'job.completed',
+                    coalesce(item.event,
+                             orc_completed_event_v1(item.attempt, item.run, item.lease_token,
+                                                    item.worker, item.duration_ms)));
             completed := true;
         END IF;
         IF item.procrastinate_job_id IS NOT NULL THEN

@@ -129,9 +129,8 @@ BEGIN
                WHERE existing.procrastinate_job_id IS NOT NULL;
             INSERT INTO orc_job_events (job_id, kind, payload)
             VALUES (existing.id, 'job.replaced',
-                    jsonb_build_object('job_key', spec.job_key, 'mode', spec.job_key_mode,
-                                       'revision', existing.revision + 1,
-                                       'tenant_id', spec.tenant_id));
+                    orc_replaced_event_v1(spec.job_key, spec.job_key_mode,
+                                          existing.revision + 1, spec.tenant_id));
             fresh := fresh || existing.id;
             ord := spec.ord; job_id := existing.id; outcome := 'replaced';
             RETURN NEXT;
@@ -143,7 +142,7 @@ BEGIN
             UPDATE orc_jobs SET job_key = NULL WHERE id = existing.id;
             INSERT INTO orc_job_events (job_id, kind, payload)
             VALUES (existing.id, 'job.key_revoked',
-                    jsonb_build_object('job_key', spec.job_key, 'replaced_by', new_id));
+                    orc_key_revoked_event_v1(spec.job_key, new_id));
         END IF;
         WITH inserted AS (
             INSERT INTO orc_jobs (id, job_type, status, payload, queue, priority, run_at,
@@ -211,16 +210,4 @@ LANGUAGE sql AS $$
      WHERE j.job_key = p_key AND coalesce(j.tenant_id, '') = coalesce(p_tenant, '')
        AND j.finished_at IS NULL
        FOR UPDATE
-$$;
-
--- job.created's payload, computed inside the submit statement. STABLE, not IMMUTABLE: a
--- timestamptz (run_at) turns into JSON text in the session's time zone, and PostgreSQL inlines
--- a SQL function only when its body is no more volatile than its declaration (declared
--- IMMUTABLE, it cost a call per job: 125 us on PostgreSQL 15).
-CREATE OR REPLACE FUNCTION orc_created_event_v1(j orc_jobs) RETURNS jsonb
-LANGUAGE sql STABLE AS $$
-    SELECT jsonb_build_object('job_type', j.job_type, 'queue', j.queue, 'run_at', j.run_at,
-                              'max_runs', j.max_attempts, 'max_retries', j.max_retries,
-                              'job_key', j.job_key, 'trace_id', j.trace_id,
-                              'tenant_id', j.tenant_id)
 $$;

@@ -1,0 +1,20 @@
+-- 0067_event_payloads_one_writer_each: each kind of event written in SQL has one writer of its
+-- payload, a function in functions/history.sql that every statement writing the kind calls
+-- (docs/architecture.md, "Event payloads"): job.created and job.running's (moved there, as
+-- they were, from submit.sql and claim.sql), and new ones for job.replaced, job.key_revoked,
+-- job.cancelled, job.rescheduled, job.waiting_for_capacity, job.checkpointed and
+-- job.completed, which the submit, the flow gate and park, Graphile Worker's API, the stores'
+-- statements and the worker's Python each built for themselves. Payloads are unchanged.
+-- orc_complete_jobs_v1 shapes job.completed from an item's attempt, run, lease, worker and
+-- duration; an item of the release before still brings its own event, which it keeps writing.
+--
+-- No function the release before calls changes in what it takes or answers (its cancel and
+-- checkpoint statements pass their own payloads, as its completions do).
+--
+-- compatible-with-older-workers: yes
+-- revises: functions/claim.sql 7057d2b98fae338d95e9189471634dfaef88d7351fa92b415abcd987d1fde173
+-- revises: functions/flow_admit.sql e9eb8f4a7215a5712f4f696149bc854b06eb56d3ba12375086cda94bc0e378b0
+-- revises: functions/flow_pump.sql 664c744536728c44b0000c75d18e2481d4600b05df1060d436274bbaecf73741
+-- revises: functions/history.sql b9dd41aec1a347b2b834387abd4dd549c4a5ecf182e5d9cd174276fdbb1e88bc
+-- revises: functions/outcomes.sql 91d80a2a16806015f1ed5a3e482d3d73e05d0c281e0a7bceceaed43c0c8812ec
+-- revises: functions/submit.sql d3b0cb37485b06f7052966b82c4fa2f701022d12cb4c3480cd3990387dbfd9fe
