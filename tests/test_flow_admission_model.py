@@ -13,9 +13,11 @@ few milliseconds of real time would tip either way."""
 
 from __future__ import annotations
 
+import ast
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -335,3 +337,25 @@ async def test_the_wait_in_place_is_the_model_s(db: psycopg.AsyncConnection[Any]
     """The longest wait a call waits in place is one number, the model's and the SQL's."""
     cur = await db.execute("SELECT orc_flow_wait_in_place_v1()")
     assert await cur.fetchone() == (WAIT_IN_PLACE_SECONDS,)
+
+
+#: The model's rules, by module: no production module imports them (each decides in SQL).
+MODEL = {
+    "orchestrator.domain.flow_window": {"admit_call", "room", "waits_in_place"},
+    "orchestrator.domain.flow_share": {"cap"},
+    "orchestrator.domain.flow_learned": {"allowances", "in_effect"},
+}
+
+
+def test_no_production_module_decides_a_call_with_the_model() -> None:
+    """The model's rules are imported by the tests and the model alone: production admits in
+    SQL."""
+    root = Path(__file__).parent.parent / "orchestrator"
+    model = {root / "domain" / f"{name.rsplit('.', 1)[1]}.py" for name in MODEL}
+    found = []
+    for path in set(root.rglob("*.py")) - model:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in MODEL:
+                names = {alias.name for alias in node.names} & MODEL[node.module]
+                found += [f"{path.relative_to(root)}: {name}" for name in sorted(names)]
+    assert found == []
