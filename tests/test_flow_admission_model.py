@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import ast
 import math
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from uuid import UUID, uuid4
 
 import psycopg
@@ -37,6 +38,10 @@ from orchestrator.domain.flow_window import (
     Spend,
     admit_call,
 )
+from orchestrator.storage.applications import ApplicationStore
+from orchestrator.storage.database import create_pool
+from orchestrator.storage.flow import FlowStore, Leased
+from orchestrator.storage.runner import Queries
 
 KEY = "model-key"
 SHARES = ("a", "b", "a", "")  # each job's share (tenant)
@@ -359,3 +364,60 @@ def test_no_production_module_decides_a_call_with_the_model() -> None:
                 names = {alias.name for alias in node.names} & MODEL[node.module]
                 found += [f"{path.relative_to(root)}: {name}" for name in sorted(names)]
     assert found == []
+
+
+async def test_a_call_is_admitted_in_one_round_trip(
+    dsn: str, db: psycopg.AsyncConnection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A running job's call, in-process or an external worker's (its lease checked, its call
+    id kept), is one exchange with the database: the key's lock is never held across a round
+    trip (before: four, six for an external worker's, BEGIN and COMMIT included)."""
+    await db.execute(
+        "INSERT INTO orc_flow_limits (name, requests, interval_seconds) VALUES ('trips', 100, 60)"
+    )
+    await db.execute(
+        "INSERT INTO orc_flow_keys (key, limit_name, task_prefix) VALUES ('trips', 'trips', 't')"
+    )
+    job_id, lease = uuid4(), uuid4()
+    await db.execute(
+        "INSERT INTO orc_jobs (id, job_type, status, payload, queue, max_attempts, max_retries,"
+        " trace_id, lease_token, attempt, flow_key)"
+        " VALUES (%s, 'trips', 'RUNNING', '{}', 'trips', 3, 3, 't', %s, 1, 'trips')",
+        (job_id, lease),
+    )
+    pool = create_pool(dsn, min_size=1, max_size=1)
+    await pool.open()
+    try:
+        flow = FlowStore(Queries(pool), cast(ApplicationStore, None))
+        await flow.admit_call(job_id, None, units=1, first=False)  # (the connection checked)
+        trips = 0
+        wait = psycopg.AsyncConnection.wait
+
+        def exchanged(gen: Generator[Any, Any, Any]) -> Generator[Any, Any, Any]:
+            """``gen``, counted once if it waits on the network (a commit with nothing to
+            commit returns without a word to the server)."""
+            nonlocal trips
+            try:
+                ready = next(gen)
+            except StopIteration as done:
+                return done.value
+            trips += 1
+            while True:
+                try:
+                    ready = gen.send((yield ready))
+                except StopIteration as done:
+                    return done.value
+
+        async def counted(self: Any, gen: Any, *args: Any, **kwargs: Any) -> Any:
+            return await wait(self, exchanged(gen), *args, **kwargs)
+
+        monkeypatch.setattr(psycopg.AsyncConnection, "wait", counted)
+        admitted = await flow.admit_call(job_id, None, units=1, first=False)
+        assert (admitted.key, isinstance(admitted.verdict, Admit), trips) == ("trips", True, 1)
+        trips = 0
+        external = await flow.admit_call(
+            job_id, None, units=1, first=Leased(1, lease), call_id="call-1"
+        )
+        assert (isinstance(external.verdict, Admit), trips) == (True, 1)
+    finally:
+        await pool.close()
