@@ -609,6 +609,8 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_flow_admit_call_v1(p_job_id uuid, p_model text, p_units bigint, p_first boolean, p_attempt integer, p_lease_token uuid, p_call_id text)
 --   orc_flow_admit_v1(j orc_jobs, p_task_prefix text)
 --   orc_flow_call_go_v1(p_key text, p_spend bigint)
+--   orc_flow_call_key_v1(j orc_jobs, p_model text)
+--   orc_flow_call_limit_v1(k orc_flow_keys)
 --   orc_flow_call_room_v1(p_key text, p_share text, p_except bigint, p_now timestamp with time zone, p_requests bigint, p_units_allowed bigint, p_interval double precision, p_units bigint, p_held bigint, p_held_cost bigint, OUT blocked text, OUT wait double precision)
 --   orc_flow_call_spend_v3(p_key text, p_job_id uuid, p_units bigint, p_reuse boolean, p_after double precision)
 --   orc_flow_call_window_v2(p_job_id uuid, p_model text, p_first boolean)

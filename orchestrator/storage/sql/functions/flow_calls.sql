@@ -26,6 +26,39 @@ BEGIN
 END;
 $$;
 
+-- The key a running job's call to `p_model` is admitted against (orc_flow_model_key_v1), its row
+-- under the key's lock, held until the caller's transaction ends (created on first use, under
+-- the limit of the job's own key). Null: the job has no key.
+CREATE OR REPLACE FUNCTION orc_flow_call_key_v1(j orc_jobs, p_model text) RETURNS orc_flow_keys
+LANGUAGE plpgsql AS $$
+DECLARE
+    own orc_flow_keys;
+BEGIN
+    SELECT * INTO own FROM orc_flow_keys AS f WHERE f.key = j.flow_key;
+    IF own.key IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN orc_flow_lock_key_v1(orc_flow_model_key_v1(j, p_model), own.limit_name, own.task_prefix);
+END;
+$$;
+
+-- The limit a call meets on the key `k` (orc_flow_call_key_v1): its own, its allowances as
+-- learned (orc_flow_limit_of_v1). Null when nothing limits the key's calls (no key, its limit
+-- gone, or a limit of concurrency alone).
+CREATE OR REPLACE FUNCTION orc_flow_call_limit_v1(k orc_flow_keys) RETURNS orc_flow_limits
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    lim orc_flow_limits;
+BEGIN
+    SELECT * INTO lim FROM orc_flow_limits AS l WHERE l.name = k.limit_name;
+    lim := orc_flow_limit_of_v1(k, lim);
+    IF lim.name IS NULL OR (lim.requests IS NULL AND lim.units IS NULL) THEN
+        RETURN NULL;
+    END IF;
+    RETURN lim;
+END;
+$$;
+
 -- A running job's next call, before it is sent (docs/flow-control.md, "Every call admitted"), on
 -- `p_model` (null: the model its key is for): the key it is admitted against
 -- (orc_flow_model_key_v1) and that key's window as the call meets it, read under the key's lock,
@@ -47,7 +80,6 @@ RETURNS TABLE (
 LANGUAGE plpgsql AS $$
 DECLARE
     j orc_jobs;
-    own orc_flow_keys;
     call_key text;
     job_share text;
     k orc_flow_keys;
@@ -56,18 +88,13 @@ DECLARE
     unused orc_flow_spends;
 BEGIN
     SELECT * INTO j FROM orc_jobs AS o WHERE o.id = p_job_id;
-    SELECT * INTO own FROM orc_flow_keys AS f WHERE f.key = j.flow_key;
-    IF own.key IS NULL THEN
+    k := orc_flow_call_key_v1(j, p_model);
+    lim := orc_flow_call_limit_v1(k);
+    IF lim.name IS NULL THEN
         RETURN;
     END IF;
-    call_key := orc_flow_model_key_v1(j, p_model);
+    call_key := k.key;
     job_share := coalesce(j.flow_share, '');
-    k := orc_flow_lock_key_v1(call_key, own.limit_name, own.task_prefix);
-    SELECT * INTO lim FROM orc_flow_limits AS l WHERE l.name = k.limit_name;
-    lim := orc_flow_limit_of_v1(k, lim);
-    IF lim.name IS NULL OR (lim.requests IS NULL AND lim.units IS NULL) THEN
-        RETURN;
-    END IF;
     k := orc_flow_expire_v1(k, lim);
     factor := orc_flow_factor_v1(k, lim);
     IF p_first THEN
@@ -255,7 +282,6 @@ CREATE OR REPLACE FUNCTION orc_flow_admit_call_v1(
 LANGUAGE plpgsql AS $$
 DECLARE
     j orc_jobs;
-    own orc_flow_keys;
     k orc_flow_keys;
     lim orc_flow_limits;
     call_key text;
@@ -304,22 +330,15 @@ BEGIN
     ELSE
         SELECT * INTO j FROM orc_jobs AS o WHERE o.id = p_job_id;
     END IF;
-    SELECT * INTO own FROM orc_flow_keys AS f WHERE f.key = j.flow_key;
-    IF own.key IS NULL THEN
+    k := orc_flow_call_key_v1(j, p_model);
+    lim := orc_flow_call_limit_v1(k);
+    IF lim.name IS NULL THEN  -- nothing limits its calls: it goes
         RETURN QUERY SELECT NULL::text, true, p_units, false, 0::float8, NULL::text, 0::float8,
                             false, NULL::bigint, false;
         RETURN;
     END IF;
-    call_key := orc_flow_model_key_v1(j, p_model);
+    call_key := k.key;
     job_share := coalesce(j.flow_share, '');
-    k := orc_flow_lock_key_v1(call_key, own.limit_name, own.task_prefix);
-    SELECT * INTO lim FROM orc_flow_limits AS l WHERE l.name = k.limit_name;
-    lim := orc_flow_limit_of_v1(k, lim);
-    IF lim.name IS NULL OR (lim.requests IS NULL AND lim.units IS NULL) THEN
-        RETURN QUERY SELECT NULL::text, true, p_units, false, 0::float8, NULL::text, 0::float8,
-                            false, NULL::bigint, false;
-        RETURN;
-    END IF;
     k := orc_flow_expire_v1(k, lim);
     clock := clock_timestamp();
     factor := orc_flow_factor_v1(k, lim);

@@ -13,7 +13,7 @@
 -- goes, to functions/retired.sql, once no older worker runs), and it never names a call id.
 --
 -- compatible-with-older-workers: yes
--- revises: functions/flow_calls.sql 3faaad4933d87dea68777cbae540fdb8814567cd02bdbd4ab0f161c4e0e3e374
+-- revises: functions/flow_calls.sql 4a9ce4df47c932c02861a4866e6f61e9d780eb0d067635f7b0dceb19c03feb50
 
 CREATE TABLE orc_flow_admitted_calls (
     job_id uuid NOT NULL REFERENCES orc_jobs (id) ON DELETE CASCADE,
