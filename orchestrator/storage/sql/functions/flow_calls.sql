@@ -70,6 +70,9 @@ $$;
 -- that passes its own key's provider pause calls a fallback model, on that model's key);
 -- `tenant_share` the limit's cap of one share, with the share's waiters handed room. No row:
 -- nothing limits the key's calls (no key, its limit gone, or a limit of concurrency alone).
+-- The release before's first step of a call's admission, kept for its workers (migration 0064):
+-- this release admits a call in one statement (orc_flow_admit_call_v1); it goes to retired.sql
+-- once no worker of that release runs.
 CREATE OR REPLACE FUNCTION orc_flow_call_window_v2(p_job_id uuid, p_model text, p_first boolean)
 RETURNS TABLE (
     key text, allowed_requests bigint, allowed_units bigint, window_seconds double precision,
@@ -130,9 +133,9 @@ BEGIN
 END;
 $$;
 
--- A running job's call admitted (after orc_flow_call_window_v2, in its transaction) on the key
--- it named, `p_after` seconds from now (0: at once; else the instant its room comes, which it
--- waits for in place): a request and its estimate recorded in the key's window at that instant,
+-- A running job's call admitted (by orc_flow_admit_call_v1; the release before: after
+-- orc_flow_call_window_v2, in its transaction) on the key it named, `p_after` seconds from now
+-- (0: at once; else the instant its room comes, which it waits for in place): a request and its estimate recorded in the key's window at that instant,
 -- so that the calls and claims decided after it meet its room taken, and charged to the job's
 -- share; `p_reuse`: the job's first call since its claim, whose reservation moves there and
 -- takes the call's estimate instead (its charge corrected). The spend's id (see

@@ -13,7 +13,7 @@
 -- goes, to functions/retired.sql, once no older worker runs), and it never names a call id.
 --
 -- compatible-with-older-workers: yes
--- revises: functions/flow_calls.sql 4a9ce4df47c932c02861a4866e6f61e9d780eb0d067635f7b0dceb19c03feb50
+-- revises: functions/flow_calls.sql 6676a05505ba38b456af18b62d5e040b27c306a406f35b0a355cdf8d7ba9c9ad
 
 CREATE TABLE orc_flow_admitted_calls (
     job_id uuid NOT NULL REFERENCES orc_jobs (id) ON DELETE CASCADE,
