@@ -74,6 +74,9 @@ Where each part of the code is tested:
                               admitted (a fleet of agents held to the window, a parked
                               agent resuming at its call, worker processes): test_flow_calls; the call's admission as a pure
                               rule (property tests), equal to the claim's SQL: test_flow_window;
+                              the call's admission in one statement (SQL) held to its Python
+                              model on the same sequences (property tests):
+                              test_flow_admission_model;
                               limits learned from the provider's headers (pure rules, equal to
                               the gate's SQL; worker processes against the local server's
                               Anthropic and OpenAI headers; a pause's end handing the key's
@@ -86,7 +89,8 @@ Where each part of the code is tested:
                               tests): test_flow_share; the fallback pass-through:
                               test_flow_fallback; an external worker's calls admitted and
                               recorded over the API (the Node.js worker, stale leases, other
-                              tenants' tokens): test_flow_external
+                              tenants' tokens, a call id asked again counted once):
+                              test_flow_external
     schedules                 firing once per tick (three worker processes), backfill, pause,
                               listings, tenants, refusals: test_schedules
     orchestrator/services     sweep: test_liveness, test_timeouts; safety net, dead letters:

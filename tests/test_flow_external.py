@@ -173,6 +173,35 @@ async def test_calls_admitted_before_any_usage_is_recorded_each_count_once(
     assert (again.status_code, again.json()["code"]) == (409, "WF_LEASE_STALE")
 
 
+async def test_a_call_asked_again_under_its_call_id_is_answered_as_it_was_and_counted_once(
+    orc: Orchestrator, api: httpx.AsyncClient, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """An answer lost on the way: the worker asks again under the same call id and is answered
+    ``go`` as before, the window counting the call once (under two requests an hour, the second
+    call asked again would otherwise park the job); a new call id is a new call (the third
+    parks). A stale lease is refused even for a call id admitted before."""
+    job_id = await orc.submit("external_agent", {"model": "m"})
+    lease = await _claim(api, "external_agent")
+
+    async def ask(call_id: str) -> dict[str, Any]:
+        answer = await api.post(ADMIT, json={**lease, "units": 30, "call_id": call_id})
+        assert answer.status_code == 200, answer.text
+        return dict(answer.json())
+
+    assert (await ask("c1"))["decision"] == "go"
+    assert (await ask("c1"))["decision"] == "go"  # its answer lost: asked again
+    [key] = await orc.flow_keys(HOURLY)
+    assert key.requests_used == 1  # the claim's reservation, taken by the first call
+    assert (await ask("c2"))["decision"] == "go"
+    assert (await ask("c2"))["decision"] == "go"
+    [key] = await orc.flow_keys(HOURLY)
+    assert key.requests_used == 2 and len(await _spends(db, job_id)) == 2
+    third = await ask("c3")
+    assert (third["decision"], third["key"], third["waiting_on"]) == ("park", HOURLY, "requests")
+    again = await api.post(ADMIT, json={**lease, "units": 30, "call_id": "c1"})
+    assert (again.status_code, again.json()["code"]) == (409, "WF_LEASE_STALE")
+
+
 async def test_a_call_whose_room_comes_soon_waits_in_place_and_one_further_off_parks(
     orc: Orchestrator, api: httpx.AsyncClient, db: psycopg.AsyncConnection[Any]
 ) -> None:

@@ -54,8 +54,9 @@ events), an approval's ``expires_at``, and a retry's ``available_at`` (and ``las
 ``next_available_at``): the database's clock plus ``backoff_ms``, so that no worker's clock
 decides when a job runs again. A failure no attempt held (``orc_fail_unheld_v1``, all SQL, in
 functions/outcomes.sql: Graphile Worker's permanently_fail_jobs, a job whose flow key cannot be
-rendered at its claim) still writes its own ``job.failed`` and ``last_error``, with no attempt (``run_id``, ``worker`` null), with the
-keys these functions give; tests/test_graphile_compat.py holds them equal.
+rendered at its claim) still writes its own ``job.failed`` and ``last_error``, with no attempt
+(``run_id``, ``worker`` null), with the keys these functions give; tests/test_graphile_compat.py
+holds them equal.
 """
 
 from __future__ import annotations

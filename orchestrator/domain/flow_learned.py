@@ -1,7 +1,8 @@
 """A provider's rate limits, learned from its replies (docs/flow-control.md, "Limits learned from
 the provider"): what a reply's headers say, and the allowances a key then has. Pure: the worker
 parses each reply's headers here, and the key's row keeps what was learned, under the key's
-lock (orchestrator.storage.flow; the claim's gate merges it by the same rule, in SQL).
+lock (orchestrator.storage.flow); the allowances in effect are SQL's (orc_flow_limit_of_v1),
+``allowances`` their model (tests/test_flow_admission_model.py).
 
 Anthropic sends ``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,
 remaining,reset}``, its ``reset`` an RFC 3339 time; OpenAI and the servers compatible with it

@@ -1,7 +1,9 @@
 """A running job's next LLM call against its flow key's window (docs/flow-control.md, "Every call
 admitted"): does it fit now, when will it, and does the job wait for it in place or give its
-worker slot back. Pure: the worker reads the window under the key's lock, decides here, and
-records the call's spend in the same transaction (orchestrator.storage.flow).
+worker slot back. The model of the rule: production admits a call in one statement, in SQL
+(orc_flow_admit_call_v1, functions/flow_calls.sql), and tests/test_flow_admission_model.py holds
+the two to the same answers; no production module decides with ``admit_call`` or ``room``
+(``CallParked`` and ``parked``, the park a verdict leads to, are production's).
 
 The window is a sliding one: never more than ``requests`` requests, nor ``units`` units, in any
 ``interval`` seconds. A call's spend holds one request and its estimate in units from the

@@ -1,14 +1,15 @@
 """An external worker's LLM calls (docs/api.md, "An external worker's LLM calls"): each admitted
 in its job's flow key's window before it is sent, and its usage recorded once it returns, as an
 in-process task's are (``ctx.admit_call``, ``ctx.record_llm_usage``; docs/flow-control.md,
-"Every call admitted"), by the same rule (orchestrator.domain.flow_window) and the same writers
+"Every call admitted"), by the same statement (orc_flow_admit_call_v1) and the same writers
 (FlowStore, UsageStore).
 
 Only the attempt's own bookkeeping moves: its calls come one request at a time, to any API
 server, so the database keeps whether its first call was admitted (that call takes the claim's
-reservation). A call whose room comes soon (``WAIT_IN_PLACE_SECONDS``) is admitted for that
-instant, its room reserved, and the request waits for it in place, then answers "go" unless the
-key was paused meanwhile; one whose room is further off parks the job there and then, as
+reservation), and each call admitted under its call id (asked again, it is answered as it
+was). A call whose room comes soon (orc_flow_wait_in_place_v1) is admitted for that instant,
+its room reserved, and the request waits for it in place, then answers "go" unless the key was
+paused meanwhile; one whose room is further off parks the job there and then, as
 ``ctx.admit_call`` does, and the worker stops.
 
 Every report is taken only from the attempt that holds the job's lease, as a heartbeat or a
@@ -58,14 +59,16 @@ class ExternalCalls:
         self.metrics = metrics
 
     async def admit(
-        self, job_id: UUID, *, attempt: int, lease_token: UUID, units: int, model: str | None
-    ) -> Go | Parked:
+        self, job_id: UUID, *, attempt: int, lease_token: UUID, units: int, model: str | None,
+        call_id: str | None = None,
+    ) -> Go | Parked:  # fmt: skip
         """Admit the attempt's next call, to ``model`` (None: the one its job's key is for),
         estimated at ``units``: Go (at once, or once its room, which comes soon, has come), or
-        Parked (the attempt ended: its job waits in its key's line, no budget used). StaleLease,
-        and nothing recorded, unless this attempt holds the job's lease."""
+        Parked (the attempt ended: its job waits in its key's line, no budget used). A call
+        ``call_id`` admitted already (its answer lost on the way) is Go again, counted once.
+        StaleLease, and nothing recorded, unless this attempt holds the job's lease."""
         admitted = await self.stores.flow.admit_call(
-            job_id, model, units=units, first=Leased(attempt, lease_token)
+            job_id, model, units=units, first=Leased(attempt, lease_token), call_id=call_id
         )
         verdict = admitted.verdict
         if isinstance(verdict, Admit) and verdict.after > 0:

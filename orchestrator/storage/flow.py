@@ -22,17 +22,8 @@ from orchestrator.domain.applications import (
 )
 from orchestrator.domain.errors import FlowKeyNotFound, StaleLease
 from orchestrator.domain.flow import FlowKey
-from orchestrator.domain.flow_learned import Allowances, Learned, allowances
-from orchestrator.domain.flow_window import (
-    Admit,
-    Allowance,
-    CallWindow,
-    Room,
-    ShareWindow,
-    Spend,
-    admit_call,
-)
-from orchestrator.domain.states import Status
+from orchestrator.domain.flow_learned import Learned
+from orchestrator.domain.flow_window import Admit, Room
 from orchestrator.storage.applications import ApplicationStore
 from orchestrator.storage.database import Conn
 from orchestrator.storage.runner import Queries, Row
@@ -132,18 +123,10 @@ class FlowStore:
 
     async def keys(self, key: str | None = None) -> list[FlowKey]:
         """Every key (or ``key``), its ``requests`` and ``units`` the allowances in effect: its
-        limit's, lowered to what its provider allows when the limit learns."""
-        found = []
-        for row in await self.queries.rows("flow_keys", {"key": key}):
-            effect = allowances(
-                Allowances(row["requests"], row["units"]),
-                Allowances(row["learned_requests"], row["learned_units"]),
-                learn=row["learn"],
-            )
-            found.append(
-                FlowKey.model_validate(row | {"requests": effect.requests, "units": effect.units})
-            )
-        return found
+        limit's, lowered to what its provider allows when the limit learns
+        (orc_flow_limit_of_v1)."""
+        rows = await self.queries.rows("flow_keys", {"key": key})
+        return [FlowKey.model_validate(row) for row in rows]
 
     async def get(self, key: str) -> FlowKey:
         found = await self.keys(key)
@@ -181,8 +164,9 @@ class FlowStore:
         await self.queries.execute("flow_learn", params)
 
     async def admit_call(
-        self, job_id: UUID, model: str | None, *, units: int, first: bool | Leased
-    ) -> Admitted:
+        self, job_id: UUID, model: str | None, *, units: int, first: bool | Leased,
+        call_id: str | None = None,
+    ) -> Admitted:  # fmt: skip
         """Admit a running job's next call, to ``model`` (None: the one its key is for),
         estimated at ``units``, before it is sent, against the key of that model (the job's
         own, or a fallback model's): its spend recorded in that key's window if it fits now, or
@@ -190,57 +174,24 @@ class FlowStore:
         place, then ``go``), else when it will (its ``at`` in seconds from now: its job parks).
         ``first``: the job's first call since its claim, which takes the claim's reservation
         there; or, for an external worker's attempt, its lease, checked here, the database
-        knowing whether a call of it was admitted. Decided under the key's lock
-        (orchestrator.domain.flow_window). StaleLease (nothing recorded): the lease is not the
-        job's."""
-
-        async def decide(conn: Conn) -> Admitted:
-            leased = None if isinstance(first, bool) else first
-            counted = await self._first_of(job_id, leased, conn) if leased else bool(first)
-            params = {"job_id": job_id, "model": model, "first": counted}
-            row = await self.queries.row("flow_call_window", params, conn)
-            if row is None:
-                return Admitted(None, Admit(units, reuse=False))  # nothing limits its calls
-            spends = tuple(
-                Spend(-age, requests, spent)
-                for age, requests, spent in zip(
-                    row["ages"], row["spent_requests"], row["spent_units"], strict=True
-                )
-            )
-            share = None if row["tenant_share"] is None else ShareWindow(
-                tenant_share=row["tenant_share"],
-                spends=tuple(s for s, mine in zip(spends, row["mine"], strict=True) if mine),
-                held=row["share_held"],
-                held_cost=row["share_held_cost"],
-            )  # fmt: skip
-            window = CallWindow(
-                allowance=Allowance(
-                    row["allowed_requests"], row["allowed_units"], row["window_seconds"]
-                ),
-                spends=spends,
-                held=row["held"],
-                held_cost=row["held_cost"],
-                paused_for=row["paused_for"],
-                reserved=row["reserved"],
-                share=share,
-            )
-            verdict = admit_call(window, units, first=counted)
-            if isinstance(verdict, Room):
-                return Admitted(row["key"], verdict)
-            spent = await self.queries.row(
-                "flow_call_spend",
-                {"key": row["key"], "job_id": job_id, "units": verdict.units,
-                 "reuse": verdict.reuse, "after": verdict.after},
-                conn,
-            )  # fmt: skip
-            if counted and leased is not None:
-                await self.queries.execute(
-                    "flow_first_call_admitted",
-                    {"job_id": job_id, "lease_token": leased.lease_token}, conn,
-                )  # fmt: skip
-            return Admitted(row["key"], verdict, spent["spend"] if spent else None)
-
-        return await self.queries.in_transaction(decide)
+        knowing whether a call of it was admitted, and ``call_id`` naming the call, which,
+        admitted and asked again, is answered as it was and not counted twice. One statement,
+        under the key's lock (orc_flow_admit_call_v1). StaleLease (nothing recorded): the lease
+        is not the job's."""
+        leased = first if isinstance(first, Leased) else None
+        params = {
+            "job_id": job_id, "model": model, "units": units, "first": first is True,
+            "attempt": leased.attempt if leased else None,
+            "lease_token": leased.lease_token if leased else None, "call_id": call_id,
+        }  # fmt: skip
+        row = await self.queries.row("flow_admit_call", params)
+        assert row is not None  # the function answers one row
+        if row["stale"]:
+            raise StaleLease(job_id, leased.lease_token if leased else None)
+        if not row["go"]:
+            return Admitted(row["key"], Room(row["blocked"], row["at"], row["reserved"]))
+        verdict = Admit(int(row["units"]), reuse=row["reuse"], after=row["after"])
+        return Admitted(row["key"], verdict, row["spend"])
 
     async def go(self, admitted: Admitted) -> float | None:
         """A call admitted ahead, at the instant its room came: None, it goes; else its key was
@@ -251,16 +202,6 @@ class FlowStore:
         params = {"key": admitted.key, "spend": admitted.spend}
         row = await self.queries.row("flow_call_go", params)
         return None if row is None or row["paused_for"] is None else float(row["paused_for"])
-
-    async def _first_of(self, job_id: UUID, leased: Leased, conn: Conn) -> bool:
-        """Whether the call an external worker's attempt asks for is its first; StaleLease
-        unless that attempt holds the job's lease (its row held until the call is decided)."""
-        params = {"job_id": job_id, "attempt": leased.attempt, "lease_token": leased.lease_token,
-                  "running": Status.RUNNING.value}  # fmt: skip
-        row = await self.queries.row("flow_call_lease", params, conn)
-        if row is None:
-            raise StaleLease(job_id, leased.lease_token)
-        return bool(row["first"])
 
     async def call_key(self, job_id: UUID, model: str) -> str | None:
         """The key a job's call to ``model`` is admitted against, where its usage reconciles

@@ -90,11 +90,13 @@ SELECT k.key FROM orc_flow_keys AS k
 SELECT orc_flow_reschedule_v1(%(key)s) AS dispatched
 
 -- flow_keys --
--- Every key: its limit (`requests` and `units` as configured, `learn`: its provider's limits,
--- learned, lower them), what runs and waits on it, what it spent in its window, its pause.
+-- Every key: its limit (`requests` and `units` in effect: orc_flow_limit_of_v1 lowers them to
+-- its provider's, learned, when the limit learns), what runs and waits on it, what it spent in
+-- its window, its pause.
 SELECT k.key, k.limit_name, k.paused_until, k.pause_reason, k.paused_by, k.throttled,
        orc_flow_factor_v1(k, l) AS rate_factor,
-       l.concurrency, l.requests, l.units, l.interval_seconds, coalesce(l.learn, false) AS learn,
+       l.concurrency, (orc_flow_limit_of_v1(k, l)).requests, (orc_flow_limit_of_v1(k, l)).units,
+       l.interval_seconds, coalesce(l.learn, false) AS learn,
        k.learned_requests, k.learned_units, k.learned_at,
        (SELECT count(*) FROM orc_jobs AS j
          WHERE j.flow_key = k.key AND j.status = 'RUNNING' AND j.flow_key IS NOT NULL)::integer
@@ -136,42 +138,18 @@ SELECT extract(epoch FROM k.paused_until - clock_timestamp())::float8 AS seconds
 -- when the call was sent; once per call id.
 SELECT orc_flow_spend_v2(%(key)s, %(job_id)s, %(units)s, %(sent_seconds_ago)s, %(call_id)s)
 
--- flow_call_window --
--- A running job's next call, on a model (null: its own): the key it is admitted against and
--- that key's window as the call meets it, under the key's lock for the rest of the transaction
--- (see orc_flow_call_window_v2). No row: nothing limits its calls.
-SELECT * FROM orc_flow_call_window_v2(%(job_id)s, %(model)s, %(first)s)
-
--- flow_call_spend --
--- ... and, in the same transaction, the call admitted: its spend recorded in the window, now or
--- at the instant its room comes (`after` seconds from now). Its id.
-SELECT orc_flow_call_spend_v3(%(key)s, %(job_id)s, %(units)s, %(reuse)s, %(after)s) AS spend
+-- flow_admit_call --
+-- A running job's next call, on a model (null: its own), admitted in this one statement under
+-- its key's lock (see orc_flow_admit_call_v1): go (at once or after a wait in place, its spend
+-- recorded) or park; for an external worker's attempt, its lease checked (`stale`) and the
+-- answer kept under its call id.
+SELECT * FROM orc_flow_admit_call_v1(%(job_id)s, %(model)s, %(units)s, %(first)s, %(attempt)s,
+                                     %(lease_token)s, %(call_id)s)
 
 -- flow_call_go --
 -- A call admitted ahead, at its instant: it goes (`paused_for` null), or its key was paused
 -- meanwhile and its spend leaves the window (see orc_flow_call_go_v1).
 SELECT orc_flow_call_go_v1(%(key)s, %(spend)s) AS paused_for
-
--- flow_call_lease --
--- An external worker's call, first in its admission's transaction: taken only from the attempt
--- that holds the job's lease, whose row stays locked (before the key's: the lock order) until
--- the call is decided, so that a sweep or a cancel meanwhile waits and nothing is admitted for
--- a stale attempt. `first`: no call of this attempt was admitted yet (flow_first_call_admitted).
-SELECT NOT EXISTS (SELECT FROM orc_flow_spent_calls AS c
-                    WHERE c.job_id = j.id AND c.call_id = 'first call of ' || j.lease_token)
-           AS first
-  FROM orc_jobs AS j
- WHERE j.id = %(job_id)s AND j.attempt = %(attempt)s AND j.lease_token = %(lease_token)s
-   AND j.status = %(running)s
-   FOR SHARE OF j
-
--- flow_first_call_admitted --
--- ... and its first call admitted: the claim's reservation is that call's from now on. Kept
--- among the calls whose spend is written, under the attempt's lease (an external worker's calls
--- come one request at a time, to any API server: none keeps the attempt's count).
-INSERT INTO orc_flow_spent_calls (job_id, call_id)
-VALUES (%(job_id)s, 'first call of ' || %(lease_token)s::text)
-ON CONFLICT DO NOTHING
 
 -- flow_call_key --
 -- The key a job's call to `model` was admitted against (orc_flow_model_key_v1: its own, or a

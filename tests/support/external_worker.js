@@ -61,7 +61,8 @@ async function llmCall(lease, payload, n) {
   const prompt = `question ${n}`;
   const maxTokens = payload.max_tokens ?? 16;
   const units = Math.ceil(prompt.length / 4) + maxTokens; // the call's estimate
-  const admit = await call("/api/v1/internal/call-admit", { ...lease, units });
+  // its own id (one per call of the attempt): asked again after a lost answer, counted once
+  const admit = await call("/api/v1/internal/call-admit", { ...lease, units, call_id: `call-${n}` });
   if (admit.status !== 200) {
     log("refused", { ...lease, call: n, status: admit.status, answer: admit.answer });
     return false;

@@ -269,6 +269,11 @@ class CallAdmission(Lease):
         description="The model the call goes to, when it is not the one the job's key is for"
         " (a fallback model): the call is admitted against that model's key.",
     )  # fmt: skip
+    call_id: Text | None = Field(
+        None, min_length=1, max_length=200,
+        description="The call's own id, one per call the attempt sends: the same call asked"
+        " again (its answer lost on the way) is answered as it was, counted once in the window.",
+    )  # fmt: skip
 
 
 class CallAdmitted(BaseModel):

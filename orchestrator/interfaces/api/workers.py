@@ -120,11 +120,12 @@ async def admit_call(body: CallAdmission, runs: Runs, caller: Worker) -> CallAdm
     """Before each LLM call the attempt sends: admit it in its job's flow key's window
     (docs/flow-control.md, "Every call admitted"). ``go``: send it (a call whose room comes
     within a quarter of a second is answered once that room has come); ``park``: the attempt is
-    over, the job waits in its key's line: stop. 409 WF_LEASE_STALE unless this attempt holds
-    the job's lease."""
+    over, the job waits in its key's line: stop. A ``call_id`` asked again (an answer lost on the
+    way) is answered ``go`` again if it was admitted, counted once. 409 WF_LEASE_STALE unless
+    this attempt holds the job's lease."""
     verdict = await runs.calls.admit(
         body.job_id, attempt=body.attempt, lease_token=body.lease_token, units=body.units,
-        model=body.model,
+        model=body.model, call_id=body.call_id,
     )  # fmt: skip
     match verdict:
         case Go():

@@ -127,6 +127,16 @@ CREATE TABLE orc_event_listeners (
     CONSTRAINT orc_event_listeners_pkey PRIMARY KEY (listener)
 );
 
+CREATE TABLE orc_flow_admitted_calls (
+    job_id uuid NOT NULL,
+    attempt integer NOT NULL,
+    call_id text NOT NULL,
+    key text NOT NULL,
+    spend bigint,
+    CONSTRAINT orc_flow_admitted_calls_job_id_fkey FOREIGN KEY (job_id) REFERENCES orc_jobs(id) ON DELETE CASCADE,
+    CONSTRAINT orc_flow_admitted_calls_pkey PRIMARY KEY (job_id, attempt, call_id)
+);
+
 CREATE TABLE orc_flow_job_types (
     job_type text NOT NULL,
     limit_name text NOT NULL,
@@ -600,9 +610,13 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_fail_unheld_v1(p_ids uuid[], p_error jsonb, p_target text, p_sources text[])
 --   orc_fetch_dispatch_v3(p_queues character varying[], p_excluded character varying[], p_worker_id bigint, p_task_prefix text, p_worker text, p_claimable text[], p_running text)
 --   orc_fetch_dispatches_v3(p_limit integer, p_queues character varying[], p_excluded character varying[], p_worker_id bigint, p_task_prefix text, p_worker text, p_claimable text[], p_running text)
+--   orc_flow_admit_call_v1(p_job_id uuid, p_model text, p_units bigint, p_first boolean, p_attempt integer, p_lease_token uuid, p_call_id text)
 --   orc_flow_admit_v1(j orc_jobs, p_task_prefix text)
 --   orc_flow_assign_v1(j orc_jobs)
 --   orc_flow_call_go_v1(p_key text, p_spend bigint)
+--   orc_flow_call_key_v1(j orc_jobs, p_model text)
+--   orc_flow_call_limit_v1(k orc_flow_keys)
+--   orc_flow_call_room_v1(p_key text, p_share text, p_except bigint, p_now timestamp with time zone, p_requests bigint, p_units_allowed bigint, p_interval double precision, p_units bigint, p_held bigint, p_held_cost bigint, OUT blocked text, OUT wait double precision)
 --   orc_flow_call_spend_v3(p_key text, p_job_id uuid, p_units bigint, p_reuse boolean, p_after double precision)
 --   orc_flow_call_window_v2(p_job_id uuid, p_model text, p_first boolean)
 --   orc_flow_cap_v1(p_allowed double precision, p_share double precision)
@@ -640,6 +654,7 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_flow_throttled_v1(p_key text, p_until timestamp with time zone, p_reason text)
 --   orc_flow_throttled_v2(p_key text, p_seconds double precision, p_reason text)
 --   orc_flow_try_lock_v1(p_key text)
+--   orc_flow_wait_in_place_v1()
 --   orc_guard_transition_v1()
 --   orc_history_is_final_v1()
 --   orc_inherited_tenant_v1()
