@@ -1,8 +1,9 @@
 """A provider's rate limits, learned from its replies' headers (docs/flow-control.md, "Limits
 learned from the provider"). As pure rules (orchestrator.domain.flow_learned): what the headers
 of either family say, whatever their case or their garbage, and a key's allowances once it
-learned (a configured limit a ceiling, a lower provider limit binding), which the claim's gate
-merges by the same rule in SQL. And through the real thing: worker processes, the local LLM
+learned (a configured limit a ceiling, a lower provider limit binding): a model written here,
+which the database's rule (orc_flow_limit_of_v1, the one in production) must answer as. And
+through the real thing: worker processes, the local LLM
 server sending Anthropic's or OpenAI's headers, the built-in ``llm_generate`` and a task's own
 client: a key learns its limit from headers alone and every worker meets it; a spent limit
 holds the key until its reset; a pause's end (that hold's, a 429's, an operator's) hands the
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from typing import Any
@@ -27,10 +29,7 @@ from orchestrator import Orchestrator
 from orchestrator.domain.flow_learned import (
     LIMITS,
     MAX_HOLD_SECONDS,
-    Allowances,
     Reading,
-    allowances,
-    in_effect,
     learned,
     readings,
 )
@@ -45,6 +44,33 @@ counts = st.integers(min_value=1, max_value=10**9)
 left = st.integers(min_value=0, max_value=10**9)
 resets = st.floats(min_value=0, max_value=3_600, allow_nan=False).map(lambda s: round(s, 3))
 maybe = st.one_of(st.none(), counts)
+
+
+@dataclass(frozen=True)
+class Allowances:
+    """A key's requests and units per interval (None: no such limit)."""
+
+    requests: int | None
+    units: int | None
+
+
+def in_effect(configured: int | None, provider: int | None) -> int | None:
+    """The model of one allowance of a key that learns: the configured one, lowered to what the
+    provider allows (never raised above it); what the provider allows when none is configured;
+    None when neither says (the key has no such limit)."""
+    known = [value for value in (configured, provider) if value is not None]
+    return min(known) if known else None
+
+
+def allowances(configured: Allowances, provider: Allowances, *, learn: bool) -> Allowances:
+    """The model of a key's allowances: its limit's, and, when the limit learns, each lowered
+    to what its provider allows (``in_effect``), as orc_flow_limit_of_v1 must answer."""
+    if not learn:
+        return configured
+    return Allowances(
+        in_effect(configured.requests, provider.requests),
+        in_effect(configured.units, provider.units),
+    )
 
 
 def said(style: str, name: str, limit: int, remaining: int, reset: float) -> dict[str, str]:
@@ -237,8 +263,8 @@ async def test_the_gate_merges_by_the_same_rule(
     configured: tuple[int | None, int | None],
     learned_limits: tuple[int | None, int | None],
 ) -> None:
-    """The rule lives twice: here, and in SQL for the claims and the calls
-    (orc_flow_limit_of_v1)."""
+    """The database's rule (orc_flow_limit_of_v1, which the claims, the calls and the keys'
+    readers meet) answers as the model."""
     cur = await db.execute(
         "SELECT (m).requests, (m).units FROM (SELECT orc_flow_limit_of_v1("
         "  jsonb_populate_record(NULL::orc_flow_keys, jsonb_build_object("

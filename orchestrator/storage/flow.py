@@ -22,7 +22,7 @@ from orchestrator.domain.applications import (
 )
 from orchestrator.domain.errors import FlowKeyNotFound, StaleLease
 from orchestrator.domain.flow import FlowKey
-from orchestrator.domain.flow_learned import Allowances, Learned, allowances
+from orchestrator.domain.flow_learned import Learned
 from orchestrator.domain.flow_window import (
     Admit,
     Allowance,
@@ -132,18 +132,10 @@ class FlowStore:
 
     async def keys(self, key: str | None = None) -> list[FlowKey]:
         """Every key (or ``key``), its ``requests`` and ``units`` the allowances in effect: its
-        limit's, lowered to what its provider allows when the limit learns."""
-        found = []
-        for row in await self.queries.rows("flow_keys", {"key": key}):
-            effect = allowances(
-                Allowances(row["requests"], row["units"]),
-                Allowances(row["learned_requests"], row["learned_units"]),
-                learn=row["learn"],
-            )
-            found.append(
-                FlowKey.model_validate(row | {"requests": effect.requests, "units": effect.units})
-            )
-        return found
+        limit's, lowered to what its provider allows when the limit learns, by the database's
+        rule (orc_flow_limit_of_v1), the one every claim and call meets."""
+        rows = await self.queries.rows("flow_keys", {"key": key})
+        return [FlowKey.model_validate(row) for row in rows]
 
     async def get(self, key: str) -> FlowKey:
         found = await self.keys(key)
