@@ -225,6 +225,8 @@ CREATE OR REPLACE FUNCTION orc_flow_share_capacity_v1(
     p_held_cost bigint, OUT blocked text, OUT wake timestamptz
 )
 LANGUAGE plpgsql AS $$
+DECLARE
+    w record;
 BEGIN
     IF lim.tenant_share IS NULL THEN
         RETURN;
@@ -232,8 +234,11 @@ BEGIN
         blocked := 'share';
         RETURN;
     END IF;
-    SELECT CASE WHEN w.blocked IS NOT NULL THEN 'share' END, w.wake INTO blocked, wake
-      FROM orc_flow_window_room_v1(k, lim, p_share, p_cost, p_held, p_held_cost) AS w;
+    w := orc_flow_window_room_v1(k, lim, p_share, p_cost, p_held, p_held_cost);
+    IF w.blocked IS NOT NULL THEN
+        blocked := 'share';
+        wake := w.wake;
+    END IF;
 END;
 $$;
 
@@ -248,14 +253,17 @@ CREATE OR REPLACE FUNCTION orc_flow_capacity_v1(
     OUT blocked text, OUT wake timestamptz
 )
 LANGUAGE plpgsql AS $$
+DECLARE
+    w record;
 BEGIN
     IF orc_flow_slots_full_v1(k, lim, NULL, p_held) THEN
         blocked := CASE WHEN k.paused_until > clock_timestamp() THEN 'paused'
                         ELSE 'concurrency' END;
         RETURN;
     END IF;
-    SELECT w.blocked, w.wake INTO blocked, wake
-      FROM orc_flow_window_room_v1(k, lim, NULL, p_cost, p_held, p_held_cost) AS w;
+    w := orc_flow_window_room_v1(k, lim, NULL, p_cost, p_held, p_held_cost);
+    blocked := w.blocked;
+    wake := w.wake;
     IF k.paused_until > clock_timestamp() THEN  -- (a window's room not known stays not known)
         wake := CASE WHEN blocked IS NULL OR wake IS NOT NULL
                      THEN greatest(wake, k.paused_until) END;

@@ -16,4 +16,4 @@
 -- compatible-with-older-workers: yes
 -- revises: functions/flow_admit.sql c897d487d3fdf83a22a24d520e155cfef448057edba9f9a6d6a99a4b0a4e17c0
 -- revises: functions/flow_pump.sql d4eb5f91daa8851d22cf3e0e0c8a8369e8411037325e177818646c9034045cb1
--- revises: functions/flow_window.sql 59b41515447439bffa6291ddde08317fd727541962408767ebe63af8c80d1ddc
+-- revises: functions/flow_window.sql 01bf8ad1165fd47d20ba38001aa5d37cfb717ffe949ae11cb1422dde939f3a52
