@@ -36,11 +36,15 @@ $$;
 -- shares not `p_capped` (at their cap: passed over for the next share) and the waiters not
 -- `p_busy` (held by another transaction: left for later). With `p_pass_only` (a provider's
 -- pause past the horizon), among the waiters whose type can pass the pause only. Null: none.
+-- (PL/pgSQL, so that its plan is kept for the pump's every turn.)
 CREATE OR REPLACE FUNCTION orc_flow_next_waiter_v1(
     k orc_flow_keys, p_pass_only boolean, p_capped text[], p_busy uuid[]
 ) RETURNS orc_flow_waiters
-LANGUAGE sql STABLE AS $$
-    SELECT h.*
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    head orc_flow_waiters;
+BEGIN
+    SELECT h.* INTO head
       FROM orc_flow_shares AS s
      CROSS JOIN LATERAL (
             SELECT w.*
@@ -54,7 +58,9 @@ LANGUAGE sql STABLE AS $$
              LIMIT 1) AS h
      WHERE s.key = k.key AND s.share <> ALL (p_capped)
      ORDER BY s.vtime, s.share
-     LIMIT 1
+     LIMIT 1;
+    RETURN head;
+END;
 $$;
 
 -- The room the waiter `w` meets on the key (`k` under `lim`, expired), beside the `p_held`
