@@ -27,7 +27,6 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.domain.flow_learned import Allowances, allowances
 from orchestrator.domain.flow_window import (
     WAIT_IN_PLACE_SECONDS,
     Admit,
@@ -42,6 +41,7 @@ from orchestrator.storage.applications import ApplicationStore
 from orchestrator.storage.database import create_pool
 from orchestrator.storage.flow import FlowStore, Leased
 from orchestrator.storage.runner import Queries
+from tests.support.flow_learned_model import Allowances, allowances
 
 KEY = "model-key"
 SHARES = ("a", "b", "a", "")  # each job's share (tenant)

@@ -1,8 +1,9 @@
 """A provider's rate limits, learned from its replies' headers (docs/flow-control.md, "Limits
 learned from the provider"). As pure rules (orchestrator.domain.flow_learned): what the headers
 of either family say, whatever their case or their garbage, and a key's allowances once it
-learned (a configured limit a ceiling, a lower provider limit binding), which the claim's gate
-merges by the same rule in SQL. And through the real thing: worker processes, the local LLM
+learned (a configured limit a ceiling, a lower provider limit binding): a model written here,
+which the database's rule (orc_flow_limit_of_v1, the one in production) must answer as. And
+through the real thing: worker processes, the local LLM
 server sending Anthropic's or OpenAI's headers, the built-in ``llm_generate`` and a task's own
 client: a key learns its limit from headers alone and every worker meets it; a spent limit
 holds the key until its reset; a pause's end (that hold's, a 429's, an operator's) hands the
@@ -27,14 +28,12 @@ from orchestrator import Orchestrator
 from orchestrator.domain.flow_learned import (
     LIMITS,
     MAX_HOLD_SECONDS,
-    Allowances,
     Reading,
-    allowances,
-    in_effect,
     learned,
     readings,
 )
 from tests.support import flow_app
+from tests.support.flow_learned_model import Allowances, allowances, in_effect
 from tests.support.harness import wait_for
 from tests.support.workers import WorkerProcess
 from tests.test_flow_calls import KEY, NOT_ZOMBIES, most_in_any_interval, spends
@@ -237,8 +236,8 @@ async def test_the_gate_merges_by_the_same_rule(
     configured: tuple[int | None, int | None],
     learned_limits: tuple[int | None, int | None],
 ) -> None:
-    """The rule lives twice: here, and in SQL for the claims and the calls
-    (orc_flow_limit_of_v1)."""
+    """The database's rule (orc_flow_limit_of_v1, which the claims, the calls and the keys'
+    readers meet) answers as the model."""
     cur = await db.execute(
         "SELECT (m).requests, (m).units FROM (SELECT orc_flow_limit_of_v1("
         "  jsonb_populate_record(NULL::orc_flow_keys, jsonb_build_object("

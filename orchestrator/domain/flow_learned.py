@@ -1,8 +1,8 @@
 """A provider's rate limits, learned from its replies (docs/flow-control.md, "Limits learned from
-the provider"): what a reply's headers say, and the allowances a key then has. Pure: the worker
-parses each reply's headers here, and the key's row keeps what was learned, under the key's
-lock (orchestrator.storage.flow); the allowances in effect are SQL's (orc_flow_limit_of_v1),
-``allowances`` their model (tests/test_flow_admission_model.py).
+the provider"): what a reply's headers say. Pure: the worker parses each reply's headers here,
+and the key's row keeps what was learned, under the key's lock (orchestrator.storage.flow). The
+allowances a key then has are the database's rule alone (orc_flow_limit_of_v1, which every
+claim, call and reader of a key meets; tests/test_flow_learned.py holds it to a model).
 
 Anthropic sends ``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,
 remaining,reset}``, its ``reset`` an RFC 3339 time; OpenAI and the servers compatible with it
@@ -67,14 +67,6 @@ class Learned:
         return f"the provider's {', '.join(self.spent)} limit has nothing remaining until its reset"
 
 
-@dataclass(frozen=True)
-class Allowances:
-    """A key's requests and units per interval (None: no such limit)."""
-
-    requests: int | None
-    units: int | None
-
-
 def readings(headers: Mapping[str, str], *, now: datetime) -> dict[str, Reading]:
     """The limits the headers report, by name (``requests``, ``tokens``, ``input-tokens``,
     ``output-tokens``), from Anthropic's headers, else OpenAI's; a limit none of whose three
@@ -121,24 +113,6 @@ def learned(headers: Mapping[str, str], *, now: datetime) -> Learned | None:
     )  # fmt: skip
     hold = max((found[name].reset or 0.0 for name in spent), default=None)
     return Learned(limit("requests"), units, hold, spent)
-
-
-def in_effect(configured: int | None, learned: int | None) -> int | None:
-    """One allowance of a key that learns: the configured one, lowered to what the provider
-    allows (never raised above it); what the provider allows when none is configured; None when
-    neither says (the key has no such limit)."""
-    known = [value for value in (configured, learned) if value is not None]
-    return min(known) if known else None
-
-
-def allowances(configured: Allowances, learned: Allowances, *, learn: bool) -> Allowances:
-    """A key's allowances: its limit's, and, when the limit learns, each lowered to what its
-    provider allows (``in_effect``; orc_flow_limit_of_v1 is the same rule in SQL)."""
-    if not learn:
-        return configured
-    return Allowances(
-        in_effect(configured.requests, learned.requests), in_effect(configured.units, learned.units)
-    )
 
 
 def _count(value: object, *, least: int) -> int | None:

@@ -123,8 +123,8 @@ class FlowStore:
 
     async def keys(self, key: str | None = None) -> list[FlowKey]:
         """Every key (or ``key``), its ``requests`` and ``units`` the allowances in effect: its
-        limit's, lowered to what its provider allows when the limit learns
-        (orc_flow_limit_of_v1)."""
+        limit's, lowered to what its provider allows when the limit learns, by the database's
+        rule (orc_flow_limit_of_v1), the one every claim and call meets."""
         rows = await self.queries.rows("flow_keys", {"key": key})
         return [FlowKey.model_validate(row) for row in rows]
 

@@ -90,26 +90,22 @@ SELECT k.key FROM orc_flow_keys AS k
 SELECT orc_flow_reschedule_v1(%(key)s) AS dispatched
 
 -- flow_keys --
--- Every key: its limit (`requests` and `units` in effect: orc_flow_limit_of_v1 lowers them to
--- its provider's, learned, when the limit learns), what runs and waits on it, what it spent in
--- its window, its pause.
+-- Every key: its limit, `requests` and `units` the allowances in effect (orc_flow_limit_of_v1:
+-- when it learns, lowered to its provider's, as every claim and call meets them), what runs and
+-- waits on it, what it spent in its window, its pause.
 SELECT k.key, k.limit_name, k.paused_until, k.pause_reason, k.paused_by, k.throttled,
        orc_flow_factor_v1(k, l) AS rate_factor,
-       l.concurrency, (orc_flow_limit_of_v1(k, l)).requests, (orc_flow_limit_of_v1(k, l)).units,
-       l.interval_seconds, coalesce(l.learn, false) AS learn,
+       l.concurrency, e.requests, e.units, l.interval_seconds, coalesce(l.learn, false) AS learn,
        k.learned_requests, k.learned_units, k.learned_at,
        (SELECT count(*) FROM orc_jobs AS j
          WHERE j.flow_key = k.key AND j.status = 'RUNNING' AND j.flow_key IS NOT NULL)::integer
            AS running,
        (SELECT count(*) FROM orc_flow_waiters AS w WHERE w.key = k.key)::integer AS waiting,
-       (SELECT coalesce(sum(s.requests), 0) FROM orc_flow_spends AS s
-         WHERE s.key = k.key AND s.at > now() - make_interval(secs => l.interval_seconds))::bigint
-           AS requests_used,
-       (SELECT coalesce(sum(s.units), 0) FROM orc_flow_spends AS s
-         WHERE s.key = k.key AND s.at > now() - make_interval(secs => l.interval_seconds))::bigint
-           AS units_used
+       orc_flow_used_v1(k.key, NULL, 'requests', l.interval_seconds) AS requests_used,
+       orc_flow_used_v1(k.key, NULL, 'units', l.interval_seconds) AS units_used
   FROM orc_flow_keys AS k
   LEFT JOIN orc_flow_limits AS l ON l.name = k.limit_name
+ CROSS JOIN LATERAL orc_flow_limit_of_v1(k, l) AS e
  WHERE (%(key)s::text IS NULL OR k.key = %(key)s)
  ORDER BY k.key
 

@@ -1,5 +1,6 @@
 -- Flow control at the claim (docs/flow-control.md): the gate every claim passes, admitting a
--- job whose key has room and parking one whose key has none.
+-- job whose key has room and parking one whose key has none; a running job parked; and a job's
+-- share as it joins its key's line.
 
 -- May the job (locked by the caller, about to be claimed) start now? NULL: yes, and what it
 -- takes of its key's window is recorded. Else it is parked (its waiter row says for what, its
@@ -144,6 +145,85 @@ BEGIN
         RETURN false;
     END IF;
     PERFORM procrastinate_finish_job_v1(p_dispatch_id, 'succeeded', true);
+    RETURN true;
+END;
+$$;
+
+-- A share of `p_key` that starts waiting starts level with the shares already waiting (the
+-- lowest virtual time among them), so time it spent idle buys it no run of turns; a share
+-- already waiting keeps its own. Called as a job joins its key's line: at its claim, and as a
+-- running job parks.
+CREATE OR REPLACE FUNCTION orc_flow_share_waits_v1(p_key text, p_share text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    floor_vtime double precision := orc_flow_floor_vtime_v1(p_key);
+BEGIN
+    INSERT INTO orc_flow_shares AS s (key, share, vtime)
+    VALUES (p_key, p_share, coalesce(floor_vtime, 0))
+    ON CONFLICT (key, share) DO UPDATE
+       SET vtime = greatest(s.vtime, coalesce(floor_vtime, s.vtime))
+     WHERE NOT EXISTS (SELECT FROM orc_flow_waiters AS w
+                        WHERE w.key = s.key AND w.share = s.share AND w.dispatched_at IS NULL);
+END;
+$$;
+
+-- A running job whose next call would wait long for its room gives its worker slot back
+-- (fenced by its lease): PENDING again, no budget used, its cost the call's estimate, a waiter of
+-- its key (`p_blocked`: requests, units, share or paused) whom the pump hands a dispatch when
+-- its room frees; the claim then admits the call. `p_release`: the claim's reservation, which no
+-- call used, leaves the window (and its share's charge). `p_not_before`: seconds from now before
+-- which its call cannot go (its room on a fallback model's key); the waiter is sent for then,
+-- and, while its own key is paused, for the pause's end at the soonest: a job whose call could
+-- not go where its pass through the pause led is not let through it again at once. False: the
+-- lease was gone.
+CREATE OR REPLACE FUNCTION orc_flow_park_v2(
+    p_job_id uuid, p_lease_token uuid, p_sources text[], p_cost bigint, p_blocked text,
+    p_release boolean, p_not_before double precision
+) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    j orc_jobs;
+    k orc_flow_keys;
+    lim orc_flow_limits;
+    until timestamptz := clock_timestamp() + make_interval(secs => p_not_before);
+BEGIN
+    UPDATE orc_jobs
+       SET status = 'PENDING', next_retry_at = NULL, lease_token = NULL, locked_by = NULL,
+           heartbeat_at = NULL, procrastinate_job_id = NULL,
+           flow_cost = greatest(1, least(p_cost, 2147483647))
+     WHERE id = p_job_id AND lease_token = p_lease_token AND status = ANY (p_sources)
+       AND flow_key IS NOT NULL
+    RETURNING * INTO j;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM orc_flow_lock_v1(j.flow_key);
+    SELECT * INTO k FROM orc_flow_keys WHERE key = j.flow_key;
+    SELECT * INTO lim FROM orc_flow_limits WHERE name = k.limit_name;
+    IF p_release THEN
+        PERFORM orc_flow_unspend_v1((SELECT max(s.id) FROM orc_flow_spends AS s
+                                      WHERE s.job_id = j.id AND s.key = j.flow_key
+                                        AND NOT s.reconciled),
+                                    lim);
+    END IF;
+    IF k.paused_until > clock_timestamp() THEN
+        until := greatest(until, k.paused_until);
+    END IF;
+    PERFORM orc_flow_share_waits_v1(j.flow_key, coalesce(j.flow_share, ''));
+    INSERT INTO orc_flow_waiters (job_id, key, share, cost, blocked_on, dispatched_at, priority)
+    VALUES (j.id, j.flow_key, coalesce(j.flow_share, ''), j.flow_cost, p_blocked, until,
+            j.priority);
+    INSERT INTO orc_job_events (job_id, kind, payload)
+    VALUES (j.id, 'job.waiting_for_capacity',
+            orc_waiting_for_capacity_event_v1(j, p_blocked));
+    IF until IS NOT NULL THEN  -- sent for then, charged as the pump charges whom it sends
+        PERFORM orc_flow_charge_v1(j.flow_key, j.flow_share,
+                                   orc_flow_charged_v1(orc_flow_estimate_v1(j.flow_cost, lim), lim),
+                                   lim);
+        PERFORM orc_flow_dispatch_v2(ARRAY[j.id], ARRAY[until], k.task_prefix);
+        RETURN true;
+    END IF;
+    PERFORM orc_flow_pump_v1(j.flow_key);  -- its room may be known: it is sent for then
     RETURN true;
 END;
 $$;

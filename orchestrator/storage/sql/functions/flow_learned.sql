@@ -5,8 +5,9 @@
 -- The key's limit as the key meets it (docs/flow-control.md, "Limits learned from the
 -- provider"): for a limit that learns, its requests and units each lowered to what the key's
 -- provider allows (never raised: a configured one is a ceiling), or what it allows where the
--- limit configures none (orchestrator.domain.flow_learned.allowances, the same rule). Every
--- reader of a key's window reads its limit through this.
+-- limit configures none. The rule's one home: every reader of a key's window reads its limit
+-- through this, and so do the keys as shown (storage/flow.sql, flow_keys);
+-- tests/test_flow_learned.py holds it to a model.
 CREATE OR REPLACE FUNCTION orc_flow_limit_of_v1(k orc_flow_keys, lim orc_flow_limits)
 RETURNS orc_flow_limits
 LANGUAGE plpgsql STABLE AS $$

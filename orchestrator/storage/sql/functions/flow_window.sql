@@ -10,6 +10,19 @@ LANGUAGE sql STABLE AS $$
                       + extract(epoch FROM now() - k.factor_at) / (10 * lim.interval_seconds))
 $$;
 
+-- The key's window sums moved by what entered its window (`p_requests` and `p_units` positive)
+-- or left it (negative), never below 0 (what left may have been counted out already). The key
+-- is locked by the caller; its row as it is now.
+CREATE OR REPLACE FUNCTION orc_flow_window_moved_v1(p_key text, p_requests bigint, p_units bigint)
+RETURNS orc_flow_keys
+LANGUAGE sql AS $$
+    UPDATE orc_flow_keys
+       SET window_requests = greatest(0, window_requests + p_requests),
+           window_units = greatest(0, window_units + p_units)
+     WHERE key = p_key
+    RETURNING *
+$$;
+
 -- The key's spends that slid out of its window go, and its window's sums with them. The key
 -- is locked by the caller; its row as it is now.
 CREATE OR REPLACE FUNCTION orc_flow_expire_v1(k orc_flow_keys, lim orc_flow_limits) RETURNS orc_flow_keys
@@ -29,11 +42,7 @@ BEGIN
     )
     SELECT sum(g.requests), sum(g.units) INTO gone_requests, gone_units FROM gone AS g;
     IF gone_requests IS NOT NULL THEN
-        UPDATE orc_flow_keys
-           SET window_requests = greatest(0, window_requests - gone_requests),
-               window_units = greatest(0, window_units - gone_units)
-         WHERE key = k.key
-        RETURNING * INTO k;
+        k := orc_flow_window_moved_v1(k.key, -gone_requests, -gone_units);
     END IF;
     RETURN k;
 END;
@@ -89,6 +98,123 @@ LANGUAGE sql AS $$
        AND lim.name IS NOT NULL
 $$;
 
+-- What one measure of the key's window (`p_measure`: 'requests' or 'units') holds now: its
+-- spends of the last `p_interval` seconds, of the share `p_share` alone when one is given. (The
+-- key's own sums, window_requests and window_units, hold the same once orc_flow_expire_v1 has
+-- taken out what slid out.)
+CREATE OR REPLACE FUNCTION orc_flow_used_v1(
+    p_key text, p_share text, p_measure text, p_interval double precision
+) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(sum(CASE p_measure WHEN 'requests' THEN s.requests ELSE s.units END), 0)::bigint
+      FROM orc_flow_spends AS s
+     WHERE s.key = p_key AND (p_share IS NULL OR s.share = p_share)
+       AND s.at > clock_timestamp() - make_interval(secs => p_interval)
+$$;
+
+-- One measure of the key's sliding window (`p_measure`: 'requests' or 'units') as one more
+-- spend meets it (a request, of `p_cost` units), beside the `p_held` jobs (of `p_held_cost`
+-- units) that hold a dispatch: the key's whole window (its sums, lowered by its rate factor),
+-- or with `p_share` that share's part of it (the limit's tenant_share of it). `exceeded`: it
+-- does not fit (false under a limit without that measure); then `slid_at`, when enough of the
+-- window's spends, oldest first, will have slid out for it to fit. Null when the window holds
+-- too few: its room comes with spends the held jobs have yet to make, or, with nothing held,
+-- the key's sums overstate its spends (until expired), and an interval from now is safe. A
+-- spend dearer than the whole allowance runs alone in it.
+CREATE OR REPLACE FUNCTION orc_flow_measure_v1(
+    k orc_flow_keys, lim orc_flow_limits, p_measure text, p_share text, p_cost bigint,
+    p_held integer, p_held_cost bigint, OUT exceeded boolean, OUT slid_at timestamptz
+)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    of_requests boolean := p_measure = 'requests';
+    allowed bigint := CASE WHEN of_requests THEN lim.requests ELSE lim.units END;
+    used bigint := CASE WHEN of_requests THEN k.window_requests ELSE k.window_units END;
+    held bigint := CASE WHEN of_requests THEN p_held ELSE p_held_cost END;
+    cost bigint;
+BEGIN
+    exceeded := false;
+    IF allowed IS NULL THEN
+        RETURN;
+    END IF;
+    allowed := greatest(1, floor(allowed * orc_flow_factor_v1(k, lim)));
+    IF p_share IS NOT NULL THEN
+        allowed := orc_flow_cap_v1(allowed, lim.tenant_share);
+        used := orc_flow_used_v1(k.key, p_share, p_measure, lim.interval_seconds);
+    END IF;
+    cost := CASE WHEN of_requests THEN 1 ELSE least(p_cost, allowed) END;
+    exceeded := coalesce(used + held + cost > allowed, false);
+    IF exceeded THEN
+        SELECT w.at + make_interval(secs => lim.interval_seconds) INTO slid_at
+          FROM (SELECT s.at, sum(CASE WHEN of_requests THEN s.requests ELSE s.units END)
+                             OVER (ORDER BY s.at, s.id) AS slid
+                  FROM orc_flow_spends AS s
+                 WHERE s.key = k.key AND (p_share IS NULL OR s.share = p_share)
+                   AND s.at > clock_timestamp() - make_interval(secs => lim.interval_seconds)) AS w
+         WHERE w.slid >= used + held + cost - allowed
+         ORDER BY w.at
+         LIMIT 1;
+        IF slid_at IS NULL AND p_held = 0 THEN
+            slid_at := clock_timestamp() + make_interval(secs => lim.interval_seconds);
+        END IF;
+    END IF;
+END;
+$$;
+
+-- The key's sliding window (or, with `p_share`, that share's part of it) as one more spend of
+-- `p_cost` units meets it, beside the `p_held` jobs (of `p_held_cost` units) that hold a
+-- dispatch, both its measures (orc_flow_measure_v1): (NULL, NULL), it fits; else the first that
+-- does not ('requests', else 'units') and, when known for each that does not, the latest time
+-- it will. The window's rule for the key (orc_flow_capacity_v1) and its share
+-- (orc_flow_share_capacity_v1) alike.
+CREATE OR REPLACE FUNCTION orc_flow_window_room_v1(
+    k orc_flow_keys, lim orc_flow_limits, p_share text, p_cost bigint, p_held integer,
+    p_held_cost bigint, OUT blocked text, OUT wake timestamptz
+)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    measure text;
+    m record;
+    known boolean := true;
+BEGIN
+    FOREACH measure IN ARRAY ARRAY['requests', 'units'] LOOP
+        m := orc_flow_measure_v1(k, lim, measure, p_share, p_cost, p_held, p_held_cost);
+        CONTINUE WHEN NOT m.exceeded;
+        blocked := coalesce(blocked, measure);
+        known := known AND m.slid_at IS NOT NULL;
+        wake := greatest(wake, m.slid_at);
+    END LOOP;
+    IF NOT known THEN
+        wake := NULL;
+    END IF;
+END;
+$$;
+
+-- Are the key's slots full (or, with `p_share`, that share's: the limit's tenant_share of
+-- them): do its jobs running and the `p_held` that hold a dispatch for it reach its concurrency,
+-- lowered by its rate factor? False under a limit without one. (The running are counted only
+-- so far: counting further would change nothing.)
+CREATE OR REPLACE FUNCTION orc_flow_slots_full_v1(
+    k orc_flow_keys, lim orc_flow_limits, p_share text, p_held integer
+) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    allowed bigint := greatest(1, floor(lim.concurrency * orc_flow_factor_v1(k, lim)));
+BEGIN
+    IF lim.concurrency IS NULL THEN
+        RETURN false;
+    END IF;
+    IF p_share IS NOT NULL THEN
+        allowed := orc_flow_cap_v1(allowed, lim.tenant_share);
+    END IF;
+    RETURN (SELECT count(*)
+              FROM (SELECT FROM orc_jobs AS j
+                     WHERE j.flow_key = k.key AND j.status = 'RUNNING' AND j.flow_key IS NOT NULL
+                       AND (p_share IS NULL OR j.flow_share IS NOT DISTINCT FROM p_share)
+                     LIMIT allowed) AS r) + p_held >= allowed;
+END;
+$$;
+
 -- Can one more job of the share `p_share`, of `p_cost`, start on the key now within the share's
 -- cap (the limit's tenant_share of its concurrency, requests and units), beside the share's
 -- `p_held` jobs (of `p_held_cost` units) that hold a dispatch? (NULL, NULL): yes, or the limit
@@ -100,71 +226,18 @@ CREATE OR REPLACE FUNCTION orc_flow_share_capacity_v1(
 )
 LANGUAGE plpgsql AS $$
 DECLARE
-    factor double precision;
-    allowed bigint;
-    running integer;
-    used bigint;
-    cost bigint;
-    slid_at timestamptz;
-    known boolean := true;
+    w record;
 BEGIN
     IF lim.tenant_share IS NULL THEN
         RETURN;
+    ELSIF orc_flow_slots_full_v1(k, lim, p_share, p_held) THEN
+        blocked := 'share';
+        RETURN;
     END IF;
-    factor := orc_flow_factor_v1(k, lim);
-    IF lim.concurrency IS NOT NULL THEN
-        allowed := orc_flow_cap_v1(greatest(1, floor(lim.concurrency * factor)), lim.tenant_share);
-        SELECT count(*) INTO running
-          FROM (SELECT FROM orc_jobs AS j
-                 WHERE j.flow_key = k.key AND j.status = 'RUNNING' AND j.flow_key IS NOT NULL
-                   AND j.flow_share IS NOT DISTINCT FROM p_share
-                 LIMIT allowed) AS r;
-        IF running + p_held >= allowed THEN
-            blocked := 'share';
-            RETURN;
-        END IF;
-    END IF;
-    IF lim.requests IS NOT NULL THEN
-        allowed := orc_flow_cap_v1(greatest(1, floor(lim.requests * factor)), lim.tenant_share);
-        SELECT coalesce(sum(s.requests), 0) INTO used FROM orc_flow_spends AS s
-         WHERE s.key = k.key AND s.share = p_share
-           AND s.at > clock_timestamp() - make_interval(secs => lim.interval_seconds);
-        IF used + p_held + 1 > allowed THEN
-            blocked := 'share';
-            SELECT w.at + make_interval(secs => lim.interval_seconds) INTO slid_at
-              FROM (SELECT s.at, sum(s.requests) OVER (ORDER BY s.at, s.id) AS slid
-                      FROM orc_flow_spends AS s
-                     WHERE s.key = k.key AND s.share = p_share
-                       AND s.at > clock_timestamp() - make_interval(secs => lim.interval_seconds)) AS w
-             WHERE w.slid >= used + p_held + 1 - allowed
-             ORDER BY w.at
-             LIMIT 1;
-            known := slid_at IS NOT NULL;
-            wake := slid_at;
-        END IF;
-    END IF;
-    IF lim.units IS NOT NULL THEN
-        allowed := orc_flow_cap_v1(greatest(1, floor(lim.units * factor)), lim.tenant_share);
-        cost := least(p_cost, allowed);  -- a job dearer than the share's cap runs alone in it
-        SELECT coalesce(sum(s.units), 0) INTO used FROM orc_flow_spends AS s
-         WHERE s.key = k.key AND s.share = p_share
-           AND s.at > clock_timestamp() - make_interval(secs => lim.interval_seconds);
-        IF used + p_held_cost + cost > allowed THEN
-            blocked := 'share';
-            SELECT w.at + make_interval(secs => lim.interval_seconds) INTO slid_at
-              FROM (SELECT s.at, sum(s.units) OVER (ORDER BY s.at, s.id) AS slid
-                      FROM orc_flow_spends AS s
-                     WHERE s.key = k.key AND s.share = p_share
-                       AND s.at > clock_timestamp() - make_interval(secs => lim.interval_seconds)) AS w
-             WHERE w.slid >= used + p_held_cost + cost - allowed
-             ORDER BY w.at
-             LIMIT 1;
-            known := known AND slid_at IS NOT NULL;
-            wake := greatest(wake, slid_at);
-        END IF;
-    END IF;
-    IF NOT known THEN
-        wake := NULL;
+    w := orc_flow_window_room_v1(k, lim, p_share, p_cost, p_held, p_held_cost);
+    IF w.blocked IS NOT NULL THEN
+        blocked := 'share';
+        wake := w.wake;
     END IF;
 END;
 $$;
@@ -181,67 +254,20 @@ CREATE OR REPLACE FUNCTION orc_flow_capacity_v1(
 )
 LANGUAGE plpgsql AS $$
 DECLARE
-    factor double precision := orc_flow_factor_v1(k, lim);
-    allowed bigint;
-    running integer;
-    cost bigint;
-    slid_at timestamptz;
-    known boolean := true;
+    w record;
 BEGIN
-    IF lim.concurrency IS NOT NULL THEN
-        allowed := greatest(1, floor(lim.concurrency * factor));
-        SELECT count(*) INTO running
-          FROM (SELECT FROM orc_jobs AS j
-                 WHERE j.flow_key = k.key AND j.status = 'RUNNING' AND j.flow_key IS NOT NULL
-                 LIMIT allowed) AS r;
-        IF running + p_held >= allowed THEN
-            blocked := CASE WHEN k.paused_until > clock_timestamp() THEN 'paused'
-                            ELSE 'concurrency' END;
-            RETURN;
-        END IF;
+    IF orc_flow_slots_full_v1(k, lim, NULL, p_held) THEN
+        blocked := CASE WHEN k.paused_until > clock_timestamp() THEN 'paused'
+                        ELSE 'concurrency' END;
+        RETURN;
     END IF;
-    IF lim.requests IS NOT NULL THEN
-        allowed := greatest(1, floor(lim.requests * factor));
-        IF k.window_requests + p_held + 1 > allowed THEN
-            blocked := 'requests';
-            -- When enough of the window's requests have slid out of it.
-            SELECT w.at + make_interval(secs => lim.interval_seconds) INTO slid_at
-              FROM (SELECT s.at, sum(s.requests) OVER (ORDER BY s.at, s.id) AS slid
-                      FROM orc_flow_spends AS s
-                     WHERE s.key = k.key
-                       AND s.at > clock_timestamp() - make_interval(secs => lim.interval_seconds)) AS w
-             WHERE w.slid >= k.window_requests + p_held + 1 - allowed
-             ORDER BY w.at
-             LIMIT 1;
-            known := slid_at IS NOT NULL OR p_held = 0;
-            -- (none with nothing held: the sums overstate the spends; a window from now is safe)
-            wake := coalesce(slid_at, clock_timestamp() + make_interval(secs => lim.interval_seconds));
-        END IF;
-    END IF;
-    IF lim.units IS NOT NULL THEN
-        allowed := greatest(1, floor(lim.units * factor));
-        cost := least(p_cost, allowed);  -- a job dearer than the whole window runs alone in it
-        IF k.window_units + p_held_cost + cost > allowed THEN
-            blocked := coalesce(blocked, 'units');
-            SELECT w.at + make_interval(secs => lim.interval_seconds) INTO slid_at
-              FROM (SELECT s.at, sum(s.units) OVER (ORDER BY s.at, s.id) AS slid
-                      FROM orc_flow_spends AS s
-                     WHERE s.key = k.key
-                       AND s.at > clock_timestamp() - make_interval(secs => lim.interval_seconds)) AS w
-             WHERE w.slid >= k.window_units + p_held_cost + cost - allowed
-             ORDER BY w.at
-             LIMIT 1;
-            known := known AND (slid_at IS NOT NULL OR p_held = 0);
-            wake := greatest(wake, coalesce(slid_at, clock_timestamp()
-                                                  + make_interval(secs => lim.interval_seconds)));
-        END IF;
-    END IF;
-    IF k.paused_until > clock_timestamp() THEN
+    w := orc_flow_window_room_v1(k, lim, NULL, p_cost, p_held, p_held_cost);
+    blocked := w.blocked;
+    wake := w.wake;
+    IF k.paused_until > clock_timestamp() THEN  -- (a window's room not known stays not known)
+        wake := CASE WHEN blocked IS NULL OR wake IS NOT NULL
+                     THEN greatest(wake, k.paused_until) END;
         blocked := 'paused';
-        wake := greatest(wake, k.paused_until);
-    END IF;
-    IF NOT known THEN
-        wake := NULL;
     END IF;
 END;
 $$;
@@ -253,13 +279,30 @@ CREATE OR REPLACE FUNCTION orc_flow_record_spend_v2(
     p_key text, p_job_id uuid, p_requests integer, p_units bigint, p_at timestamptz
 ) RETURNS bigint
 LANGUAGE sql AS $$
-    UPDATE orc_flow_keys
-       SET window_requests = window_requests + p_requests, window_units = window_units + p_units
-     WHERE key = p_key;
+    SELECT orc_flow_window_moved_v1(p_key, p_requests, p_units);
     INSERT INTO orc_flow_spends (key, job_id, requests, units, share, at)
     VALUES (p_key, p_job_id, p_requests, p_units,
             (SELECT coalesce(j.flow_share, '') FROM orc_jobs AS j WHERE j.id = p_job_id), p_at)
     RETURNING id;
+$$;
+
+-- A spend taken back (a claim's reservation that no call used, a call admitted ahead that a
+-- pause stopped): it leaves the key's window, the window's sums and its share's charge. The
+-- spend, null when there was none (`p_spend` null, or gone already). The key is locked by the
+-- caller.
+CREATE OR REPLACE FUNCTION orc_flow_unspend_v1(p_spend bigint, lim orc_flow_limits)
+RETURNS orc_flow_spends
+LANGUAGE plpgsql AS $$
+DECLARE
+    gone orc_flow_spends;
+BEGIN
+    DELETE FROM orc_flow_spends WHERE id = p_spend RETURNING * INTO gone;
+    IF gone.id IS NOT NULL THEN
+        PERFORM orc_flow_window_moved_v1(gone.key, -gone.requests, -gone.units);
+        PERFORM orc_flow_charge_v1(gone.key, gone.share, -orc_flow_charged_v1(gone.units, lim), lim);
+    END IF;
+    RETURN gone;
+END;
 $$;
 
 -- What an admitted job's call really used (`p_units`): the first call since its admission
@@ -309,8 +352,7 @@ BEGIN
     UPDATE orc_flow_spends
        SET units = p_units, reconciled = true, at = greatest(at, coalesce(sent, at))
      WHERE id = reserved.id;
-    UPDATE orc_flow_keys SET window_units = greatest(0, window_units + p_units - reserved.units)
-     WHERE key = p_key;
+    PERFORM orc_flow_window_moved_v1(p_key, 0, p_units - reserved.units);
 END;
 $$;
 

@@ -13,8 +13,8 @@
 --
 -- compatible-with-older-workers: yes
 -- revises: functions/claim.sql 7057d2b98fae338d95e9189471634dfaef88d7351fa92b415abcd987d1fde173
--- revises: functions/flow_admit.sql e9eb8f4a7215a5712f4f696149bc854b06eb56d3ba12375086cda94bc0e378b0
--- revises: functions/flow_pump.sql 664c744536728c44b0000c75d18e2481d4600b05df1060d436274bbaecf73741
+-- revises: functions/flow_admit.sql 1b787ca3ddde3daa325dc8715718a2b454de09f4df25cc0b95f7689334465595
+-- revises: functions/flow_pump.sql 71d88bd63aa48e19a41c4d20d109f8dcafb6dd25a3034e64dadc40952d0ca044
 -- revises: functions/history.sql b9dd41aec1a347b2b834387abd4dd549c4a5ecf182e5d9cd174276fdbb1e88bc
 -- revises: functions/outcomes.sql 91d80a2a16806015f1ed5a3e482d3d73e05d0c281e0a7bceceaed43c0c8812ec
 -- revises: functions/submit.sql d3b0cb37485b06f7052966b82c4fa2f701022d12cb4c3480cd3990387dbfd9fe

@@ -1,0 +1,21 @@
+-- 0065_flow_pump_in_parts: flow control's SQL readable by concept, behaviour unchanged (issue 45).
+-- The pump (orc_flow_pump_v1, flow_pump.sql) is the sequence of its steps, each a function:
+-- the next waiter in fair order (orc_flow_next_waiter_v1), the room it meets
+-- (orc_flow_waiter_room_v1), the horizon (orc_flow_horizon_v1, orc_flow_lookahead_v1, on the
+-- 50 ms tick of orc_flow_tick_v1), the waiter handed room now or for later (orc_flow_hand_v1), a
+-- long pause's head (orc_flow_pause_head_v1) and the shares' bookkeeping
+-- (orc_flow_shares_settle_v1, orc_flow_floor_vtime_v1). The sliding window's rule, which the
+-- key's and the share's capacity wrote for requests and for units each (four copies), is one
+-- function taking the measure (orc_flow_measure_v1, flow_window.sql), which both read through
+-- orc_flow_window_room_v1 (and their slots through orc_flow_slots_full_v1), with what a window
+-- holds (orc_flow_used_v1, which FlowStore's keys read too), the window's sums moved
+-- (orc_flow_window_moved_v1) and a spend taken back (orc_flow_unspend_v1). A running job's park
+-- (orc_flow_park_v2) and a share joining the line (orc_flow_share_waits_v1) moved to
+-- flow_admit.sql beside the claim's. Every function the release before calls keeps its name,
+-- arguments and meaning; none is retired; no table changes.
+--
+-- compatible-with-older-workers: yes
+-- revises: functions/flow_admit.sql c897d487d3fdf83a22a24d520e155cfef448057edba9f9a6d6a99a4b0a4e17c0
+-- revises: functions/flow_learned.sql 8331000791a8e0675416a7a195f32087f63ed6dba6a056b88cc629878f1e09ed
+-- revises: functions/flow_pump.sql 71d88bd63aa48e19a41c4d20d109f8dcafb6dd25a3034e64dadc40952d0ca044
+-- revises: functions/flow_window.sql 01bf8ad1165fd47d20ba38001aa5d37cfb717ffe949ae11cb1422dde939f3a52
