@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 
 from orchestrator import JobContext, Orchestrator, Status
 from orchestrator.domain.errors import ConfigError, InvalidPayload
+from orchestrator.interfaces.api.app import create_api
 from tests.support.flow_keys import FlowKeyError, render_key
 from tests.support.harness import WorkerRun, config_with, wait_for
 
@@ -197,6 +198,19 @@ async def test_a_job_that_came_without_its_key_gets_it_at_its_claim_or_fails_nam
         return (await cur.fetchone()) == (0,)
 
     await wait_for(no_dispatch, timeout=10)
+
+
+async def test_a_schedule_whose_run_lacks_its_key_s_field_stops_serve_at_start_up(
+    make_orc: Callable[..., Orchestrator],
+) -> None:
+    """``serve`` runs the schedules too: its start-up refuses the same schedule, naming it,
+    before it answers anything."""
+    orc = keyed_app(make_orc, limits=True)
+    orc.schedule("broken", "keyed", cron="* * * * *", payload={"x": 1})
+    app = create_api(orc)
+    with pytest.raises(ConfigError, match="schedule 'broken': invalid payload"):
+        async with app.router.lifespan_context(app):
+            pass
 
 
 async def test_a_schedule_whose_run_lacks_its_key_s_field_stops_a_worker_at_start_up(
