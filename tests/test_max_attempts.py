@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
+from psycopg.types.json import Jsonb
 
 from orchestrator import JobContext, Orchestrator
 from orchestrator.domain.classification import Classified, ErrorClass
@@ -90,6 +91,35 @@ def test_the_sql_tells_the_model_s_max_attempts_at_every_moment(dsn: str) -> Non
 def test_a_layer_the_sql_does_not_know_is_refused(dsn: str) -> None:
     with psycopg.connect(dsn) as conn, pytest.raises(psycopg.errors.RaiseException, match="lost"):
         conn.execute("SELECT orc_max_attempts_after_v1(1, 1, 3, 0, 3, 'lost')")
+
+
+async def test_a_failure_of_the_release_before_brings_its_cap_and_the_sql_s_replaces_it(
+    orc: Orchestrator, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """The release before shapes its terminal failures with their own max_attempts; the one
+    failure writer (orc_fail_jobs_v1) replaces it with its own, the attempt (the same value
+    from a worker that computed it right), in last_error, the dead letter and job.failed."""
+    job_id = await orc.submit("runs2", None)
+    brought = {"message": "old", "code": "X", "classification": "PERMANENT", "max_attempts": 99}
+    item = {
+        "ord": 1, "job_id": str(job_id), "lease_token": None,
+        "dead_letter_id": "0190a6c4-0000-7000-8000-000000000001", "error": brought,
+        "failed": {"terminal": True, "attempt": 0, "max_attempts": 99}, "before": [],
+        "degraded": None, "dispatch_id": None, "dispatch_status": None,
+    }  # fmt: skip
+    cur = await db.execute(
+        "SELECT dead_letter_id FROM orc_fail_jobs_v1(%s, 'FAILED', ARRAY['PENDING'])",
+        (Jsonb([item]),),
+    )
+    assert await cur.fetchall() == [(UUID(item["dead_letter_id"]),)]
+    cur = await db.execute(
+        "SELECT j.last_error -> 'max_attempts', d.error -> 'max_attempts',"
+        "       (SELECT e.payload -> 'max_attempts' FROM orc_job_events AS e"
+        "         WHERE e.job_id = j.id AND e.kind = 'job.failed')"
+        "  FROM orc_jobs AS j JOIN orc_dead_letters AS d ON d.job_id = j.id WHERE j.id = %s",
+        (job_id,),
+    )
+    assert await cur.fetchall() == [(0, 0, 0)]  # never claimed: attempt 0
 
 
 @pytest.fixture
