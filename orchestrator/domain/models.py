@@ -31,7 +31,7 @@ class LastError(_Row):
     stack: str | None = None
     attempt: int
     #: The most attempts the job could reach if every try failed: terminal iff ``attempt >=
-    #: max_attempts`` (orchestrator.domain.policy.max_attempts).
+    #: max_attempts`` (written by the failure's statement: orc_max_attempts_after_v1).
     max_attempts: int | None = None
     run: int | None = None
     #: The current dispatch's run budget.
