@@ -18,8 +18,9 @@ FUNCTIONS = SQL / "functions"
 EVENTS_PY = ROOT / "orchestrator" / "domain" / "events.py"
 ARCHITECTURE = (ROOT / "docs" / "architecture.md").read_text()
 CONTRACTS = (ROOT / "docs" / "contracts.md").read_text()
-#: What a statement adds to a payload shaped in Python: its ties to the rows it writes.
-TIES = {"dead_letter_id", "expires_at", "available_at"}
+#: What a statement adds to a payload shaped in Python: its ties to the rows it writes (a
+#: failure's max_attempts, from the job's row: orc_max_attempts_after_v1).
+TIES = {"dead_letter_id", "expires_at", "available_at", "max_attempts"}
 KIND = re.compile(r"'(job\.[a-z_]+)'")
 BUILT = re.compile(r"\bjsonb_build_object\s*\(")
 SQL_WRITER = re.compile(r"\borc_[a-z0-9_]+_event_v\d+\b")

@@ -641,7 +641,8 @@ async def test_permanently_fail_jobs_dead_letters_waiting_jobs_with_the_error_gi
         (raw,) = await call(db, "SELECT last_error FROM orc_jobs WHERE id = %s", job.id)
         stored = raw["last_error"]
         assert datetime.fromisoformat(stored.pop("ts")) <= datetime.now(UTC)
-        expected = events.last_error(state, fault, terminal=True)
+        # its max_attempts, the attempt, is stamped by the failure writer (orc_fail_jobs_v1)
+        expected = events.last_error(state, fault, terminal=True) | {"max_attempts": was.attempt}
         del expected["ts"]
         assert stored == expected
         letter = letters[job.id]
@@ -651,7 +652,8 @@ async def test_permanently_fail_jobs_dead_letters_waiting_jobs_with_the_error_gi
         new = history[len(histories[number]) :]
         assert [e.kind for e in new] == ["job.dead_lettered", "job.failed"]  # nobody notified
         assert new[1].payload == events.failed(state, fault, terminal=True) | {
-            "dead_letter_id": str(letter.id)
+            "dead_letter_id": str(letter.id),
+            "max_attempts": was.attempt,
         }
     (default,) = await call(
         db, "SELECT * FROM graphile_worker.permanently_fail_jobs(%s)", [await add(db, "echo")]

@@ -1,7 +1,9 @@
-"""The worker contract's ``max_attempts`` in the events and ``last_error`` a real database
-holds (docs/contracts.md, "Attempts and runs"): the claim's SQL and the failure writers tell
-the same cap (orchestrator.domain.policy.max_attempts), random failures of both layers keep its
-invariants, and a worker process failing jobs through both layers tells it end to end."""
+"""The worker contract's ``max_attempts`` in the events, ``last_error`` and claims a real
+database holds (docs/contracts.md, "Attempts and runs"): SQL alone tells it (orc_max_attempts_v1
+at a claim, orc_max_attempts_after_v1 after a failure), held equal to its model
+(tests/support/attempts.py) at every moment; random failures of both layers, written by their
+real paths, keep its invariants and tell the model's cap; a worker process failing jobs through
+both layers tells it end to end."""
 
 from __future__ import annotations
 
@@ -15,15 +17,17 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
+from psycopg.types.json import Jsonb
 
 from orchestrator import JobContext, Orchestrator
 from orchestrator.domain.classification import Classified, ErrorClass
 from orchestrator.domain.events import Fault
 from orchestrator.domain.models import DeadLetter
-from orchestrator.domain.policy import Budget, max_attempts
+from orchestrator.domain.policy import Budget, Layer
 from orchestrator.runtime.outcomes import OutcomeWriter, of_failure, terminal
 from orchestrator.storage.database import OwnConnection
 from tests.support import log_guard, scripted
+from tests.support.attempts import Moment, max_attempts
 from tests.support.harness import config_with, wait_for
 from tests.support.workers import WorkerProcess
 
@@ -44,29 +48,78 @@ CLASSES = {
 CONFIG = "".join(f"[job_types.runs{n}]\nworker_max_attempts = {n}\n" for n in (1, 2, 3))
 
 
-def test_the_claim_s_sql_tells_the_policy_s_max_attempts(dsn: str) -> None:
-    """orc_max_attempts_v1 (job.running's, in the claim) is policy.max_attempts at a claim, on
-    every small budget and at the limits of the columns."""
+#: Each moment a cap is told, as the SQL names it (null: a terminal failure).
+MOMENTS: dict[str, Moment] = {
+    "claim": "claim", "terminal": "terminal", "infra": Layer.INFRA, "app": Layer.APP,
+    "pause": Layer.PAUSE,
+}  # fmt: skip
+
+
+def test_the_sql_tells_the_model_s_max_attempts_at_every_moment(dsn: str) -> None:
+    """orc_max_attempts_v1 (the claim's row and job.running) is the model at a claim, and
+    orc_max_attempts_after_v1 (every failure writer's) the model after a failure retried at each
+    layer or ended, on every small budget and at the limits of the columns."""
     edge = 2**31 - 1
     extremes = [(edge, edge, edge, 0, edge), (1, 1, edge, 0, edge), (1, edge, 1, edge, 0)]
     with psycopg.connect(dsn) as conn:
         rows = conn.execute(
             """
-            SELECT a, r, mr, c, mc, orc_max_attempts_v1(a, r, mr, c, mc)
-              FROM generate_series(1, 12) AS a, generate_series(1, 6) AS r,
-                   generate_series(1, 6) AS mr, generate_series(0, 6) AS c,
-                   generate_series(0, 6) AS mc
+            WITH b AS (
+                SELECT a, r, mr, c, mc
+                  FROM generate_series(1, 12) AS a, generate_series(1, 6) AS r,
+                       generate_series(1, 6) AS mr, generate_series(0, 6) AS c,
+                       generate_series(0, 6) AS mc
+            )
+            SELECT 'claim', a, r, mr, c, mc, orc_max_attempts_v1(a, r, mr, c, mc) FROM b
             UNION ALL
-            SELECT a, r, mr, c, mc, orc_max_attempts_v1(a, r, mr, c, mc)
+            SELECT m, a, r, mr, c, mc,
+                   orc_max_attempts_after_v1(a, r, mr, c, mc, nullif(m, 'terminal'))
+              FROM b, unnest(ARRAY['terminal', 'infra', 'app', 'pause']) AS m
+            UNION ALL
+            SELECT 'claim', a, r, mr, c, mc, orc_max_attempts_v1(a, r, mr, c, mc)
               FROM unnest(%s::int[], %s::int[], %s::int[], %s::int[], %s::int[])
                    AS e (a, r, mr, c, mc)
             """,
             [list(column) for column in zip(*extremes, strict=True)],
         ).fetchall()
-    assert len(rows) == 12 * 6 * 6 * 7 * 7 + len(extremes)
-    for attempt, run, max_runs, retry_count, max_retries, told in rows:
+    assert len(rows) == 5 * 12 * 6 * 6 * 7 * 7 + len(extremes)
+    for moment, attempt, run, max_runs, retry_count, max_retries, told in rows:
         b = Budget(retry_count=retry_count, max_retries=max_retries, run=run, max_runs=max_runs)
-        assert told == max_attempts(attempt, b, "claim"), (attempt, b)
+        assert told == max_attempts(attempt, b, MOMENTS[moment]), (moment, attempt, b)
+
+
+def test_a_layer_the_sql_does_not_know_is_refused(dsn: str) -> None:
+    with psycopg.connect(dsn) as conn, pytest.raises(psycopg.errors.RaiseException, match="lost"):
+        conn.execute("SELECT orc_max_attempts_after_v1(1, 1, 3, 0, 3, 'lost')")
+
+
+async def test_a_failure_of_the_release_before_brings_its_cap_and_the_sql_s_replaces_it(
+    orc: Orchestrator, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """The release before shapes its terminal failures with their own max_attempts; the one
+    failure writer (orc_fail_jobs_v1) replaces it with its own, the attempt (the same value
+    from a worker that computed it right), in last_error, the dead letter and job.failed."""
+    job_id = await orc.submit("runs2", None)
+    brought = {"message": "old", "code": "X", "classification": "PERMANENT", "max_attempts": 99}
+    item = {
+        "ord": 1, "job_id": str(job_id), "lease_token": None,
+        "dead_letter_id": "0190a6c4-0000-7000-8000-000000000001", "error": brought,
+        "failed": {"terminal": True, "attempt": 0, "max_attempts": 99}, "before": [],
+        "degraded": None, "dispatch_id": None, "dispatch_status": None,
+    }  # fmt: skip
+    cur = await db.execute(
+        "SELECT dead_letter_id FROM orc_fail_jobs_v1(%s, 'FAILED', ARRAY['PENDING'])",
+        (Jsonb([item]),),
+    )
+    assert await cur.fetchall() == [(UUID(item["dead_letter_id"]),)]
+    cur = await db.execute(
+        "SELECT j.last_error -> 'max_attempts', d.error -> 'max_attempts',"
+        "       (SELECT e.payload -> 'max_attempts' FROM orc_job_events AS e"
+        "         WHERE e.job_id = j.id AND e.kind = 'job.failed')"
+        "  FROM orc_jobs AS j JOIN orc_dead_letters AS d ON d.job_id = j.id WHERE j.id = %s",
+        (job_id,),
+    )
+    assert await cur.fetchall() == [(0, 0, 0)]  # never claimed: attempt 0
 
 
 @pytest.fixture
@@ -87,11 +140,12 @@ async def fail_once(
     orc: Orchestrator, db: psycopg.AsyncConnection[Any], writer: OutcomeWriter,
     job_id: UUID, how: Failure, worker_id: int,
 ) -> None:  # fmt: skip
-    """Claim the waiting job now (the claim's SQL, job.running), then fail that attempt as
-    ``how`` says, through the path that writes such a failure."""
+    """Claim the waiting job now (the claim's SQL, job.running; its row tells the model's cap),
+    then fail that attempt as ``how`` says, through the path that writes such a failure."""
     held = await orc.stores.dispatches.claim_now(job_id, worker_id=worker_id, worker="prop")
     assert held is not None
     claim, dispatch_id = held.claim, held.dispatch_id
+    assert claim.most_attempts == max_attempts(claim.attempt, Budget.of(claim), "claim")
     if how == "zombie":
         await db.execute(
             "UPDATE orc_jobs SET heartbeat_at = now() - interval '1 hour' WHERE id = %s",
@@ -145,7 +199,8 @@ async def test_random_failures_of_both_layers_keep_max_attempts_true(
     then a permanent one if the job still has budget. Proved on the stored history:
 
     - every job.running, job.failed and job.retry_scheduled, and every last_error, has
-      ``attempt`` and ``max_attempts``; job.running's is the policy's at a claim;
+      ``attempt`` and ``max_attempts``; job.running's is the model's at a claim, job.failed's
+      the model's after a failure retried at its layer or ended;
     - a failure is terminal exactly when ``attempt >= max_attempts``, and then they are equal;
     - with nothing but failures, ``max_attempts`` never grows; a retry tells the cap of the
       claim it leads to;
@@ -191,6 +246,12 @@ async def test_random_failures_of_both_layers_keep_max_attempts_true(
     failed = [e.payload for e in history if e.kind == "job.failed"]
     for p in failed:
         assert p["terminal"] == (p["attempt"] >= p["max_attempts"])
+        b = Budget(
+            retry_count=p["retry_count"], max_retries=p["max_retries"], run=p["run"],
+            max_runs=p["max_runs"],
+        )  # fmt: skip
+        moment: Moment = "terminal" if p["terminal"] else Layer(p["layer"])
+        assert p["max_attempts"] == max_attempts(p["attempt"], b, moment), p
     assert failed[-1]["terminal"] and failed[-1]["max_attempts"] == job.attempt
 
 

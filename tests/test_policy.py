@@ -17,9 +17,9 @@ from orchestrator.domain.policy import (
     Retry,
     decide,
     has_app_budget,
-    max_attempts,
 )
 from retry_config import BackoffConfig, NoJitter
+from tests.support.attempts import max_attempts
 
 BACKOFF = BackoffConfig(base_ms=1_000, cap_ms=60_000, multiplier=2, jitter=NoJitter())
 INFRA = Classified(ErrorClass.TRANSIENT_INFRA, "ECONNRESET")

@@ -128,7 +128,7 @@ def claim_for(job_id: uuid.UUID) -> Claim:
         id=job_id, job_type="echo", tenant_id=None, payload={}, attempt=1, max_attempts=3,
         dispatch_attempt=1, retry_count=0, max_retries=3, lease_token=LEASE, locked_by="test",
         queue="echo", priority=0, timeout_seconds=None, trace_id="t", agent_id=None,
-        started_at=datetime.now(UTC), run_at=datetime.now(UTC),
+        started_at=datetime.now(UTC), run_at=datetime.now(UTC), most_attempts=12,
     )  # fmt: skip
 
 

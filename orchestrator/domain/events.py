@@ -7,8 +7,8 @@ holds real events to it, and tests/test_event_writers.py holds every statement t
 its writer). The counters an event reports are named apart, so that no rule misreads them:
 ``attempt`` counts every claim of the job (never reset); ``max_attempts`` is the most attempts it
 can reach from here if every try fails (the worker contract's: a failure is terminal exactly when
-``attempt >= max_attempts``; orchestrator.domain.policy.max_attempts); ``run`` and ``max_runs``
-are the current dispatch's infrastructure runs and their budget; ``retry_count`` and
+``attempt >= max_attempts``), told only by SQL (orc_max_attempts_v1, claim.sql); ``run`` and
+``max_runs`` are the current dispatch's infrastructure runs and their budget; ``retry_count`` and
 ``max_retries`` the application retries and theirs. ``run_id`` names the attempt (stored as its
 lease token, read out as a one-way digest of it: :func:`shown`), ``worker`` the process that held
 it (each event row also has ``job_id``, ``kind`` and ``at``):
@@ -50,9 +50,11 @@ and ``dead_letter_id`` is null; on a terminal failure it is the reverse. Known s
 redacted from every message and stack (orchestrator.domain.secrets) before anything is stored.
 The statement that stores an event shaped here adds only what ties it to the rows that statement
 writes: ``dead_letter_id`` (stamped by the one failure writer on a terminal failure's three
-events), an approval's ``expires_at``, and a retry's ``available_at`` (and ``last_error``'s
+events), an approval's ``expires_at``, a retry's ``available_at`` (and ``last_error``'s
 ``next_available_at``): the database's clock plus ``backoff_ms``, so that no worker's clock
-decides when a job runs again. A failure no attempt held (``orc_fail_unheld_v1``, all SQL, in
+decides when a job runs again; and ``max_attempts`` of job.failed, job.retry_scheduled and
+``last_error``, from the job's row and the retry's layer (orc_max_attempts_after_v1). A failure
+no attempt held (``orc_fail_unheld_v1``, all SQL, in
 functions/outcomes.sql: Graphile Worker's permanently_fail_jobs, a job whose flow key cannot be
 rendered at its claim) still writes its own ``job.failed`` and ``last_error``, with no attempt
 (``run_id``, ``worker`` null), with the keys these functions give; tests/test_graphile_compat.py
@@ -71,7 +73,7 @@ from pydantic_core import to_jsonable_python
 
 from orchestrator.domain.classification import Classified, ErrorClass
 from orchestrator.domain.models import Claim, JobState
-from orchestrator.domain.policy import Budget, Layer, Moment, max_attempts
+from orchestrator.domain.policy import Layer
 from orchestrator.domain.secrets import redact, redact_json
 
 MAX_MESSAGE = 2_000
@@ -114,26 +116,16 @@ def error_summary(exc: BaseException, classified: Classified) -> dict[str, Any]:
     return Fault.of(exc, classified).summary()
 
 
-def counters(job: JobState, moment: Moment) -> dict[str, Any]:
-    """Where a job stands after a failure (``moment``: the layer that retries it, or
-    ``terminal``), as every failure event and ``last_error`` report it."""
+def counters(job: JobState) -> dict[str, Any]:
+    """Where a job stands at a failure, as every failure event and ``last_error`` report it
+    (their ``max_attempts`` is the statement's that writes them)."""
     return {
         "attempt": job.attempt,
-        "max_attempts": max_attempts(job.attempt, Budget.of(job), moment),
         "run": job.dispatch_attempt,
         "max_runs": job.max_attempts,
         "retry_count": job.retry_count,
         "max_retries": job.max_retries,
     }
-
-
-def after(terminal: bool, layer: Layer | None) -> Moment:
-    """Where a failure leaves its job: ended, or retried at ``layer`` (which a retry must name)."""
-    if terminal:
-        return "terminal"
-    if layer is None:
-        raise ValueError("a retried failure names the layer that retries it")
-    return layer
 
 
 def holder(job: JobState) -> dict[str, Any]:
@@ -170,7 +162,7 @@ def last_error(
         **fault.summary(),
         "ts": datetime.now(UTC).isoformat(),
         "stack": fault.stack,
-        **counters(job, after(terminal, layer)),
+        **counters(job),
         "terminal": terminal,
         "backoff_ms": backoff_ms,
         "next_available_at": None,
@@ -194,7 +186,7 @@ def failed(
     (the SQL that writes it adds its ``dead_letter_id``)."""
     return {
         "terminal": terminal,
-        **counters(job, after(terminal, layer)),
+        **counters(job),
         **holder(job),
         "layer": layer.value if layer is not None else None,
         "backoff_ms": round(backoff_ms, 3) if backoff_ms is not None else None,
@@ -208,7 +200,7 @@ def retry_scheduled(job: JobState, layer: Layer, backoff_ms: float) -> dict[str,
     ``max_retries``); the statement that writes it adds ``available_at``, when the job is due
     again."""
     return {
-        **counters(job, layer),
+        **counters(job),
         "retry_count": job.retry_count + layer.retries_used,
         **holder(job),
         "layer": layer.value,

@@ -31,7 +31,7 @@ class LastError(_Row):
     stack: str | None = None
     attempt: int
     #: The most attempts the job could reach if every try failed: terminal iff ``attempt >=
-    #: max_attempts`` (orchestrator.domain.policy.max_attempts).
+    #: max_attempts`` (written by the failure's statement: orc_max_attempts_after_v1).
     max_attempts: int | None = None
     run: int | None = None
     #: The current dispatch's run budget.
@@ -182,6 +182,10 @@ class Claim(JobState):
     traceparent: str | None = None  # where its attempt's span hangs (orchestrator.runtime.tracing)
     #: Its flow control key, if its type runs under a limit: a 429 it meets pauses this key.
     flow_key: str | None = None
+    #: The worker contract's ``max_attempts`` at this claim (``max_attempts`` above is the runs
+    #: per dispatch): the most attempts the job can reach if every try fails, as the claim's SQL
+    #: tells it (orc_max_attempts_v1, also in its job.running).
+    most_attempts: int
 
     @property
     def fence(self) -> Fence:

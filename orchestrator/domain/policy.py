@@ -2,16 +2,16 @@
 
 The runtime classifies the exception, then asks :func:`decide`; it never computes a delay or
 checks a budget anywhere else (the retry owner computes the delay; docs/contracts.md). How many
-attempts the job can still reach, the worker contract's ``max_attempts``, is told by
-:func:`max_attempts`, from the same budget and verdicts.
+attempts the job can still reach, the worker contract's ``max_attempts``, is told by the SQL that
+writes each claim and failure (orc_max_attempts_v1 and orc_max_attempts_after_v1, claim.sql);
+tests/support/attempts.py is its model.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal
 
 from orchestrator.domain.backoff import app_delay_ms, graphile_delay_seconds, graphile_retries_left
 from orchestrator.domain.classification import Classified, ErrorClass
@@ -112,38 +112,3 @@ def has_app_budget(retry_count: int, max_retries: int) -> bool:
     """Retry while ``retry_count < max_retries`` (3 retries, 4 runs at most: docs/contracts.md,
     "The budget rule")."""
     return retry_count < max_retries
-
-
-#: When a job's ``max_attempts`` is told: at the claim of an attempt (``job.running``), after its
-#: failure retried at a layer, or after its terminal failure.
-Moment = Layer | Literal["claim", "terminal"]
-
-
-def max_attempts(attempt: int, budget: Budget, moment: Moment) -> int:
-    """The worker contract's ``max_attempts``: the most attempts the job can reach from here if
-    every try fails (docs/contracts.md, "Attempts and runs"), so a failure is terminal exactly
-    when ``attempt >= max_attempts``, and a terminal failure has ``max_attempts == attempt``.
-
-    At a claim: this attempt, the runs left in its dispatch (a ``TRANSIENT_INFRA`` failure each),
-    then a dispatch of ``max_runs`` runs for each application retry left (a ``TRANSIENT_APP``
-    failure on a dispatch's last run takes one; an infrastructure failure there is terminal).
-    After a retry: the claim it leads to (an infrastructure retry keeps the cap; an application
-    retry gives up the runs its dispatch had left). Only what is not a failure raises it (a
-    hand-back, an approval, a lost dispatch given anew, a keyed submit replacing a waiting job,
-    a producer's reschedule, a pause of its flow key: each gives the job a fresh dispatch).
-    ``job.running`` is shaped in the claim's SQL, which states the claim's case as
-    ``orc_max_attempts_v1`` (migration 0024); tests/test_max_attempts.py holds the two equal.
-    """
-    match moment:
-        case "terminal":
-            return attempt
-        case Layer.INFRA:
-            attempt, budget = attempt + 1, replace(budget, run=budget.run + 1)
-        case Layer.APP:
-            attempt += 1
-            budget = replace(budget, run=1, retry_count=budget.retry_count + Layer.APP.retries_used)
-        case Layer.PAUSE:
-            attempt, budget = attempt + 1, replace(budget, run=1)
-    runs_left = max(0, budget.max_runs - budget.run)
-    retries_left = max(0, budget.max_retries - budget.retry_count)
-    return attempt + runs_left + retries_left * budget.max_runs

@@ -226,6 +226,7 @@ class DispatchStore:
         slowed) in the same transaction. False: refused (the dispatch ends failed)."""
         params = {
             **_fence(claim, Status.RETRY),
+            "layer": layer.value,
             "retry_increment": layer.retries_used,
             "delay_seconds": delay_ms / 1000,
             "error": Jsonb(error),

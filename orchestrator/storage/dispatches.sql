@@ -41,7 +41,8 @@ SELECT procrastinate_retry_job_v2(%(dispatch_id)s, coalesce(%(retry_at)s, now())
 -- A transient failure with budget left: RETRY, due again delay_seconds from now by the
 -- database's clock (no worker's clock decides it: docs/contracts.md, "Times"), lease released;
 -- that time is written in last_error's next_available_at and job.retry_scheduled's
--- available_at too. The app layer counts a retry and gives the job a new dispatch
+-- available_at too, and the three get max_attempts, that of the claim the retry at %(layer)s
+-- leads to (orc_max_attempts_after_v1). The app layer counts a retry and gives the job a new dispatch
 -- (dispatch_jobs, same transaction); the infra layer leaves both to Procrastinate, which
 -- re-runs the same dispatch then (retry_dispatch, given the row's next_retry_at).
 WITH due AS (
@@ -53,15 +54,19 @@ WITH due AS (
        SET status = %(target)s,
            retry_count = retry_count + %(retry_increment)s,
            next_retry_at = due.at,
-           last_error = jsonb_set(%(error)s::jsonb, '{next_available_at}', due.stamp),
+           last_error = jsonb_set(%(error)s::jsonb, '{next_available_at}', due.stamp)
+               || jsonb_build_object('max_attempts', orc_max_attempts_after_v1(
+                      attempt, dispatch_attempt, max_attempts, retry_count, max_retries,
+                      %(layer)s)),
            lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
       FROM due
      WHERE id = %(job_id)s AND lease_token = %(lease_token)s AND status = ANY (%(sources)s)
-    RETURNING id, retry_count, next_retry_at, due.stamp
+    RETURNING id, retry_count, next_retry_at, due.stamp,
+              jsonb_build_object('max_attempts', last_error -> 'max_attempts') AS cap
 ), events AS (
     -- job.failed reports the counters at the failure; job.retry_scheduled those after it.
     INSERT INTO orc_job_events (job_id, kind, payload)
-    SELECT r.id, e.kind, e.payload
+    SELECT r.id, e.kind, e.payload || r.cap
       FROM retrying AS r,
            LATERAL (VALUES (1, 'job.failed', %(failed_event)s::jsonb),
                            (2, 'job.retry_scheduled',

@@ -127,6 +127,8 @@ SELECT j.*, w.blocked_on AS flow_blocked_on, k.paused_until AS flow_paused_until
 -- attempt, this lease token. (The report's own write is fenced by the lease again: a sweep
 -- between this read and that write makes the write match nothing.)
 SELECT *,
+       orc_max_attempts_v1(attempt, dispatch_attempt, max_attempts, retry_count, max_retries)
+           AS most_attempts,
        -- since the claim (which set deadline_at to its time plus the job timeout)
        1000 * extract(epoch FROM now() - deadline_at
                                  + make_interval(secs => coalesce(timeout_seconds, 3600)))

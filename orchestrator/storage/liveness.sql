@@ -103,7 +103,8 @@ SELECT orc_flow_lock_keys_of_v1(%(job_ids)s::uuid[])
 -- Zombies with budget left ([{id, lease_token, delay_seconds, error, zombie, retry}]): RETRY,
 -- retry_count + 1, due again delay_seconds from now by the database's clock (written in
 -- last_error's next_available_at and job.retry_scheduled's available_at too), with
--- job.zombie_detected and job.retry_scheduled (attempt bumped at the next claim); dispatch_jobs
+-- job.zombie_detected and job.retry_scheduled (attempt bumped at the next claim), last_error and
+-- job.retry_scheduled with the max_attempts of an application retry (orc_max_attempts_after_v1); dispatch_jobs
 -- gives them new dispatches in the same transaction.
 WITH d AS (
     SELECT d.*, due.at,
@@ -117,18 +118,23 @@ WITH d AS (
     UPDATE orc_jobs AS j
        SET status = %(target)s, retry_count = j.retry_count + 1,
            next_retry_at = d.at,
-           last_error = jsonb_set(d.error, '{next_available_at}', d.stamp),
+           last_error = jsonb_set(d.error, '{next_available_at}', d.stamp)
+               || jsonb_build_object('max_attempts', orc_max_attempts_after_v1(
+                      j.attempt, j.dispatch_attempt, j.max_attempts, j.retry_count,
+                      j.max_retries, 'app')),
            lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
       FROM d
      WHERE j.id = d.id AND j.lease_token = d.lease_token AND j.status = ANY (%(sources)s)
-    RETURNING j.id
+    RETURNING j.id, j.last_error -> 'max_attempts' AS cap
 ), events AS (
     INSERT INTO orc_job_events (job_id, kind, payload)
     SELECT m.id, e.kind, e.payload
       FROM moved AS m JOIN d ON d.id = m.id,
            LATERAL (VALUES (1, 'job.zombie_detected', d.zombie),
                            (2, 'job.retry_scheduled',
-                            jsonb_set(d.retry, '{available_at}', d.stamp))) AS e (n, kind, payload)
+                            jsonb_set(d.retry, '{available_at}', d.stamp)
+                                || jsonb_build_object('max_attempts', m.cap)))
+               AS e (n, kind, payload)
      ORDER BY m.id, e.n
 )
 SELECT id FROM moved

@@ -15,7 +15,6 @@ from orchestrator.app import JobSpec
 from orchestrator.domain.dead_letters import BULK_MAX
 from orchestrator.domain.flow import FlowKey
 from orchestrator.domain.models import DeadLetter, Job, JobEvent, QueueStats
-from orchestrator.domain.policy import Budget, max_attempts
 from orchestrator.domain.schedules import ScheduleView
 from orchestrator.domain.storable import Text
 from orchestrator.domain.usage import UsageTotal
@@ -207,7 +206,7 @@ class Task(BaseModel):
         c = task.claim
         return cls(
             job_id=c.id, job_type=c.job_type, attempt=c.attempt,
-            max_attempts=max_attempts(c.attempt, Budget.of(c), "claim"), lease_token=c.lease_token,
+            max_attempts=c.most_attempts, lease_token=c.lease_token,
             payload=c.payload, tenant_id=c.tenant_id, trace_id=c.trace_id,
             run=c.dispatch_attempt, max_runs=c.max_attempts, retry_count=c.retry_count,
             max_retries=c.max_retries, heartbeat_interval=task.heartbeat_interval,

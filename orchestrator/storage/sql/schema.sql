@@ -678,6 +678,7 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_job_specs_v1(p_specs jsonb)
 --   orc_key_revoked_event_v1(p_job_key text, p_replaced_by uuid)
 --   orc_live_job_with_key_v1(p_key text, p_tenant text)
+--   orc_max_attempts_after_v1(p_attempt integer, p_run integer, p_max_runs integer, p_retry_count integer, p_max_retries integer, p_layer text)
 --   orc_max_attempts_v1(p_attempt integer, p_run integer, p_max_runs integer, p_retry_count integer, p_max_retries integer)
 --   orc_notify_event_listeners_v1()
 --   orc_notify_lock_freed_v1()

@@ -162,7 +162,7 @@ CREATE OR REPLACE FUNCTION orc_claim_v2(
     dispatch_attempt integer, retry_count integer, max_retries integer, lease_token uuid,
     locked_by text, queue text, priority integer, timeout_seconds integer, trace_id text,
     agent_id text, tenant_id text, started_at timestamptz, traceparent text, run_at timestamptz,
-    flow_key text
+    most_attempts bigint, flow_key text
 )
 LANGUAGE plpgsql ROWS 1 AS $$
 BEGIN
@@ -188,7 +188,8 @@ CREATE OR REPLACE FUNCTION orc_claim_v1(
     id uuid, job_type text, payload jsonb, attempt integer, max_attempts integer,
     dispatch_attempt integer, retry_count integer, max_retries integer, lease_token uuid,
     locked_by text, queue text, priority integer, timeout_seconds integer, trace_id text,
-    agent_id text, tenant_id text, started_at timestamptz, traceparent text, run_at timestamptz
+    agent_id text, tenant_id text, started_at timestamptz, traceparent text, run_at timestamptz,
+    most_attempts bigint
 )
 -- plpgsql rather than sql: its plans are cached per session (before PostgreSQL 18, a sql
 -- function with a data-modifying WITH is planned again on every call).
@@ -218,14 +219,17 @@ BEGIN
     SELECT c.id, c.job_type, c.payload, c.attempt, c.max_attempts, c.dispatch_attempt,
            c.retry_count, c.max_retries, c.lease_token, c.locked_by, c.queue, c.priority,
            c.timeout_seconds, c.trace_id, c.agent_id, c.tenant_id, c.started_at, c.traceparent,
-           c.run_at
+           c.run_at, orc_max_attempts_v1(c.attempt, c.dispatch_attempt, c.max_attempts,
+                                         c.retry_count, c.max_retries)
       FROM claimed AS c;
 END;
 $$;
 
--- The most attempts the job can still make in all (docs/contracts.md, "Attempt counting"):
--- orchestrator.domain.policy.max_attempts is the same rule in Python, held equal to this one by
--- a property test (tests/test_max_attempts.py).
+-- The worker contract's max_attempts, the most attempts the job can still make in all
+-- (docs/contracts.md, "Attempts and runs"), at the claim of an attempt: its one production home
+-- (the claim's row and job.running, and through orc_max_attempts_after_v1 every failure).
+-- tests/test_max_attempts.py holds it (and orc_max_attempts_after_v1) to its Python model by a
+-- property test.
 CREATE OR REPLACE FUNCTION orc_max_attempts_v1(
     p_attempt integer, p_run integer, p_max_runs integer, p_retry_count integer,
     p_max_retries integer
@@ -234,4 +238,34 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     -- this attempt, the runs left in its dispatch, a dispatch of runs per retry left
     SELECT p_attempt::bigint + greatest(0, p_max_runs - p_run)
            + greatest(0, p_max_retries - p_retry_count)::bigint * p_max_runs
+$$;
+
+-- max_attempts after a failure of attempt p_attempt, with the counters the failure found
+-- (p_run of p_max_runs, p_retry_count of p_max_retries): retried at p_layer, the claim it leads
+-- to ('infra': the same dispatch's next run; 'app': a new dispatch, one retry used; 'pause': a
+-- new dispatch, none used); ended (p_layer null), the attempt itself. Any other layer: an error.
+CREATE OR REPLACE FUNCTION orc_max_attempts_after_v1(
+    p_attempt integer, p_run integer, p_max_runs integer, p_retry_count integer,
+    p_max_retries integer, p_layer text
+) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    CASE p_layer
+        WHEN 'infra' THEN
+            RETURN orc_max_attempts_v1(p_attempt + 1, p_run + 1, p_max_runs, p_retry_count,
+                                       p_max_retries);
+        WHEN 'app' THEN
+            RETURN orc_max_attempts_v1(p_attempt + 1, 1, p_max_runs, p_retry_count + 1,
+                                       p_max_retries);
+        WHEN 'pause' THEN
+            RETURN orc_max_attempts_v1(p_attempt + 1, 1, p_max_runs, p_retry_count,
+                                       p_max_retries);
+        ELSE
+            IF p_layer IS NULL THEN
+                RETURN p_attempt;
+            END IF;
+            RAISE EXCEPTION 'orc_max_attempts_after_v1: no retry layer % (infra, app or pause)',
+                p_layer;
+    END CASE;
+END;
 $$;

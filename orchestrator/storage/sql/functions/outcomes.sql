@@ -84,7 +84,9 @@ $$;
 -- any, is ended. Several jobs are locked first, in job-id order (as a batch of completions
 -- locks them), then every flow key their writes may pump, in one order
 -- (orc_flow_lock_keys_of_v1), before any is written. Returns, per item, the dead letter's id,
--- or null when the job was not failed.
+-- or null when the job was not failed. last_error, the dead letter's error and job.failed get
+-- their max_attempts here, the attempt (orc_max_attempts_after_v1): an item of the release
+-- before brings its own, the same value, which this one replaces.
 CREATE OR REPLACE FUNCTION orc_fail_jobs_v1(p_items jsonb, p_target text, p_sources text[])
 RETURNS TABLE (ord integer, dead_letter_id uuid)
 LANGUAGE plpgsql AS $$
@@ -107,11 +109,15 @@ BEGIN
         ord := item.ord;
         dead_letter_id := NULL;
         UPDATE orc_jobs AS j
-           SET status = p_target, last_error = item.error, next_retry_at = NULL,
-               lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
+           SET status = p_target,
+               last_error = item.error
+                   || jsonb_build_object('max_attempts', orc_max_attempts_after_v1(
+                          j.attempt, j.dispatch_attempt, j.max_attempts, j.retry_count,
+                          j.max_retries, NULL)),
+               next_retry_at = NULL, lease_token = NULL, locked_by = NULL, heartbeat_at = NULL
          WHERE j.id = item.job_id AND j.lease_token IS NOT DISTINCT FROM item.lease_token
            AND j.status = ANY (p_sources)
-        RETURNING j.id, j.job_type, j.payload, j.tenant_id INTO failed_job;
+        RETURNING j.id, j.job_type, j.payload, j.tenant_id, j.last_error INTO failed_job;
         IF FOUND THEN
             INSERT INTO orc_job_events (job_id, kind, payload)
             SELECT item.job_id, b.event ->> 'kind', b.event -> 'payload'
@@ -120,12 +126,13 @@ BEGIN
              ORDER BY b.n;
             INSERT INTO orc_dead_letters (id, job_id, job_type, payload, error, tenant_id)
             VALUES (item.dead_letter_id, item.job_id, failed_job.job_type, failed_job.payload,
-                    item.error, failed_job.tenant_id);
+                    failed_job.last_error, failed_job.tenant_id);
             INSERT INTO orc_job_events (job_id, kind, payload)
             SELECT item.job_id, e.kind,
                    e.payload || jsonb_build_object('dead_letter_id', item.dead_letter_id)
               FROM (VALUES (1, 'job.dead_lettered', '{}'::jsonb),
-                           (2, 'job.failed', item.failed),
+                           (2, 'job.failed', item.failed || jsonb_build_object(
+                                   'max_attempts', failed_job.last_error -> 'max_attempts')),
                            (3, 'job.degraded', item.degraded)) AS e (n, kind, payload)
              WHERE e.payload IS NOT NULL
              ORDER BY e.n;
@@ -143,7 +150,7 @@ $$;
 -- finds a job's flow key cannot be rendered, orc_flow_assign_v1), through the one failure
 -- writer: `p_error` ({message, code, classification}) becomes last_error and job.failed's
 -- error, shaped as orchestrator.domain.events shapes a terminal failure no attempt held (its
--- max_attempts the attempt: the job makes no more), each job dead-lettered under a new id;
+-- max_attempts, the attempt, stamped by orc_fail_jobs_v1), each job dead-lettered under a new id;
 -- nobody is notified. The ids of the jobs failed, in the order given.
 CREATE OR REPLACE FUNCTION orc_fail_unheld_v1(
     p_ids uuid[], p_error jsonb, p_target text, p_sources text[]
@@ -173,7 +180,7 @@ BEGIN
                   FROM unnest(p_ids) WITH ORDINALITY AS i (id, n)
                   JOIN orc_jobs AS j ON j.id = i.id,
                   LATERAL (SELECT jsonb_build_object(
-                                      'attempt', j.attempt, 'max_attempts', j.attempt,
+                                      'attempt', j.attempt,
                                       'run', j.dispatch_attempt, 'max_runs', j.max_attempts,
                                       'retry_count', j.retry_count,
                                       'max_retries', j.max_retries) AS counters) AS c),
