@@ -7,6 +7,7 @@ tests/support/observed_app.py."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ import psycopg
 import pytest
 
 from orchestrator import Orchestrator, Status
+from orchestrator.interfaces import cli
 from orchestrator.interfaces.api import access
 from orchestrator.runtime import logs
 from tests.support import http_peers, observed_app
@@ -131,23 +133,82 @@ async def test_run_worker_without_logging_set_up_writes_json_to_stderr(
 
 def test_a_line_repeated_through_an_outage_passes_once_a_minute_with_a_count() -> None:
     # psycopg_pool says "error connecting ..." per attempt, about every second, while the
-    # database is away: the handler lets the first through, then one a minute with a count.
-    quiet = logs.QuietRepeats(every=60)
+    # database is away: the handler writes the first, then one a minute with a count.
+    handler = logs.OrchestratorHandler("text")
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.setStream(written := io.StringIO())
 
-    def passes(name: str, message: str, at: float, *args: object) -> str | None:
+    def log(name: str, message: str, at: float, *args: object) -> None:
         record = logging.makeLogRecord({"name": name, "msg": message, "args": args})
         record.created = at
-        return record.getMessage() if quiet.filter(record) else None
+        handler.handle(record)
 
-    said = [passes("psycopg.pool", "error connecting in %r: %s", t, "p", t) for t in range(130)]
-    assert [line for line in said if line] == [
+    for t in range(130):
+        log("psycopg.pool", "error connecting in %r: %s", t, "p", t)
+    log("psycopg.pool", "pool %r is ready", 5, "p")  # another line
+    for t in (5, 6):
+        log("orchestrator.worker", "job %s done", t, t)  # a worker's own: never held back
+    assert written.getvalue().splitlines() == [
         "error connecting in 'p': 0",
         "error connecting in 'p': 60 [59 more like it in the last 60 s]",
         "error connecting in 'p': 120 [59 more like it in the last 60 s]",
+        "pool 'p' is ready",
+        "job 5 done",
+        "job 6 done",
     ]
-    assert passes("psycopg.pool", "pool %r is ready", 5, "p") == "pool 'p' is ready"  # another
-    others = [passes("orchestrator.worker", "job %s done", t, t) for t in (5, 6)]
-    assert others == ["job 5 done", "job 6 done"]  # a worker's own lines are never held back
+
+
+def test_the_count_of_lines_held_back_is_the_orchestrator_handler_s_alone() -> None:
+    # The application's own handlers (a log collector's, pytest's) see each record as it was
+    # logged, before and after the orchestrator's handler wrote it with its count.
+    logger = logging.getLogger("psycopg.pool")
+    ours, theirs = logs.OrchestratorHandler("text"), LogList()
+    ours.setStream(written := io.StringIO())
+    for handler in (ours, theirs):
+        logger.addHandler(handler)
+    try:
+        for _ in range(3):
+            logger.warning("error connecting in %r", "p")
+        ours.repeats.every = 0  # the minute has passed
+        logger.warning("error connecting in %r", "p")
+    finally:
+        for handler in (ours, theirs):
+            logger.removeHandler(handler)
+    assert (
+        written.getvalue()
+        .splitlines()[-1]
+        .endswith("error connecting in 'p' [2 more like it in the last 0 s]")
+    )
+    assert [r.getMessage() for r in theirs.records] == ["error connecting in 'p'"] * 4
+
+
+def test_the_cli_leaves_handlers_it_did_not_make_as_they_were(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # An application (or pytest) that set up logging before calling the CLI keeps its
+    # handlers: the CLI neither filters nor reformats them.
+    root = logging.getLogger()
+    theirs = LogList()
+    root.addHandler(theirs)
+    try:
+        # (an application that is not there: the CLI's logging is set up before it is looked for)
+        assert cli.main(["--app", "tests.support.absent_app:orc", "config", "validate"]) == 2
+    finally:
+        root.removeHandler(theirs)
+    assert (theirs.filters, theirs.formatter) == ([], None)
+    assert not any(isinstance(h, logs.OrchestratorHandler) for h in root.handlers)
+    assert "absent_app" in capsys.readouterr().err
+
+
+class LogList(logging.Handler):
+    """A handler that keeps what it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 async def test_an_access_line_in_json_has_its_fields_and_no_secret(

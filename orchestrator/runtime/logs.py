@@ -5,10 +5,11 @@ collector). Either way every record logged inside an attempt carries the attempt
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 from orchestrator.domain.log_records import extra_names
 from orchestrator.domain.secrets import RedactingFilter
@@ -63,29 +64,51 @@ REPEATING = ("psycopg.pool", "orchestrator.runtime.wakeups", "orchestrator.api.w
 REPEAT_SECONDS = 60.0
 
 
-class QuietRepeats(logging.Filter):
-    """A handler filter: a record of a REPEATING logger passes once, and then, while the same
-    line (the same message template) keeps coming, once every ``every`` seconds, saying how many
-    were left out meanwhile. An outage is then a few lines, not one per attempt."""
+class QuietRepeats:
+    """Which records of a REPEATING logger to write: the first, and then, while the same line
+    (the same message template) keeps coming, one every ``every`` seconds. An outage is then a
+    few lines, not one per attempt."""
 
     def __init__(self, loggers: tuple[str, ...] = REPEATING, every: float = REPEAT_SECONDS):
-        super().__init__()
         self.loggers = loggers
         self.every = every
         self._last: dict[tuple[str, str], tuple[float, int]] = {}  # -> (passed at, left out)
 
-    def filter(self, record: logging.LogRecord) -> bool:
+    def left_out(self, record: logging.LogRecord) -> int | None:
+        """None to hold ``record`` back; otherwise how many like it were held back since the
+        last one written."""
         if not record.name.startswith(self.loggers):
-            return True
+            return 0
         key = (record.name, str(record.msg))
         passed_at, left_out = self._last.get(key, (-self.every, 0))
         if record.created - passed_at < self.every:
             self._last[key] = (passed_at, left_out + 1)
-            return False
+            return None
         self._last[key] = (record.created, 0)
+        return left_out
+
+
+class OrchestratorHandler(logging.StreamHandler[TextIO]):
+    """The handler (to stderr) the orchestrator writes through when it sets up logging itself
+    (a worker with none configured, the CLI): prepared (``prepare``), and repeated lines
+    quietened (QuietRepeats). A line written after some like it were held back says how many,
+    on a copy of the record: the application's other handlers see the record as it was
+    logged."""
+
+    def __init__(self, log_format: LogFormat) -> None:
+        super().__init__()
+        self.repeats = QuietRepeats()
+        prepare(self, log_format)
+
+    def handle(self, record: logging.LogRecord) -> Any:
+        left_out = self.repeats.left_out(record)
+        if left_out is None:
+            return False
         if left_out:
-            record.msg = f"{record.msg} [{left_out} more like it in the last {self.every:.0f} s]"
-        return True
+            record = copy.copy(record)
+            every = self.repeats.every
+            record.msg = f"{record.msg} [{left_out} more like it in the last {every:.0f} s]"
+        return super().handle(record)
 
 
 def formatter(log_format: LogFormat) -> logging.Formatter:
@@ -93,11 +116,9 @@ def formatter(log_format: LogFormat) -> logging.Formatter:
 
 
 def prepare(handler: logging.Handler, log_format: LogFormat) -> None:
-    """Make ``handler`` write in ``log_format``, each record with its attempt's fields and
-    secrets redacted (the fields first, so they are redacted too), repeated lines quietened
-    (QuietRepeats)."""
+    """Make ``handler`` (an application's own) write in ``log_format``, each record with its
+    attempt's fields and secrets redacted (the fields first, so they are redacted too)."""
     handler.setFormatter(formatter(log_format))
-    handler.addFilter(QuietRepeats())
     handler.addFilter(AttemptFields())
     handler.addFilter(RedactingFilter())
 
@@ -109,7 +130,5 @@ def make_visible(log_format: LogFormat = "text") -> None:
     ours = logging.getLogger("orchestrator")
     if logging.getLogger().handlers or ours.handlers or ours.level != logging.NOTSET:
         return
-    handler = logging.StreamHandler()
-    prepare(handler, log_format)
-    ours.addHandler(handler)
+    ours.addHandler(OrchestratorHandler(log_format))
     ours.setLevel(logging.INFO)

@@ -85,12 +85,13 @@ def _log_to_stderr(args: argparse.Namespace) -> None:
     ``ORCHESTRATOR_LOG_FORMAT``, read before its application is imported: importing it may log
     already."""
     server = args.command in ("worker", "exporter", "serve")
-    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING)
+    log_format = Settings().log_format if server else "text"
+    logging.basicConfig(
+        level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+        handlers=[logs.OrchestratorHandler(log_format)],
+    )  # nothing when the process has its own handlers already (it is not ours to change)
     if server:
         logging.getLogger("orchestrator").setLevel(logging.INFO)
-    log_format = Settings().log_format if server else "text"
-    for handler in logging.getLogger().handlers:
-        logs.prepare(handler, log_format)
 
 
 def build_parser() -> argparse.ArgumentParser:
