@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from orchestrator.app import JobSpec, Orchestrator
     from orchestrator.domain.classification import Classified, ErrorClass, classify
+    from orchestrator.domain.dependencies import Dependency
     from orchestrator.domain.errors import (
         ApprovalError,
         CallTimedOut,
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
         TransactionConflict,
         UnknownJobType,
     )
-    from orchestrator.domain.models import DeadLetter, Job, JobEvent, LastError
+    from orchestrator.domain.models import DeadLetter, Job, JobEvent, LastError, Parent
     from orchestrator.domain.states import Status
     from orchestrator.runtime.context import JobContext
     from orchestrator.settings import Settings
@@ -53,7 +54,8 @@ _HOMES = {
         "PermanentError", "RetryLater", "StaleLease", "StepTimedOut", "SubmitError", "TimedOut",
         "TransactionConflict", "UnknownJobType",
     ),
-    "orchestrator.domain.models": ("DeadLetter", "Job", "JobEvent", "LastError"),
+    "orchestrator.domain.dependencies": ("Dependency",),
+    "orchestrator.domain.models": ("DeadLetter", "Job", "JobEvent", "LastError", "Parent"),
     "orchestrator.domain.states": ("Status",),
     "orchestrator.runtime.context": ("JobContext",),
     "orchestrator.settings": ("Settings",),
@@ -68,6 +70,7 @@ __all__ = [
     "DatabaseUnavailable",
     "DeadLetter",
     "DeadLetterError",
+    "Dependency",
     "ErrorClass",
     "InvalidOutput",
     "InvalidPayload",
@@ -81,6 +84,7 @@ __all__ = [
     "LastError",
     "Orchestrator",
     "OrchestratorError",
+    "Parent",
     "PermanentError",
     "RetryLater",
     "Settings",

@@ -32,11 +32,12 @@ from orchestrator.domain.applications import Application, Applications
 from orchestrator.domain.classification import Classifier
 from orchestrator.domain.dead_letters import Action, BulkReview, LetterFilter
 from orchestrator.domain.degradation import Degrader, Fallback
+from orchestrator.domain.dependencies import Dependency, ParentPolicy
 from orchestrator.domain.errors import ConfigError, InvalidArgument, InvalidTransition
 from orchestrator.domain.failures import Failures
 from orchestrator.domain.flow import FlowKey
 from orchestrator.domain.job_types import JobType
-from orchestrator.domain.models import DeadLetter, Job, JobEvent, SubmitResult
+from orchestrator.domain.models import DeadLetter, Job, JobEvent, Parent, SubmitResult
 from orchestrator.domain.notices import Notifier
 from orchestrator.domain.rollups import Stats
 from orchestrator.domain.schedules import Schedule, ScheduleView
@@ -168,6 +169,7 @@ class Orchestrator:
         backfill_seconds: int = 0,
         tenant_id: str | None = None,
         cost: Callable[[Any], int] | None = None,
+        on_parent_failure: ParentPolicy = "cancel",
     ) -> Callable[[F], F]:
         """Register ``async def fn(ctx, payload) -> result`` as the job type ``name``.
 
@@ -179,11 +181,14 @@ class Orchestrator:
         no payload, in ``tenant_id``; ``backfill_seconds``: ``schedule``'s). A malformed
         expression or zone is refused here (ConfigError naming it). ``cost(payload) -> int``:
         a job's estimated cost in its limit's units, given its typed payload, when the submit
-        declares none (docs/flow-control.md).
+        declares none (docs/flow-control.md). ``on_parent_failure``: what a job of the type does
+        when a job it depends on fails for good or is cancelled, unless its submit says
+        (``cancel``, ``run`` or ``wait``: docs/workflows.md).
         """
         return self._definition.job_type(
             name, fallback=fallback, exhausted_message=exhausted_message, cron=cron, tz=tz,
             backfill_seconds=backfill_seconds, tenant_id=tenant_id, cost=cost,
+            on_parent_failure=on_parent_failure,
         )  # fmt: skip
 
     def add_classifier(self, classifier: Classifier) -> Classifier:
@@ -378,6 +383,7 @@ class Orchestrator:
         traceparent: str | None = None,
         cost: int | None = None,
         token_budget: int | None = None,
+        depends_on: Sequence[UUID | str | Dependency] = (),
         connection: psycopg.AsyncConnection[Any] | None = None,
     ) -> UUID:
         """Submit one job and return its id. With ``connection``, the job is written inside
@@ -387,13 +393,14 @@ class Orchestrator:
         ``traceparent`` (W3C): the trace the job continues (docs/operations.md, "Traces").
         ``cost``: what it costs in its limit's units (docs/flow-control.md).
         ``token_budget``: the most tokens its LLM calls may spend (docs/configuration.md,
-        "Token accounting and budgets")."""
+        "Token accounting and budgets"). ``depends_on``: the jobs it waits for, by id, each
+        maybe with its policy (``Dependency``; docs/workflows.md)."""
         spec = job_spec(
             job_type=job_type, payload=payload, agent_id=agent_id, run_at=run_at,
             priority=priority, queue=queue, max_retries=max_retries, job_key=job_key,
             job_key_mode=job_key_mode, timeout_seconds=timeout_seconds, trace_id=trace_id,
             tenant_id=tenant_id, traceparent=traceparent, cost=cost,
-            token_budget=token_budget,
+            token_budget=token_budget, depends_on=tuple(depends_on),
         )  # fmt: skip
         (job_id,) = await self.submit_many([spec], connection=connection)
         return job_id
@@ -447,6 +454,11 @@ class Orchestrator:
 
     async def job_events(self, job_id: UUID | str) -> list[JobEvent]:
         return await self._reads.events(job_id)
+
+    async def parents(self, job_id: UUID | str) -> list[Parent]:
+        """The jobs ``job_id`` depends on, in order, each with how it ended so far and its
+        result or failure (docs/workflows.md)."""
+        return await self._reads.parents(job_id)
 
     async def job_steps(self, job_id: UUID | str) -> list[StepRecord]:
         """A job's checkpoints and side effects, in step order."""

@@ -61,6 +61,11 @@ Where each part of the code is tested:
                               in process and external): test_lease_contract; retry config
                               reloads (worker and serve processes), config diff:
                               test_config_reload
+    workflows                 jobs that depend on jobs (docs/workflows.md): a graph in one
+                              batch on a worker process, two parents ending at once, each
+                              failure policy, a parent ending during its child's submit,
+                              refused parents: test_dependencies; another tenant's parents
+                              over the API: test_tenant_isolation
     flow control              limits per key enforced at the claim, pauses, fairness, worker
                               processes against the local LLM server's rate limit:
                               test_flow_control; a key from its limit's template (the

@@ -132,6 +132,7 @@ async def test_every_event_kind_has_the_documented_keys(
             for script in (["ok"], ["app", "ok"], ["infra", "ok"], ["permanent"])
         ]
         done.append(await orc.submit("fall_back", None))
+        done.append(await orc.submit("scripted", {"script": ["ok"]}, depends_on=done[:1]))
         gated = {"service": service.url, "approval_at": 1}
         approved, rejected = [await orc.submit("agent", gated) for _ in range(2)]
         expired = await orc.submit("agent", {**gated, "approval_expires_in": 0.2})

@@ -116,7 +116,9 @@ async def test_the_summary_says_what_waits_and_what_is_wrong_each_tenant_its_own
     done = cli(dsn, "status")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert "jobs unfinished: 3 PENDING, 0 RUNNING, 0 RETRY, 0 WAITING_APPROVAL" in lines, lines
+    assert (
+        "jobs unfinished: 3 PENDING, 0 RUNNING, 0 RETRY, 0 WAITING_APPROVAL, 0 BLOCKED" in lines
+    ), lines
     assert "workers alive that run jobs: 0; API servers: 1; stalled: 0" in lines, lines
     assert "jobs waiting that no live worker runs: scripted (3 due, queue scripted)" in lines
     assert "dead letters to review: 1 (1 recorded, 0 discard requested)" in lines

@@ -122,7 +122,7 @@ async def test_a_limit_raised_then_removed_in_the_file_applies_to_every_worker(
     dsn: str, tmp_path: Path, make_orc: Callable[..., Orchestrator],
     db: psycopg.AsyncConnection[Any],
 ) -> None:  # fmt: skip
-    """Two worker processes reloading the file, 30 jobs of a second on one key: at
+    """Two worker processes reloading the file, 60 jobs of a second on one key: at
     concurrency 1 they run one at a time; raised to 3, three at a time and never more; the
     limit removed, more at once, and the key reports no limit (the sync used to keep the
     removed limit's row, which went on holding every worker, after a restart too)."""
@@ -131,7 +131,10 @@ async def test_a_limit_raised_then_removed_in_the_file_applies_to_every_worker(
     orc = make_orc(retry_config=path)
     flow_app.register(orc)
     await orc.open()
-    ids = [await orc.submit("hold", {"pool": "r", "seconds": 1}) for _ in range(30)]
+    # Enough that jobs still wait when the limit goes, however slowly a loaded machine reloads
+    # (30 drained, 3 at a time, before a worker saw the removal, once).
+    hold = {"job_type": "hold", "payload": {"pool": "r", "seconds": 1}}
+    ids = await orc.submit_many([hold] * 60)
     seen: list[int] = []
 
     async def running(at_least: int) -> bool:

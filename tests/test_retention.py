@@ -296,6 +296,31 @@ async def test_a_dead_letter_awaiting_review_or_a_live_replay_keeps_its_job(
     assert discarded != requeued  # both gone: reviewed, and nothing live points at them
 
 
+async def test_a_job_that_an_unfinished_job_depends_on_is_kept(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    """docs/workflows.md: a finished parent stays while a job that depends on it has not
+    ended (the child will read its result); once the child has ended, it goes."""
+    orc = make_orc(job_retention_days=1)
+    read_later = await finished_job(db, age_days=5)
+    read_already = await finished_job(db, age_days=5)
+    waiting = await finished_job(db, status="BLOCKED", dispatch="todo")
+    ended = await finished_job(db, age_days=5)
+    await db.execute(
+        "UPDATE orc_jobs SET has_dependants = true WHERE id = ANY(%s)",
+        ([read_later, read_already],),
+    )
+    await db.execute(
+        "INSERT INTO orc_job_dependencies (job_id, parent_id, ord, on_failure, settled)"
+        " VALUES (%s, %s, 1, 'cancel', 'COMPLETED'), (%s, %s, 1, 'cancel', 'COMPLETED')",
+        (waiting, read_later, ended, read_already),
+    )  # fmt: skip
+    async with orc:
+        await orc.maintenance.finished.run_once()
+    cur = await db.execute("SELECT id FROM orc_jobs")
+    assert {r[0] for r in await cur.fetchall()} == {read_later, waiting}
+
+
 async def test_a_run_deletes_in_batches_one_statement_each(
     make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
 ) -> None:

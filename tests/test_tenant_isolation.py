@@ -522,3 +522,38 @@ async def test_a_job_page_a_token_may_not_see_is_a_404(tokens: Tokens, server: A
     with ui_session(server, tokens.secrets["fleet"]) as (browser, _):
         for tenant in (THEIRS, None):
             assert browser.get(f"/ui/jobs/{jobs[tenant]}").status_code == 200
+
+
+# -- 10. dependencies (docs/workflows.md) -----------------------------------------------------
+
+
+async def test_a_tenant_cannot_depend_on_another_tenant_s_job(
+    tokens: Tokens, db: psycopg.AsyncConnection[Any]
+) -> None:
+    # Another tenant's job is refused exactly as one that does not exist (the answer says
+    # nothing of whether it does), alone or in a batch, whoever submits; nothing is stored.
+    theirs = (await tokens.fleet.post("/api/v1/jobs", json={
+        "job_type": "scripted", "payload": OK, "tenant_id": THEIRS, "run_at": FAR,
+    })).json()["job_id"]  # fmt: skip
+    before = await stored_jobs(db)
+    details = {}
+    for parent in (theirs, str(uuid4())):
+        one = {"job_type": "scripted", "payload": OK, "depends_on": [parent]}
+        answer = await tokens.submit_a.post("/api/v1/jobs", json=one)
+        assert refused(answer, f"depends_on: no job {parent} of its tenant"), answer.text
+        details[parent] = answer.json()["detail"].replace(parent, "ID")
+        batch = {
+            "jobs": [
+                {"job_type": "scripted", "payload": OK},
+                {**one, "depends_on": [0, {"job": parent, "on_failure": "run"}]},
+            ]
+        }
+        answer = await tokens.submit_a.post("/api/v1/jobs/batch", json=batch)
+        assert refused(answer, "job 1 of the submit", f"no job {parent}"), answer.text
+        mine = {**one, "tenant_id": MINE}
+        answer = await tokens.submit_all.post("/api/v1/jobs", json=mine)
+        assert refused(answer, f"no job {parent}"), answer.text
+    assert len(set(details.values())) == 1, details
+    assert await stored_jobs(db) == before
+    cur = await db.execute("SELECT has_dependants FROM orc_jobs WHERE id = %s", (theirs,))
+    assert await cur.fetchone() == (False,)  # not even marked as depended on

@@ -18,6 +18,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from orchestrator.domain import json_values
 from orchestrator.domain.degradation import Fallback, TypeDegradation
+from orchestrator.domain.dependencies import ParentPolicy
 from orchestrator.domain.errors import InvalidOutput, InvalidPayload
 
 #: ``async def fn(ctx, payload) -> result``; ``ctx`` is the runtime's JobContext, which this
@@ -40,6 +41,9 @@ class JobType:
     exhausted_message: str | None = None
     #: A job's estimated cost in its limit's units, from its typed payload (docs/flow-control.md).
     cost: Callable[[Any], int] | None = None
+    #: What a job of this type does when a parent fails for good or is cancelled, unless its
+    #: submit says (docs/workflows.md).
+    on_parent_failure: ParentPolicy = "cancel"
 
     @classmethod
     def from_function(
@@ -50,6 +54,7 @@ class JobType:
         fallback: Fallback | None = None,
         exhausted_message: str | None = None,
         cost: Callable[[Any], int] | None = None,
+        on_parent_failure: ParentPolicy = "cancel",
     ) -> JobType:
         if not NAME.match(name) or len(name) > MAX_NAME:
             raise ValueError(
@@ -73,6 +78,7 @@ class JobType:
             fallback=fallback,
             exhausted_message=exhausted_message,
             cost=cost,
+            on_parent_failure=on_parent_failure,
         )
 
     @classmethod

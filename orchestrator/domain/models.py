@@ -202,6 +202,20 @@ class Fence:
     attempt: int
 
 
+class Parent(_Row):
+    """A job a job depends on (docs/workflows.md), as its task reads it (``ctx.parents()``)
+    and the API shows it: how it ended so far (``ended``: COMPLETED, FAILED or CANCELLED; None
+    while it has not), its result once COMPLETED, its failure once FAILED."""
+
+    job_id: UUID
+    job_type: str
+    status: Status
+    on_failure: str
+    ended: Status | None = None
+    result: Any = None
+    last_error: LastError | None = None
+
+
 class SubmitResult(_Row):
     job_id: UUID
     outcome: str  # created | replaced | deduplicated

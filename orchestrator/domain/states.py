@@ -5,6 +5,10 @@ comes from :data:`TRANSITIONS` (see :func:`sources_of`), and ``orchestrator migr
 the same table into ``orc_state_transitions``, where a trigger rejects any other status change,
 including one made by hand in SQL. Nothing else may list transitions.
 
+    BLOCKED ──► PENDING                  (its last parent finished: docs/workflows.md)
+       │
+       └──► CANCELLED                    (a parent failed under `cancel`, or cancelled)
+
     PENDING ──► RUNNING ──► COMPLETED
        │         │ ▲ │
        │         │ │ └──► FAILED          (permanent, invalid output, budget spent)
@@ -14,12 +18,15 @@ including one made by hand in SQL. Nothing else may list transitions.
        │         └──► WAITING_APPROVAL ──► PENDING (approved, or rejected down the task's
        │                                   rejection path) | FAILED (rejected, expired)
        ▼
-    CANCELLED ◄── PENDING | RETRY | RUNNING | WAITING_APPROVAL
+    CANCELLED ◄── BLOCKED | PENDING | RETRY | RUNNING | WAITING_APPROVAL
     COMPLETED | FAILED ◄── PENDING | RETRY   (a waiting job ended by a producer: Graphile
                                              Worker's complete_jobs, permanently_fail_jobs)
 
-RUNNING → PENDING is the hand-back of a drained or interrupted attempt: it costs no retry budget,
-and neither does resuming after an approval. PENDING | RETRY → COMPLETED | FAILED end a waiting
+BLOCKED is a job whose parents (``depends_on``) have not all finished: it has no dispatch, so
+no worker sees it, and it becomes PENDING, with a dispatch, in the transaction of its last
+parent's end (functions/dependencies.sql); waiting costs no attempt. RUNNING → PENDING is the
+hand-back of a drained or interrupted attempt: it costs no retry budget, and neither does
+resuming after an approval. PENDING | RETRY → COMPLETED | FAILED end a waiting
 job that no attempt holds: Graphile Worker's ``complete_jobs`` and ``permanently_fail_jobs``
 (docs/graphile.md); a worker's own writes are fenced by their lease, which a waiting job has
 not.
@@ -39,6 +46,7 @@ class Status(StrEnum):
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
     WAITING_APPROVAL = "WAITING_APPROVAL"
+    BLOCKED = "BLOCKED"
 
 
 TRANSITIONS: Mapping[Status, frozenset[Status]] = {
@@ -55,11 +63,14 @@ TRANSITIONS: Mapping[Status, frozenset[Status]] = {
     ),
     Status.RETRY: frozenset({Status.RUNNING, Status.CANCELLED, Status.COMPLETED, Status.FAILED}),
     Status.WAITING_APPROVAL: frozenset({Status.PENDING, Status.FAILED, Status.CANCELLED}),
+    Status.BLOCKED: frozenset({Status.PENDING, Status.CANCELLED}),
     Status.COMPLETED: frozenset(),
     Status.FAILED: frozenset(),
     Status.CANCELLED: frozenset(),
 }
 
+#: Where a submit puts a job: PENDING, or BLOCKED when it has parents to wait for.
+INITIAL: frozenset[Status] = frozenset({Status.PENDING, Status.BLOCKED})
 TERMINAL: frozenset[Status] = frozenset(s for s, targets in TRANSITIONS.items() if not targets)
 CLAIMABLE: frozenset[Status] = frozenset(s for s, t in TRANSITIONS.items() if Status.RUNNING in t)
 

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import retry_config
 from orchestrator.domain.classification import Classifier
 from orchestrator.domain.degradation import Fallback, TypeDegradation
+from orchestrator.domain.dependencies import ParentPolicy
 from orchestrator.domain.errors import ConfigError
 from orchestrator.domain.job_types import JobType
 from orchestrator.domain.notices import Notifier
@@ -52,6 +53,7 @@ class Definition:
         backfill_seconds: int,
         tenant_id: str | None,
         cost: Callable[[Any], int] | None,
+        on_parent_failure: ParentPolicy,
     ) -> Callable[[F], F]:
         schedule = None
         if cron is not None:
@@ -71,8 +73,9 @@ class Definition:
             if schedule is not None:
                 self._schedules.add(schedule)
             self.job_types[name] = JobType.from_function(
-                name, fn, fallback=fallback, exhausted_message=exhausted_message, cost=cost
-            )
+                name, fn, fallback=fallback, exhausted_message=exhausted_message, cost=cost,
+                on_parent_failure=on_parent_failure,
+            )  # fmt: skip
             return fn
 
         return decorate

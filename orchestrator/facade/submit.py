@@ -19,7 +19,8 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.domain import events
+from orchestrator.domain import dependencies, events
+from orchestrator.domain.dependencies import MAX_PARENTS, Parent
 from orchestrator.domain.errors import ConfigError, InvalidPayload, SubmitError, UnknownJobType
 from orchestrator.domain.flow import Flow, flow_of
 from orchestrator.domain.ids import uuid7
@@ -99,6 +100,9 @@ class JobSpec(BaseModel):
     #: The most tokens the job's LLM calls may spend, all kinds counted; past it the next call
     #: fails the job with TOKEN_BUDGET_EXHAUSTED (docs/configuration.md). None: no budget.
     token_budget: int | None = Field(None, gt=0, le=2**63 - 1)
+    #: The jobs this one waits for (docs/workflows.md): job ids, indexes of earlier jobs of
+    #: the same batch, or either with its policy (``{"job": ..., "on_failure": "run"}``).
+    depends_on: tuple[Parent, ...] = Field((), max_length=MAX_PARENTS)
 
     @model_validator(mode="after")
     def _one_trace(self) -> JobSpec:
@@ -170,6 +174,18 @@ class JobRows:
             "flow_share_by": flow and flow.share_by,
             "flow_cost": flow and flow.cost,
         }
+
+    def depend(self, rows: list[dict[str, Any]], specs: Sequence[JobSpec]) -> None:
+        """Each row's parents (``depends_on``), a batch's indexes resolved to its jobs' ids,
+        each policy its type's unless the spec's (SubmitError when a spec names them wrong)."""
+        resolved = dependencies.edges(
+            [spec.depends_on for spec in specs],
+            [row["id"] for row in rows],
+            [spec.job_key is not None for spec in specs],
+            [self._job_types[spec.job_type].on_parent_failure for spec in specs],
+        )
+        for row, parents in zip(rows, resolved, strict=True):
+            row["depends_on"] = parents
 
     def _queue_of(self, spec: JobSpec, job_type: JobType) -> str:
         """An external type's jobs stay on its queue, and no other job goes there: in-process
@@ -255,6 +271,8 @@ class Submitter:
         rows = [self._rows.row(spec) for spec in specs]
         if not rows:
             return []
+        if any(spec.depends_on for spec in specs):
+            self._rows.depend(rows, specs)
         budgets = [spec.token_budget for spec in specs]
         if self._tracing is None:
             return await self._write(rows, budgets, connection)

@@ -87,6 +87,7 @@ class Workers:
                 gate=opened.gate,
                 rng=random.Random(),
                 metrics=self._metrics,
+                graph=opened.stores.graph,
                 tracing=self._tracing,
                 usage=opened.stores.usage,
                 flow=opened.stores.flow,

@@ -48,7 +48,7 @@ from orchestrator.domain.events import Fault
 from orchestrator.domain.failures import Failures
 from orchestrator.domain.flow_window import CallParked
 from orchestrator.domain.job_types import JobType
-from orchestrator.domain.models import Claim
+from orchestrator.domain.models import Claim, Parent
 from orchestrator.domain.secrets import Secrets
 from orchestrator.runtime import current_attempt
 from orchestrator.runtime.clients import Clients
@@ -68,6 +68,7 @@ from orchestrator.runtime.outcomes import (
 )
 from orchestrator.runtime.usage import Accounting
 from orchestrator.storage.flow import FlowStore
+from orchestrator.storage.graph import GraphStore
 from orchestrator.storage.usage import UsageStore
 from retry_config import JobRetryConfig, LiveConfig
 
@@ -94,6 +95,7 @@ class Toolkit:
     gate: ApprovalGate
     rng: random.Random
     metrics: Metrics
+    graph: GraphStore  # what jobs depend on (ctx.parents())
     tracing: Tracing | None = None
     usage: UsageStore | None = None  # token accounting (None: calls are only counted)
     flow: FlowStore | None = None  # flow control's windows, which calls' usage reconciles
@@ -169,6 +171,17 @@ class Attempt:
     def hand_back(self, reason: str) -> HandedBack:
         return HandedBack(events.interrupted(self.claim, reason))
 
+    async def _parents(self) -> list[Parent]:
+        """The job's parents, each result typed by its job type's declared result when this
+        worker knows the type."""
+        types = self.kit.job_types
+        return [
+            p.model_copy(update={"result": types[p.job_type].result.validate_python(p.result)})
+            if p.result is not None and p.job_type in types
+            else p
+            for p in await self.kit.graph.parents(self.claim.id)
+        ]
+
     def _context(self) -> JobContext:
         """The task's view of this attempt. Made when the task starts and not kept here, so
         the attempt and its context form no reference cycle: both are freed as soon as the
@@ -199,6 +212,7 @@ class Attempt:
                 or self.step_clock.overran is not None
             ),
             _shared=clients.shared,
+            _parents=self._parents,
             _ledger=self.ledger,
             _gate=kit.gate,
             _metrics=kit.metrics,

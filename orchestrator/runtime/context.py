@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -15,6 +15,7 @@ from checkpoints import ApprovalGate, Ledger, StepClock, Steps
 from checkpoints.ledger import Call, Reconcile
 from orchestrator.domain import events
 from orchestrator.domain.classification import Classified, classify
+from orchestrator.domain.models import Parent
 from orchestrator.domain.secrets import Secrets
 from orchestrator.runtime.calls import call_limit
 from orchestrator.runtime.metrics import LlmOutcome, Metrics
@@ -51,6 +52,7 @@ class JobContext:
     secrets: Secrets = field(repr=False)
     _should_abort: Callable[[], bool] = field(repr=False)
     _shared: Callable[[Hashable, Callable[[], Any]], Any] = field(repr=False)
+    _parents: Callable[[], Awaitable[list[Parent]]] = field(repr=False)
     _ledger: Ledger = field(repr=False)
     _gate: ApprovalGate = field(repr=False)
     _step_clock: StepClock = field(repr=False)
@@ -71,6 +73,12 @@ class JobContext:
         closed with ``aclose()`` when the worker stops; see orchestrator.runtime.clients)."""
         client: C = self._shared(key, make)
         return client
+
+    async def parents(self) -> list[Parent]:
+        """The jobs this one depends on (its ``depends_on``, in order), each with its result,
+        typed as its job type declares it, or, under the ``run`` policy, its failure
+        (docs/workflows.md); [] for a job without."""
+        return await self._parents()
 
     def classify(self, exc: BaseException) -> Classified:
         """How the attempt would classify ``exc`` (the application's classifiers first), e.g.

@@ -39,7 +39,8 @@ OTHER_TENANTS = "_other"
 
 JOBS = Spec(
     "orchestrator_jobs", "gauge", ("status", "job_type", "tenant"),
-    "Unfinished jobs (PENDING, RUNNING, RETRY, WAITING_APPROVAL), by status, type and tenant.",
+    "Unfinished jobs (PENDING, RUNNING, RETRY, WAITING_APPROVAL, BLOCKED), by status, type "
+    "and tenant.",
 )  # fmt: skip
 RETRYING_RATIO = Spec(
     "orchestrator_jobs_retrying_ratio", "gauge", (),

@@ -23,6 +23,7 @@ from orchestrator.domain.errors import (
     InvalidTransition,
     JobNotFound,
     StaleLease,
+    SubmitError,
 )
 from orchestrator.domain.failures import TerminalFailure
 from orchestrator.domain.models import Claim, Job, JobEvent, SubmitResult
@@ -34,6 +35,9 @@ from orchestrator.storage.runner import Queries
 TASK_PREFIX = "orc."  # Procrastinate task name of a job type: TASK_PREFIX + job_type
 #: The SQLSTATE of a flow key its template cannot render from the job (orc_flow_key_v1).
 FLOW_KEY_REFUSED = "ORCFK"
+#: The SQLSTATE of a parent a submit may not depend on (orc_dependencies_check_v1): unknown,
+#: another tenant's, or not before the job in its batch.
+PARENT_REFUSED = "ORCDP"
 
 
 @dataclass(frozen=True)
@@ -84,15 +88,18 @@ class JobStore:
         """Jobs and their first dispatches, in one statement (inside ``conn``'s transaction
         when given: they vanish if it rolls back). A spec under a flow limit whose payload
         lacks what its key's template names refuses the whole submit (InvalidPayload, naming
-        it); inside ``conn``'s transaction, only the submit's own savepoint rolls back."""
+        it), as a parent it may not depend on does (SubmitError); inside ``conn``'s
+        transaction, only the submit's own savepoint rolls back."""
         params = {
             "specs": Jsonb([{**spec, "ord": i} for i, spec in enumerate(specs)]),
             "initial_status": Status.PENDING.value,
             "waiting": sorted(s.value for s in states.CLAIMABLE),
             "task_prefix": TASK_PREFIX,
         }
-        with _flow_key_refused():
-            if conn is not None and any(spec.get("flow_template") for spec in specs):
+        with _submit_refused():
+            if conn is not None and any(
+                spec.get("flow_template") or spec.get("depends_on") for spec in specs
+            ):
                 async with conn.transaction():
                     rows = await self.queries.rows("submit_jobs", params, conn)
             else:
@@ -105,7 +112,7 @@ class JobStore:
         the submit would refuse it; nothing written."""
         if not row.get("flow_template"):
             return None
-        with _flow_key_refused():
+        with _submit_refused():
             found = await self.queries.row(
                 "render_flow_key", {**row, "payload": Jsonb(row.get("payload"))}
             )
@@ -270,12 +277,17 @@ def _event(row: dict[str, Any]) -> JobEvent:
 
 
 @contextmanager
-def _flow_key_refused() -> Iterator[None]:
-    """The database's refusal of a flow key (orc_flow_key_v1: its message names the field, its
-    detail the job type) as the submit's InvalidPayload."""
+def _submit_refused() -> Iterator[None]:
+    """The database's refusals of a submit as its errors: a flow key (orc_flow_key_v1: its
+    message names the field, its detail the job type) as InvalidPayload; a parent
+    (orc_dependencies_check_v1: its detail is the job's place in the submit) as SubmitError."""
     try:
         yield
     except psycopg.Error as exc:
+        if exc.sqlstate == PARENT_REFUSED:
+            raise SubmitError(
+                f"job {exc.diag.message_detail} of the submit: {exc.diag.message_primary}"
+            ) from None
         if exc.sqlstate != FLOW_KEY_REFUSED:
             raise
         raise InvalidPayload(

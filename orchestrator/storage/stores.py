@@ -13,6 +13,7 @@ from orchestrator.storage.dead_letters import DeadLetterStore
 from orchestrator.storage.dispatches import DispatchStore
 from orchestrator.storage.fleet import FleetStore
 from orchestrator.storage.flow import FlowStore
+from orchestrator.storage.graph import GraphStore
 from orchestrator.storage.jobs import JobStore
 from orchestrator.storage.listeners import ListenerStore
 from orchestrator.storage.liveness import LivenessStore
@@ -45,6 +46,7 @@ class Stores:
     flow: FlowStore
     usage: UsageStore
     applications: ApplicationStore
+    graph: GraphStore
 
     @classmethod
     def on(cls, pool: Pool, *, on_refused: OnRefused | None = None) -> Stores:
@@ -72,4 +74,5 @@ class Stores:
             flow=FlowStore(queries, applications),
             usage=UsageStore(queries),
             applications=applications,
+            graph=GraphStore(queries),
         )

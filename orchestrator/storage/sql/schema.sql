@@ -4,7 +4,7 @@
 -- catalog (orchestrator/storage/catalog.py); tests/test_sql_layout.py fails when it is stale.
 -- Read it; change the schema with a migration (sql/migrations) or a function file.
 
-CREATE TYPE orc_job_spec_v1 AS (ord integer, id uuid, job_type text, payload jsonb, queue text, priority integer, run_at timestamp with time zone, max_attempts integer, max_retries integer, job_key text, job_key_mode text, agent_id text, trace_id text, timeout_seconds integer, replay_of uuid, tenant_id text, traceparent text, flow_key text, flow_limit text, flow_cost integer, flow_share text, flow_template text, flow_share_by text);
+CREATE TYPE orc_job_spec_v1 AS (ord integer, id uuid, job_type text, payload jsonb, queue text, priority integer, run_at timestamp with time zone, max_attempts integer, max_retries integer, job_key text, job_key_mode text, agent_id text, trace_id text, timeout_seconds integer, replay_of uuid, tenant_id text, traceparent text, flow_key text, flow_limit text, flow_cost integer, flow_share text, flow_template text, flow_share_by text, depends_on jsonb);
 
 CREATE TYPE procrastinate_job_to_defer_v1 AS (queue_name character varying, task_name character varying, priority integer, lock text, queueing_lock text, args jsonb, scheduled_at timestamp with time zone);
 
@@ -118,6 +118,7 @@ CREATE INDEX orc_dead_letters_requeued_job_id ON public.orc_dead_letters USING b
 CREATE INDEX orc_dead_letters_state ON public.orc_dead_letters USING btree (state, created_at);
 CREATE INDEX orc_dead_letters_state_tenant ON public.orc_dead_letters USING btree (state, tenant_id);
 CREATE INDEX orc_dead_letters_tenant ON public.orc_dead_letters USING btree (tenant_id, created_at) WHERE (tenant_id IS NOT NULL);
+CREATE TRIGGER orc_dead_letters_dependants AFTER UPDATE OF state ON public.orc_dead_letters FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) AND (new.state = ANY (ARRAY['requeued'::text, 'discarded'::text])))) EXECUTE FUNCTION orc_dependencies_letter_resolved_v1();
 CREATE TRIGGER orc_dead_letters_persons BEFORE INSERT OR UPDATE OF discard_requested_by, discarded_by ON public.orc_dead_letters FOR EACH ROW EXECUTE FUNCTION orc_dead_letter_persons_v1();
 CREATE TRIGGER orc_dead_letters_tenant BEFORE INSERT OR UPDATE OF job_id, tenant_id ON public.orc_dead_letters FOR EACH ROW EXECUTE FUNCTION orc_inherited_tenant_v1();
 
@@ -235,6 +236,21 @@ CREATE TABLE orc_flow_waiters (
 CREATE INDEX orc_flow_waiters_dispatched ON public.orc_flow_waiters USING btree (key) WHERE (dispatched_at IS NOT NULL);
 CREATE INDEX orc_flow_waiters_line ON public.orc_flow_waiters USING btree (key, share, priority, seq) WHERE (dispatched_at IS NULL);
 
+CREATE TABLE orc_job_dependencies (
+    job_id uuid NOT NULL,
+    parent_id uuid NOT NULL,
+    ord integer NOT NULL,
+    on_failure text NOT NULL,
+    settled text,
+    CONSTRAINT orc_job_dependencies_check CHECK ((job_id <> parent_id)),
+    CONSTRAINT orc_job_dependencies_on_failure_check CHECK ((on_failure = ANY (ARRAY['cancel'::text, 'run'::text, 'wait'::text]))),
+    CONSTRAINT orc_job_dependencies_settled_check CHECK ((settled = ANY (ARRAY['COMPLETED'::text, 'FAILED'::text, 'CANCELLED'::text]))),
+    CONSTRAINT orc_job_dependencies_job_id_fkey FOREIGN KEY (job_id) REFERENCES orc_jobs(id) ON DELETE CASCADE,
+    CONSTRAINT orc_job_dependencies_parent_id_fkey FOREIGN KEY (parent_id) REFERENCES orc_jobs(id) ON DELETE CASCADE,
+    CONSTRAINT orc_job_dependencies_pkey PRIMARY KEY (job_id, parent_id)
+);
+CREATE INDEX orc_job_dependencies_parent ON public.orc_job_dependencies USING btree (parent_id);
+
 CREATE TABLE orc_job_events (
     job_id uuid NOT NULL,
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
@@ -306,6 +322,16 @@ CREATE TABLE orc_job_types (
     CONSTRAINT orc_job_types_pkey PRIMARY KEY (job_type)
 );
 
+CREATE TABLE orc_job_waits (
+    job_id uuid NOT NULL,
+    unsettled integer NOT NULL,
+    task_prefix text NOT NULL,
+    since timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT orc_job_waits_unsettled_check CHECK ((unsettled >= 0)),
+    CONSTRAINT orc_job_waits_job_id_fkey FOREIGN KEY (job_id) REFERENCES orc_jobs(id) ON DELETE CASCADE,
+    CONSTRAINT orc_job_waits_pkey PRIMARY KEY (job_id)
+);
+
 CREATE TABLE orc_jobs (
     id uuid NOT NULL,
     job_type text NOT NULL,
@@ -345,6 +371,7 @@ CREATE TABLE orc_jobs (
     flow_share text,
     effects_root uuid,
     number bigint,
+    has_dependants boolean DEFAULT false NOT NULL,
     CONSTRAINT orc_jobs_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT orc_jobs_dispatch_attempt_check CHECK ((dispatch_attempt >= 0)),
     CONSTRAINT orc_jobs_flow_cost_check CHECK ((flow_cost >= 0)),
@@ -372,12 +399,14 @@ CREATE INDEX orc_jobs_running_heartbeat ON public.orc_jobs USING btree (heartbea
 CREATE INDEX orc_jobs_tenant_id ON public.orc_jobs USING btree (tenant_id, id) WHERE (tenant_id IS NOT NULL);
 CREATE INDEX orc_jobs_unfinished_counts ON public.orc_jobs USING btree (status, job_type, tenant_id, queue) INCLUDE (run_at, next_retry_at) WHERE (finished_at IS NULL);
 CREATE INDEX orc_jobs_unfinished_status_id ON public.orc_jobs USING btree (status, id) WHERE (status <> ALL (ARRAY['RUNNING'::text, 'COMPLETED'::text]));
+CREATE TRIGGER orc_jobs_dependants_settle AFTER UPDATE OF status ON public.orc_jobs FOR EACH ROW WHEN ((old.has_dependants AND (old.finished_at IS NULL) AND (new.finished_at IS NOT NULL))) EXECUTE FUNCTION orc_dependants_settle_v1();
 CREATE TRIGGER orc_jobs_flow_leave AFTER UPDATE OF status ON public.orc_jobs FOR EACH ROW WHEN (((old.flow_key IS NOT NULL) AND (new.finished_at IS NOT NULL) AND (old.finished_at IS NULL))) EXECUTE FUNCTION orc_flow_leave_v1();
 CREATE TRIGGER orc_jobs_flow_release AFTER UPDATE OF status ON public.orc_jobs FOR EACH ROW WHEN (((old.flow_key IS NOT NULL) AND (old.status = 'RUNNING'::text) AND (new.status <> 'RUNNING'::text))) EXECUTE FUNCTION orc_flow_release_v1();
 CREATE TRIGGER orc_jobs_guard_transition BEFORE UPDATE ON public.orc_jobs FOR EACH ROW EXECUTE FUNCTION orc_guard_transition_v1();
 CREATE TRIGGER orc_jobs_replay_ledger AFTER INSERT ON public.orc_jobs FOR EACH ROW WHEN ((new.replay_of IS NOT NULL)) EXECUTE FUNCTION orc_replay_ledger_v1();
 CREATE TRIGGER orc_jobs_replay_ledger_root BEFORE INSERT ON public.orc_jobs FOR EACH ROW WHEN ((new.replay_of IS NOT NULL)) EXECUTE FUNCTION orc_replay_ledger_v1();
 CREATE TRIGGER orc_jobs_replay_tenant BEFORE INSERT ON public.orc_jobs FOR EACH ROW WHEN (((new.replay_of IS NOT NULL) AND (new.tenant_id IS NULL))) EXECUTE FUNCTION orc_inherited_tenant_v1();
+CREATE TRIGGER orc_jobs_wait_ended AFTER UPDATE OF status ON public.orc_jobs FOR EACH ROW WHEN (((old.status = 'BLOCKED'::text) AND (new.status <> 'BLOCKED'::text))) EXECUTE FUNCTION orc_job_wait_ended_v1();
 
 CREATE TABLE orc_llm_usage (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
@@ -593,6 +622,7 @@ CREATE TABLE procrastinate_workers (
 CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_workers USING btree (last_heartbeat);
 
 -- Functions (sql/functions/*.sql):
+--   orc_blocked_event_v1(p_parents uuid[], p_waiting_on bigint)
 --   orc_cancelled_event_v1(p_reason text, p_by text)
 --   orc_checkpointed_event_v1(p_step integer, p_final boolean, p_effects_committed bigint)
 --   orc_claim_v1(p_job_id uuid, p_procrastinate_job_id bigint, p_run integer, p_worker text, p_claimable text[], p_running text)
@@ -604,6 +634,14 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_declare_v1(p_application text, p_kinds text[], p_definitions jsonb, p_whole boolean, p_version text, p_live_seconds double precision)
 --   orc_declared_v1(p_kinds text[], p_definitions jsonb)
 --   orc_definition_difference_v1(p_ours jsonb, p_theirs jsonb)
+--   orc_dependants_settle_v1()
+--   orc_dependencies_add_v1(p_specs jsonb, p_task_prefix text)
+--   orc_dependencies_cancel_v1(p_jobs uuid[], p_because uuid[])
+--   orc_dependencies_check_v1(p_specs jsonb)
+--   orc_dependencies_hand_on_v1(p_parent uuid, p_replay uuid)
+--   orc_dependencies_letter_resolved_v1()
+--   orc_dependencies_release_v1(p_jobs uuid[])
+--   orc_dependencies_settle_v1(p_parents uuid[])
 --   orc_dispatch_v1(p_job_ids uuid[], p_task_prefix text)
 --   orc_end_dispatch_v1(p_dispatch_id bigint, p_status text)
 --   orc_fail_jobs_v1(p_items jsonb, p_target text, p_sources text[])
@@ -676,6 +714,7 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_job_events_fill_v1()
 --   orc_job_key_lock_id_v1(p_tenant text, p_key text)
 --   orc_job_specs_v1(p_specs jsonb)
+--   orc_job_wait_ended_v1()
 --   orc_key_revoked_event_v1(p_job_key text, p_replaced_by uuid)
 --   orc_live_job_with_key_v1(p_key text, p_tenant text)
 --   orc_max_attempts_after_v1(p_attempt integer, p_run integer, p_max_runs integer, p_retry_count integer, p_max_retries integer, p_layer text)
@@ -693,6 +732,8 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_running_event_v1(j orc_jobs)
 --   orc_submit_jobs_v1(p_specs jsonb, p_initial_status text, p_waiting text[], p_task_prefix text)
 --   orc_submit_jobs_v2(p_specs jsonb, p_initial_status text, p_waiting text[], p_task_prefix text)
+--   orc_submitted_edges_v1(p_specs jsonb)
 --   orc_take_dispatch_v1(p_queues character varying[], p_excluded character varying[], p_worker_id bigint)
+--   orc_unblocked_event_v1(p_job_id uuid)
 --   orc_uuid7_v1()
 --   orc_waiting_for_capacity_event_v1(j orc_jobs, p_waiting_on text)

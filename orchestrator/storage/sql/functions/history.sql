@@ -185,3 +185,22 @@ LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('attempt', p_attempt, 'run', p_run, 'run_id', p_run_id,
                               'worker', p_worker, 'duration_ms', p_duration_ms)
 $$;
+
+-- job.blocked: the job waits for these parents (its depends_on, in order), of which
+-- p_waiting_on had not ended when it was submitted.
+CREATE OR REPLACE FUNCTION orc_blocked_event_v1(p_parents uuid[], p_waiting_on bigint)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object('parents', to_jsonb(p_parents), 'waiting_on', p_waiting_on)
+$$;
+
+-- job.unblocked: how each of the job's parents ended (a failure under `run`, or under `wait`
+-- the job that replayed it), now that none is left to wait for.
+CREATE OR REPLACE FUNCTION orc_unblocked_event_v1(p_job_id uuid) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('ended', coalesce(jsonb_agg(
+               jsonb_build_object('job_id', d.parent_id, 'status', d.settled) ORDER BY d.ord),
+               '[]'))
+      FROM orc_job_dependencies AS d
+     WHERE d.job_id = p_job_id
+$$;

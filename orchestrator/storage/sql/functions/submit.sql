@@ -7,16 +7,23 @@
 
 -- Submit jobs, each with its flow (its key, limit, cost and share; null: no limit), its key
 -- rendered here from its limit's template (orc_job_specs_v1); keyed submits go through
--- orc_submit_jobs_v1.
+-- orc_submit_jobs_v1. A job with parents (depends_on: functions/dependencies.sql) is written
+-- BLOCKED, without a dispatch, its parents checked first and its edges written after.
 CREATE OR REPLACE FUNCTION orc_submit_jobs_v2(
     p_specs jsonb, p_initial_status text, p_waiting text[], p_task_prefix text
 ) RETURNS TABLE (ord integer, job_id uuid, outcome text)
 LANGUAGE plpgsql AS $$
+DECLARE
+    graph boolean;
 BEGIN
     IF jsonb_path_exists(p_specs, '$[*] ? (@.job_key != null)') THEN
         RETURN QUERY SELECT * FROM orc_submit_jobs_v1(p_specs, p_initial_status, p_waiting,
                                                       p_task_prefix);
         RETURN;
+    END IF;
+    graph := jsonb_path_exists(p_specs, '$[*] ? (@.depends_on != null)');
+    IF graph THEN
+        PERFORM orc_dependencies_check_v1(p_specs);
     END IF;
 
     RETURN QUERY
@@ -27,6 +34,7 @@ BEGIN
         SELECT s.queue, p_task_prefix || s.job_type, -s.priority, s.id::text,
                jsonb_build_object('job_id', s.id), CASE WHEN s.run_at > now() THEN s.run_at END
           FROM spec AS s
+         WHERE s.depends_on IS NULL
          ORDER BY s.ord
         RETURNING procrastinate_jobs.id, procrastinate_jobs.lock
     ), job AS (
@@ -34,17 +42,22 @@ BEGIN
                               max_attempts, max_retries, agent_id, trace_id, timeout_seconds,
                               replay_of, tenant_id, procrastinate_job_id, traceparent,
                               flow_key, flow_limit, flow_cost, flow_share)
-        SELECT s.id, s.job_type, p_initial_status, coalesce(s.payload, 'null'), s.queue,
+        SELECT s.id, s.job_type,
+               CASE WHEN s.depends_on IS NULL THEN p_initial_status ELSE 'BLOCKED' END,
+               coalesce(s.payload, 'null'), s.queue,
                s.priority, coalesce(s.run_at, now()), s.max_attempts, s.max_retries, s.agent_id,
                s.trace_id, s.timeout_seconds, s.replay_of, s.tenant_id, d.id, s.traceparent,
                s.flow_key, s.flow_limit, s.flow_cost, s.flow_share
-          FROM spec AS s JOIN dispatch AS d ON d.lock = s.id::text
+          FROM spec AS s LEFT JOIN dispatch AS d ON d.lock = s.id::text
         RETURNING *
     ), created AS (
         INSERT INTO orc_job_events (job_id, kind, payload)
         SELECT j.id, 'job.created', orc_created_event_v1(j) FROM job AS j
     )
     SELECT s.ord, s.id, 'created'::text FROM spec AS s;
+    IF graph THEN
+        PERFORM orc_dependencies_add_v1(p_specs, p_task_prefix);
+    END IF;
 
     -- Workers waiting for a future time are told, as orc_dispatch_v1 tells them of keyed jobs.
     IF jsonb_path_exists(p_specs, '$[*] ? (@.run_at != null)') THEN

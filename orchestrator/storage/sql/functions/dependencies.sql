@@ -1,0 +1,292 @@
+-- Dependencies (docs/workflows.md): a job that waits for other jobs, its parents, is BLOCKED,
+-- with no dispatch, its count of parents still to end in orc_job_waits. Each parent's end
+-- settles its edges in the transaction that ends it (orc_jobs_dependants_settle), and the last
+-- gives the job its dispatch: nothing polls. A parent that failed or was cancelled applies each
+-- edge's policy: `cancel` (the job is cancelled, and its own dependants down the graph), `run`
+-- (it counts as ended: the job runs and reads the failure) or `wait` (the job stays blocked
+-- while the parent's dead letter is open: a requeue hands the edge to the new job, a discard
+-- cancels the job; a cancelled parent, which has no letter, cancels it).
+
+-- A submit's edges: each spec's parents (its depends_on, resolved to job ids by the submit), in
+-- order, with the policy of each.
+CREATE OR REPLACE FUNCTION orc_submitted_edges_v1(p_specs jsonb)
+RETURNS TABLE (ord integer, id uuid, tenant_id text, parent_id uuid, on_failure text, n integer)
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT s.ord, s.id, s.tenant_id, (d.e ->> 'job_id')::uuid, d.e ->> 'on_failure', d.n::integer
+      FROM jsonb_populate_recordset(NULL::orc_job_spec_v1, p_specs) AS s,
+           jsonb_array_elements(s.depends_on) WITH ORDINALITY AS d (e, n)
+     WHERE s.depends_on IS NOT NULL
+$$;
+
+-- A submit's parents checked before anything is written (SQLSTATE ORCDP, the submit's
+-- InvalidDependency): each a job of the dependant's tenant, either there already or earlier in
+-- the same batch. Those already there are locked, in one order, so the end of one cannot pass
+-- between this check and the edges' insert unseen.
+CREATE OR REPLACE FUNCTION orc_dependencies_check_v1(p_specs jsonb) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    refused record;
+BEGIN
+    PERFORM FROM orc_jobs AS j
+     WHERE j.id IN (SELECT e.parent_id FROM orc_submitted_edges_v1(p_specs) AS e)
+     ORDER BY j.id
+       FOR NO KEY UPDATE;
+    SELECT e.ord, e.parent_id INTO refused
+      FROM orc_submitted_edges_v1(p_specs) AS e
+      LEFT JOIN jsonb_populate_recordset(NULL::orc_job_spec_v1, p_specs) AS b
+        ON b.id = e.parent_id
+      LEFT JOIN orc_jobs AS j ON j.id = e.parent_id
+     WHERE CASE WHEN b.id IS NOT NULL
+                THEN b.ord >= e.ord OR b.tenant_id IS DISTINCT FROM e.tenant_id
+                ELSE j.id IS NULL OR j.tenant_id IS DISTINCT FROM e.tenant_id END
+     ORDER BY e.ord, e.n
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'depends_on: no job % of its tenant submitted before it',
+            refused.parent_id
+            USING ERRCODE = 'ORCDP', DETAIL = refused.ord::text;
+    END IF;
+END;
+$$;
+
+-- The edges of a submit checked by orc_dependencies_check_v1, its jobs written (those with
+-- parents BLOCKED): each dependant's count, its job.blocked, its parents marked as depended on,
+-- and the parents that had already ended settled at once (a job whose parents had all
+-- completed is released in this statement).
+CREATE OR REPLACE FUNCTION orc_dependencies_add_v1(p_specs jsonb, p_task_prefix text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO orc_job_dependencies (job_id, parent_id, ord, on_failure)
+    SELECT e.id, e.parent_id, e.n, e.on_failure FROM orc_submitted_edges_v1(p_specs) AS e;
+    UPDATE orc_jobs AS j SET has_dependants = true
+     WHERE j.id IN (SELECT e.parent_id FROM orc_submitted_edges_v1(p_specs) AS e)
+       AND NOT j.has_dependants;
+    INSERT INTO orc_job_waits (job_id, unsettled, task_prefix)
+    SELECT e.id, count(*), p_task_prefix FROM orc_submitted_edges_v1(p_specs) AS e GROUP BY e.id;
+    INSERT INTO orc_job_events (job_id, kind, payload)
+    SELECT e.id, 'job.blocked',
+           orc_blocked_event_v1(array_agg(e.parent_id ORDER BY e.n),
+                                count(*) FILTER (WHERE p.finished_at IS NULL))
+      FROM orc_submitted_edges_v1(p_specs) AS e
+      JOIN orc_jobs AS p ON p.id = e.parent_id
+     GROUP BY e.id;
+    PERFORM orc_dependencies_settle_v1(ARRAY(
+        SELECT DISTINCT e.parent_id FROM orc_submitted_edges_v1(p_specs) AS e
+          JOIN orc_jobs AS p ON p.id = e.parent_id
+         WHERE p.finished_at IS NOT NULL));
+END;
+$$;
+
+-- The edges of parents that ended take their end; then, by each edge's policy, the dependants
+-- are cancelled (with theirs down the graph), held, or counted down, and those with nothing
+-- left to wait for get their dispatch. Dependants are locked in one order (their ids). A
+-- `wait` edge of a failed parent whose letter is resolved already follows it at once.
+CREATE OR REPLACE FUNCTION orc_dependencies_settle_v1(p_parents uuid[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    children uuid[];
+    parents uuid[];
+    policies text[];
+    ends text[];
+    letters text[];
+    replays uuid[];
+    doomed uuid[];
+    counted uuid[];
+    ended integer[];
+    handing record;
+BEGIN
+    IF coalesce(cardinality(p_parents), 0) = 0 THEN
+        RETURN;
+    END IF;
+    WITH settled AS (
+        UPDATE orc_job_dependencies AS d SET settled = p.status
+          FROM orc_jobs AS p
+         WHERE p.id = ANY (p_parents) AND d.parent_id = p.id AND p.finished_at IS NOT NULL
+           AND d.settled IS NULL
+        RETURNING d.job_id, d.parent_id, d.on_failure, d.settled
+    )
+    SELECT array_agg(s.job_id), array_agg(s.parent_id), array_agg(s.on_failure),
+           array_agg(s.settled), array_agg(l.state), array_agg(l.requeued_job_id)
+      INTO children, parents, policies, ends, letters, replays
+      FROM settled AS s
+      LEFT JOIN LATERAL (SELECT l.state, l.requeued_job_id FROM orc_dead_letters AS l
+                          WHERE l.job_id = s.parent_id AND s.on_failure = 'wait'
+                            AND s.settled = 'FAILED'
+                          ORDER BY l.created_at DESC LIMIT 1) AS l ON true;
+    IF children IS NULL THEN
+        RETURN;
+    END IF;
+
+    SELECT array_agg(v.job_id) FILTER (WHERE v.cancel),
+           array_agg(v.job_id ORDER BY v.job_id) FILTER (WHERE NOT v.cancel AND v.done > 0),
+           array_agg(v.done ORDER BY v.job_id) FILTER (WHERE NOT v.cancel AND v.done > 0)
+      INTO doomed, counted, ended
+      FROM (SELECT e.job_id,
+                   bool_or(e.settled <> 'COMPLETED'
+                           AND (e.on_failure = 'cancel'
+                                OR (e.on_failure = 'wait' AND e.settled = 'CANCELLED')
+                                OR e.letter IS NOT DISTINCT FROM 'discarded')) AS cancel,
+                   count(*) FILTER (WHERE e.settled = 'COMPLETED' OR e.on_failure = 'run')::integer
+                       AS done
+              FROM unnest(children, policies, ends, letters)
+                       AS e (job_id, on_failure, settled, letter)
+              JOIN orc_jobs AS c ON c.id = e.job_id AND c.finished_at IS NULL
+             GROUP BY e.job_id) AS v;
+
+    IF cardinality(doomed) > 0 THEN
+        PERFORM orc_dependencies_cancel_v1(doomed, p_parents);
+    END IF;
+    IF cardinality(counted) > 0 THEN
+        PERFORM FROM orc_job_waits AS w WHERE w.job_id = ANY (counted) ORDER BY w.job_id
+            FOR UPDATE;
+        UPDATE orc_job_waits AS w SET unsettled = w.unsettled - c.done
+          FROM unnest(counted, ended) AS c (job_id, done)
+         WHERE w.job_id = c.job_id;
+        PERFORM orc_dependencies_release_v1(counted);
+    END IF;
+    FOR handing IN
+        SELECT DISTINCT h.parent_id, h.replay
+          FROM unnest(parents, letters, replays) AS h (parent_id, letter, replay)
+         WHERE h.letter = 'requeued'
+    LOOP
+        PERFORM orc_dependencies_hand_on_v1(handing.parent_id, handing.replay);
+    END LOOP;
+END;
+$$;
+
+-- A requeued parent's `wait` edges go to the job that replays it (a letter's requeue: the
+-- trigger on orc_dead_letters, or a settle that met a letter requeued already); if that job has
+-- ended too, they are settled at once.
+CREATE OR REPLACE FUNCTION orc_dependencies_hand_on_v1(p_parent uuid, p_replay uuid)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_replay IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM FROM orc_jobs WHERE id = p_replay FOR NO KEY UPDATE;
+    UPDATE orc_job_dependencies AS d SET parent_id = p_replay, settled = NULL
+     WHERE d.parent_id = p_parent AND d.on_failure = 'wait' AND d.settled = 'FAILED'
+       AND NOT EXISTS (SELECT FROM orc_job_dependencies AS o
+                        WHERE o.job_id = d.job_id AND o.parent_id = p_replay);
+    IF FOUND THEN
+        UPDATE orc_jobs SET has_dependants = true WHERE id = p_replay AND NOT has_dependants;
+        PERFORM orc_dependencies_settle_v1(ARRAY[p_replay]);
+    END IF;
+END;
+$$;
+
+-- A parent's dead letter resolved: its `wait` dependants follow it (a requeue: to the job
+-- that replays it; a discard: cancelled).
+CREATE OR REPLACE FUNCTION orc_dependencies_letter_resolved_v1() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    doomed uuid[];
+BEGIN
+    IF NEW.state = 'requeued' THEN
+        PERFORM orc_dependencies_hand_on_v1(NEW.job_id, NEW.requeued_job_id);
+    ELSE
+        SELECT array_agg(d.job_id) INTO doomed
+          FROM orc_job_dependencies AS d JOIN orc_jobs AS c ON c.id = d.job_id
+         WHERE d.parent_id = NEW.job_id AND d.on_failure = 'wait' AND d.settled = 'FAILED'
+           AND c.finished_at IS NULL;
+        PERFORM orc_dependencies_cancel_v1(doomed, ARRAY[NEW.job_id])
+          WHERE cardinality(doomed) > 0;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER orc_dead_letters_dependants
+    AFTER UPDATE OF state ON orc_dead_letters
+    FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state
+                       AND NEW.state IN ('requeued', 'discarded'))
+    EXECUTE FUNCTION orc_dependencies_letter_resolved_v1();
+
+-- Cancel the jobs `p_jobs`, whose parents among `p_because` ended badly, and every unfinished
+-- job below them that a `cancel` or `wait` edge ties to one of them, in one statement (a chain
+-- of any length is one statement, not a trigger per level). Their `run` dependants are settled
+-- by the trigger each cancelled job fires.
+CREATE OR REPLACE FUNCTION orc_dependencies_cancel_v1(p_jobs uuid[], p_because uuid[])
+RETURNS void
+LANGUAGE sql AS $$
+    WITH RECURSIVE doomed (job_id) AS (
+        SELECT unnest(p_jobs)
+        UNION
+        SELECT d.job_id
+          FROM orc_job_dependencies AS d JOIN doomed AS x ON d.parent_id = x.job_id
+         WHERE d.settled IS NULL AND d.on_failure IN ('cancel', 'wait')
+    ), cancelled AS (
+        UPDATE orc_jobs AS j SET status = 'CANCELLED'
+         WHERE j.id IN (SELECT job_id FROM doomed) AND j.status = 'BLOCKED'
+        RETURNING j.id
+    )
+    INSERT INTO orc_job_events (job_id, kind, payload)
+    SELECT c.id, 'job.cancelled',
+           orc_cancelled_event_v1(
+               'a job it depends on ended: ' || array_to_string(p_because, ', '), 'dependencies')
+      FROM cancelled AS c
+$$;
+
+-- Blocked jobs among `p_jobs` with nothing left to wait for become PENDING, with their
+-- job.unblocked and a dispatch each (for their run_at), under their application's prefix.
+CREATE OR REPLACE FUNCTION orc_dependencies_release_v1(p_jobs uuid[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    ids uuid[];
+    ats timestamptz[];
+    prefixes text[];
+    prefix text;
+BEGIN
+    WITH released AS (
+        UPDATE orc_jobs AS j SET status = 'PENDING'
+          FROM orc_job_waits AS w
+         WHERE w.job_id = j.id AND j.id = ANY (p_jobs) AND w.unsettled = 0
+           AND j.status = 'BLOCKED'
+        RETURNING j.id, j.run_at, w.task_prefix
+    ), event AS (
+        INSERT INTO orc_job_events (job_id, kind, payload)
+        SELECT r.id, 'job.unblocked', orc_unblocked_event_v1(r.id) FROM released AS r
+    )
+    SELECT array_agg(r.id), array_agg(r.run_at), array_agg(r.task_prefix)
+      INTO ids, ats, prefixes
+      FROM released AS r;
+    FOR prefix IN SELECT DISTINCT p FROM unnest(prefixes) AS p
+    LOOP
+        PERFORM orc_flow_dispatch_v2(
+            ARRAY(SELECT r.id FROM unnest(ids, prefixes) AS r (id, p) WHERE r.p = prefix),
+            ARRAY(SELECT r.at FROM unnest(ats, prefixes) AS r (at, p) WHERE r.p = prefix),
+            prefix);
+    END LOOP;
+END;
+$$;
+
+-- A job depended on ended: its dependants' edges are settled in the same transaction.
+CREATE OR REPLACE FUNCTION orc_dependants_settle_v1() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM orc_dependencies_settle_v1(ARRAY[NEW.id]);
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER orc_jobs_dependants_settle
+    AFTER UPDATE OF status ON orc_jobs
+    FOR EACH ROW WHEN (OLD.has_dependants AND OLD.finished_at IS NULL
+                       AND NEW.finished_at IS NOT NULL)
+    EXECUTE FUNCTION orc_dependants_settle_v1();
+
+-- A job that no longer waits (released, or cancelled while it waited) leaves orc_job_waits.
+CREATE OR REPLACE FUNCTION orc_job_wait_ended_v1() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM orc_job_waits WHERE job_id = NEW.id;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER orc_jobs_wait_ended
+    AFTER UPDATE OF status ON orc_jobs
+    FOR EACH ROW WHEN (OLD.status = 'BLOCKED' AND NEW.status <> 'BLOCKED')
+    EXECUTE FUNCTION orc_job_wait_ended_v1();

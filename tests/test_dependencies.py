@@ -1,0 +1,236 @@
+"""Dependencies (docs/workflows.md): jobs that wait for jobs, on a real database and real
+workers. A graph runs in the transactions of its jobs' ends: a blocked job has no dispatch
+until its last parent ends, each failure policy does what docs/workflows.md says, nothing of
+it spends an attempt or a retry, and no tenant reaches another's jobs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+from uuid import UUID
+
+import psycopg
+import pytest
+
+from orchestrator import Orchestrator, Status, SubmitError
+from tests.support import graph_app, log_guard
+from tests.support.harness import WorkerRun, finished
+from tests.support.workers import WorkerProcess
+
+
+@pytest.fixture
+async def orc(make_orc: Callable[..., Orchestrator]) -> AsyncIterator[Orchestrator]:
+    orc = make_orc(retry_config=graph_app.CONFIG)
+    graph_app.register(orc)
+    graph_app.FAILING.clear()
+    await orc.open()
+    yield orc
+
+
+def node(name: str, *parents: Any, **spec: Any) -> dict[str, Any]:
+    return {"job_type": "node", "payload": {"name": name}, "depends_on": list(parents), **spec}
+
+
+async def kinds(orc: Orchestrator, job_id: UUID) -> list[str]:
+    return [e.kind for e in await orc.job_events(job_id)]
+
+
+async def dispatches(db: psycopg.AsyncConnection[Any], job_id: UUID) -> int:
+    cur = await db.execute(
+        "SELECT count(*) FROM procrastinate_jobs WHERE lock = %s", (str(job_id),)
+    )
+    (n,) = await cur.fetchone() or (0,)
+    return int(n)
+
+
+async def test_a_graph_in_one_batch_runs_in_dependency_order_on_a_worker_process(
+    orc: Orchestrator, empty_dsn: str
+) -> None:
+    # a → b → d, a → c → d, and e after d: one transaction; a worker process of 4 slots.
+    ids = await orc.submit_many([
+        node("a"), node("b", 0), node("c", 0), node("d", 1, 2), node("e", 3),
+    ])  # fmt: skip
+    assert [(await orc.get_job(i)).status for i in ids] == [Status.PENDING] + [Status.BLOCKED] * 4
+    env = {"ORCHESTRATOR_RETRY_CONFIG": graph_app.CONFIG, "ORCHESTRATOR_WORKER_CONCURRENCY": 4}
+    with WorkerProcess(empty_dsn, app="tests.support.graph_app:orc", **env):
+        jobs = [await finished(orc, i) for i in ids]
+    assert all(j.status is Status.COMPLETED for j in jobs), [j.status for j in jobs]
+    by_name = dict(zip("abcde", jobs, strict=True))
+    for child, parents in {"b": "a", "c": "a", "d": "bc", "e": "d"}.items():
+        for parent in parents:
+            assert by_name[child].started_at >= by_name[parent].finished_at  # type: ignore[operator]
+    # Waiting spent nothing: one attempt each, no retry.
+    assert all((j.attempt, j.retry_count) == (1, 0) for j in jobs)
+    assert jobs[3].result == {"name": "d", "parents": [
+        {"ended": "COMPLETED", "name": "b", "error": None},
+        {"ended": "COMPLETED", "name": "c", "error": None},
+    ]}  # fmt: skip
+    assert (await kinds(orc, ids[3]))[:4] == [
+        "job.created", "job.blocked", "job.unblocked", "job.running",
+    ]  # fmt: skip
+
+
+async def test_the_last_two_parents_ending_at_once_release_the_child_exactly_once(
+    orc: Orchestrator, dsn: str, db: psycopg.AsyncConnection[Any]
+) -> None:
+    p1, p2, child = await orc.submit_many([node("p1"), node("p2"), node("child", 0, 1)])
+    await db.execute(
+        "UPDATE orc_jobs SET status = 'RUNNING', lease_token = gen_random_uuid() "
+        "WHERE id = ANY(%s)", ([p1, p2],),
+    )  # fmt: skip
+    assert await dispatches(db, child) == 0
+    end = "UPDATE orc_jobs SET status = 'COMPLETED', lease_token = NULL WHERE id = %s"
+    async with (
+        await psycopg.AsyncConnection.connect(dsn) as first,
+        await psycopg.AsyncConnection.connect(dsn) as second,
+    ):
+        await first.execute(end, (p1,))  # its trigger counts the child down, and holds it
+        racing = asyncio.create_task(second.execute(end, (p2,)))
+        await asyncio.sleep(0.3)
+        await first.commit()
+        await racing
+        await second.commit()
+    job = await orc.get_job(child)
+    assert job.status is Status.PENDING
+    assert (await kinds(orc, child)).count("job.unblocked") == 1
+    assert await dispatches(db, child) == 1
+
+
+@log_guard.fails_jobs("PERMANENT_ERROR")
+async def test_cancel_goes_down_the_graph_and_a_run_dependant_runs(orc: Orchestrator) -> None:
+    # a fails: b (cancel, the default) is cancelled, so is c below it; d runs anyway (run), and
+    # e, below the cancelled c by a `run` edge, runs and reads the cancellation.
+    graph_app.FAILING.add("a")
+    ids = await orc.submit_many([
+        node("a"), node("b", 0), node("c", 1),
+        node("d", {"job": 0, "on_failure": "run"}),
+        {**node("e", 2), "job_type": "node_runs_anyway"},
+    ])  # fmt: skip
+    async with WorkerRun(orc) as worker:
+        await worker.until_finished(*ids)
+    a, b, c, d, e = [await orc.get_job(i) for i in ids]
+    assert [j.status for j in (a, b, c, d, e)] == [
+        Status.FAILED, Status.CANCELLED, Status.CANCELLED, Status.COMPLETED, Status.COMPLETED,
+    ]  # fmt: skip
+    cancelled = [ev for ev in await orc.job_events(ids[2]) if ev.kind == "job.cancelled"]
+    assert cancelled[0].payload["by"] == "dependencies"
+    assert d.result == {"name": "d", "parents": [
+        {"ended": "FAILED", "name": None, "error": "PERMANENT_ERROR"},
+    ]}  # fmt: skip
+    assert e.result == {
+        "name": "e",
+        "parents": [{"ended": "CANCELLED", "name": None, "error": None}],
+    }
+    assert (b.attempt, c.attempt) == (0, 0)
+
+
+@log_guard.fails_jobs("PERMANENT_ERROR")
+async def test_wait_holds_the_child_until_the_requeued_parent_completes(orc: Orchestrator) -> None:
+    graph_app.FAILING.add("a")
+    a, child = await orc.submit_many([node("a"), node("child", {"job": 0, "on_failure": "wait"})])
+    async with WorkerRun(orc) as worker:
+        await worker.until_finished(a)
+        letter = await orc.dead_letter_of_job(a)
+        assert letter is not None
+        await asyncio.sleep(0.5)
+        assert (await orc.get_job(child)).status is Status.BLOCKED  # while the letter is open
+        graph_app.FAILING.clear()
+        replay = await orc.requeue_dead_letter(letter.id)
+        await worker.until_finished(replay, child)
+    job = await orc.get_job(child)
+    assert job.status is Status.COMPLETED
+    assert job.result == {
+        "name": "child",
+        "parents": [{"ended": "COMPLETED", "name": "a", "error": None}],
+    }
+    assert [p.job_id for p in await orc.parents(child)] == [replay]
+
+
+@log_guard.fails_jobs("PERMANENT_ERROR")
+async def test_wait_cancels_the_child_when_the_letter_is_discarded(orc: Orchestrator) -> None:
+    graph_app.FAILING.add("a")
+    a, child, grandchild = await orc.submit_many([
+        node("a"), node("child", {"job": 0, "on_failure": "wait"}), node("grandchild", 1),
+    ])  # fmt: skip
+    async with WorkerRun(orc) as worker:
+        await worker.until_finished(a)
+    letter = await orc.dead_letter_of_job(a)
+    assert letter is not None
+    await orc.request_discard(letter.id, by="alice", reason="not needed")
+    assert (await orc.get_job(child)).status is Status.BLOCKED  # a request is not a discard
+    await orc.confirm_discard(letter.id, by="bob")
+    assert [(await orc.get_job(j)).status for j in (child, grandchild)] == [Status.CANCELLED] * 2
+
+
+@log_guard.fails_jobs("PERMANENT_ERROR")
+async def test_a_parent_already_finished_settles_at_submit(orc: Orchestrator) -> None:
+    graph_app.FAILING.add("bad")
+    good, bad = await orc.submit_many([node("good"), node("bad")])
+    async with WorkerRun(orc) as worker:
+        await worker.until_finished(good, bad)
+        after_good, after_bad, anyway = await orc.submit_many([
+            node("after good", good), node("after bad", bad),
+            node("anyway", {"job": bad, "on_failure": "run"}),
+        ])  # fmt: skip
+        assert (await orc.get_job(after_bad)).status is Status.CANCELLED
+        await worker.until_finished(after_good, anyway)
+    assert (await orc.get_job(after_good)).status is Status.COMPLETED
+    assert (await orc.get_job(anyway)).status is Status.COMPLETED
+
+
+async def test_cancelling_a_blocked_job_cancels_what_depends_on_it(orc: Orchestrator) -> None:
+    a, b, c = await orc.submit_many(
+        [node("a", run_at="2099-01-01T00:00:00Z"), node("b", 0), node("c", 1)]
+    )
+    await orc.cancel(b, reason="changed my mind")
+    assert [(await orc.get_job(j)).status for j in (a, b, c)] == [
+        Status.PENDING, Status.CANCELLED, Status.CANCELLED,
+    ]  # fmt: skip
+
+
+async def test_a_parent_unknown_or_of_another_tenant_is_refused_and_nothing_stored(
+    orc: Orchestrator, db: psycopg.AsyncConnection[Any]
+) -> None:
+    theirs = await orc.submit("node", {"name": "theirs"}, tenant_id="globex")
+    cur = await db.execute("SELECT count(*) FROM orc_jobs")
+    (before,) = await cur.fetchone() or (0,)
+    for parent in (theirs, UUID(int=7)):
+        with pytest.raises(SubmitError, match=f"job 1 of the submit: depends_on: no job {parent}"):
+            await orc.submit_many([
+                node("first", tenant_id="acme"), node("mine", 0, parent, tenant_id="acme"),
+            ])  # fmt: skip
+    with pytest.raises(SubmitError, match="job 1 of the submit: depends_on: no job"):
+        await orc.submit_many([  # a job of the same batch, but of another tenant
+            node("theirs too", tenant_id="globex"), node("mine", 0, tenant_id="acme"),
+        ])  # fmt: skip
+    with pytest.raises(SubmitError, match="job 0 of the submit: depends_on names job 0"):
+        await orc.submit_many([node("self", 0)])  # no cycle: a batch index points back
+    with pytest.raises(SubmitError, match="job_key"):
+        await orc.submit_many([node("keyed", job_key="k"), node("after", 0)])
+    cur = await db.execute("SELECT count(*) FROM orc_jobs")
+    assert (await cur.fetchone() or (0,))[0] == before
+    assert (await orc.get_job(theirs)).status is Status.PENDING
+
+
+async def test_a_parent_ending_while_its_child_is_submitted_is_not_missed(
+    orc: Orchestrator, dsn: str, db: psycopg.AsyncConnection[Any]
+) -> None:
+    # The parent's end is written, not yet committed, when the child's submit reads it: the
+    # submit waits for it (the parent is locked), then settles the edge itself.
+    parent = await orc.submit("node", {"name": "parent"})
+    first = await orc.submit("node", {"name": "first child"}, depends_on=[parent])
+    await db.execute(
+        "UPDATE orc_jobs SET status = 'RUNNING', lease_token = gen_random_uuid() WHERE id = %s",
+        (parent,),
+    )
+    async with await psycopg.AsyncConnection.connect(dsn) as ending:
+        await ending.execute(
+            "UPDATE orc_jobs SET status = 'COMPLETED', lease_token = NULL WHERE id = %s", (parent,)
+        )
+        submitting = asyncio.create_task(orc.submit("node", {"name": "child"}, depends_on=[parent]))
+        await asyncio.sleep(0.3)
+        await ending.commit()
+        child = await submitting
+    assert [(await orc.get_job(j)).status for j in (first, child)] == [Status.PENDING] * 2
+    assert await dispatches(db, child) == 1
