@@ -21,15 +21,18 @@ that overruns is cancelled, never commits, and its job is retried from the last 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from pydantic import TypeAdapter
 
+from checkpoints.children import Children
 from checkpoints.gate import ApprovalGate
 from checkpoints.ledger import Call, Ledger, Reconcile
 from orchestrator.domain.errors import PermanentError
+from orchestrator.domain.models import Awaited
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -70,8 +73,11 @@ class Step(Generic[S]):
     def __init__(
         self, ledger: Ledger, gate: ApprovalGate, number: int, state: S,
         adapter: TypeAdapter[S], clock: StepClock | None = None,
+        children: Children | None = None,
     ) -> None:  # fmt: skip
         self.number = number
+        self._children = children
+        self._spawns = 0
         self._clock = clock
         self.state = state  #: the state at the start of this step (the last checkpoint's)
         self._ledger = ledger
@@ -108,6 +114,35 @@ class Step(Generic[S]):
             idempotent=idempotent, reconcile=reconcile, result_type=result_type,
             commit_now=commit_now,
         )  # fmt: skip
+
+    async def spawn(
+        self, specs: Sequence[Any], *, key: str | None = None, cancel_with_parent: bool = True
+    ) -> list[uuid.UUID]:
+        """Submit child jobs (JobSpecs, or their dicts; of this job's tenant and trace), once:
+        a step run again after a crash or a wait gets the same children back, never new ones
+        (they are recorded with this step and ``key``, by default the spawn's position in the
+        step, in the transaction that submits them). Their ids, in order; a spec's
+        ``depends_on`` may name an earlier one of them by its index. ``cancel_with_parent``:
+        cancelling this job cancels those not ended."""
+        self._spawns += 1
+        return await self._family().spawn(
+            self._ledger.fence, step=self.number, key=key or f"spawn{self._spawns}",
+            specs=specs, cancel_with_parent=cancel_with_parent,
+        )  # fmt: skip
+
+    async def wait_for(self, children: Sequence[uuid.UUID]) -> list[Awaited]:
+        """The children's outcomes (each its result, or its failure), in order, once every one
+        has ended. Until then the job stops here, holding no worker slot, no lease and no
+        heartbeat (BLOCKED), and resumes at its next attempt, from its last checkpoint, when
+        the last child ends: this step runs again, and this call returns. Waiting spends no
+        attempt or retry budget."""
+        await self._ledger.flush()
+        return await self._family().wait_for(self._ledger.fence, children)
+
+    def _family(self) -> Children:
+        if self._children is None:
+            raise RuntimeError("this step's job cannot spawn children (no worker gave it any)")
+        return self._children
 
     async def checkpoint(self, state: S, *, final: bool = False) -> None:
         """Commit this step: its state and its side effects, together. ``final``: the job has no
@@ -158,7 +193,9 @@ class Steps(Generic[S]):
     def __init__(
         self, ledger: Ledger, gate: ApprovalGate, state_type: Any, initial: S,
         max_steps: int | None, clock: StepClock | None = None,
+        children: Children | None = None,
     ) -> None:  # fmt: skip
+        self._children = children
         self._ledger = ledger
         self._gate = gate
         self._clock = clock
@@ -196,8 +233,9 @@ class Steps(Generic[S]):
             self._current = None
             raise StopAsyncIteration
         self._current = Step(
-            self._ledger, self._gate, number, self.state, self._adapter, self._clock
-        )
+            self._ledger, self._gate, number, self.state, self._adapter, self._clock,
+            self._children,
+        )  # fmt: skip
         if self._clock is not None:
             self._clock.start(number)
         return self._current

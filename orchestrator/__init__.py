@@ -39,7 +39,7 @@ if TYPE_CHECKING:
         TransactionConflict,
         UnknownJobType,
     )
-    from orchestrator.domain.models import DeadLetter, Job, JobEvent, LastError, Parent
+    from orchestrator.domain.models import Awaited, DeadLetter, Job, JobEvent, LastError
     from orchestrator.domain.states import Status
     from orchestrator.runtime.context import JobContext
     from orchestrator.settings import Settings
@@ -55,7 +55,7 @@ _HOMES = {
         "TransactionConflict", "UnknownJobType",
     ),
     "orchestrator.domain.dependencies": ("Dependency",),
-    "orchestrator.domain.models": ("DeadLetter", "Job", "JobEvent", "LastError", "Parent"),
+    "orchestrator.domain.models": ("DeadLetter", "Job", "JobEvent", "LastError", "Awaited"),
     "orchestrator.domain.states": ("Status",),
     "orchestrator.runtime.context": ("JobContext",),
     "orchestrator.settings": ("Settings",),
@@ -64,6 +64,7 @@ _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [
     "ApprovalError",
+    "Awaited",
     "CallTimedOut",
     "Classified",
     "ConfigError",
@@ -84,7 +85,6 @@ __all__ = [
     "LastError",
     "Orchestrator",
     "OrchestratorError",
-    "Parent",
     "PermanentError",
     "RetryLater",
     "Settings",

@@ -37,7 +37,7 @@ from orchestrator.domain.errors import ConfigError, InvalidArgument, InvalidTran
 from orchestrator.domain.failures import Failures
 from orchestrator.domain.flow import FlowKey
 from orchestrator.domain.job_types import JobType
-from orchestrator.domain.models import DeadLetter, Job, JobEvent, Parent, SubmitResult
+from orchestrator.domain.models import Awaited, DeadLetter, Job, JobEvent, SubmitResult
 from orchestrator.domain.notices import Notifier
 from orchestrator.domain.rollups import Stats
 from orchestrator.domain.schedules import Schedule, ScheduleView
@@ -154,6 +154,7 @@ class Orchestrator:
             settings=self.settings, lifecycle=self._lifecycle, schedules=self._schedules,
             config_watch=self._config_watch, failures=self.failures, secrets=self.secrets,
             metrics=self.metrics, tracing=self.tracing, procrastinate_app=self.procrastinate,
+            child_rows=rows.children,
         )  # fmt: skip
 
     # -- definition (orchestrator.facade.definition) ----------------------------------------
@@ -455,7 +456,7 @@ class Orchestrator:
     async def job_events(self, job_id: UUID | str) -> list[JobEvent]:
         return await self._reads.events(job_id)
 
-    async def parents(self, job_id: UUID | str) -> list[Parent]:
+    async def parents(self, job_id: UUID | str) -> list[Awaited]:
         """The jobs ``job_id`` depends on, in order, each with how it ended so far and its
         result or failure (docs/workflows.md)."""
         return await self._reads.parents(job_id)

@@ -6,6 +6,7 @@ it spends an attempt or a retry, and no tenant reaches another's jobs."""
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 from uuid import UUID
@@ -15,7 +16,7 @@ import pytest
 
 from orchestrator import Orchestrator, Status, SubmitError
 from tests.support import graph_app, log_guard
-from tests.support.harness import WorkerRun, finished
+from tests.support.harness import WorkerRun, finished, wait_for
 from tests.support.workers import WorkerProcess
 
 
@@ -234,3 +235,139 @@ async def test_a_parent_ending_while_its_child_is_submitted_is_not_missed(
         child = await submitting
     assert [(await orc.get_job(j)).status for j in (first, child)] == [Status.PENDING] * 2
     assert await dispatches(db, child) == 1
+
+
+# -- children spawned from a running job -------------------------------------------------------
+
+
+async def test_a_waiting_parent_holds_no_slot_its_children_run_on_the_only_one(
+    orc: Orchestrator, empty_dsn: str, db: psycopg.AsyncConnection[Any]
+) -> None:
+    graph_app.FAILING.clear()
+    planner = await orc.submit("planner", {"topics": ["x", "y", "z"]})
+    env = {"ORCHESTRATOR_RETRY_CONFIG": graph_app.CONFIG, "ORCHESTRATOR_WORKER_CONCURRENCY": 1}
+    with WorkerProcess(empty_dsn, app="tests.support.graph_app:orc", **env):
+        job = await finished(orc, planner, timeout=60)
+    assert job.status is Status.COMPLETED, job.last_error
+    assert job.result["report"] == ["x", "y", "z"]
+    assert (job.retry_count, job.attempt) == (0, 2)  # one attempt spawned, one resumed
+    assert await kinds(orc, planner) == [
+        "job.created", "job.running", "job.children_spawned", "job.waiting_for_children",
+        "job.unblocked", "job.running", "job.checkpointed", "job.checkpointed", "job.completed",
+    ]  # fmt: skip
+    cur = await db.execute("SELECT count(*) FROM orc_jobs WHERE job_type = 'node'")
+    assert await cur.fetchone() == (3,)
+
+
+async def spawned(db: psycopg.AsyncConnection[Any], parent: UUID) -> list[UUID]:
+    cur = await db.execute(
+        "SELECT child_id FROM orc_job_children WHERE parent_id = %s ORDER BY n", (parent,)
+    )
+    return [row[0] for row in await cur.fetchall()]
+
+
+async def node_jobs(db: psycopg.AsyncConnection[Any]) -> int:
+    cur = await db.execute("SELECT count(*) FROM orc_jobs WHERE job_type = 'node'")
+    (n,) = await cur.fetchone() or (0,)
+    return int(n)
+
+
+FAR = "2099-01-01T00:00:00Z"
+GRAPH_WORKER = {"app": "tests.support.graph_app:orc", "ORCHESTRATOR_RETRY_CONFIG": graph_app.CONFIG}
+
+
+async def test_a_worker_killed_after_its_spawn_committed_leaves_one_set_of_children(
+    orc: Orchestrator, empty_dsn: str, db: psycopg.AsyncConnection[Any]
+) -> None:
+    planner = await orc.submit("planner", {"topics": ["x", "y"], "hold_after_spawn": 60})
+    with WorkerProcess(empty_dsn, **GRAPH_WORKER) as first:
+        await wait_for(lambda: _some(spawned(db, planner)), timeout=30)
+        first.signal(signal.SIGKILL)
+        assert await asyncio.to_thread(first.wait) == -signal.SIGKILL
+    children = await spawned(db, planner)
+    with WorkerProcess(empty_dsn, **GRAPH_WORKER):  # sweeps the zombie, runs it again
+        job = await finished(orc, planner, timeout=60)
+    assert job.status is Status.COMPLETED, job.last_error
+    assert await spawned(db, planner) == children and await node_jobs(db) == 2
+    assert job.result["children"] == [str(c) for c in children]
+
+
+async def test_a_worker_killed_inside_its_spawn_before_the_commit_leaves_one_set_of_children(
+    orc: Orchestrator, empty_dsn: str, dsn: str, db: psycopg.AsyncConnection[Any]
+) -> None:
+    # The spawn's transaction has submitted the children and waits to record them (the test
+    # holds orc_job_children); the worker is killed there, so that transaction never commits.
+    planner = await orc.submit("planner", {"topics": ["x", "y"]})
+    async with await psycopg.AsyncConnection.connect(dsn) as holder:
+        await holder.execute("LOCK TABLE orc_job_children IN EXCLUSIVE MODE")
+        with WorkerProcess(empty_dsn, **GRAPH_WORKER) as first:
+
+            async def recording() -> bool:
+                cur = await db.execute(
+                    "SELECT count(*) FROM pg_locks AS l JOIN pg_class AS c ON c.oid = l.relation"
+                    " WHERE c.relname = 'orc_job_children' AND NOT l.granted"
+                )
+                return (await cur.fetchone() or (0,))[0] > 0
+
+            await wait_for(recording, timeout=30)
+            first.signal(signal.SIGKILL)
+            assert await asyncio.to_thread(first.wait) == -signal.SIGKILL
+        await holder.rollback()
+    await wait_for(lambda: _none(node_jobs(db)), timeout=30)  # the killed spawn rolled back
+    with WorkerProcess(empty_dsn, **GRAPH_WORKER):
+        job = await finished(orc, planner, timeout=60)
+    assert job.status is Status.COMPLETED, job.last_error
+    assert len(await spawned(db, planner)) == 2 and await node_jobs(db) == 2
+
+
+async def _some(values: Any) -> bool:
+    return bool(await values)
+
+
+async def _none(count: Any) -> bool:
+    return await count == 0
+
+
+@log_guard.fails_jobs("SUBMIT_REJECTED")
+async def test_a_job_can_neither_spawn_into_another_tenant_nor_wait_for_a_stranger(
+    orc: Orchestrator, db: psycopg.AsyncConnection[Any]
+) -> None:
+    theirs = await orc.submit("node", {"name": "theirs"}, tenant_id="globex", run_at=FAR)
+    planting = await orc.submit("intruder", {"spawn_into": "globex"}, tenant_id="acme")
+    waiting = await orc.submit("intruder", {"wait_on": str(theirs)}, tenant_id="acme")
+    async with WorkerRun(orc) as worker:
+        await worker.until_finished(planting, waiting)
+    for job_id, said in ((planting, "is not its parent's"), (waiting, "is not a child")):
+        job = await orc.get_job(job_id)
+        assert job.status is Status.FAILED and job.last_error is not None
+        assert job.last_error.classification == "PERMANENT" and said in job.last_error.message
+    assert await node_jobs(db) == 1  # nothing planted
+    cur = await db.execute("SELECT status, has_dependants FROM orc_jobs WHERE id = %s", (theirs,))
+    assert await cur.fetchone() == ("PENDING", False)
+
+
+@log_guard.fails_jobs("PERMANENT_ERROR")
+async def test_a_child_s_failure_reaches_its_parent_and_a_cancel_reaches_the_children(
+    orc: Orchestrator, db: psycopg.AsyncConnection[Any]
+) -> None:
+    graph_app.FAILING.add("bad")
+    async with WorkerRun(orc) as worker:
+        planner = await orc.submit("planner", {"topics": ["good", "bad"]})
+        await worker.until_finished(planner)
+        job = await orc.get_job(planner)
+        assert job.status is Status.COMPLETED and job.result["report"] == ["good", "FAILED"]
+        # A planner waiting for slow children is cancelled: its children are cancelled too.
+        waiting = await orc.submit("planner", {"topics": ["s1", "s2"], "child_sleep": 60})
+
+        async def blocked() -> bool:
+            return (await orc.get_job(waiting)).status is Status.BLOCKED
+
+        await wait_for(blocked, timeout=15)
+        await orc.cancel(waiting, reason="not needed")
+        children = await spawned(db, waiting)
+        statuses = [(await orc.get_job(c)).status for c in children]
+    assert statuses == [Status.CANCELLED] * 2
+    cancelled = [e for e in await orc.job_events(children[0]) if e.kind == "job.cancelled"]
+    assert cancelled[0].payload == {
+        "reason": f"its parent was cancelled: {waiting}", "by": "dependencies",
+    }  # fmt: skip

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from orchestrator import JobContext, Orchestrator, Status
-from tests.support import agent_app, log_guard, scripted
+from tests.support import agent_app, graph_app, log_guard, scripted
 from tests.support.external import MessageService, message_service
 from tests.support.harness import ROOT, WorkerRun, config_with, wait_for
 from tests.support.refusals import refusing_writes_to
@@ -73,7 +73,7 @@ async def test_every_event_kind_has_the_documented_keys(
     service: MessageService,
 ) -> None:
     orc = make_orc(
-        retry_config=config_with(scripted.TABLE, agent_app.TABLE, CAPPED),
+        retry_config=config_with(scripted.TABLE, agent_app.TABLE, graph_app.TABLE, CAPPED),
         heartbeat_interval=60,  # none in the test's time: a heartbeat set back stays stale
         drain_seconds=0.2,
         safety_net_grace_seconds=0,
@@ -81,6 +81,7 @@ async def test_every_event_kind_has_the_documented_keys(
     )
     scripted.register(orc)
     agent_app.register(orc)
+    graph_app.register(orc)
 
     @orc.job_type("hang")
     async def hang(ctx: JobContext, payload: None) -> None:
@@ -133,6 +134,7 @@ async def test_every_event_kind_has_the_documented_keys(
         ]
         done.append(await orc.submit("fall_back", None))
         done.append(await orc.submit("scripted", {"script": ["ok"]}, depends_on=done[:1]))
+        done.append(await orc.submit("planner", {"topics": ["one"]}))  # spawns, waits, resumes
         gated = {"service": service.url, "approval_at": 1}
         approved, rejected = [await orc.submit("agent", gated) for _ in range(2)]
         expired = await orc.submit("agent", {**gated, "approval_expires_in": 0.2})

@@ -311,7 +311,7 @@ async def test_a_job_that_an_unfinished_job_depends_on_is_kept(
         ([read_later, read_already],),
     )
     await db.execute(
-        "INSERT INTO orc_job_dependencies (job_id, parent_id, ord, on_failure, settled)"
+        "INSERT INTO orc_job_dependencies (job_id, awaited_id, ord, on_failure, settled)"
         " VALUES (%s, %s, 1, 'cancel', 'COMPLETED'), (%s, %s, 1, 'cancel', 'COMPLETED')",
         (waiting, read_later, ended, read_already),
     )  # fmt: skip

@@ -37,11 +37,11 @@ class Dependency(BaseModel):
 
 
 #: What ``depends_on`` takes: a job id, a batch index, or a Dependency with its policy.
-Parent = UUID | BatchIndex | Dependency
+ParentRef = UUID | BatchIndex | Dependency
 
 
 def edges(
-    depends_on: Sequence[Sequence[Parent]],
+    depends_on: Sequence[Sequence[ParentRef]],
     ids: Sequence[str],
     keyed: Sequence[bool],
     defaults: Sequence[ParentPolicy],

@@ -46,6 +46,8 @@ it (each event row also has ``job_id``, ``kind`` and ``at``):
     job.waiting_for_capacity  {key, waiting_on, status}  SQL: orc_waiting_for_capacity_event_v1
     job.blocked             {parents, waiting_on}        SQL: orc_blocked_event_v1
     job.unblocked           {ended: [{job_id, status}]}  SQL: orc_unblocked_event_v1
+    job.children_spawned    {children, step, key}        SQL: orc_children_spawned_event_v1
+    job.waiting_for_children  {awaiting, unended}        SQL: orc_waiting_for_children_event_v1
 
 ``error`` is ``{message, code, classification}``. On a retry ``layer`` and ``backoff_ms`` say how
 and ``dead_letter_id`` is null; on a terminal failure it is the reverse. Known secrets are

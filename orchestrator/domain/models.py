@@ -202,10 +202,11 @@ class Fence:
     attempt: int
 
 
-class Parent(_Row):
-    """A job a job depends on (docs/workflows.md), as its task reads it (``ctx.parents()``)
-    and the API shows it: how it ended so far (``ended``: COMPLETED, FAILED or CANCELLED; None
-    while it has not), its result once COMPLETED, its failure once FAILED."""
+class Awaited(_Row):
+    """A job another waits for (docs/workflows.md): a parent (``ctx.parents()``) or a child
+    (``step.wait_for``), as the waiting job reads it and the API shows it: how it ended so far
+    (``ended``: COMPLETED, FAILED or CANCELLED; None while it has not), its result once
+    COMPLETED, its failure once FAILED, and the policy it is awaited under."""
 
     job_id: UUID
     job_type: str

@@ -5,7 +5,7 @@ comes from :data:`TRANSITIONS` (see :func:`sources_of`), and ``orchestrator migr
 the same table into ``orc_state_transitions``, where a trigger rejects any other status change,
 including one made by hand in SQL. Nothing else may list transitions.
 
-    BLOCKED ──► PENDING                  (its last parent finished: docs/workflows.md)
+    BLOCKED ──► PENDING                  (the last job it waits for ended: docs/workflows.md)
        │
        └──► CANCELLED                    (a parent failed under `cancel`, or cancelled)
 
@@ -15,6 +15,7 @@ including one made by hand in SQL. Nothing else may list transitions.
        │         ▼ │
        │        RETRY                    (visible backoff, app or infra layer)
        │         │
+       │         ├──► BLOCKED            (a step waits for the children it spawned)
        │         └──► WAITING_APPROVAL ──► PENDING (approved, or rejected down the task's
        │                                   rejection path) | FAILED (rejected, expired)
        ▼
@@ -22,14 +23,15 @@ including one made by hand in SQL. Nothing else may list transitions.
     COMPLETED | FAILED ◄── PENDING | RETRY   (a waiting job ended by a producer: Graphile
                                              Worker's complete_jobs, permanently_fail_jobs)
 
-BLOCKED is a job whose parents (``depends_on``) have not all finished: it has no dispatch, so
-no worker sees it, and it becomes PENDING, with a dispatch, in the transaction of its last
-parent's end (functions/dependencies.sql); waiting costs no attempt. RUNNING → PENDING is the
-hand-back of a drained or interrupted attempt: it costs no retry budget, and neither does
-resuming after an approval. PENDING | RETRY → COMPLETED | FAILED end a waiting
-job that no attempt holds: Graphile Worker's ``complete_jobs`` and ``permanently_fail_jobs``
-(docs/graphile.md); a worker's own writes are fenced by their lease, which a waiting job has
-not.
+BLOCKED is a job that waits for other jobs: its parents (``depends_on``) at its submit, or,
+from RUNNING, the children a step of it spawned (``step.wait_for``). It has no dispatch and no
+lease, so no worker sees it, and it becomes PENDING, with a dispatch, in the transaction of the
+end of the last job it waits for (functions/dependencies.sql); waiting costs no budget.
+RUNNING → PENDING is the hand-back of a drained or interrupted attempt: it costs no retry
+budget, and neither does resuming after an approval. PENDING | RETRY → COMPLETED | FAILED
+end a waiting job that no attempt holds: Graphile Worker's ``complete_jobs`` and
+``permanently_fail_jobs`` (docs/graphile.md); a worker's own writes are fenced by their lease,
+which a waiting job has not.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ TRANSITIONS: Mapping[Status, frozenset[Status]] = {
             Status.CANCELLED,
             Status.PENDING,
             Status.WAITING_APPROVAL,
+            Status.BLOCKED,
         }
     ),
     Status.RETRY: frozenset({Status.RUNNING, Status.CANCELLED, Status.COMPLETED, Status.FAILED}),

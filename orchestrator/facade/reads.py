@@ -10,7 +10,7 @@ from uuid import UUID
 from orchestrator.domain.applications import Applications
 from orchestrator.domain.dead_letters import states_shown
 from orchestrator.domain.errors import InvalidArgument
-from orchestrator.domain.models import DeadLetter, Job, JobEvent, Parent
+from orchestrator.domain.models import Awaited, DeadLetter, Job, JobEvent
 from orchestrator.domain.states import Status
 from orchestrator.facade.arguments import status_of, storable, tenants_named, uuid_of
 from orchestrator.facade.lifecycle import Lifecycle
@@ -40,7 +40,7 @@ class Reads:
     async def events(self, job_id: UUID | str) -> list[JobEvent]:
         return await self._lifecycle.stores.jobs.history(uuid_of(job_id))
 
-    async def parents(self, job_id: UUID | str) -> list[Parent]:
+    async def parents(self, job_id: UUID | str) -> list[Awaited]:
         return await self._lifecycle.stores.graph.parents(uuid_of(job_id))
 
     async def steps(self, job_id: UUID | str) -> list[StepRecord]:

@@ -20,7 +20,7 @@ from pydantic import (
 )
 
 from orchestrator.domain import dependencies, events
-from orchestrator.domain.dependencies import MAX_PARENTS, Parent
+from orchestrator.domain.dependencies import MAX_PARENTS, ParentRef
 from orchestrator.domain.errors import ConfigError, InvalidPayload, SubmitError, UnknownJobType
 from orchestrator.domain.flow import Flow, flow_of
 from orchestrator.domain.ids import uuid7
@@ -102,7 +102,7 @@ class JobSpec(BaseModel):
     token_budget: int | None = Field(None, gt=0, le=2**63 - 1)
     #: The jobs this one waits for (docs/workflows.md): job ids, indexes of earlier jobs of
     #: the same batch, or either with its policy (``{"job": ..., "on_failure": "run"}``).
-    depends_on: tuple[Parent, ...] = Field((), max_length=MAX_PARENTS)
+    depends_on: tuple[ParentRef, ...] = Field((), max_length=MAX_PARENTS)
 
     @model_validator(mode="after")
     def _one_trace(self) -> JobSpec:
@@ -174,6 +174,30 @@ class JobRows:
             "flow_share_by": flow and flow.share_by,
             "flow_cost": flow and flow.cost,
         }
+
+    def children(
+        self, specs: Sequence[JobSpec | dict[str, Any]], tenant_id: str | None, trace_id: str
+    ) -> list[dict[str, Any]]:
+        """A step's child specs as rows (checkpoints.children): of the parent's tenant (a spec
+        naming another is refused) and, unless a spec says, of its trace. A child's identity is
+        its step's, so a spec may not bring a job key; nor, yet, a token budget."""
+        checked = []
+        for n, given in enumerate(specs):
+            spec = given if isinstance(given, JobSpec) else job_spec(**given)
+            if spec.tenant_id is not None and spec.tenant_id != tenant_id:
+                raise SubmitError(
+                    f"child {n}: tenant_id {spec.tenant_id!r} is not its parent's; a child is of "
+                    "its parent's tenant"
+                )
+            if spec.job_key is not None or spec.token_budget is not None:
+                raise SubmitError(f"child {n}: a spawned job takes no job_key nor token_budget")
+            traced = spec.trace_id is None and spec.traceparent is None
+            update = {"tenant_id": tenant_id, **({"trace_id": trace_id} if traced else {})}
+            checked.append(spec.model_copy(update=update))
+        rows = [self.row(spec) for spec in checked]
+        if any(spec.depends_on for spec in checked):
+            self.depend(rows, checked)
+        return rows
 
     def depend(self, rows: list[dict[str, Any]], specs: Sequence[JobSpec]) -> None:
         """Each row's parents (``depends_on``), a batch's indexes resolved to its jobs' ids,

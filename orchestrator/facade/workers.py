@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from uuid import UUID
 
+from checkpoints.children import ChildRows
 from orchestrator.domain.errors import ConfigError, UnknownJobType
 from orchestrator.domain.failures import Failures
 from orchestrator.domain.secrets import Secrets
@@ -46,8 +47,10 @@ class Workers:
         metrics: Metrics,
         tracing: Tracing | None,
         procrastinate_app: procrastinate.App,
+        child_rows: ChildRows,
     ) -> None:
         self._running = running
+        self._child_rows = child_rows
         self._definition = definition
         self._config = config
         self._settings = settings
@@ -88,6 +91,7 @@ class Workers:
                 rng=random.Random(),
                 metrics=self._metrics,
                 graph=opened.stores.graph,
+                child_rows=self._child_rows,
                 tracing=self._tracing,
                 usage=opened.stores.usage,
                 flow=opened.stores.flow,

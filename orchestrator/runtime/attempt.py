@@ -34,7 +34,15 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from checkpoints import ApprovalGate, AwaitingApproval, CheckpointStore, Ledger
+from checkpoints import (
+    ApprovalGate,
+    AwaitingApproval,
+    AwaitingChildren,
+    CheckpointStore,
+    Children,
+    Ledger,
+)
+from checkpoints.children import ChildRows
 from orchestrator.domain import events
 from orchestrator.domain.classification import Classified, Classifier, ErrorClass, classify
 from orchestrator.domain.errors import (
@@ -48,7 +56,7 @@ from orchestrator.domain.events import Fault
 from orchestrator.domain.failures import Failures
 from orchestrator.domain.flow_window import CallParked
 from orchestrator.domain.job_types import JobType
-from orchestrator.domain.models import Claim, Parent
+from orchestrator.domain.models import Awaited, Claim
 from orchestrator.domain.secrets import Secrets
 from orchestrator.runtime import current_attempt
 from orchestrator.runtime.clients import Clients
@@ -95,7 +103,8 @@ class Toolkit:
     gate: ApprovalGate
     rng: random.Random
     metrics: Metrics
-    graph: GraphStore  # what jobs depend on (ctx.parents())
+    graph: GraphStore  # what jobs depend on (ctx.parents()), the children steps spawn
+    child_rows: ChildRows  # a step's child specs as job rows (the application's submit)
     tracing: Tracing | None = None
     usage: UsageStore | None = None  # token accounting (None: calls are only counted)
     flow: FlowStore | None = None  # flow control's windows, which calls' usage reconciles
@@ -171,15 +180,18 @@ class Attempt:
     def hand_back(self, reason: str) -> HandedBack:
         return HandedBack(events.interrupted(self.claim, reason))
 
-    async def _parents(self) -> list[Parent]:
-        """The job's parents, each result typed by its job type's declared result when this
-        worker knows the type."""
+    async def _parents(self) -> list[Awaited]:
+        return self._typed(await self.kit.graph.parents(self.claim.id))
+
+    def _typed(self, outcomes: list[Awaited]) -> list[Awaited]:
+        """Each result typed by its job type's declared result, when this worker knows the
+        type."""
         types = self.kit.job_types
         return [
-            p.model_copy(update={"result": types[p.job_type].result.validate_python(p.result)})
-            if p.result is not None and p.job_type in types
-            else p
-            for p in await self.kit.graph.parents(self.claim.id)
+            o.model_copy(update={"result": types[o.job_type].result.validate_python(o.result)})
+            if o.result is not None and o.job_type in types
+            else o
+            for o in outcomes
         ]
 
     def _context(self) -> JobContext:
@@ -213,6 +225,13 @@ class Attempt:
             ),
             _shared=clients.shared,
             _parents=self._parents,
+            _children=Children(
+                kit.graph,
+                kit.child_rows,
+                self._typed,
+                tenant_id=claim.tenant_id,
+                trace_id=claim.trace_id,
+            ),
             _ledger=self.ledger,
             _gate=kit.gate,
             _metrics=kit.metrics,
@@ -259,7 +278,10 @@ class Attempt:
             return await self._ending(Parked.of(parked))
         except AwaitingApproval as waiting:
             self.releasing = True  # the wait was written: the job is no longer RUNNING
-            return Waiting(waiting.approval_id)  # asking was this attempt's outcome
+            return Waiting(f"approval {waiting.approval_id}")  # asking was this attempt's outcome
+        except AwaitingChildren as waiting:
+            self.releasing = True  # the wait was written: the job is BLOCKED
+            return Waiting(f"{waiting.waiting} children")
         except StaleLease as exc:  # a checkpoint or ledger write of the task was refused
             return Superseded("step", exc)
         except (DatabaseUnavailable, TransactionConflict) as exc:

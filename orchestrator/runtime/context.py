@@ -11,11 +11,11 @@ from uuid import UUID
 
 import httpx
 
-from checkpoints import ApprovalGate, Ledger, StepClock, Steps
+from checkpoints import ApprovalGate, Children, Ledger, StepClock, Steps
 from checkpoints.ledger import Call, Reconcile
 from orchestrator.domain import events
 from orchestrator.domain.classification import Classified, classify
-from orchestrator.domain.models import Parent
+from orchestrator.domain.models import Awaited
 from orchestrator.domain.secrets import Secrets
 from orchestrator.runtime.calls import call_limit
 from orchestrator.runtime.metrics import LlmOutcome, Metrics
@@ -52,7 +52,8 @@ class JobContext:
     secrets: Secrets = field(repr=False)
     _should_abort: Callable[[], bool] = field(repr=False)
     _shared: Callable[[Hashable, Callable[[], Any]], Any] = field(repr=False)
-    _parents: Callable[[], Awaitable[list[Parent]]] = field(repr=False)
+    _parents: Callable[[], Awaitable[list[Awaited]]] = field(repr=False)
+    _children: Children = field(repr=False)
     _ledger: Ledger = field(repr=False)
     _gate: ApprovalGate = field(repr=False)
     _step_clock: StepClock = field(repr=False)
@@ -74,7 +75,7 @@ class JobContext:
         client: C = self._shared(key, make)
         return client
 
-    async def parents(self) -> list[Parent]:
+    async def parents(self) -> list[Awaited]:
         """The jobs this one depends on (its ``depends_on``, in order), each with its result,
         typed as its job type declares it, or, under the ``run`` policy, its failure
         (docs/workflows.md); [] for a job without."""
@@ -231,7 +232,10 @@ class JobContext:
         ``state_type`` (a pydantic model, or any type pydantic knows) validates the state
         written by ``step.checkpoint`` and read back on resume; ``initial`` is step 1's state.
         """
-        return Steps(self._ledger, self._gate, state_type, initial, max_steps, self._step_clock)
+        return Steps(
+            self._ledger, self._gate, state_type, initial, max_steps, self._step_clock,
+            self._children,
+        )  # fmt: skip
 
     async def effect(
         self,

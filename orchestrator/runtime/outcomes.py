@@ -12,7 +12,8 @@ transaction (orchestrator.storage.dispatches):
                  paused for the fleet in the same transaction
     Failed       dead letter, FAILED, degradation (orchestrator.domain.failures)
     HandedBack   PENDING + job.interrupted, a new dispatch, no budget used (drain)
-    Waiting      nothing more (the step wrote WAITING_APPROVAL); the dispatch succeeded
+    Waiting      nothing more (the step wrote WAITING_APPROVAL, or BLOCKED on its children); the
+                 dispatch succeeded
     Parked       PENDING + job.waiting_for_capacity, a waiter of its flow key (its next call's
                  room is far off), no budget used; the dispatch succeeded
     Abandoned    nothing: the attempt lost its job (swept, cancelled); the dispatch is aborted
@@ -29,7 +30,6 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-from uuid import UUID
 
 from orchestrator.domain import events
 from orchestrator.domain.classification import Classified, ErrorClass
@@ -94,7 +94,7 @@ class Parked:
 
 @dataclass(frozen=True)
 class Waiting:
-    approval_id: UUID
+    what: str  # what the job waits for: an approval, or children
 
 
 @dataclass(frozen=True)

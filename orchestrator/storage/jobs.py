@@ -96,7 +96,7 @@ class JobStore:
             "waiting": sorted(s.value for s in states.CLAIMABLE),
             "task_prefix": TASK_PREFIX,
         }
-        with _submit_refused():
+        with submit_refused():
             if conn is not None and any(
                 spec.get("flow_template") or spec.get("depends_on") for spec in specs
             ):
@@ -112,7 +112,7 @@ class JobStore:
         the submit would refuse it; nothing written."""
         if not row.get("flow_template"):
             return None
-        with _submit_refused():
+        with submit_refused():
             found = await self.queries.row(
                 "render_flow_key", {**row, "payload": Jsonb(row.get("payload"))}
             )
@@ -277,7 +277,7 @@ def _event(row: dict[str, Any]) -> JobEvent:
 
 
 @contextmanager
-def _submit_refused() -> Iterator[None]:
+def submit_refused() -> Iterator[None]:
     """The database's refusals of a submit as its errors: a flow key (orc_flow_key_v1: its
     message names the field, its detail the job type) as InvalidPayload; a parent
     (orc_dependencies_check_v1: its detail is the job's place in the submit) as SubmitError."""

@@ -57,7 +57,7 @@ WITH RECURSIVE job_types AS (
            AND NOT (j.has_dependants AND EXISTS (
                    SELECT FROM orc_job_dependencies AS d
                      JOIN orc_jobs AS dependant ON dependant.id = d.job_id
-                    WHERE d.parent_id = j.id AND dependant.finished_at IS NULL))
+                    WHERE d.awaited_id = j.id AND dependant.finished_at IS NULL))
            AND NOT EXISTS (
                    SELECT FROM procrastinate_jobs AS p
                     WHERE p.lock = j.id::text AND p.status IN ('todo', 'doing')

@@ -74,5 +74,5 @@ class Stores:
             flow=FlowStore(queries, applications),
             usage=UsageStore(queries),
             applications=applications,
-            graph=GraphStore(queries),
+            graph=GraphStore(queries, jobs),
         )

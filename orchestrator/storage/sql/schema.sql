@@ -236,20 +236,35 @@ CREATE TABLE orc_flow_waiters (
 CREATE INDEX orc_flow_waiters_dispatched ON public.orc_flow_waiters USING btree (key) WHERE (dispatched_at IS NOT NULL);
 CREATE INDEX orc_flow_waiters_line ON public.orc_flow_waiters USING btree (key, share, priority, seq) WHERE (dispatched_at IS NULL);
 
+CREATE TABLE orc_job_children (
+    parent_id uuid NOT NULL,
+    step integer NOT NULL,
+    key text NOT NULL,
+    n integer NOT NULL,
+    child_id uuid NOT NULL,
+    cancel_with_parent boolean NOT NULL,
+    CONSTRAINT orc_job_children_child_id_fkey FOREIGN KEY (child_id) REFERENCES orc_jobs(id) ON DELETE CASCADE,
+    CONSTRAINT orc_job_children_parent_id_fkey FOREIGN KEY (parent_id) REFERENCES orc_jobs(id) ON DELETE CASCADE,
+    CONSTRAINT orc_job_children_pkey PRIMARY KEY (parent_id, step, key, n),
+    CONSTRAINT orc_job_children_child_id_key UNIQUE (child_id)
+);
+
 CREATE TABLE orc_job_dependencies (
     job_id uuid NOT NULL,
-    parent_id uuid NOT NULL,
+    awaited_id uuid NOT NULL,
+    kind text DEFAULT 'parent'::text NOT NULL,
     ord integer NOT NULL,
     on_failure text NOT NULL,
     settled text,
-    CONSTRAINT orc_job_dependencies_check CHECK ((job_id <> parent_id)),
+    CONSTRAINT orc_job_dependencies_check CHECK ((job_id <> awaited_id)),
+    CONSTRAINT orc_job_dependencies_kind_check CHECK ((kind = ANY (ARRAY['parent'::text, 'child'::text]))),
     CONSTRAINT orc_job_dependencies_on_failure_check CHECK ((on_failure = ANY (ARRAY['cancel'::text, 'run'::text, 'wait'::text]))),
     CONSTRAINT orc_job_dependencies_settled_check CHECK ((settled = ANY (ARRAY['COMPLETED'::text, 'FAILED'::text, 'CANCELLED'::text]))),
+    CONSTRAINT orc_job_dependencies_awaited_id_fkey FOREIGN KEY (awaited_id) REFERENCES orc_jobs(id) ON DELETE CASCADE,
     CONSTRAINT orc_job_dependencies_job_id_fkey FOREIGN KEY (job_id) REFERENCES orc_jobs(id) ON DELETE CASCADE,
-    CONSTRAINT orc_job_dependencies_parent_id_fkey FOREIGN KEY (parent_id) REFERENCES orc_jobs(id) ON DELETE CASCADE,
-    CONSTRAINT orc_job_dependencies_pkey PRIMARY KEY (job_id, parent_id)
+    CONSTRAINT orc_job_dependencies_pkey PRIMARY KEY (job_id, awaited_id)
 );
-CREATE INDEX orc_job_dependencies_parent ON public.orc_job_dependencies USING btree (parent_id);
+CREATE INDEX orc_job_dependencies_awaited ON public.orc_job_dependencies USING btree (awaited_id);
 
 CREATE TABLE orc_job_events (
     job_id uuid NOT NULL,
@@ -625,6 +640,8 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_blocked_event_v1(p_parents uuid[], p_waiting_on bigint)
 --   orc_cancelled_event_v1(p_reason text, p_by text)
 --   orc_checkpointed_event_v1(p_step integer, p_final boolean, p_effects_committed bigint)
+--   orc_children_cancel_v1(p_parent uuid)
+--   orc_children_spawned_event_v1(p_children uuid[], p_step integer, p_key text)
 --   orc_claim_v1(p_job_id uuid, p_procrastinate_job_id bigint, p_run integer, p_worker text, p_claimable text[], p_running text)
 --   orc_claim_v2(p_job_id uuid, p_procrastinate_job_id bigint, p_run integer, p_worker text, p_claimable text[], p_running text, p_task_prefix text)
 --   orc_complete_jobs_v1(p_items jsonb, p_target text, p_sources text[])
@@ -736,4 +753,6 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_take_dispatch_v1(p_queues character varying[], p_excluded character varying[], p_worker_id bigint)
 --   orc_unblocked_event_v1(p_job_id uuid)
 --   orc_uuid7_v1()
+--   orc_wait_for_children_v1(p_job_id uuid, p_lease_token uuid, p_children uuid[], p_task_prefix text)
 --   orc_waiting_for_capacity_event_v1(j orc_jobs, p_waiting_on text)
+--   orc_waiting_for_children_event_v1(p_children uuid[], p_waiting_on integer)

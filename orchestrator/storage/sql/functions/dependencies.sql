@@ -10,7 +10,7 @@
 -- A submit's edges: each spec's parents (its depends_on, resolved to job ids by the submit), in
 -- order, with the policy of each.
 CREATE OR REPLACE FUNCTION orc_submitted_edges_v1(p_specs jsonb)
-RETURNS TABLE (ord integer, id uuid, tenant_id text, parent_id uuid, on_failure text, n integer)
+RETURNS TABLE (ord integer, id uuid, tenant_id text, awaited_id uuid, on_failure text, n integer)
 LANGUAGE sql IMMUTABLE AS $$
     SELECT s.ord, s.id, s.tenant_id, (d.e ->> 'job_id')::uuid, d.e ->> 'on_failure', d.n::integer
       FROM jsonb_populate_recordset(NULL::orc_job_spec_v1, p_specs) AS s,
@@ -28,14 +28,14 @@ DECLARE
     refused record;
 BEGIN
     PERFORM FROM orc_jobs AS j
-     WHERE j.id IN (SELECT e.parent_id FROM orc_submitted_edges_v1(p_specs) AS e)
+     WHERE j.id IN (SELECT e.awaited_id FROM orc_submitted_edges_v1(p_specs) AS e)
      ORDER BY j.id
        FOR NO KEY UPDATE;
-    SELECT e.ord, e.parent_id INTO refused
+    SELECT e.ord, e.awaited_id INTO refused
       FROM orc_submitted_edges_v1(p_specs) AS e
       LEFT JOIN jsonb_populate_recordset(NULL::orc_job_spec_v1, p_specs) AS b
-        ON b.id = e.parent_id
-      LEFT JOIN orc_jobs AS j ON j.id = e.parent_id
+        ON b.id = e.awaited_id
+      LEFT JOIN orc_jobs AS j ON j.id = e.awaited_id
      WHERE CASE WHEN b.id IS NOT NULL
                 THEN b.ord >= e.ord OR b.tenant_id IS DISTINCT FROM e.tenant_id
                 ELSE j.id IS NULL OR j.tenant_id IS DISTINCT FROM e.tenant_id END
@@ -43,7 +43,7 @@ BEGIN
      LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'depends_on: no job % of its tenant submitted before it',
-            refused.parent_id
+            refused.awaited_id
             USING ERRCODE = 'ORCDP', DETAIL = refused.ord::text;
     END IF;
 END;
@@ -57,23 +57,23 @@ CREATE OR REPLACE FUNCTION orc_dependencies_add_v1(p_specs jsonb, p_task_prefix 
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO orc_job_dependencies (job_id, parent_id, ord, on_failure)
-    SELECT e.id, e.parent_id, e.n, e.on_failure FROM orc_submitted_edges_v1(p_specs) AS e;
+    INSERT INTO orc_job_dependencies (job_id, awaited_id, ord, on_failure)
+    SELECT e.id, e.awaited_id, e.n, e.on_failure FROM orc_submitted_edges_v1(p_specs) AS e;
     UPDATE orc_jobs AS j SET has_dependants = true
-     WHERE j.id IN (SELECT e.parent_id FROM orc_submitted_edges_v1(p_specs) AS e)
+     WHERE j.id IN (SELECT e.awaited_id FROM orc_submitted_edges_v1(p_specs) AS e)
        AND NOT j.has_dependants;
     INSERT INTO orc_job_waits (job_id, unsettled, task_prefix)
     SELECT e.id, count(*), p_task_prefix FROM orc_submitted_edges_v1(p_specs) AS e GROUP BY e.id;
     INSERT INTO orc_job_events (job_id, kind, payload)
     SELECT e.id, 'job.blocked',
-           orc_blocked_event_v1(array_agg(e.parent_id ORDER BY e.n),
+           orc_blocked_event_v1(array_agg(e.awaited_id ORDER BY e.n),
                                 count(*) FILTER (WHERE p.finished_at IS NULL))
       FROM orc_submitted_edges_v1(p_specs) AS e
-      JOIN orc_jobs AS p ON p.id = e.parent_id
+      JOIN orc_jobs AS p ON p.id = e.awaited_id
      GROUP BY e.id;
     PERFORM orc_dependencies_settle_v1(ARRAY(
-        SELECT DISTINCT e.parent_id FROM orc_submitted_edges_v1(p_specs) AS e
-          JOIN orc_jobs AS p ON p.id = e.parent_id
+        SELECT DISTINCT e.awaited_id FROM orc_submitted_edges_v1(p_specs) AS e
+          JOIN orc_jobs AS p ON p.id = e.awaited_id
          WHERE p.finished_at IS NOT NULL));
 END;
 $$;
@@ -102,16 +102,16 @@ BEGIN
     WITH settled AS (
         UPDATE orc_job_dependencies AS d SET settled = p.status
           FROM orc_jobs AS p
-         WHERE p.id = ANY (p_parents) AND d.parent_id = p.id AND p.finished_at IS NOT NULL
+         WHERE p.id = ANY (p_parents) AND d.awaited_id = p.id AND p.finished_at IS NOT NULL
            AND d.settled IS NULL
-        RETURNING d.job_id, d.parent_id, d.on_failure, d.settled
+        RETURNING d.job_id, d.awaited_id, d.on_failure, d.settled
     )
-    SELECT array_agg(s.job_id), array_agg(s.parent_id), array_agg(s.on_failure),
+    SELECT array_agg(s.job_id), array_agg(s.awaited_id), array_agg(s.on_failure),
            array_agg(s.settled), array_agg(l.state), array_agg(l.requeued_job_id)
       INTO children, parents, policies, ends, letters, replays
       FROM settled AS s
       LEFT JOIN LATERAL (SELECT l.state, l.requeued_job_id FROM orc_dead_letters AS l
-                          WHERE l.job_id = s.parent_id AND s.on_failure = 'wait'
+                          WHERE l.job_id = s.awaited_id AND s.on_failure = 'wait'
                             AND s.settled = 'FAILED'
                           ORDER BY l.created_at DESC LIMIT 1) AS l ON true;
     IF children IS NULL THEN
@@ -146,11 +146,11 @@ BEGIN
         PERFORM orc_dependencies_release_v1(counted);
     END IF;
     FOR handing IN
-        SELECT DISTINCT h.parent_id, h.replay
-          FROM unnest(parents, letters, replays) AS h (parent_id, letter, replay)
+        SELECT DISTINCT h.awaited_id, h.replay
+          FROM unnest(parents, letters, replays) AS h (awaited_id, letter, replay)
          WHERE h.letter = 'requeued'
     LOOP
-        PERFORM orc_dependencies_hand_on_v1(handing.parent_id, handing.replay);
+        PERFORM orc_dependencies_hand_on_v1(handing.awaited_id, handing.replay);
     END LOOP;
 END;
 $$;
@@ -166,10 +166,10 @@ BEGIN
         RETURN;
     END IF;
     PERFORM FROM orc_jobs WHERE id = p_replay FOR NO KEY UPDATE;
-    UPDATE orc_job_dependencies AS d SET parent_id = p_replay, settled = NULL
-     WHERE d.parent_id = p_parent AND d.on_failure = 'wait' AND d.settled = 'FAILED'
+    UPDATE orc_job_dependencies AS d SET awaited_id = p_replay, settled = NULL
+     WHERE d.awaited_id = p_parent AND d.on_failure = 'wait' AND d.settled = 'FAILED'
        AND NOT EXISTS (SELECT FROM orc_job_dependencies AS o
-                        WHERE o.job_id = d.job_id AND o.parent_id = p_replay);
+                        WHERE o.job_id = d.job_id AND o.awaited_id = p_replay);
     IF FOUND THEN
         UPDATE orc_jobs SET has_dependants = true WHERE id = p_replay AND NOT has_dependants;
         PERFORM orc_dependencies_settle_v1(ARRAY[p_replay]);
@@ -189,7 +189,7 @@ BEGIN
     ELSE
         SELECT array_agg(d.job_id) INTO doomed
           FROM orc_job_dependencies AS d JOIN orc_jobs AS c ON c.id = d.job_id
-         WHERE d.parent_id = NEW.job_id AND d.on_failure = 'wait' AND d.settled = 'FAILED'
+         WHERE d.awaited_id = NEW.job_id AND d.on_failure = 'wait' AND d.settled = 'FAILED'
            AND c.finished_at IS NULL;
         PERFORM orc_dependencies_cancel_v1(doomed, ARRAY[NEW.job_id])
           WHERE cardinality(doomed) > 0;
@@ -215,7 +215,7 @@ LANGUAGE sql AS $$
         SELECT unnest(p_jobs)
         UNION
         SELECT d.job_id
-          FROM orc_job_dependencies AS d JOIN doomed AS x ON d.parent_id = x.job_id
+          FROM orc_job_dependencies AS d JOIN doomed AS x ON d.awaited_id = x.job_id
          WHERE d.settled IS NULL AND d.on_failure IN ('cancel', 'wait')
     ), cancelled AS (
         UPDATE orc_jobs AS j SET status = 'CANCELLED'
@@ -262,10 +262,14 @@ BEGIN
 END;
 $$;
 
--- A job depended on ended: its dependants' edges are settled in the same transaction.
+-- A job depended on ended: its dependants' edges are settled in the same transaction; if it was
+-- cancelled, the children it spawned to be cancelled with it are.
 CREATE OR REPLACE FUNCTION orc_dependants_settle_v1() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+    IF NEW.status = 'CANCELLED' THEN
+        PERFORM orc_children_cancel_v1(NEW.id);
+    END IF;
     PERFORM orc_dependencies_settle_v1(ARRAY[NEW.id]);
     RETURN NULL;
 END;
@@ -290,3 +294,78 @@ CREATE OR REPLACE TRIGGER orc_jobs_wait_ended
     AFTER UPDATE OF status ON orc_jobs
     FOR EACH ROW WHEN (OLD.status = 'BLOCKED' AND NEW.status <> 'BLOCKED')
     EXECUTE FUNCTION orc_job_wait_ended_v1();
+
+-- A parent's wait for children it spawned (a step's wait_for), fenced by its lease: the
+-- children are locked (so the end of one cannot pass unseen), and if some have not ended the
+-- parent goes from RUNNING to BLOCKED, its lease released, waiting for them by the edges and
+-- count dependencies use (kind `child`, policy `run`: it resumes when each has ended, however),
+-- with job.waiting_for_children. Returns how many it waits for (0: none, it goes on), or null
+-- when the lease is no longer the caller's. A child not spawned by the job is refused (ORCDP).
+CREATE OR REPLACE FUNCTION orc_wait_for_children_v1(
+    p_job_id uuid, p_lease_token uuid, p_children uuid[], p_task_prefix text
+) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    stranger uuid;
+    waiting integer;
+BEGIN
+    PERFORM FROM orc_jobs WHERE id = p_job_id AND status = 'RUNNING'
+                            AND lease_token = p_lease_token
+       FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT c INTO stranger FROM unnest(p_children) AS c
+     WHERE NOT EXISTS (SELECT FROM orc_job_children AS k
+                        WHERE k.parent_id = p_job_id AND k.child_id = c)
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'wait_for: % is not a child this job spawned', stranger
+            USING ERRCODE = 'ORCDP', DETAIL = '0';
+    END IF;
+    PERFORM FROM orc_jobs WHERE id = ANY (p_children) ORDER BY id FOR NO KEY UPDATE;
+    INSERT INTO orc_job_dependencies (job_id, awaited_id, kind, ord, on_failure)
+    SELECT p_job_id, c.id, 'child', c.n, 'run'
+      FROM unnest(p_children) WITH ORDINALITY AS c (id, n)
+      JOIN orc_jobs AS j ON j.id = c.id AND j.finished_at IS NULL
+    ON CONFLICT (job_id, awaited_id) DO UPDATE SET settled = NULL, ord = EXCLUDED.ord;
+    GET DIAGNOSTICS waiting = ROW_COUNT;
+    IF waiting = 0 THEN
+        RETURN 0;
+    END IF;
+    UPDATE orc_jobs SET has_dependants = true
+     WHERE id = ANY (p_children) AND finished_at IS NULL AND NOT has_dependants;
+    INSERT INTO orc_job_waits (job_id, unsettled, task_prefix)
+    VALUES (p_job_id, waiting, p_task_prefix);
+    UPDATE orc_jobs SET status = 'BLOCKED', lease_token = NULL, locked_by = NULL,
+                        heartbeat_at = NULL, deadline_at = NULL
+     WHERE id = p_job_id;
+    INSERT INTO orc_job_events (job_id, kind, payload)
+    VALUES (p_job_id, 'job.waiting_for_children',
+            orc_waiting_for_children_event_v1(p_children, waiting));
+    RETURN waiting;
+END;
+$$;
+
+-- The children `p_parent` spawned to be cancelled with it, those not ended, cancelled (their
+-- attempts asked to stop, as an operator's cancel does), with job.cancelled.
+CREATE OR REPLACE FUNCTION orc_children_cancel_v1(p_parent uuid) RETURNS void
+LANGUAGE sql AS $$
+    WITH cancelled AS (
+        UPDATE orc_jobs AS j
+           SET status = 'CANCELLED', next_retry_at = NULL, lease_token = NULL, locked_by = NULL,
+               heartbeat_at = NULL
+         WHERE j.id IN (SELECT k.child_id FROM orc_job_children AS k
+                         WHERE k.parent_id = p_parent AND k.cancel_with_parent)
+           AND j.finished_at IS NULL
+        RETURNING j.id, j.procrastinate_job_id
+    ), event AS (
+        INSERT INTO orc_job_events (job_id, kind, payload)
+        SELECT c.id, 'job.cancelled',
+               orc_cancelled_event_v1('its parent was cancelled: ' || p_parent, 'dependencies')
+          FROM cancelled AS c
+    )
+    SELECT procrastinate_cancel_job_v1(c.procrastinate_job_id, true, false)
+      FROM cancelled AS c
+     WHERE c.procrastinate_job_id IS NOT NULL
+$$;

@@ -199,8 +199,25 @@ $$;
 CREATE OR REPLACE FUNCTION orc_unblocked_event_v1(p_job_id uuid) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('ended', coalesce(jsonb_agg(
-               jsonb_build_object('job_id', d.parent_id, 'status', d.settled) ORDER BY d.ord),
+               jsonb_build_object('job_id', d.awaited_id, 'status', d.settled) ORDER BY d.ord),
                '[]'))
       FROM orc_job_dependencies AS d
      WHERE d.job_id = p_job_id
+$$;
+
+-- job.children_spawned: the children a step spawned (in order), under the step's key.
+CREATE OR REPLACE FUNCTION orc_children_spawned_event_v1(
+    p_children uuid[], p_step integer, p_key text
+) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object('children', to_jsonb(p_children), 'step', p_step, 'key', p_key)
+$$;
+
+-- job.waiting_for_children: the job stopped, holding no slot, until these children (of those it
+-- named) have ended; p_waiting_on had not.
+CREATE OR REPLACE FUNCTION orc_waiting_for_children_event_v1(
+    p_children uuid[], p_waiting_on integer
+) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object('awaiting', to_jsonb(p_children), 'unended', p_waiting_on)
 $$;

@@ -10,32 +10,48 @@
 -- submits send no depends_on.
 --
 -- compatible-with-older-workers: yes
--- revises: functions/dependencies.sql fe618af7f599e1401c1c5b0c2c5fbaf930540278d1154cdbae84af88555cbbf0
--- revises: functions/history.sql 280f4f0c43b92a01167ddaaed2d9a0051ae929138711b1ae086f7537041e71f9
+-- revises: functions/dependencies.sql 292af3729fb82ad79071b398cc7ebd4d2aa6aebcdf0ca719f9873cd45b55d5a4
+-- revises: functions/history.sql fa3ae4a49087d396638a1c89cac271889f46e7580b11800d2863fb2fb90573ec
 -- revises: functions/submit.sql 83052c33309fee75a74c99e0eb0f7ac676f0c5daa0e8360d2feb78175a676c9b
 
 ALTER TABLE orc_jobs ADD COLUMN has_dependants boolean NOT NULL DEFAULT false;
 
 ALTER TYPE orc_job_spec_v1 ADD ATTRIBUTE depends_on jsonb;
 
--- An edge of a graph: job_id waits for parent_id. `ord`: its place in the job's depends_on;
--- `settled`: how the parent ended (COMPLETED, FAILED or CANCELLED), null while it has not.
+-- An edge of a graph: job_id waits for awaited_id, its parent (`kind` parent: named in its
+-- depends_on) or a child it spawned and waits for (`kind` child: ctx's wait_for). `ord`: its
+-- place among the job's; `settled`: how the awaited job ended (COMPLETED, FAILED or CANCELLED),
+-- null while it has not.
 CREATE TABLE orc_job_dependencies (
     job_id uuid NOT NULL REFERENCES orc_jobs (id) ON DELETE CASCADE,
-    parent_id uuid NOT NULL REFERENCES orc_jobs (id) ON DELETE CASCADE,
+    awaited_id uuid NOT NULL REFERENCES orc_jobs (id) ON DELETE CASCADE,
+    kind text NOT NULL DEFAULT 'parent' CHECK (kind IN ('parent', 'child')),
     ord integer NOT NULL,
     on_failure text NOT NULL CHECK (on_failure IN ('cancel', 'run', 'wait')),
     settled text CHECK (settled IN ('COMPLETED', 'FAILED', 'CANCELLED')),
-    PRIMARY KEY (job_id, parent_id),
-    CHECK (job_id <> parent_id)
+    PRIMARY KEY (job_id, awaited_id),
+    CHECK (job_id <> awaited_id)
 );
-CREATE INDEX orc_job_dependencies_parent ON orc_job_dependencies (parent_id);
+CREATE INDEX orc_job_dependencies_awaited ON orc_job_dependencies (awaited_id);
 
--- A job that waits for other jobs: how many it still waits for, and the task prefix of its
+-- A job that waits for other jobs (BLOCKED): how many it still waits for, and the task prefix of its
 -- application's dispatches (the one it gets when the count reaches 0).
 CREATE TABLE orc_job_waits (
     job_id uuid PRIMARY KEY REFERENCES orc_jobs (id) ON DELETE CASCADE,
     unsettled integer NOT NULL CHECK (unsettled >= 0),
     task_prefix text NOT NULL,
     since timestamptz NOT NULL DEFAULT now()
+);
+
+-- The children a running job spawned (a step's spawn: `step`, `key`, each child's place `n`),
+-- written with them in one transaction: a step run again finds them, and spawns none anew.
+-- `cancel_with_parent`: cancelled when the parent is.
+CREATE TABLE orc_job_children (
+    parent_id uuid NOT NULL REFERENCES orc_jobs (id) ON DELETE CASCADE,
+    step integer NOT NULL,
+    key text NOT NULL,
+    n integer NOT NULL,
+    child_id uuid NOT NULL UNIQUE REFERENCES orc_jobs (id) ON DELETE CASCADE,
+    cancel_with_parent boolean NOT NULL,
+    PRIMARY KEY (parent_id, step, key, n)
 );
