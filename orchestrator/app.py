@@ -401,7 +401,7 @@ class Orchestrator:
             priority=priority, queue=queue, max_retries=max_retries, job_key=job_key,
             job_key_mode=job_key_mode, timeout_seconds=timeout_seconds, trace_id=trace_id,
             tenant_id=tenant_id, traceparent=traceparent, cost=cost,
-            token_budget=token_budget, depends_on=tuple(depends_on),
+            token_budget=token_budget, depends_on=depends_on,
         )  # fmt: skip
         (job_id,) = await self.submit_many([spec], connection=connection)
         return job_id
@@ -460,6 +460,13 @@ class Orchestrator:
         """The jobs ``job_id`` depends on, in order, each with how it ended so far and its
         result or failure (docs/workflows.md)."""
         return await self._reads.parents(job_id)
+
+    async def children(
+        self, job_id: UUID | str, *, after: UUID | None = None, limit: int = 100
+    ) -> list[Awaited]:
+        """The children ``job_id`` spawned (``step.spawn``), in the order made, a page after
+        the child ``after`` (docs/workflows.md)."""
+        return await self._reads.children(job_id, after=after, limit=limit)
 
     async def job_steps(self, job_id: UUID | str) -> list[StepRecord]:
         """A job's checkpoints and side effects, in step order."""

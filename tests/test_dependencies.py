@@ -6,7 +6,10 @@ it spends an attempt or a retry, and no tenant reaches another's jobs."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 from uuid import UUID
@@ -16,7 +19,7 @@ import pytest
 
 from orchestrator import Orchestrator, Status, SubmitError
 from tests.support import graph_app, log_guard
-from tests.support.harness import WorkerRun, finished, wait_for
+from tests.support.harness import ROOT, WorkerRun, finished, wait_for
 from tests.support.workers import WorkerProcess
 
 
@@ -257,6 +260,32 @@ async def test_a_waiting_parent_holds_no_slot_its_children_run_on_the_only_one(
     ]  # fmt: skip
     cur = await db.execute("SELECT count(*) FROM orc_jobs WHERE job_type = 'node'")
     assert await cur.fetchone() == (3,)
+    # `orchestrator status JOB` lists them; a child's page names its parent's
+    shown = await status_of(empty_dsn, planner)
+    children = [c.job_id for c in await orc.children(planner)]
+    assert "  children:" in shown and all(f"    {c}  node" in shown for c in children), shown
+
+
+async def status_of(dsn: str, job_id: UUID) -> str:
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "orchestrator", "--app", "tests.support.graph_app:orc",
+         "status", str(job_id)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60, check=False,
+        env={**os.environ, "DATABASE_URL": dsn, "ORCHESTRATOR_RETRY_CONFIG": str(graph_app.CONFIG)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+async def test_a_blocked_job_says_what_it_waits_for(orc: Orchestrator, dsn: str) -> None:
+    a, b, c = await orc.submit_many([node("a", run_at=FAR), node("b", run_at=FAR), node("c", 0, 1)])
+    job = await orc.get_job(c)
+    assert job.waiting_for == "waiting for 2 jobs to end (docs/workflows.md)"
+    shown = await status_of(dsn, c)
+    assert "waiting for 2 jobs to end" in shown, shown
+    assert f"    {a}  node" in shown and f"    {b}  node" in shown, shown
+    assert "(on failure: cancel)" in shown
 
 
 async def spawned(db: psycopg.AsyncConnection[Any], parent: UUID) -> list[UUID]:

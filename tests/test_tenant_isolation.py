@@ -557,3 +557,43 @@ async def test_a_tenant_cannot_depend_on_another_tenant_s_job(
     assert await stored_jobs(db) == before
     cur = await db.execute("SELECT has_dependants FROM orc_jobs WHERE id = %s", (theirs,))
     assert await cur.fetchone() == (False,)  # not even marked as depended on
+
+
+async def test_a_tenant_s_token_sees_only_its_part_of_a_graph(
+    tokens: Tokens, db: psycopg.AsyncConnection[Any]
+) -> None:
+    # A graph never crosses tenants (the submit and the spawn refuse it); rows planted across
+    # them by hand are still not shown to another tenant's token, and a job of another tenant
+    # is a 404 with all its relatives.
+    async def job(tenant: str, **spec: Any) -> str:
+        body = {"job_type": "scripted", "payload": OK, "tenant_id": tenant, "run_at": FAR, **spec}
+        answer = await tokens.fleet.post("/api/v1/jobs", json=body)
+        assert answer.status_code == 201, answer.text
+        return str(answer.json()["job_id"])
+
+    parent = await job(MINE)
+    child = await job(MINE, depends_on=[parent])
+    spawned = [await job(MINE), await job(MINE)]
+    planted = await job(THEIRS)  # made last: children are listed in the order made
+    await db.execute(
+        "INSERT INTO orc_job_children (parent_id, step, key, n, child_id, cancel_with_parent)"
+        " SELECT %s, 1, 'spawn1', n, c, true FROM unnest(%s::uuid[]) WITH ORDINALITY AS u (c, n)",
+        (parent, [*spawned, planted]),
+    )  # fmt: skip
+    await db.execute(
+        "INSERT INTO orc_job_dependencies (job_id, awaited_id, ord, on_failure)"
+        " VALUES (%s, %s, 2, 'run')",
+        (child, planted),
+    )  # fmt: skip
+    mine = tokens.read_a
+    parents = (await mine.get(f"/api/v1/jobs/{child}/parents")).json()
+    assert [p["job_id"] for p in parents["jobs"]] == [parent], parents
+    children = (await mine.get(f"/api/v1/jobs/{parent}/children", params={"limit": 1})).json()
+    assert [c["job_id"] for c in children["jobs"]] == spawned[:1]
+    after = {"after": children["next_cursor"]}
+    rest = (await mine.get(f"/api/v1/jobs/{parent}/children", params=after)).json()
+    assert [c["job_id"] for c in rest["jobs"]] == spawned[1:] and rest["next_cursor"] is None
+    everyone = (await tokens.fleet.get(f"/api/v1/jobs/{parent}/children")).json()
+    assert [c["job_id"] for c in everyone["jobs"]] == [*spawned, planted]
+    for path in (f"{parent}/children", f"{child}/parents"):
+        assert (await tokens.read_b.get(f"/api/v1/jobs/{path}")).status_code == 404

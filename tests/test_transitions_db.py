@@ -3,7 +3,8 @@
 - raw SQL: the guard trigger accepts legal changes and rejects every other one with
   WF_STATE_TRANSITION_INVALID, changing nothing;
 - the stores' operations (claim, complete, fail, retry, hand back, cancel, approval
-  requests and decisions; a waiting job is completed or failed as Graphile Worker's
+  requests and decisions, a wait for children and the release of a job that waited; a waiting
+  job is completed or failed as Graphile Worker's
   complete_jobs and permanently_fail_jobs write it, with no lease): the legal ones apply; an
   illegal one is refused with InvalidTransition (or, for a dispatch's claim, is a no-op) and
   leaves the row and its history exactly as they were.
@@ -220,6 +221,47 @@ def operation(
         if letter is None:
             raise await stores.jobs.refusal(job_id, target, None)
 
+    async def another(status: str, **columns: Any) -> uuid.UUID:
+        other = uuid.uuid4()
+        names = ", ".join(["id", "job_type", "status", "payload", "queue", "max_attempts",
+                           "max_retries", "trace_id", *columns])  # fmt: skip
+        holes = ", ".join(["%s"] * (8 + len(columns)))
+        async with stores.queries.connection() as conn:
+            await conn.execute(
+                f"INSERT INTO orc_jobs ({names}) VALUES ({holes})",
+                (other, "echo", status, Jsonb({}), "echo", 3, 3, "t", *columns.values()),
+            )
+        return other
+
+    async def wait_for_child() -> None:  # a step's wait_for (docs/workflows.md)
+        child = await another("PENDING")
+        async with stores.queries.connection() as conn:
+            await conn.execute(
+                "INSERT INTO orc_job_children (parent_id, step, key, n, child_id,"
+                " cancel_with_parent) VALUES (%s, 1, 'spawn1', 1, %s, true)",
+                (job_id, child),
+            )
+        await stores.graph.wait_for(Fence(job_id, LEASE, 1), [child])
+
+    async def release() -> None:  # the last job it waits for ends, in that transaction
+        awaited = await another("RUNNING", lease_token=uuid.uuid4(), has_dependants=True)
+        async with stores.queries.connection() as conn:
+            await conn.execute(
+                "INSERT INTO orc_job_dependencies (job_id, awaited_id, ord, on_failure)"
+                " VALUES (%s, %s, 1, 'cancel')",
+                (job_id, awaited),
+            )
+            await conn.execute(
+                "INSERT INTO orc_job_waits (job_id, unsettled, task_prefix) VALUES (%s, 1, 'orc.')",
+                (job_id,),
+            )
+            await conn.execute(
+                "UPDATE orc_jobs SET status = 'COMPLETED', lease_token = NULL WHERE id = %s",
+                (awaited,),
+            )
+
+    if source is Status.BLOCKED and target is Status.PENDING:
+        return release
     if source is Status.WAITING_APPROVAL and target in (Status.PENDING, Status.FAILED):
         return lambda: decide("approved" if target is Status.PENDING else "rejected")
     if source in CLAIMABLE and target in (Status.COMPLETED, Status.FAILED):
@@ -239,6 +281,8 @@ def operation(
             return hand_back
         case Status.CANCELLED:
             return lambda: stores.jobs.cancel(job_id, reason="test", by="test")
+        case Status.BLOCKED:
+            return wait_for_child
     raise AssertionError(target)
 
 

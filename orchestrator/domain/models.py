@@ -95,7 +95,8 @@ class Job(_Row):
     flow_key: str | None = None
     flow_cost: int | None = None
     #: Why it has not started while it waits for capacity on its key (``waiting for capacity
-    #: on <key> (...)``); null when it does not wait for capacity.
+    #: on <key> (...)``), or, BLOCKED, for other jobs (``waiting for N jobs to end``); null
+    #: when it waits for neither.
     waiting_for: str | None = None
 
     @model_validator(mode="before")
@@ -108,6 +109,10 @@ class Job(_Row):
                 data["flow_key"], data["flow_blocked_on"], data.get("flow_paused_until")
             )
             return {**data, "waiting_for": reason}
+        if isinstance(data, dict) and data.get("status") == Status.BLOCKED:
+            waits = data.get("waits_for_jobs")
+            count = "jobs" if waits is None else f"{waits} job{'s' if waits != 1 else ''}"
+            return {**data, "waiting_for": f"waiting for {count} to end (docs/workflows.md)"}
         return data
 
 
@@ -211,7 +216,7 @@ class Awaited(_Row):
     job_id: UUID
     job_type: str
     status: Status
-    on_failure: str
+    on_failure: str | None = None  # a parent's policy (a child: none)
     ended: Status | None = None
     result: Any = None
     last_error: LastError | None = None

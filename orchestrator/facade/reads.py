@@ -41,7 +41,13 @@ class Reads:
         return await self._lifecycle.stores.jobs.history(uuid_of(job_id))
 
     async def parents(self, job_id: UUID | str) -> list[Awaited]:
-        return await self._lifecycle.stores.graph.parents(uuid_of(job_id))
+        return [p for _, p in await self._lifecycle.stores.graph.parents(uuid_of(job_id))]
+
+    async def children(
+        self, job_id: UUID | str, *, after: UUID | None, limit: int
+    ) -> list[Awaited]:
+        graph = self._lifecycle.stores.graph
+        return await graph.children(uuid_of(job_id), after=after, limit=limit)
 
     async def steps(self, job_id: UUID | str) -> list[StepRecord]:
         return await self._lifecycle.stores.jobs.steps(uuid_of(job_id))

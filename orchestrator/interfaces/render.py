@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from orchestrator.domain.applications import Applications
 from orchestrator.domain.flow import FlowKey
-from orchestrator.domain.models import DeadLetter, Job, JobEvent
+from orchestrator.domain.models import Awaited, DeadLetter, Job, JobEvent
 from orchestrator.domain.rollups import Stats
 from orchestrator.domain.schedules import ScheduleView
 from orchestrator.domain.states import Status
@@ -52,6 +52,22 @@ def describe(job: Job, events: list[JobEvent], steps: list[StepRecord] | None = 
         lines.append("  steps:")
         lines.extend(f"    {_step_line(row)}" for row in steps)
     return "\n".join(lines)
+
+
+def graph_lines(parents: list[Awaited], children: list[Awaited], more: bool) -> list[str]:
+    """A job's parents and the children it spawned (docs/workflows.md), a line each."""
+    lines = []
+    for title, jobs, tail in (("parents", parents, False), ("children", children, more)):
+        if jobs:
+            lines.append(f"  {title}:" + (" (the first shown)" if tail else ""))
+            lines.extend(f"    {_relative(job)}" for job in jobs)
+    return lines
+
+
+def _relative(job: Awaited) -> str:
+    policy = f"  (on failure: {job.on_failure})" if job.on_failure else ""
+    error = f"  [{job.last_error.code}]" if job.last_error is not None else ""
+    return f"{job.job_id}  {job.job_type:<20} {job.status.value}{error}{policy}"
 
 
 #: The columns' names over ``job_line``'s rows (the optional tenant, key and wait are named in

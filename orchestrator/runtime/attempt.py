@@ -181,7 +181,7 @@ class Attempt:
         return HandedBack(events.interrupted(self.claim, reason))
 
     async def _parents(self) -> list[Awaited]:
-        return self._typed(await self.kit.graph.parents(self.claim.id))
+        return self._typed([p for _, p in await self.kit.graph.parents(self.claim.id)])
 
     def _typed(self, outcomes: list[Awaited]) -> list[Awaited]:
         """Each result typed by its job type's declared result, when this worker knows the

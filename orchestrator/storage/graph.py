@@ -4,13 +4,14 @@ database as jobs end (functions/dependencies.sql)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 from uuid import UUID
 
+from orchestrator.domain.dependencies import MAX_PARENTS
 from orchestrator.domain.errors import StaleLease
 from orchestrator.domain.models import Awaited, Fence
-from orchestrator.storage.database import Conn
+from orchestrator.domain.states import Status
 from orchestrator.storage.jobs import TASK_PREFIX, JobStore, submit_refused
 from orchestrator.storage.runner import Queries
 
@@ -20,9 +21,23 @@ class GraphStore:
         self.queries = queries
         self.jobs = jobs
 
-    async def parents(self, job_id: UUID, conn: Conn | None = None) -> list[Awaited]:
-        """The job's parents, in the order its submit named them."""
-        rows = await self.queries.rows("job_parents", {"job_id": job_id}, conn)
+    async def parents(
+        self, job_id: UUID, *, after: int = 0, limit: int = MAX_PARENTS,
+        tenants: Collection[str] | None = None,
+    ) -> list[tuple[int, Awaited]]:  # fmt: skip
+        """The job's parents after the place ``after``, in the order its submit named them,
+        each with its place; of ``tenants`` only (None: any)."""
+        params = {"job_id": job_id, "after": after, "limit": limit, "tenants": _listed(tenants)}
+        rows = await self.queries.rows("job_parents", params)
+        return [(row["ord"], Awaited.model_validate(row)) for row in rows]
+
+    async def children(
+        self, job_id: UUID, *, after: UUID | None, limit: int,
+        tenants: Collection[str] | None = None,
+    ) -> list[Awaited]:  # fmt: skip
+        """The children the job spawned after the child ``after``, in the order made."""
+        params = {"job_id": job_id, "after": after, "limit": limit, "tenants": _listed(tenants)}
+        rows = await self.queries.rows("job_children", params)
         return [Awaited.model_validate(row) for row in rows]
 
     async def outcomes(self, job_ids: Sequence[UUID]) -> list[Awaited]:
@@ -61,5 +76,9 @@ class GraphStore:
         with submit_refused():
             row = await self.queries.row("wait_for_children", params)
         if row is None or row["waiting"] is None:
-            raise StaleLease(fence.job_id, fence.lease_token)
+            raise await self.jobs.refusal(fence.job_id, Status.BLOCKED, fence.lease_token)
         return int(row["waiting"])
+
+
+def _listed(tenants: Collection[str] | None) -> list[str] | None:
+    return None if tenants is None else sorted(tenants)

@@ -1,17 +1,32 @@
 -- job_parents --
--- A job's parents (its depends_on), in order: each one's end so far and, once it ended, its
--- result or its failure (under `wait`, the job that replayed it).
-SELECT d.awaited_id AS job_id, p.job_type, p.status, d.on_failure, d.settled AS ended,
+-- A page of a job's parents (its depends_on), in order, after the place `after`: each one's end
+-- so far and, once it ended, its result or its failure (under `wait`, the job that replayed
+-- it); of `tenants` only (null: any).
+SELECT d.ord, d.awaited_id AS job_id, p.job_type, p.status, d.on_failure, d.settled AS ended,
        p.result, p.last_error
   FROM orc_job_dependencies AS d
   JOIN orc_jobs AS p ON p.id = d.awaited_id
- WHERE d.job_id = %(job_id)s AND d.kind = 'parent'
+ WHERE d.job_id = %(job_id)s AND d.kind = 'parent' AND d.ord > %(after)s
+   AND (%(tenants)s::text[] IS NULL OR p.tenant_id = ANY (%(tenants)s::text[]))
  ORDER BY d.ord
+ LIMIT %(limit)s
+
+-- job_children --
+-- A page of the children a job spawned, in the order made (their ids are time-ordered), after
+-- the child `after`; of `tenants` only (null: any).
+SELECT c.id AS job_id, c.job_type, c.status, NULL AS on_failure,
+       CASE WHEN c.finished_at IS NOT NULL THEN c.status END AS ended, c.result, c.last_error
+  FROM orc_job_children AS k
+  JOIN orc_jobs AS c ON c.id = k.child_id
+ WHERE k.parent_id = %(job_id)s AND k.child_id > coalesce(%(after)s::uuid, '00000000-0000-0000-0000-000000000000')
+   AND (%(tenants)s::text[] IS NULL OR c.tenant_id = ANY (%(tenants)s::text[]))
+ ORDER BY k.child_id
+ LIMIT %(limit)s
 
 -- awaited_outcomes --
 -- Jobs as a job that waited for them reads them (its children: ctx's wait_for), in the order
 -- given.
-SELECT j.id AS job_id, j.job_type, j.status, 'run' AS on_failure,
+SELECT j.id AS job_id, j.job_type, j.status, NULL AS on_failure,
        CASE WHEN j.finished_at IS NOT NULL THEN j.status END AS ended, j.result, j.last_error
   FROM unnest(%(job_ids)s::uuid[]) WITH ORDINALITY AS c (id, n)
   JOIN orc_jobs AS j ON j.id = c.id

@@ -42,11 +42,14 @@ SELECT id, procrastinate_cancel_job_v1(procrastinate_job_id, true, false) AS pro
 SELECT status, lease_token FROM orc_jobs WHERE id = %(job_id)s
 
 -- get_job --
--- With what it waits for, when it waits for capacity (docs/flow-control.md).
-SELECT j.*, w.blocked_on AS flow_blocked_on, k.paused_until AS flow_paused_until
+-- With what it waits for, when it waits for capacity (docs/flow-control.md) or for other jobs
+-- (docs/workflows.md).
+SELECT j.*, w.blocked_on AS flow_blocked_on, k.paused_until AS flow_paused_until,
+       jw.unsettled AS waits_for_jobs
   FROM orc_jobs AS j
   LEFT JOIN orc_flow_waiters AS w ON w.job_id = j.id
   LEFT JOIN orc_flow_keys AS k ON k.key = w.key
+  LEFT JOIN orc_job_waits AS jw ON jw.job_id = j.id
  WHERE j.id = %(job_id)s
 
 -- job_events --

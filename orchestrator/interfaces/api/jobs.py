@@ -21,6 +21,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BeforeValidator, ValidationError
 
 from orchestrator.app import JobSpec, Orchestrator
+from orchestrator.domain.dependencies import MAX_PARENTS
 from orchestrator.domain.errors import DatabaseUnavailable, JobNotFound, SubmitError
 from orchestrator.domain.models import Job
 from orchestrator.domain.principals import Principal, Scope, Unauthorized
@@ -28,9 +29,11 @@ from orchestrator.domain.states import Status
 from orchestrator.domain.usage import JobUsage
 from orchestrator.interfaces.api.auth import RECHECK_SECONDS, Allowed, still_authenticated
 from orchestrator.interfaces.api.models import (
+    ChildPage,
     EventPage,
     JobOutcome,
     JobPage,
+    ParentPage,
     Reason,
     Steps,
     SubmitBatch,
@@ -153,6 +156,44 @@ async def job_events(
     await visible_job(orc, caller, job_id)
     events = await orc.stores.jobs.events_after(job_id, after=after, limit=limit)
     return EventPage(events=events, next_cursor=events[-1].id if events else after)
+
+
+@router.get("/jobs/{job_id}/parents")
+async def job_parents(
+    job_id: UUID,
+    orc: Orc,
+    caller: Reader,
+    after: Annotated[int, Query(ge=0, le=MAX_PARENTS)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> ParentPage:
+    """The jobs it depends on (docs/workflows.md), in its depends_on's order, each with how it
+    ended and its result or failure; a page after the place ``after``."""
+    await visible_job(orc, caller, job_id)
+    found = await orc.stores.graph.parents(
+        job_id, after=after, limit=limit + 1, tenants=caller.tenants
+    )
+    more = len(found) > limit
+    return ParentPage(
+        jobs=[p for _, p in found[:limit]], next_cursor=found[limit - 1][0] if more else None
+    )
+
+
+@router.get("/jobs/{job_id}/children")
+async def job_children(
+    job_id: UUID,
+    orc: Orc,
+    caller: Reader,
+    after: UUID | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> ChildPage:
+    """The children it spawned (docs/workflows.md), in the order made, each with its status
+    and its result or failure; a page after the child ``after``."""
+    await visible_job(orc, caller, job_id)
+    found = await orc.stores.graph.children(
+        job_id, after=after, limit=limit + 1, tenants=caller.tenants
+    )
+    more = len(found) > limit
+    return ChildPage(jobs=found[:limit], next_cursor=found[limit - 1].job_id if more else None)
 
 
 @router.get("/jobs/{job_id}/steps")

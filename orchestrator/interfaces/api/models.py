@@ -14,7 +14,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from orchestrator.app import JobSpec
 from orchestrator.domain.dead_letters import BULK_MAX
 from orchestrator.domain.flow import FlowKey
-from orchestrator.domain.models import DeadLetter, Job, JobEvent, QueueStats
+from orchestrator.domain.models import Awaited, DeadLetter, Job, JobEvent, QueueStats
 from orchestrator.domain.schedules import ScheduleView
 from orchestrator.domain.storable import Text
 from orchestrator.domain.usage import UsageTotal
@@ -52,6 +52,22 @@ class SubmittedBatch(BaseModel):
 class JobPage(BaseModel):
     jobs: list[Job]
     #: Pass as ``cursor`` for the next (older) page; null: this was the last.
+    next_cursor: UUID | None
+
+
+class ParentPage(BaseModel):
+    """A job's parents (its depends_on), in order (docs/workflows.md)."""
+
+    jobs: list[Awaited]
+    #: Pass as ``after`` for the next page; null: this was the last.
+    next_cursor: int | None
+
+
+class ChildPage(BaseModel):
+    """The children a job spawned, in the order made (docs/workflows.md)."""
+
+    jobs: list[Awaited]
+    #: Pass as ``after`` for the next page; null: this was the last.
     next_cursor: UUID | None
 
 

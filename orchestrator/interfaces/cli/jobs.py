@@ -120,6 +120,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return opened(load_app(args.app), body)
 
 
+#: The children ``status JOB`` lists (the API pages through them all).
+SHOWN_CHILDREN = 20
+
+
 @on_app
 async def cmd_status(args: argparse.Namespace, orc: Orchestrator) -> int:
     if args.job_id is None:
@@ -135,6 +139,11 @@ async def cmd_status(args: argparse.Namespace, orc: Orchestrator) -> int:
         raise UsageError("--tenant and --json: only without a job id (the fleet summary)")
     job = await orc.get_job(args.job_id)
     print(render.describe(job, await orc.job_events(job.id), await orc.job_steps(job.id)))
+    children = await orc.children(job.id, limit=SHOWN_CHILDREN + 1)
+    for line in render.graph_lines(
+        await orc.parents(job.id), children[:SHOWN_CHILDREN], len(children) > SHOWN_CHILDREN
+    ):
+        print(line)
     usage = await orc.job_usage(job.id)
     if usage.calls or usage.token_budget is not None:
         print(render.job_usage_line(usage))
