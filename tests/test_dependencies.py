@@ -281,7 +281,7 @@ async def status_of(dsn: str, job_id: UUID) -> str:
 async def test_a_blocked_job_says_what_it_waits_for(orc: Orchestrator, dsn: str) -> None:
     a, b, c = await orc.submit_many([node("a", run_at=FAR), node("b", run_at=FAR), node("c", 0, 1)])
     job = await orc.get_job(c)
-    assert job.waiting_for == "waiting for 2 jobs to end (docs/workflows.md)"
+    assert job.waiting_for == "waiting for 2 jobs to end"
     shown = await status_of(dsn, c)
     assert "waiting for 2 jobs to end" in shown, shown
     assert f"    {a}  node" in shown and f"    {b}  node" in shown, shown

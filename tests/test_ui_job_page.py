@@ -243,3 +243,39 @@ async def test_a_retrying_job_says_when_and_keeps_an_opened_fold_open_as_it_upda
     assert await scheduled.get_attribute("open") is not None  # still open after the updates
     assert "backoff" in await scheduled.locator("dl.payload").inner_text()
     await page.context.close()
+
+
+async def test_a_job_s_page_draws_its_graph_each_node_a_link_its_status_live(
+    orc: Orchestrator, server: ApiServer, browser: Any
+) -> None:
+    # A parent with a child that depends on it and two children it spawned (recorded as a
+    # step's spawn records them); the page lists them, links each, and shows a child's end
+    # as it happens (woken by the child's events, not by polling).
+    far = "2099-01-01T00:00:00Z"
+    parent = await orc.submit("scripted", {"script": ["ok"]}, run_at=far)
+    dependant = await orc.submit("scripted", {"script": ["ok"]}, depends_on=[parent])
+    spawned = [await orc.submit("scripted", {"script": ["ok"]}, run_at=far) for _ in range(2)]
+    async with orc.stores.queries.connection() as conn:
+        await conn.execute(
+            "INSERT INTO orc_job_children (parent_id, step, key, n, child_id,"
+            " cancel_with_parent) SELECT %s, 1, 'spawn1', n, c, true"
+            " FROM unnest(%s::uuid[]) WITH ORDINALITY AS u (c, n)",
+            (parent, spawned),
+        )
+    page = await signed_in(browser, server, await token(orc.stores.tokens, "grapher"))
+    await page.goto(f"{server.url}/ui/jobs/{dependant}")
+    parents = page.locator("#job-parents li")
+    assert await parents.count() == 1
+    assert "PENDING" in await parents.first.inner_text()
+    assert "waiting for 1 job to end" in await page.locator("#job-next").inner_text()
+    await parents.first.get_by_role("link").click()
+    await page.wait_for_url(f"{server.url}/ui/jobs/{parent}")
+    children = page.locator("#job-children li")
+    assert [await c.get_attribute("data-job") for c in await children.all()] == [
+        str(s) for s in spawned
+    ]
+    await shot(page, "job-graph")
+    await orc.cancel(spawned[0], reason="not needed")
+    first = page.locator(f"#job-children li[data-job='{spawned[0]}'] .status")
+    await first.filter(has_text="CANCELLED").wait_for(timeout=15_000)
+    assert await _holds_at_a_phone_s_width(page)

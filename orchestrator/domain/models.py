@@ -112,7 +112,7 @@ class Job(_Row):
         if isinstance(data, dict) and data.get("status") == Status.BLOCKED:
             waits = data.get("waits_for_jobs")
             count = "jobs" if waits is None else f"{waits} job{'s' if waits != 1 else ''}"
-            return {**data, "waiting_for": f"waiting for {count} to end (docs/workflows.md)"}
+            return {**data, "waiting_for": f"waiting for {count} to end"}
         return data
 
 

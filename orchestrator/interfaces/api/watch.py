@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from uuid import UUID
 
 import psycopg
@@ -42,10 +42,11 @@ READY_SECONDS = 5.0
 
 
 class Waiter:
-    """One waiting request: its job, and the newest event id of it that it has seen."""
+    """One waiting request: its jobs (a job, and on a job's page its relatives), and the newest
+    event id of each that it has seen."""
 
-    def __init__(self, job_id: UUID, seen: int) -> None:
-        self.job_id = job_id
+    def __init__(self, seen: dict[UUID, int]) -> None:
+        self.job_ids = frozenset(seen)
         self.seen = seen
         self._woken = asyncio.Event()
 
@@ -70,10 +71,11 @@ class Waiter:
             if woken or loop.time() >= until:
                 return woken
 
-    def wake(self, newest: int) -> None:
-        if newest > self.seen:
-            self.seen = newest
-            self._woken.set()
+    def wake(self, newest: Mapping[UUID, int]) -> None:
+        for job_id in self.job_ids:
+            if newest.get(job_id, 0) > self.seen[job_id]:
+                self.seen[job_id] = newest[job_id]
+                self._woken.set()
 
 
 class EventWatch:
@@ -89,9 +91,10 @@ class EventWatch:
         self._listing_lock = asyncio.Lock()  # listing and unlisting take turns
 
     @contextlib.asynccontextmanager
-    async def watching(self, job_id: UUID) -> AsyncIterator[Waiter]:
-        """A waiter for ``job_id``, live (listed and listening) before the block starts: read
-        the job in the block, then wait; nothing written after the read is missed."""
+    async def watching(self, job_id: UUID, *others: UUID) -> AsyncIterator[Waiter]:
+        """A waiter for ``job_id`` (and ``others``: woken by an event of any), live (listed and
+        listening) before the block starts: read the jobs in the block, then wait; nothing
+        written after the read is missed."""
         try:
             await asyncio.wait_for(self._listening.wait(), READY_SECONDS)
         except TimeoutError:
@@ -101,8 +104,9 @@ class EventWatch:
             # table restored, emptied by hand) is back before this waiter reads the job.
             await self.listeners.listen(self.name, seconds=LISTED_SECONDS)
             self._listed = True
-            seen = (await self.listeners.latest([job_id])).get(job_id, 0)
-            waiter = Waiter(job_id, seen)
+            ids = {job_id, *others}
+            latest = await self.listeners.latest(sorted(ids))
+            waiter = Waiter({i: latest.get(i, 0) for i in ids})
             self._waiters.add(waiter)
             self._someone.set()
         try:
@@ -157,14 +161,14 @@ class EventWatch:
             if not waiters:
                 continue
             try:
-                newest = await self.listeners.latest({w.job_id for w in waiters})
+                newest = await self.listeners.latest(set().union(*(w.job_ids for w in waiters)))
             except (DatabaseUnavailable, psycopg.Error) as exc:
                 logger.warning("reading the waited jobs' events failed (%s)", exc)
                 await asyncio.sleep(RECONNECT_SECONDS)
                 self._changed.set()
                 continue
             for waiter in waiters:
-                waiter.wake(newest.get(waiter.job_id, 0))
+                waiter.wake(newest)
 
     async def _listing(self) -> None:
         """Renew the listing while somebody waits; drop it once nobody has for a while."""

@@ -405,8 +405,15 @@ async def _job(orc: Orchestrator, session: Session, job_id: UUID) -> dict[str, A
     events = await orc.job_events(job_id)
     letter = await orc.stores.dead_letters.of_job(job_id)
     approval = await _pending_approval(orc, job, events)
+    tenants = session.principal.tenants
+    graph = orc.stores.graph
+    parents = [p for _, p in await graph.parents(job_id, limit=GRAPH_SHOWN, tenants=tenants)]
+    children = await graph.children(job_id, after=None, limit=GRAPH_SHOWN + 1, tenants=tenants)
     return {
         "job": job,
+        "parents": parents,
+        "children": children[:GRAPH_SHOWN],
+        "more_children": len(children) > GRAPH_SHOWN,
         "summary": views.summary(job, events, letter, approval, datetime.now(UTC)),
         "events": views.event_lines(events),
         "steps": await orc.job_steps(job_id),
@@ -416,6 +423,10 @@ async def _job(orc: Orchestrator, session: Session, job_id: UUID) -> dict[str, A
         "config": orc.retry_config.for_type(job.job_type),
         "usage": await orc.job_usage(job_id),
     }
+
+
+#: The parents and the children a job's page shows, and watches live (the API pages them all).
+GRAPH_SHOWN = 50
 
 
 async def _pending_approval(
@@ -782,16 +793,18 @@ async def live(request: Request, session: Viewer) -> StreamingResponse:
 
 @router.get("/live/jobs/{job_id}")
 async def live_job(request: Request, orc: Orc, session: Viewer, job_id: UUID) -> StreamingResponse:
-    """ "changed" the moment the job has new events (woken by the database), and once a second
-    while it waits for a retry (its countdown is drawn by the page); while the session lives."""
-    await _job(orc, session, job_id)
+    """ "changed" the moment the job, or a parent or child its page shows, has new events
+    (woken by the database), and once a second while it waits for a retry (its countdown is
+    drawn by the page); while the session lives."""
+    shown = await _job(orc, session, job_id)
+    relatives = [r.job_id for r in (*shown["parents"], *shown["children"])]
     watch: EventWatch = request.app.state.watch
     ping = orc.settings.api_stream_ping_seconds
     every, check = SESSION_CHECK_SECONDS, functools.partial(signed_in, request)
 
     async def changes() -> AsyncIterator[str]:
         try:
-            async with watch.watching(job_id) as waiter:
+            async with watch.watching(job_id, *relatives) as waiter:
                 while True:
                     woken = await waiter.wait_checked(ping, every=every, check=check)
                     yield "data: changed\n\n" if woken else ": ping\n\n"

@@ -345,6 +345,9 @@ def _next(
             return f"waits for approval{asked}", "approve or reject it below"
         case Status.RUNNING:
             return f"runs attempt {job.attempt}{of} on {job.locked_by}", None
+        case Status.BLOCKED:
+            waits = job.waiting_for or "waiting for other jobs to end"
+            return f"{waits}; runs once they have, holding no worker meanwhile", None
         case Status.PENDING if job.waiting_for:
             return job.waiting_for, None
         case Status.PENDING if job.run_at > now:
