@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from orchestrator import Orchestrator, Status, SubmitError
+from orchestrator.storage.usage import CallUsage
 from tests.support import graph_app, log_guard
 from tests.support.harness import ROOT, WorkerRun, finished, wait_for
 from tests.support.workers import WorkerProcess
@@ -385,6 +386,16 @@ async def test_a_child_s_failure_reaches_its_parent_and_a_cancel_reaches_the_chi
         await worker.until_finished(planner)
         job = await orc.get_job(planner)
         assert job.status is Status.COMPLETED and job.result["report"] == ["good", "FAILED"]
+        # Its usage adds up its children's, the failed one's too.
+        for n, child in enumerate(await spawned(db, planner), 1):
+            await orc.stores.usage.record(CallUsage(
+                job_id=child, call_id="c1", attempt=1, tenant_id=None, agent_id=None,
+                job_type="node", model="m", input_tokens=10 * n, output_tokens=n,
+                cache_read_tokens=0, cache_creation_tokens=0,
+            ))  # fmt: skip
+        usage = await orc.job_usage(planner)
+        assert (usage.descendants, usage.descendant_calls) == (2, 2)
+        assert usage.descendants_total.total_tokens == 11 + 22
         # A planner waiting for slow children is cancelled: its children are cancelled too.
         waiting = await orc.submit("planner", {"topics": ["s1", "s2"], "child_sleep": 60})
 

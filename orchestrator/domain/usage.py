@@ -64,12 +64,17 @@ class LlmCall(Tokens):
 
 
 class JobUsage(BaseModel):
-    """A job's LLM calls, their totals, and its own token budget (None: none)."""
+    """A job's LLM calls, their totals, and its own token budget (None: none); and, added up,
+    those of the jobs below it in the tree its steps spawned (docs/workflows.md), failed ones
+    included."""
 
     job_id: UUID
     token_budget: int | None = None
     total: Tokens = Field(default_factory=Tokens)
     calls: list[LlmCall] = Field(default_factory=list)
+    descendants: int = 0
+    descendant_calls: int = 0
+    descendants_total: Tokens = Field(default_factory=Tokens)
 
 
 def groups_of(by: str | Iterable[str]) -> tuple[str, ...]:

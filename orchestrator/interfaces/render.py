@@ -377,10 +377,17 @@ def job_usage_line(usage: JobUsage) -> str:
     """A job's LLM usage in one line (``orchestrator status``)."""
     t = usage.total
     budget = f" of a budget of {usage.token_budget}" if usage.token_budget is not None else ""
+    d = usage.descendants_total
+    below = (
+        f"; with the {usage.descendants} jobs below it: {usage.descendant_calls} calls more,"
+        f" {t.total_tokens + d.total_tokens} tokens in all"
+        if usage.descendants
+        else ""
+    )
     return (
         f"LLM usage: {len(usage.calls)} calls, {t.total_tokens} tokens{budget} (input"
         f" {t.input_tokens}, output {t.output_tokens}, cache read {t.cache_read_tokens}, cache"
-        f" write {t.cache_creation_tokens})"
+        f" write {t.cache_creation_tokens}){below}"
     )
 
 

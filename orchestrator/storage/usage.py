@@ -101,4 +101,10 @@ class UsageStore:
             cache_creation_tokens=sum(c.cache_creation_tokens for c in calls),
         )
         budget = rows[0]["token_budget"] if rows else None
-        return JobUsage(job_id=job_id, token_budget=budget, total=total, calls=calls)
+        below = await self.queries.row("descendants_llm_usage", {"job_id": job_id})
+        assert below is not None
+        return JobUsage(
+            job_id=job_id, token_budget=budget, total=total, calls=calls,
+            descendants=below["jobs"], descendant_calls=below["calls"],
+            descendants_total=Tokens.model_validate(below),
+        )  # fmt: skip

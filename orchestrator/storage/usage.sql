@@ -79,3 +79,19 @@ SELECT b.tokens AS token_budget, u.call_id, u.attempt, u.model, u.input_tokens,
   LEFT JOIN orc_job_token_budgets AS b ON b.job_id = j.job_id
   LEFT JOIN orc_llm_usage AS u ON u.job_id = j.job_id
  ORDER BY u.id
+
+-- descendants_llm_usage --
+-- The LLM usage of the jobs below a job in the tree its steps spawned (children, theirs, and so
+-- on; failed and cancelled ones too): how many jobs, calls and tokens of each kind.
+WITH RECURSIVE below (id) AS (
+    SELECT k.child_id FROM orc_job_children AS k WHERE k.parent_id = %(job_id)s
+    UNION
+    SELECT k.child_id FROM orc_job_children AS k JOIN below AS b ON k.parent_id = b.id
+)
+SELECT (SELECT count(*) FROM below) AS jobs, count(u.id) AS calls,
+       coalesce(sum(u.input_tokens), 0) AS input_tokens,
+       coalesce(sum(u.output_tokens), 0) AS output_tokens,
+       coalesce(sum(u.cache_read_tokens), 0) AS cache_read_tokens,
+       coalesce(sum(u.cache_creation_tokens), 0) AS cache_creation_tokens
+  FROM below AS b
+  JOIN orc_llm_usage AS u ON u.job_id = b.id

@@ -145,7 +145,7 @@ async def cmd_status(args: argparse.Namespace, orc: Orchestrator) -> int:
     ):
         print(line)
     usage = await orc.job_usage(job.id)
-    if usage.calls or usage.token_budget is not None:
+    if usage.calls or usage.token_budget is not None or usage.descendant_calls:
         print(render.job_usage_line(usage))
     return 0
 
