@@ -382,7 +382,7 @@ async def test_a_child_s_failure_reaches_its_parent_and_a_cancel_reaches_the_chi
 ) -> None:
     graph_app.FAILING.add("bad")
     async with WorkerRun(orc) as worker:
-        planner = await orc.submit("planner", {"topics": ["good", "bad"]})
+        planner = await orc.submit("planner", {"topics": ["good", "bad"], "child_budget": 500})
         await worker.until_finished(planner)
         job = await orc.get_job(planner)
         assert job.status is Status.COMPLETED and job.result["report"] == ["good", "FAILED"]
@@ -395,6 +395,8 @@ async def test_a_child_s_failure_reaches_its_parent_and_a_cancel_reaches_the_chi
             ))  # fmt: skip
         usage = await orc.job_usage(planner)
         assert (usage.descendants, usage.descendant_calls) == (2, 2)
+        children = await spawned(db, planner)
+        assert [(await orc.job_usage(c)).token_budget for c in children] == [500, 500]
         assert usage.descendants_total.total_tokens == 11 + 22
         # A planner waiting for slow children is cancelled: its children are cancelled too.
         waiting = await orc.submit("planner", {"topics": ["s1", "s2"], "child_sleep": 60})

@@ -300,7 +300,8 @@ async def test_a_job_that_an_unfinished_job_depends_on_is_kept(
     make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
 ) -> None:
     """docs/workflows.md: a finished parent stays while a job that depends on it has not
-    ended (the child will read its result); once the child has ended, it goes."""
+    ended (the child will read its result), or while a child it spawned runs; once they have
+    ended, it goes."""
     orc = make_orc(job_retention_days=1)
     read_later = await finished_job(db, age_days=5)
     read_already = await finished_job(db, age_days=5)
@@ -315,10 +316,18 @@ async def test_a_job_that_an_unfinished_job_depends_on_is_kept(
         " VALUES (%s, %s, 1, 'cancel', 'COMPLETED'), (%s, %s, 1, 'cancel', 'COMPLETED')",
         (waiting, read_later, ended, read_already),
     )  # fmt: skip
+    spawner = await finished_job(db, age_days=5)  # its child still runs
+    running = await finished_job(db, status="RUNNING", dispatch="doing")
+    await db.execute("UPDATE orc_jobs SET has_dependants = true WHERE id = %s", (spawner,))
+    await db.execute(
+        "INSERT INTO orc_job_children (parent_id, step, key, n, child_id, cancel_with_parent)"
+        " VALUES (%s, 1, 'spawn1', 1, %s, false)",
+        (spawner, running),
+    )  # fmt: skip
     async with orc:
         await orc.maintenance.finished.run_once()
     cur = await db.execute("SELECT id FROM orc_jobs")
-    assert {r[0] for r in await cur.fetchall()} == {read_later, waiting}
+    assert {r[0] for r in await cur.fetchall()} == {read_later, waiting, spawner, running}
 
 
 async def test_a_run_deletes_in_batches_one_statement_each(

@@ -179,8 +179,9 @@ class JobRows:
         self, specs: Sequence[JobSpec | dict[str, Any]], tenant_id: str | None, trace_id: str
     ) -> list[dict[str, Any]]:
         """A step's child specs as rows (checkpoints.children): of the parent's tenant (a spec
-        naming another is refused) and, unless a spec says, of its trace. A child's identity is
-        its step's, so a spec may not bring a job key; nor, yet, a token budget."""
+        naming another is refused) and, unless a spec says, of its trace, each with its token
+        budget (None: none). A child's identity is its step's, so a spec may not bring a job
+        key."""
         checked = []
         for n, given in enumerate(specs):
             spec = given if isinstance(given, JobSpec) else job_spec(**given)
@@ -189,12 +190,12 @@ class JobRows:
                     f"child {n}: tenant_id {spec.tenant_id!r} is not its parent's; a child is of "
                     "its parent's tenant"
                 )
-            if spec.job_key is not None or spec.token_budget is not None:
-                raise SubmitError(f"child {n}: a spawned job takes no job_key nor token_budget")
+            if spec.job_key is not None:
+                raise SubmitError(f"child {n}: a spawned job takes no job_key")
             traced = spec.trace_id is None and spec.traceparent is None
             update = {"tenant_id": tenant_id, **({"trace_id": trace_id} if traced else {})}
             checked.append(spec.model_copy(update=update))
-        rows = [self.row(spec) for spec in checked]
+        rows = [{**self.row(spec), "token_budget": spec.token_budget} for spec in checked]
         if any(spec.depends_on for spec in checked):
             self.depend(rows, checked)
         return rows

@@ -14,12 +14,14 @@ from orchestrator.domain.models import Awaited, Fence
 from orchestrator.domain.states import Status
 from orchestrator.storage.jobs import TASK_PREFIX, JobStore, submit_refused
 from orchestrator.storage.runner import Queries
+from orchestrator.storage.usage import UsageStore
 
 
 class GraphStore:
-    def __init__(self, queries: Queries, jobs: JobStore) -> None:
+    def __init__(self, queries: Queries, jobs: JobStore, usage: UsageStore) -> None:
         self.queries = queries
         self.jobs = jobs
+        self.usage = usage
 
     async def parents(
         self, job_id: UUID, *, after: int = 0, limit: int = MAX_PARENTS,
@@ -50,8 +52,8 @@ class GraphStore:
         cancel_with_parent: bool,
     ) -> list[UUID]:  # fmt: skip
         """The children of a step's spawn under ``key``: those it made before (a step run
-        again), or ``rows`` submitted now with their record, in one transaction, while the
-        attempt holds its lease (StaleLease otherwise)."""
+        again), or ``rows`` submitted now with their record and their token budgets, in one
+        transaction, while the attempt holds its lease (StaleLease otherwise)."""
         async with self.queries.transaction() as conn:
             held = {"job_id": fence.job_id, "lease_token": fence.lease_token}
             if await self.queries.row("lock_spawner", held, conn) is None:
@@ -61,6 +63,10 @@ class GraphStore:
             if made:
                 return [row["child_id"] for row in made]
             children = [r.job_id for r in await self.jobs.submit(rows, conn)]
+            budgets = [(c, r["token_budget"]) for c, r in zip(children, rows, strict=True)]
+            given = [(c, b) for c, b in budgets if b is not None]
+            if given:
+                await self.usage.set_budgets([c for c, _ in given], [b for _, b in given], conn)
             await self.queries.execute(
                 "record_children",
                 {**spawn, "children": children, "cancel_with_parent": cancel_with_parent},

@@ -46,14 +46,14 @@ SELECT child_id FROM orc_job_children
 
 -- record_children --
 -- A step's children, spawned in this transaction, recorded with job.children_spawned; the parent
--- marked so that its cancellation reaches them (orc_children_cancel_v1).
+-- marked as one whose end and presence reach other jobs (its cancellation reaches the children
+-- cancelled with it, orc_children_cancel_v1; retention keeps it while they run).
 WITH recorded AS (
     INSERT INTO orc_job_children (parent_id, step, key, n, child_id, cancel_with_parent)
     SELECT %(job_id)s, %(step)s, %(key)s, c.n, c.id, %(cancel_with_parent)s
       FROM unnest(%(children)s::uuid[]) WITH ORDINALITY AS c (id, n)
 ), marked AS (
-    UPDATE orc_jobs SET has_dependants = true
-     WHERE id = %(job_id)s AND %(cancel_with_parent)s AND NOT has_dependants
+    UPDATE orc_jobs SET has_dependants = true WHERE id = %(job_id)s AND NOT has_dependants
 )
 INSERT INTO orc_job_events (job_id, kind, payload)
 VALUES (%(job_id)s, 'job.children_spawned',

@@ -11,8 +11,8 @@
 --   history that outlives it (none before the first rollup, whose watermark is null);
 -- * not a FAILED job whose dead letter awaits review (recorded, discard_requested), nor one whose
 --   dead letter was requeued to a job that has not finished (its replay_of points here);
--- * not a job that an unfinished job depends on (its result is what that job will read:
---   docs/workflows.md);
+-- * not a job that an unfinished job depends on (its result is what that job will read), nor
+--   one whose spawned children have not all ended (docs/workflows.md);
 -- * no dispatch still todo, or doing on a registered worker (one finishing it, in
 --   orc_procrastinate_jobs_live_lock); a dispatch a dead worker left doing (Procrastinate pruned
 --   the worker, which unset its worker_id: a job cancelled while it ran there) goes with the job;
@@ -54,10 +54,13 @@ WITH RECURSIVE job_types AS (
                            OR EXISTS (SELECT FROM orc_jobs AS replay
                                        WHERE replay.id = l.requeued_job_id
                                          AND replay.finished_at IS NULL)))
-           AND NOT (j.has_dependants AND EXISTS (
-                   SELECT FROM orc_job_dependencies AS d
-                     JOIN orc_jobs AS dependant ON dependant.id = d.job_id
-                    WHERE d.awaited_id = j.id AND dependant.finished_at IS NULL))
+           AND NOT (j.has_dependants AND (
+                   EXISTS (SELECT FROM orc_job_dependencies AS d
+                             JOIN orc_jobs AS dependant ON dependant.id = d.job_id
+                            WHERE d.awaited_id = j.id AND dependant.finished_at IS NULL)
+                   OR EXISTS (SELECT FROM orc_job_children AS k
+                                JOIN orc_jobs AS child ON child.id = k.child_id
+                               WHERE k.parent_id = j.id AND child.finished_at IS NULL)))
            AND NOT EXISTS (
                    SELECT FROM procrastinate_jobs AS p
                     WHERE p.lock = j.id::text AND p.status IN ('todo', 'doing')

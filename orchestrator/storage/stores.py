@@ -55,6 +55,7 @@ class Stores:
         queries = Queries(pool, on_refused=on_refused)
         jobs = JobStore(queries)
         applications = ApplicationStore(queries)
+        usage = UsageStore(queries)
         return cls(
             queries=queries,
             jobs=jobs,
@@ -72,7 +73,7 @@ class Stores:
             rollups=RollupStore(queries),
             schedules=ScheduleStore(queries, applications),
             flow=FlowStore(queries, applications),
-            usage=UsageStore(queries),
+            usage=usage,
             applications=applications,
-            graph=GraphStore(queries, jobs),
+            graph=GraphStore(queries, jobs, usage),
         )

@@ -67,6 +67,7 @@ class Plan(BaseModel):
     #: test kills its worker then).
     hold_after_spawn: float = 0.0
     child_sleep: float = 0.0
+    child_budget: int | None = None  # each child's token budget
 
 
 class Found(BaseModel):
@@ -81,7 +82,8 @@ async def planner(ctx: JobContext, payload: Plan) -> Found:
     async for step in steps:
         if step.number == 1:
             children = await step.spawn([
-                {"job_type": "node", "payload": {"name": t, "sleep": payload.child_sleep}}
+                {"job_type": "node", "payload": {"name": t, "sleep": payload.child_sleep},
+                 "token_budget": payload.child_budget}
                 for t in payload.topics
             ])  # fmt: skip
             if payload.hold_after_spawn and ctx.attempt == 1:
