@@ -421,7 +421,7 @@ CREATE TRIGGER orc_jobs_guard_transition BEFORE UPDATE ON public.orc_jobs FOR EA
 CREATE TRIGGER orc_jobs_replay_ledger AFTER INSERT ON public.orc_jobs FOR EACH ROW WHEN ((new.replay_of IS NOT NULL)) EXECUTE FUNCTION orc_replay_ledger_v1();
 CREATE TRIGGER orc_jobs_replay_ledger_root BEFORE INSERT ON public.orc_jobs FOR EACH ROW WHEN ((new.replay_of IS NOT NULL)) EXECUTE FUNCTION orc_replay_ledger_v1();
 CREATE TRIGGER orc_jobs_replay_tenant BEFORE INSERT ON public.orc_jobs FOR EACH ROW WHEN (((new.replay_of IS NOT NULL) AND (new.tenant_id IS NULL))) EXECUTE FUNCTION orc_inherited_tenant_v1();
-CREATE TRIGGER orc_jobs_wait_ended AFTER UPDATE OF status ON public.orc_jobs FOR EACH ROW WHEN (((old.status = 'BLOCKED'::text) AND (new.status <> 'BLOCKED'::text))) EXECUTE FUNCTION orc_job_wait_ended_v1();
+CREATE TRIGGER orc_jobs_wait_ended AFTER UPDATE OF status ON public.orc_jobs FOR EACH ROW WHEN (((old.status = 'BLOCKED'::text) AND (new.status = 'CANCELLED'::text))) EXECUTE FUNCTION orc_job_wait_ended_v1();
 
 CREATE TABLE orc_llm_usage (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
@@ -650,6 +650,7 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_dead_letter_persons_v1()
 --   orc_declare_v1(p_application text, p_kinds text[], p_definitions jsonb, p_whole boolean, p_version text, p_live_seconds double precision)
 --   orc_declared_v1(p_kinds text[], p_definitions jsonb)
+--   orc_defer_dispatches_v1(p_job_ids uuid[], p_ats timestamp with time zone[], p_task_prefix text)
 --   orc_definition_difference_v1(p_ours jsonb, p_theirs jsonb)
 --   orc_dependants_settle_v1()
 --   orc_dependencies_add_v1(p_specs jsonb, p_task_prefix text)
@@ -751,7 +752,7 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_submit_jobs_v2(p_specs jsonb, p_initial_status text, p_waiting text[], p_task_prefix text)
 --   orc_submitted_edges_v1(p_specs jsonb)
 --   orc_take_dispatch_v1(p_queues character varying[], p_excluded character varying[], p_worker_id bigint)
---   orc_unblocked_event_v1(p_job_id uuid)
+--   orc_unblocked_event_v1(p_awaited uuid[], p_ends text[])
 --   orc_uuid7_v1()
 --   orc_wait_for_children_v1(p_job_id uuid, p_lease_token uuid, p_children uuid[], p_task_prefix text)
 --   orc_waiting_for_capacity_event_v1(j orc_jobs, p_waiting_on text)

@@ -25,6 +25,23 @@ CREATE OR REPLACE FUNCTION orc_flow_dispatch_v2(
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
+    deferred bigint[] := orc_defer_dispatches_v1(p_job_ids, p_ats, p_task_prefix);
+BEGIN
+    UPDATE orc_jobs AS j SET procrastinate_job_id = p.id
+      FROM procrastinate_jobs AS p
+     WHERE p.id = ANY (deferred) AND j.id = (p.args ->> 'job_id')::uuid;
+END;
+$$;
+
+-- The dispatches of orc_flow_dispatch_v2, inserted (their ids), the soonest future time told
+-- on orc_wakeup; the caller points each job at its own (a released job's UPDATE does it with
+-- its status: orc_dependencies_release_v1).
+CREATE OR REPLACE FUNCTION orc_defer_dispatches_v1(
+    p_job_ids uuid[], p_ats timestamptz[], p_task_prefix text
+)
+RETURNS bigint[]
+LANGUAGE plpgsql AS $$
+DECLARE
     deferred bigint[];
     soonest timestamptz;
 BEGIN
@@ -36,12 +53,10 @@ BEGIN
       INTO deferred, soonest
       FROM unnest(p_job_ids, p_ats) AS d (job_id, at)
       JOIN orc_jobs AS j ON j.id = d.job_id;
-    UPDATE orc_jobs AS j SET procrastinate_job_id = p.id
-      FROM procrastinate_jobs AS p
-     WHERE p.id = ANY (deferred) AND j.id = (p.args ->> 'job_id')::uuid;
     IF soonest IS NOT NULL THEN
         PERFORM pg_notify('orc_wakeup', extract(epoch FROM soonest)::text);
     END IF;
+    RETURN deferred;
 END;
 $$;
 

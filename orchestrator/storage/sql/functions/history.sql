@@ -194,15 +194,14 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT jsonb_build_object('parents', to_jsonb(p_parents), 'waiting_on', p_waiting_on)
 $$;
 
--- job.unblocked: how each of the job's parents ended (a failure under `run`, or under `wait`
--- the job that replayed it), now that none is left to wait for.
-CREATE OR REPLACE FUNCTION orc_unblocked_event_v1(p_job_id uuid) RETURNS jsonb
-LANGUAGE sql STABLE AS $$
+-- job.unblocked: how each job it waited for ended (in order; a failure under `run`, or under
+-- `wait` the job that replayed it), now that none is left to wait for.
+CREATE OR REPLACE FUNCTION orc_unblocked_event_v1(p_awaited uuid[], p_ends text[])
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
     SELECT jsonb_build_object('ended', coalesce(jsonb_agg(
-               jsonb_build_object('job_id', d.awaited_id, 'status', d.settled) ORDER BY d.ord),
-               '[]'))
-      FROM orc_job_dependencies AS d
-     WHERE d.job_id = p_job_id
+               jsonb_build_object('job_id', e.job_id, 'status', e.status) ORDER BY e.n), '[]'))
+      FROM unnest(p_awaited, p_ends) WITH ORDINALITY AS e (job_id, status, n)
 $$;
 
 -- job.children_spawned: the children a step spawned (in order), under the step's key.
