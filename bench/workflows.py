@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -73,6 +74,17 @@ def application(dsn: str, concurrency: int = 10) -> Orchestrator:
     return orc
 
 
+@contextlib.asynccontextmanager
+async def working(orc: Orchestrator) -> AsyncIterator[None]:
+    """A worker of ``orc`` in this process while the block runs, drained after it."""
+    worker = asyncio.create_task(orc.run_worker(install_signal_handlers=False))
+    try:
+        yield
+    finally:
+        orc.stop_worker()
+        await worker
+
+
 async def until(condition: Callable[[], Awaitable[bool]], within: float = 600) -> None:
     deadline = time.monotonic() + within
     while not await condition():
@@ -91,16 +103,12 @@ async def unblock_latency(dsn: str, pairs: int) -> list[float]:
     """Milliseconds from each parent's end to its child's start."""
     orc = application(dsn, concurrency=2)
     async with orc, await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        worker = asyncio.create_task(orc.run_worker(install_signal_handlers=False))
-        try:
+        async with working(orc):
             for _ in range(pairs):
                 _, child = await orc.submit_many(
                     [{"job_type": "noop"}, {"job_type": "noop", "depends_on": [0]}]
                 )
                 await until(functools.partial(_finished, conn, child))
-        finally:
-            orc.stop_worker()
-            await worker
         cur = await conn.execute(
             "SELECT extract(epoch FROM c.started_at - p.finished_at) * 1000"
             "  FROM orc_job_dependencies AS d"
@@ -122,12 +130,8 @@ async def fan_in_resume(dsn: str, children: int) -> float:
     orc = application(dsn)
     async with orc, await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         planner = await orc.submit("fan_in", {"children": children})
-        worker = asyncio.create_task(orc.run_worker(install_signal_handlers=False))
-        try:
+        async with working(orc):
             await until(functools.partial(_finished, conn, planner))
-        finally:
-            orc.stop_worker()
-            await worker
         cur = await conn.execute(
             "SELECT extract(epoch FROM (SELECT max(e.at) FROM orc_job_events AS e"
             "                            WHERE e.job_id = %s AND e.kind = 'job.running')"
@@ -153,12 +157,8 @@ async def drained(dsn: str, jobs: int, *, chain: bool, concurrency: int) -> floa
             assert not chain or jobs <= 1000, "a chain is submitted in one batch"
             await orc.submit_many(specs[start : start + 1000])
         started = time.perf_counter()
-        worker = asyncio.create_task(orc.run_worker(install_signal_handlers=False))
-        try:
+        async with working(orc):
             await until(lambda: _none_left(conn))
-        finally:
-            orc.stop_worker()
-            await worker
         return jobs / (time.perf_counter() - started)
 
 
