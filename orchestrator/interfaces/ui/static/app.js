@@ -39,12 +39,15 @@ async function refresh(region) {
   if (response.status >= 500) disconnected(true); // the database is away (503)
   if (response.redirected || !response.ok) return; // signed out, or the job is gone
   disconnected(false);
+  const html = await response.text();
+  // What the reader did while the page was being read counts: the checks and the folds are
+  // taken at the instant of the replace, with nothing awaited between them and it.
   const focused = region.contains(document.activeElement) && document.activeElement.value;
   if (focused) return; // never replace a form someone is typing into
   if (region.querySelector("input[type=checkbox]:checked")) return; // nor rows someone chose
   // a fold someone opened stays open (each named by its id)
   const opened = [...region.querySelectorAll("details[id][open]")].map((d) => d.id);
-  region.innerHTML = await response.text();
+  region.innerHTML = html;
   for (const id of opened) {
     const fold = document.getElementById(id);
     if (fold) fold.open = true;
