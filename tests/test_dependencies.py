@@ -92,7 +92,7 @@ async def test_the_last_two_parents_ending_at_once_release_the_child_exactly_onc
     ):
         await first.execute(end, (p1,))  # its trigger counts the child down, and holds it
         racing = asyncio.create_task(second.execute(end, (p2,)))
-        await asyncio.sleep(0.3)
+        await wait_for(lambda: _waiting_on_a_lock(db, second), timeout=30)
         await first.commit()
         await racing
         await second.commit()
@@ -234,7 +234,7 @@ async def test_a_parent_ending_while_its_child_is_submitted_is_not_missed(
             "UPDATE orc_jobs SET status = 'COMPLETED', lease_token = NULL WHERE id = %s", (parent,)
         )
         submitting = asyncio.create_task(orc.submit("node", {"name": "child"}, depends_on=[parent]))
-        await asyncio.sleep(0.3)
+        await wait_for(lambda: _a_lock_waited_for(db), timeout=30)  # the submit waits for it
         await ending.commit()
         child = await submitting
     assert [(await orc.get_job(j)).status for j in (first, child)] == [Status.PENDING] * 2
@@ -413,3 +413,17 @@ async def test_a_child_s_failure_reaches_its_parent_and_a_cancel_reaches_the_chi
     assert cancelled[0].payload == {
         "reason": f"its parent was cancelled: {waiting}", "by": "dependencies",
     }  # fmt: skip
+
+
+async def _waiting_on_a_lock(db: psycopg.AsyncConnection[Any], conn: Any) -> bool:
+    """Whether ``conn``'s server process waits for a lock (the race is on, not just begun)."""
+    return await _a_lock_waited_for(db, conn.info.backend_pid)
+
+
+async def _a_lock_waited_for(db: psycopg.AsyncConnection[Any], pid: int | None = None) -> bool:
+    cur = await db.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND wait_event_type = 'Lock' AND (%s::int IS NULL OR pid = %s::int)",
+        (pid, pid),
+    )
+    return bool((await cur.fetchone() or (0,))[0])

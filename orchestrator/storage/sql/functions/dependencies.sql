@@ -19,8 +19,10 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- A submit's parents checked before anything is written (SQLSTATE ORCDP, the submit's
--- InvalidDependency): each a job of the dependant's tenant, either there already or earlier in
--- the same batch. Those already there are locked, in one order, so the end of one cannot pass
+-- SubmitError): each a job of the dependant's tenant, there already or in the same batch. That
+-- a batch's parent comes before its dependant is the submit's rule in Python
+-- (orchestrator.domain.dependencies.edges, which resolves a batch index to its job's id: the
+-- ids are minted there, so no caller can name a later job of the batch by id). Those already there are locked, in one order, so the end of one cannot pass
 -- between this check and the edges' insert unseen.
 CREATE OR REPLACE FUNCTION orc_dependencies_check_v1(p_specs jsonb) RETURNS void
 LANGUAGE plpgsql AS $$
@@ -37,7 +39,7 @@ BEGIN
         ON b.id = e.awaited_id
       LEFT JOIN orc_jobs AS j ON j.id = e.awaited_id
      WHERE CASE WHEN b.id IS NOT NULL
-                THEN b.ord >= e.ord OR b.tenant_id IS DISTINCT FROM e.tenant_id
+                THEN b.tenant_id IS DISTINCT FROM e.tenant_id
                 ELSE j.id IS NULL OR j.tenant_id IS DISTINCT FROM e.tenant_id END
      ORDER BY e.ord, e.n
      LIMIT 1;

@@ -10,7 +10,7 @@
 -- submits send no depends_on.
 --
 -- compatible-with-older-workers: yes
--- revises: functions/dependencies.sql 24d6856e90b67217102d2f9355273017b651dd8779578a6a60d37649f4d146fd
+-- revises: functions/dependencies.sql 3d0db6fe2e8d7f51471da3c803969b7e2bd34f25bb3cc67b3e58265215bb513d
 -- revises: functions/dispatches.sql c3991a297a0c8f544ea08f58cd8e430cb261d45e2cab044194325b91d7597dd9
 -- revises: functions/history.sql b7da1880530169041d9287435be533789cc38be770bffcb558d6ffbe28c8661d
 -- revises: functions/submit.sql 83052c33309fee75a74c99e0eb0f7ac676f0c5daa0e8360d2feb78175a676c9b
