@@ -6,6 +6,7 @@ it spends an attempt or a retry, and no tenant reaches another's jobs."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import subprocess
@@ -74,6 +75,57 @@ async def test_a_graph_in_one_batch_runs_in_dependency_order_on_a_worker_process
     assert (await kinds(orc, ids[3]))[:4] == [
         "job.created", "job.blocked", "job.unblocked", "job.running",
     ]  # fmt: skip
+
+
+async def xmins(db: psycopg.AsyncConnection[Any], job_id: UUID, kind: str) -> list[str]:
+    """The transactions that wrote ``job_id``'s events of ``kind``."""
+    cur = await db.execute(
+        "SELECT xmin::text FROM orc_job_events WHERE job_id = %s AND kind = %s ORDER BY id",
+        (job_id, kind),
+    )
+    return [row[0] for row in await cur.fetchall()]
+
+
+async def test_a_chain_s_next_link_is_claimed_in_the_transaction_that_released_it(
+    orc: Orchestrator, db: psycopg.AsyncConnection[Any]
+) -> None:
+    # A worker of one slot: each link's completion fetches for the slot it frees, in the same
+    # statement, and claims the job that end released (bench/workflows.py: a chain's rate).
+    ids = await orc.submit_many([node("a"), node("b", 0), node("c", 1), node("d", 2)])
+    async with WorkerRun(orc, concurrency=1) as worker:
+        await worker.until_finished(*ids)
+    jobs = [await orc.get_job(i) for i in ids]
+    assert all(j.status is Status.COMPLETED for j in jobs), [j.status for j in jobs]
+    for parent, child in itertools.pairwise(ids):
+        assert await xmins(db, child, "job.running") == await xmins(db, parent, "job.completed")
+    assert all(j.attempt == 1 for j in jobs)
+
+
+async def test_a_completion_whose_fetch_fails_is_written_alone(
+    make_orc: Callable[..., Orchestrator],
+    db: psycopg.AsyncConnection[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The worker's registry entry is gone (silent too long) while a parent runs: the fetch in
+    # its completion's statement fails, the completion is written without it, and the
+    # worker's own fetch loop registers again and runs the child.
+    orc = make_orc(retry_config=graph_app.CONFIG, stalled_worker_seconds=600)  # no beat meanwhile
+    graph_app.register(orc)
+    await orc.open()
+    parent, child = await orc.submit_many([
+        {**node("a"), "payload": {"name": "a", "sleep": 1.0}}, node("b", 0),
+    ])  # fmt: skip
+    async with WorkerRun(orc, concurrency=1) as worker:
+        await wait_for(lambda: _status_is(orc, parent, Status.RUNNING), timeout=15)
+        await db.execute("DELETE FROM procrastinate_workers")
+        await worker.until_finished(parent, child)
+    assert [(await orc.get_job(i)).status for i in (parent, child)] == [Status.COMPLETED] * 2
+    assert "completion with a fetch failed" in caplog.text and "written alone" in caplog.text
+    assert await xmins(db, child, "job.running") != await xmins(db, parent, "job.completed")
+
+
+async def _status_is(orc: Orchestrator, job_id: UUID, status: Status) -> bool:
+    return (await orc.get_job(job_id)).status is status
 
 
 async def test_the_last_two_parents_ending_at_once_release_the_child_exactly_once(

@@ -191,6 +191,9 @@ class Claim(JobState):
     #: per dispatch): the most attempts the job can reach if every try fails, as the claim's SQL
     #: tells it (orc_max_attempts_v1, also in its job.running).
     most_attempts: int
+    #: Jobs waited for it when it was claimed (docs/workflows.md): its end may release them,
+    #: so its worker fetches again once its outcome is written, not while it is.
+    has_dependants: bool = False
 
     @property
     def fence(self) -> Fence:

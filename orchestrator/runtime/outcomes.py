@@ -4,7 +4,8 @@ An :class:`~orchestrator.runtime.attempt.Attempt` returns one of these; its work
 :class:`OutcomeWriter`, which writes it together with the end of the dispatch that ran it, in one
 transaction (orchestrator.storage.dispatches):
 
-    Completed    COMPLETED + job.completed; the dispatch succeeded (several at once: group commit)
+    Completed    COMPLETED + job.completed; the dispatch succeeded (several at once: group commit;
+                 a job others wait for: alone, with its worker's next fetch)
     Retried      RETRY + job.failed + job.retry_scheduled, due again ``delay_ms`` after the
                  database's now; app layer: a new dispatch (this one succeeded); infra layer:
                  Procrastinate re-runs this dispatch then;
@@ -31,9 +32,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
+
 from orchestrator.domain import events
 from orchestrator.domain.classification import Classified, ErrorClass
-from orchestrator.domain.errors import InvalidTransition
+from orchestrator.domain.errors import InvalidTransition, TransactionConflict
 from orchestrator.domain.events import Fault
 from orchestrator.domain.failures import DispatchEnd, Failures, TerminalFailure
 from orchestrator.domain.flow_window import CallParked
@@ -43,7 +46,7 @@ from orchestrator.domain.states import Status
 from orchestrator.runtime.group_commit import GroupCommit
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.storage.database import OwnConnection
-from orchestrator.storage.dispatches import Completion, DispatchStore, Throttle
+from orchestrator.storage.dispatches import Completion, Dispatch, DispatchStore, Taker, Throttle
 from orchestrator.storage.jobs import JobStore
 from retry_config import BackoffConfig
 
@@ -225,6 +228,23 @@ class OutcomeWriter:
                 self._stale(claim, what, error)
                 await self.dispatches.end(dispatch_id, "aborted")
                 return False
+
+    async def complete_and_fetch(self, completion: Completion, taker: Taker) -> list[Dispatch]:
+        """Write a completion alone, with a fetch of one dispatch for ``taker`` in the same
+        statement, run after it: for a job others wait for, whose end may release them, its
+        worker's slot passes to what that end released (a chain's next link) with no wake-up
+        and one commit. If that statement fails for anything but a lost connection, the
+        completion is written alone and nothing is fetched: the worker's fetch loop takes
+        over. The dispatches fetched (claimed)."""
+        try:
+            async with self.connection.connection() as conn:
+                written, fetched = await self.dispatches.complete_and_fetch(completion, taker, conn)
+        except (TransactionConflict, InvalidTransition, psycopg.Error) as exc:
+            logger.warning("job %s's completion with a fetch failed (%s): written alone",
+                           completion.claim.id, exc)  # fmt: skip
+            written, fetched = await self.complete(completion), []
+        await self._refused_unless(written, completion.claim, Status.COMPLETED, "completed")
+        return fetched
 
     async def complete(self, completion: Completion) -> bool:
         """Write a completion, with whatever others are waiting; whether its job was

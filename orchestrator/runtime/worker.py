@@ -18,7 +18,9 @@ maintenance services), which this worker runs like any other Procrastinate task.
                     the poll
     a job dispatch  its Attempt runs the task and returns an outcome; its slot is free from
                     then on, while the OutcomeWriter writes the outcome with the dispatch's end
-                    (the lane bounds those writes, orchestrator.runtime.lanes)
+                    (the lane bounds those writes, orchestrator.runtime.lanes); a job others
+                    wait for holds it until its completion is written, with the slot's next
+                    fetch in the same transaction: it may claim what that end released
     other dispatch  a Procrastinate task (a maintenance service's tick), run as Procrastinate
                     runs it: its retry strategy decides a failure; a task this worker does not
                     know (a newer release's, in a rolling deploy) is left for one that does
@@ -60,13 +62,13 @@ from orchestrator.runtime.heartbeat import Heartbeats
 from orchestrator.runtime.lanes import Lane, lanes_for
 from orchestrator.runtime.loops import CONNECTION_ERRORS, Backoff, keep_running, until_written
 from orchestrator.runtime.metrics import Metrics
-from orchestrator.runtime.outcomes import Abandoned, OutcomeWriter, named
+from orchestrator.runtime.outcomes import Abandoned, Completed, OutcomeWriter, named
 from orchestrator.runtime.running import Running
 from orchestrator.runtime.wakeups import Wakeups
 from orchestrator.settings import Settings
 from orchestrator.storage.applications import application_of
 from orchestrator.storage.database import OwnConnection, describe_database
-from orchestrator.storage.dispatches import Dispatch
+from orchestrator.storage.dispatches import Completion, Dispatch, Taker
 from orchestrator.storage.stores import Stores
 
 logger = logging.getLogger("orchestrator.worker")
@@ -435,7 +437,8 @@ class Worker:
 
     async def _attempt(self, dispatch: Dispatch, claim: Claim, lane: Lane) -> None:
         """Run the attempt (in its span, when tracing is on) and write its outcome, its slot
-        in ``lane`` already free for the next fetch."""
+        in ``lane`` already free for the next fetch (unless jobs wait for this one:
+        :meth:`_complete_releasing`)."""
         tracing = self.kit.tracing
         attempt = Attempt(claim, dispatch.id, kit=self.kit, clients=self.clients)
         self.running.add(attempt)
@@ -477,6 +480,13 @@ class Worker:
                 if tracing is not None and span is not None:
                     tracing.ended(span, outcome)
                 attempt.releasing = True
+                if (
+                    claim.has_dependants
+                    and isinstance(outcome, Completed)
+                    and not self._stopped.is_set()
+                ):
+                    await self._complete_releasing(dispatch.id, claim, outcome, lane)
+                    return
                 lane.ran(asyncio.current_task())
                 await until_written(
                     f"job {claim.id}'s outcome",
@@ -484,6 +494,24 @@ class Worker:
                 )
         finally:
             self.running.remove(attempt)
+
+    async def _complete_releasing(
+        self, dispatch_id: int, claim: Claim, outcome: Completed, lane: Lane
+    ) -> None:
+        """A job others wait for completed: its end may release them, so its slot's next
+        dispatch is fetched in the completion's statement (orchestrator.runtime.outcomes), and
+        a chain's next link starts with no wake-up, no empty fetch while the completion is
+        written, and one commit. The slot passes to what was fetched (a worker that is stopping
+        writes its completions alone)."""
+        completion = Completion(claim, outcome.result, outcome.duration_ms, dispatch_id)
+        assert self.worker_id is not None
+        taker = Taker(lane.queues, lane.excluded, self.worker_id, HOST)
+        fetched = await until_written(
+            f"job {claim.id}'s outcome", lambda: self.writer.complete_and_fetch(completion, taker)
+        )
+        lane.ran(asyncio.current_task())
+        for next_dispatch in fetched:  # claimed: started even if a stop came meanwhile
+            self._start(lane, next_dispatch)
 
     async def _claim(self, dispatch: Dispatch) -> Claim | None:
         """The claim the fetch left for later: another transaction held the job when it tried.

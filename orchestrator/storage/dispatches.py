@@ -86,6 +86,16 @@ class Completion:
     dispatch_id: int
 
 
+@dataclass(frozen=True)
+class Taker:
+    """Who fetches dispatches, and of which queues: a worker's lane."""
+
+    queues: Sequence[str] | None  # None: every queue ...
+    excluded: Sequence[str]  # ... but these (external job types', other applications')
+    worker_id: int  # its Procrastinate registry id
+    worker: str  # its host and process, as ``locked_by`` shows them
+
+
 class DispatchStore:
     def __init__(self, queries: Queries, jobs: JobStore) -> None:
         self.queries = queries
@@ -104,20 +114,8 @@ class DispatchStore:
         """Up to ``limit`` due dispatches of ``queues`` (None: every queue) but the
         ``excluded`` ones, each job claimed (RUNNING, attempt + 1, a new lease,
         ``job.running``) by the same statement; [] when nothing is due."""
-        rows = await self.queries.rows(
-            "fetch_dispatches",
-            {
-                "limit": limit,
-                "queues": list(queues) if queues is not None else None,
-                "excluded": list(excluded),
-                "worker_id": worker_id,
-                "task_prefix": TASK_PREFIX,
-                "worker": worker,
-                "claimable": states.sources_of(Status.RUNNING),
-                "running": Status.RUNNING.value,
-            },
-            conn,
-        )
+        taker = Taker(queues, excluded, worker_id, worker)
+        rows = await self.queries.rows("fetch_dispatches", _fetching(limit, taker), conn)
         return [_dispatch(row) for row in rows]
 
     async def claim(self, dispatch: Dispatch, *, worker_id: int, worker: str) -> Claim | None:
@@ -177,33 +175,19 @@ class DispatchStore:
         """COMPLETED with its result and ``job.completed`` (shaped by orc_completed_event_v1 from
         the attempt's facts given here), and the dispatch succeeded, for each; returns whether
         each job was COMPLETED (a refused one's dispatch is ended all the same)."""
-        items = [
-            {
-                "ord": i,
-                "job_id": str(c.claim.id),
-                "lease_token": str(c.claim.lease_token),
-                "result": c.result,
-                "attempt": c.claim.attempt,
-                "run": c.claim.dispatch_attempt,
-                "worker": c.claim.locked_by,
-                "duration_ms": round(c.duration_ms, 3),
-                "procrastinate_job_id": c.dispatch_id,
-                "delete_dispatch": False,
-            }
-            for i, c in enumerate(completions)
-        ]
-        items.sort(key=lambda item: item["job_id"])  # job-id order, as a heartbeat locks them
-        rows = await self.queries.rows(
-            "complete_jobs",
-            {
-                "items": Jsonb(items),
-                "target": Status.COMPLETED.value,
-                "sources": states.sources_of(Status.COMPLETED),
-            },
-            conn,
-        )
+        rows = await self.queries.rows("complete_jobs", _completing(completions), conn)
         rows.sort(key=lambda r: r["ord"])
         return [r["completed"] for r in rows]
+
+    async def complete_and_fetch(
+        self, completion: Completion, taker: Taker, conn: Conn
+    ) -> tuple[bool, list[Dispatch]]:
+        """A completion (as :meth:`complete`) and, in the same statement, run after it, a fetch
+        of one dispatch for ``taker`` (as :meth:`fetch`), which may claim a job the end
+        released: whether the job was COMPLETED, and what was fetched."""
+        params = _completing([completion]) | _fetching(1, taker)
+        [row] = await self.queries.rows("complete_and_fetch", params, conn)
+        return row["completed"], [_dispatch(row)] if row["id"] is not None else []
 
     async def retry(
         self,
@@ -326,6 +310,45 @@ def _fence(claim: Claim, target: Status) -> dict[str, Any]:
         "lease_token": claim.lease_token,
         "target": target.value,
         "sources": states.sources_of(target),
+    }
+
+
+def _fetching(limit: int, taker: Taker) -> dict[str, Any]:
+    """The parameters of a fetch (the queries fetch_dispatches, complete_and_fetch)."""
+    return {
+        "limit": limit,
+        "queues": list(taker.queues) if taker.queues is not None else None,
+        "excluded": list(taker.excluded),
+        "worker_id": taker.worker_id,
+        "task_prefix": TASK_PREFIX,
+        "worker": taker.worker,
+        "claimable": states.sources_of(Status.RUNNING),
+        "running": Status.RUNNING.value,
+    }
+
+
+def _completing(completions: Sequence[Completion]) -> dict[str, Any]:
+    """The parameters of a completion (the queries complete_jobs, complete_and_fetch)."""
+    items = [
+        {
+            "ord": i,
+            "job_id": str(c.claim.id),
+            "lease_token": str(c.claim.lease_token),
+            "result": c.result,
+            "attempt": c.claim.attempt,
+            "run": c.claim.dispatch_attempt,
+            "worker": c.claim.locked_by,
+            "duration_ms": round(c.duration_ms, 3),
+            "procrastinate_job_id": c.dispatch_id,
+            "delete_dispatch": False,
+        }
+        for i, c in enumerate(completions)
+    ]
+    items.sort(key=lambda item: item["job_id"])  # job-id order, as a heartbeat locks them
+    return {
+        "items": Jsonb(items),
+        "target": Status.COMPLETED.value,
+        "sources": states.sources_of(Status.COMPLETED),
     }
 
 

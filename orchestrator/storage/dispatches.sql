@@ -26,6 +26,20 @@ SELECT * FROM orc_claim_v2(%(job_id)s, %(dispatch_id)s, %(run)s,
 -- the same transaction. One row per item: whether its job was COMPLETED.
 SELECT ord, completed FROM orc_complete_jobs_v1(%(items)s, %(target)s, %(sources)s)
 
+-- complete_and_fetch --
+-- A job others wait for completed (one item, as complete_jobs), and a fetch of one dispatch for
+-- the slot its worker frees (as fetch_dispatches), in one statement: the fetch's limit reads
+-- the completion's row, so it runs after the completion and sees the jobs that end released (a
+-- chain's next link), claimed with no wake-up and one commit. One row: whether the job was
+-- COMPLETED, and the fetched dispatch's columns (null: nothing was due).
+SELECT c.completed, f.id, f.status, f.task_name, f.priority, f.lock, f.queueing_lock, f.args,
+       f.scheduled_at, f.queue_name, f.attempts, f.worker_id
+  FROM orc_complete_jobs_v1(%(items)s, %(target)s, %(sources)s) AS c
+  LEFT JOIN LATERAL orc_fetch_dispatches_v3(
+           CASE WHEN c.completed IS NULL THEN 0 ELSE %(limit)s END, %(queues)s::varchar[],
+           %(excluded)s::varchar[], %(worker_id)s, %(task_prefix)s, %(worker)s, %(claimable)s,
+           %(running)s) AS f ON true
+
 -- end_dispatch --
 -- End a dispatch its worker ran (succeeded, failed or aborted), if it is still doing: a sweep may
 -- have settled it already.

@@ -80,6 +80,9 @@ BEGIN
                 claim := claim || jsonb_build_object(
                     'flow_key', (SELECT o.flow_key FROM orc_jobs AS o WHERE o.id = job));
             END IF;
+            IF j.has_dependants THEN  -- its end releases jobs: its worker fetches after it
+                claim := claim || '{"has_dependants": true}';
+            END IF;
             fetched.args := fetched.args || jsonb_build_object('claim', claim);
             RETURN NEXT fetched;
             RETURN;

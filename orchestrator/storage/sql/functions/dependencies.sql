@@ -83,20 +83,19 @@ $$;
 -- The edges of parents that ended take their end; then, by each edge's policy, the dependants
 -- are cancelled (with theirs down the graph), held, or counted down, and those with nothing
 -- left to wait for get their dispatch. Dependants are locked in one order (their ids). A
--- `wait` edge of a failed parent whose letter is resolved already follows it at once.
+-- `wait` edge of a failed parent whose letter is resolved already follows it at once. Two
+-- statements when every parent completed (the edges settled and judged; the counts taken
+-- down), then the release: a chain's link is paid for in the transaction that ends its parent
+-- (bench/workflows.py).
 CREATE OR REPLACE FUNCTION orc_dependencies_settle_v1(p_parents uuid[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    children uuid[];
-    parents uuid[];
-    policies text[];
-    ends text[];
-    letters text[];
-    replays uuid[];
     doomed uuid[];
     counted uuid[];
     ended integer[];
-    handing record;
+    handed uuid[];
+    replays uuid[];
+    freed uuid[];
 BEGIN
     IF coalesce(cardinality(p_parents), 0) = 0 THEN
         RETURN;
@@ -104,55 +103,59 @@ BEGIN
     WITH settled AS (
         UPDATE orc_job_dependencies AS d SET settled = p.status
           FROM orc_jobs AS p
-         WHERE p.id = ANY (p_parents) AND d.awaited_id = p.id AND p.finished_at IS NOT NULL
-           AND d.settled IS NULL
+         WHERE d.awaited_id = ANY (p_parents) AND d.settled IS NULL AND p.id = d.awaited_id
+           AND p.finished_at IS NOT NULL
         RETURNING d.job_id, d.awaited_id, d.on_failure, d.settled
+    ), lettered AS (
+        SELECT s.job_id, s.awaited_id, s.on_failure, s.settled, l.state AS letter,
+               l.requeued_job_id AS replay
+          FROM settled AS s
+          LEFT JOIN LATERAL (SELECT l.state, l.requeued_job_id FROM orc_dead_letters AS l
+                              WHERE l.job_id = s.awaited_id AND s.on_failure = 'wait'
+                                AND s.settled = 'FAILED'
+                              ORDER BY l.created_at DESC LIMIT 1) AS l ON true
+    ), judged AS (
+        SELECT e.job_id,
+               bool_or(e.settled <> 'COMPLETED'
+                       AND (e.on_failure = 'cancel'
+                            OR (e.on_failure = 'wait' AND e.settled = 'CANCELLED')
+                            OR e.letter IS NOT DISTINCT FROM 'discarded')) AS cancel,
+               count(*) FILTER (WHERE e.settled = 'COMPLETED' OR e.on_failure = 'run')::integer
+                   AS done
+          FROM lettered AS e
+          JOIN orc_jobs AS c ON c.id = e.job_id AND c.finished_at IS NULL
+         GROUP BY e.job_id
+    ), handing AS (
+        SELECT DISTINCT e.awaited_id, e.replay FROM lettered AS e WHERE e.letter = 'requeued'
     )
-    SELECT array_agg(s.job_id), array_agg(s.awaited_id), array_agg(s.on_failure),
-           array_agg(s.settled), array_agg(l.state), array_agg(l.requeued_job_id)
-      INTO children, parents, policies, ends, letters, replays
-      FROM settled AS s
-      LEFT JOIN LATERAL (SELECT l.state, l.requeued_job_id FROM orc_dead_letters AS l
-                          WHERE l.job_id = s.awaited_id AND s.on_failure = 'wait'
-                            AND s.settled = 'FAILED'
-                          ORDER BY l.created_at DESC LIMIT 1) AS l ON true;
-    IF children IS NULL THEN
-        RETURN;
-    END IF;
-
-    SELECT array_agg(v.job_id) FILTER (WHERE v.cancel),
-           array_agg(v.job_id ORDER BY v.job_id) FILTER (WHERE NOT v.cancel AND v.done > 0),
-           array_agg(v.done ORDER BY v.job_id) FILTER (WHERE NOT v.cancel AND v.done > 0)
-      INTO doomed, counted, ended
-      FROM (SELECT e.job_id,
-                   bool_or(e.settled <> 'COMPLETED'
-                           AND (e.on_failure = 'cancel'
-                                OR (e.on_failure = 'wait' AND e.settled = 'CANCELLED')
-                                OR e.letter IS NOT DISTINCT FROM 'discarded')) AS cancel,
-                   count(*) FILTER (WHERE e.settled = 'COMPLETED' OR e.on_failure = 'run')::integer
-                       AS done
-              FROM unnest(children, policies, ends, letters)
-                       AS e (job_id, on_failure, settled, letter)
-              JOIN orc_jobs AS c ON c.id = e.job_id AND c.finished_at IS NULL
-             GROUP BY e.job_id) AS v;
+    SELECT (SELECT array_agg(v.job_id) FROM judged AS v WHERE v.cancel),
+           (SELECT array_agg(v.job_id ORDER BY v.job_id) FROM judged AS v
+             WHERE NOT v.cancel AND v.done > 0),
+           (SELECT array_agg(v.done ORDER BY v.job_id) FROM judged AS v
+             WHERE NOT v.cancel AND v.done > 0),
+           (SELECT array_agg(h.awaited_id ORDER BY h.awaited_id) FROM handing AS h),
+           (SELECT array_agg(h.replay ORDER BY h.awaited_id) FROM handing AS h)
+      INTO doomed, counted, ended, handed, replays;
 
     IF cardinality(doomed) > 0 THEN
         PERFORM orc_dependencies_cancel_v1(doomed, p_parents);
     END IF;
-    IF cardinality(counted) > 0 THEN
+    IF cardinality(counted) > 1 THEN  -- one alone is locked by its update
         PERFORM FROM orc_job_waits AS w WHERE w.job_id = ANY (counted) ORDER BY w.job_id
             FOR UPDATE;
-        UPDATE orc_job_waits AS w SET unsettled = w.unsettled - c.done
-          FROM unnest(counted, ended) AS c (job_id, done)
-         WHERE w.job_id = c.job_id;
-        PERFORM orc_dependencies_release_v1(counted);
     END IF;
-    FOR handing IN
-        SELECT DISTINCT h.awaited_id, h.replay
-          FROM unnest(parents, letters, replays) AS h (awaited_id, letter, replay)
-         WHERE h.letter = 'requeued'
-    LOOP
-        PERFORM orc_dependencies_hand_on_v1(handing.awaited_id, handing.replay);
+    IF cardinality(counted) > 0 THEN
+        WITH counted_down AS (
+            UPDATE orc_job_waits AS w SET unsettled = w.unsettled - c.done
+              FROM unnest(counted, ended) AS c (job_id, done)
+             WHERE w.job_id = c.job_id
+            RETURNING w.job_id, w.unsettled
+        )
+        SELECT array_agg(d.job_id) INTO freed FROM counted_down AS d WHERE d.unsettled = 0;
+        PERFORM orc_dependencies_release_v1(freed) WHERE freed IS NOT NULL;
+    END IF;
+    FOR i IN 1 .. coalesce(cardinality(handed), 0) LOOP
+        PERFORM orc_dependencies_hand_on_v1(handed[i], replays[i]);
     END LOOP;
 END;
 $$;
@@ -234,13 +237,15 @@ $$;
 -- Blocked jobs among `p_jobs` with nothing left to wait for become PENDING, with a dispatch
 -- each (for their run_at, under their application's prefix) set in the same UPDATE, and their
 -- job.unblocked; their counts deleted. Set-based: a parent's end releasing 10,000 children is
--- one statement of each kind (bench/workflows.py).
+-- one statement of each kind (bench/workflows.py); one application's jobs, the usual case,
+-- are deferred in one call.
 CREATE OR REPLACE FUNCTION orc_dependencies_release_v1(p_jobs uuid[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     ids uuid[];
     ats timestamptz[];
     prefixes text[];
+    kinds text[];
     prefix text;
     deferred bigint[];
 BEGIN
@@ -251,25 +256,36 @@ BEGIN
            AND j.status = 'BLOCKED'
         RETURNING w.job_id, w.task_prefix, coalesce(j.next_retry_at, j.run_at) AS at
     )
-    SELECT array_agg(e.job_id), array_agg(e.at), array_agg(e.task_prefix)
-      INTO ids, ats, prefixes
+    SELECT array_agg(e.job_id), array_agg(e.at), array_agg(e.task_prefix),
+           array_agg(DISTINCT e.task_prefix)
+      INTO ids, ats, prefixes, kinds
       FROM ended AS e;
-    FOR prefix IN SELECT DISTINCT p FROM unnest(prefixes) AS p
-    LOOP
-        deferred := orc_defer_dispatches_v1(
-            ARRAY(SELECT r.id FROM unnest(ids, prefixes) AS r (id, p) WHERE r.p = prefix),
-            ARRAY(SELECT r.at FROM unnest(ats, prefixes) AS r (at, p) WHERE r.p = prefix),
-            prefix);
+    IF ids IS NULL THEN
+        RETURN;
+    END IF;
+    IF cardinality(kinds) = 1 THEN
+        deferred := orc_defer_dispatches_v1(ids, ats, kinds[1]);
+    ELSE
+        deferred := '{}';
+        FOREACH prefix IN ARRAY kinds LOOP
+            deferred := deferred || orc_defer_dispatches_v1(
+                ARRAY(SELECT r.id FROM unnest(ids, prefixes) AS r (id, p) WHERE r.p = prefix),
+                ARRAY(SELECT r.at FROM unnest(ats, prefixes) AS r (at, p) WHERE r.p = prefix),
+                prefix);
+        END LOOP;
+    END IF;
+    WITH released AS (
         UPDATE orc_jobs AS j SET status = 'PENDING', procrastinate_job_id = p.id
           FROM procrastinate_jobs AS p
-         WHERE p.id = ANY (deferred) AND j.id = (p.args ->> 'job_id')::uuid;
-    END LOOP;
+         WHERE p.id = ANY (deferred) AND j.id = (p.args ->> 'job_id')::uuid
+        RETURNING j.id
+    )
     INSERT INTO orc_job_events (job_id, kind, payload)
     SELECT d.job_id, 'job.unblocked',
            orc_unblocked_event_v1(array_agg(d.awaited_id ORDER BY d.ord),
                                   array_agg(d.settled ORDER BY d.ord))
       FROM orc_job_dependencies AS d
-     WHERE d.job_id = ANY (ids)
+     WHERE d.job_id IN (SELECT r.id FROM released AS r)
      GROUP BY d.job_id;
 END;
 $$;

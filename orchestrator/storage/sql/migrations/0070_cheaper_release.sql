@@ -1,0 +1,9 @@
+-- 0070_cheaper_release: a parent's end settles its edges and releases its dependants in fewer
+-- statements (functions/dependencies.sql): the edges settled and judged in one, the counts
+-- taken down and the released ones found in the next, the released jobs' status and their
+-- job.unblocked in one; one application's jobs deferred in one call. Same rules, same
+-- results; a chain's link costs less (bench/workflows.py).
+--
+-- compatible-with-older-workers: yes
+-- revises: functions/dependencies.sql 2c2a1abdf42028b83741edcf9c3259b011b523a692dcdd3ec0c56ecfa765d8ea
+-- revises: functions/claim.sql 45df491d15e3208e1d98fc1d39ae0b1b0a8abe79e70fabe6c458567704f87342
