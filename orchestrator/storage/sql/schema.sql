@@ -658,7 +658,7 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_dependencies_check_v1(p_specs jsonb)
 --   orc_dependencies_hand_on_v1(p_parent uuid, p_replay uuid)
 --   orc_dependencies_letter_resolved_v1()
---   orc_dependencies_release_v1(p_jobs uuid[])
+--   orc_dependencies_release_v2(p_jobs uuid[], p_ats timestamp with time zone[], p_prefixes text[])
 --   orc_dependencies_settle_v1(p_parents uuid[])
 --   orc_dispatch_v1(p_job_ids uuid[], p_task_prefix text)
 --   orc_end_dispatch_v1(p_dispatch_id bigint, p_status text)

@@ -96,6 +96,8 @@ DECLARE
     handed uuid[];
     replays uuid[];
     freed uuid[];
+    ats timestamptz[];
+    prefixes text[];
 BEGIN
     IF coalesce(cardinality(p_parents), 0) = 0 THEN
         RETURN;
@@ -140,19 +142,28 @@ BEGIN
     IF cardinality(doomed) > 0 THEN
         PERFORM orc_dependencies_cancel_v1(doomed, p_parents);
     END IF;
-    IF cardinality(counted) > 1 THEN  -- one alone is locked by its update
+    IF cardinality(counted) > 0 THEN
+        -- Locked first (in one order), so that the statement below reads each count as the
+        -- last parent to end left it: two parents ending at once release their child once.
         PERFORM FROM orc_job_waits AS w WHERE w.job_id = ANY (counted) ORDER BY w.job_id
             FOR UPDATE;
-    END IF;
-    IF cardinality(counted) > 0 THEN
-        WITH counted_down AS (
+        -- Those whose last edges these are leave orc_job_waits, to be released; the others'
+        -- counts go down (a count that would go below 0 fails its CHECK).
+        WITH freeing AS (
+            DELETE FROM orc_job_waits AS w
+             USING unnest(counted, ended) AS c (job_id, done), orc_jobs AS j
+             WHERE w.job_id = c.job_id AND w.unsettled = c.done AND j.id = w.job_id
+               AND j.status = 'BLOCKED'
+            RETURNING w.job_id, w.task_prefix, coalesce(j.next_retry_at, j.run_at) AS at
+        ), counted_down AS (
             UPDATE orc_job_waits AS w SET unsettled = w.unsettled - c.done
               FROM unnest(counted, ended) AS c (job_id, done)
-             WHERE w.job_id = c.job_id
-            RETURNING w.job_id, w.unsettled
+             WHERE w.job_id = c.job_id AND w.unsettled <> c.done
         )
-        SELECT array_agg(d.job_id) INTO freed FROM counted_down AS d WHERE d.unsettled = 0;
-        PERFORM orc_dependencies_release_v1(freed) WHERE freed IS NOT NULL;
+        SELECT array_agg(f.job_id), array_agg(f.at), array_agg(f.task_prefix)
+          INTO freed, ats, prefixes
+          FROM freeing AS f;
+        PERFORM orc_dependencies_release_v2(freed, ats, prefixes) WHERE freed IS NOT NULL;
     END IF;
     FOR i IN 1 .. coalesce(cardinality(handed), 0) LOOP
         PERFORM orc_dependencies_hand_on_v1(handed[i], replays[i]);
@@ -234,43 +245,28 @@ LANGUAGE sql AS $$
       FROM cancelled AS c
 $$;
 
--- Blocked jobs among `p_jobs` with nothing left to wait for become PENDING, with a dispatch
--- each (for their run_at, under their application's prefix) set in the same UPDATE, and their
--- job.unblocked; their counts deleted. Set-based: a parent's end releasing 10,000 children is
--- one statement of each kind (bench/workflows.py); one application's jobs, the usual case,
--- are deferred in one call.
-CREATE OR REPLACE FUNCTION orc_dependencies_release_v1(p_jobs uuid[]) RETURNS void
+-- Blocked jobs with nothing left to wait for (their counts deleted by the settle) become
+-- PENDING, each with a dispatch (for `p_ats`, under its application's prefix `p_prefixes`) set
+-- in the same UPDATE, and their job.unblocked. Set-based: a parent's end releasing 10,000
+-- children is one statement of each kind (bench/workflows.py); one application's jobs, the
+-- usual case, are deferred in one call.
+CREATE OR REPLACE FUNCTION orc_dependencies_release_v2(
+    p_jobs uuid[], p_ats timestamptz[], p_prefixes text[]
+) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    ids uuid[];
-    ats timestamptz[];
-    prefixes text[];
-    kinds text[];
+    kinds text[] := ARRAY(SELECT DISTINCT p FROM unnest(p_prefixes) AS p);
     prefix text;
     deferred bigint[];
 BEGIN
-    WITH ended AS (
-        DELETE FROM orc_job_waits AS w
-         USING orc_jobs AS j
-         WHERE w.job_id = ANY (p_jobs) AND w.unsettled = 0 AND j.id = w.job_id
-           AND j.status = 'BLOCKED'
-        RETURNING w.job_id, w.task_prefix, coalesce(j.next_retry_at, j.run_at) AS at
-    )
-    SELECT array_agg(e.job_id), array_agg(e.at), array_agg(e.task_prefix),
-           array_agg(DISTINCT e.task_prefix)
-      INTO ids, ats, prefixes, kinds
-      FROM ended AS e;
-    IF ids IS NULL THEN
-        RETURN;
-    END IF;
     IF cardinality(kinds) = 1 THEN
-        deferred := orc_defer_dispatches_v1(ids, ats, kinds[1]);
+        deferred := orc_defer_dispatches_v1(p_jobs, p_ats, kinds[1]);
     ELSE
         deferred := '{}';
         FOREACH prefix IN ARRAY kinds LOOP
             deferred := deferred || orc_defer_dispatches_v1(
-                ARRAY(SELECT r.id FROM unnest(ids, prefixes) AS r (id, p) WHERE r.p = prefix),
-                ARRAY(SELECT r.at FROM unnest(ats, prefixes) AS r (at, p) WHERE r.p = prefix),
+                ARRAY(SELECT r.id FROM unnest(p_jobs, p_prefixes) AS r (id, p) WHERE r.p = prefix),
+                ARRAY(SELECT r.at FROM unnest(p_ats, p_prefixes) AS r (at, p) WHERE r.p = prefix),
                 prefix);
         END LOOP;
     END IF;
@@ -310,7 +306,7 @@ CREATE OR REPLACE TRIGGER orc_jobs_dependants_settle
     EXECUTE FUNCTION orc_dependants_settle_v1();
 
 -- A job cancelled while it waited leaves orc_job_waits (a released one left it with its release,
--- set-based: orc_dependencies_release_v1).
+-- set-based: orc_dependencies_settle_v1).
 CREATE OR REPLACE FUNCTION orc_job_wait_ended_v1() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN

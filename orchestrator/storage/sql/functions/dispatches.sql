@@ -35,7 +35,7 @@ $$;
 
 -- The dispatches of orc_flow_dispatch_v2, inserted (their ids), the soonest future time told
 -- on orc_wakeup; the caller points each job at its own (a released job's UPDATE does it with
--- its status: orc_dependencies_release_v1).
+-- its status: orc_dependencies_release_v2).
 CREATE OR REPLACE FUNCTION orc_defer_dispatches_v1(
     p_job_ids uuid[], p_ats timestamptz[], p_task_prefix text
 )

@@ -43,3 +43,7 @@ DROP FUNCTION IF EXISTS orc_flow_park_v1(uuid, uuid, text[], bigint, text, boole
 -- answers its id). The release before (0032) calls neither directly.
 DROP FUNCTION IF EXISTS orc_flow_call_spend_v2(text, uuid, bigint, boolean);
 DROP FUNCTION IF EXISTS orc_flow_record_spend_v1(text, uuid, integer, bigint);
+
+-- The release of migration 0069, which deleted its jobs' counts itself: since 0070 the settle
+-- deletes them as it counts down, and orc_dependencies_release_v2 takes what it returned.
+DROP FUNCTION IF EXISTS orc_dependencies_release_v1(uuid[]);

@@ -1,9 +1,17 @@
--- 0070_cheaper_release: a parent's end settles its edges and releases its dependants in fewer
--- statements (functions/dependencies.sql): the edges settled and judged in one, the counts
--- taken down and the released ones found in the next, the released jobs' status and their
--- job.unblocked in one; one application's jobs deferred in one call. Same rules, same
--- results; a chain's link costs less (bench/workflows.py).
+-- 0070_cheaper_release: a chain's link costs less (bench/workflows.py). A parent's end settles
+-- its edges and releases its dependants in fewer statements (functions/dependencies.sql): the
+-- edges settled and judged in one; the counts of the jobs released deleted, the others' taken
+-- down, in the next (orc_dependencies_release_v2 takes what was deleted; v1 is retired); the
+-- released jobs' status and their job.unblocked in one; one application's jobs deferred in one
+-- call. Same rules, same results. A claim says whether jobs wait for its job (claim.sql:
+-- has_dependants), so that its worker fetches in its completion's statement (the query
+-- complete_and_fetch, orchestrator/storage/dispatches.sql).
+--
+-- The release before ignores has_dependants (a claim's unknown keys are ignored) and calls no
+-- dependency function itself.
 --
 -- compatible-with-older-workers: yes
--- revises: functions/dependencies.sql 2c2a1abdf42028b83741edcf9c3259b011b523a692dcdd3ec0c56ecfa765d8ea
+-- revises: functions/dependencies.sql 8cd97f59b53b0bd27af963dd6b8aef1ec684860b6df4aa670d0b6c5e2d9eed6e
 -- revises: functions/claim.sql 45df491d15e3208e1d98fc1d39ae0b1b0a8abe79e70fabe6c458567704f87342
+-- revises: functions/retired.sql 8e61c35f6c00a0ddcc80824266b2db4660ba70939eb04f5fd5a013e5d5457554
+-- revises: functions/dispatches.sql 93cdbb0defa205c51cf207eee857aa18db6178b558d469e4bcc0b80d519bbef5
