@@ -48,10 +48,16 @@ Reconcile = Callable[[str], Awaitable[Reconciled | None]]
 
 
 class Ledger:
-    def __init__(self, store: CheckpointStore, fence: Fence, classifiers: list[Classifier]) -> None:
+    def __init__(
+        self, store: CheckpointStore, fence: Fence, classifiers: list[Classifier],
+        before_commit: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:  # fmt: skip
         self.store = store
         self.fence = fence
         self.classifiers = classifiers
+        #: Run before each checkpoint and each flush (the attempt's live output written first,
+        #: so a committed step's output is stored before it: orchestrator.runtime.output).
+        self.before_commit = before_commit
         self._held: dict[int, list[dict[str, Any]]] = {}  # step -> results awaiting commit
 
     async def effect(
@@ -109,6 +115,8 @@ class Ledger:
 
     async def checkpoint(self, step: int, state: Any, *, final: bool) -> None:
         """The step's commit point: its state and its side effects' results, one statement."""
+        if self.before_commit is not None:
+            await self.before_commit()
         await self.store.write_checkpoint(
             self.fence, step=step, state=state, final=final, effects=self._held.pop(step, [])
         )
@@ -119,6 +127,8 @@ class Ledger:
     async def flush(self) -> None:
         """Commit the results still held (the attempt is ending before its step committed). They
         are let go once written, so a flush that failed can be made again."""
+        if self.before_commit is not None:
+            await self.before_commit()
         held = [e for step in sorted(self._held) for e in self._held[step]]
         await self.store.commit_effects(self.fence, held)
         self._held.clear()

@@ -302,6 +302,14 @@ class JobRetryConfig(_Frozen):
         description="Days a FAILED job of this type is kept (and longer while its dead letter"
         " awaits review). Unset: ORCHESTRATOR_FAILED_JOB_RETENTION_DAYS.",
     )
+    output_max_bytes: int = Field(
+        1_048_576,
+        ge=0,
+        le=MAX_VALUE,
+        description="Most bytes of live output (ctx.output, the LLM types' text deltas) a job "
+        "keeps, across its attempts; past it one `cut` record is written and later output is "
+        "dropped (docs/output.md).",
+    )
     external: bool = Field(
         False,
         description="Run by external workers over the HTTP API (task-claim, heartbeat, "

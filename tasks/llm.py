@@ -29,6 +29,11 @@ that learns, the provider's rate-limit headers keep the job's flow key in step w
 The API key is the secret ``ANTHROPIC_API_KEY`` (environment or mounted secret); the endpoint
 is ``ANTHROPIC_BASE_URL`` when set (the bundled local server, a proxy), else Anthropic's.
 With tracing on, the call has a span, ``chat <model>`` (docs/operations.md, "Traces").
+
+Every text delta of every call is the job's live output as it arrives (``ctx.output``,
+docs/output.md), for ``llm_generate`` and ``run_agent`` alike. A call that fails and is retried
+streams again, after the marker its attempt's failure writes; a call that falls back to another
+model within the attempt streams again after what the failed call streamed, with no marker.
 """
 
 from __future__ import annotations
@@ -184,8 +189,9 @@ async def generate(ctx: JobContext, **params: Any) -> LlmResponse:
             sent_at = time.monotonic()
             async with ctx.call_limit(), sdk.messages.stream(**params) as stream:
                 headers = stream.response.headers
-                async for _event in within_gaps(stream, ctx.config.inter_chunk_timeout(), "LLM"):
-                    pass
+                async for event in within_gaps(stream, ctx.config.inter_chunk_timeout(), "LLM"):
+                    if event.type == "text":  # each text delta, live (docs/output.md)
+                        ctx.output.text(event.text)
                 final = await stream.get_final_message()
         reply = LlmResponse.model_validate(final.model_dump(mode="json"))
     except BaseException as exc:

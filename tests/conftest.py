@@ -96,6 +96,12 @@ Where each part of the code is tested:
                               recorded over the API (the Node.js worker, stale leases, other
                               tenants' tokens, a call id asked again counted once):
                               test_flow_external
+    live output               a job's output (docs/output.md): chunks in order at their
+                              offsets, a stale attempt's write refused, the superseded
+                              marker and the final read, a committed step not repeated, the
+                              size cap, worker processes against the local LLM server, the
+                              API's read and stream (tenants, offsets, Last-Event-ID):
+                              test_output
     schedules                 firing once per tick (three worker processes), backfill, pause,
                               listings, tenants, refusals: test_schedules
     orchestrator/services     sweep: test_liveness, test_timeouts; safety net, dead letters:

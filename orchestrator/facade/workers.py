@@ -92,6 +92,7 @@ class Workers:
                 metrics=self._metrics,
                 graph=opened.stores.graph,
                 child_rows=self._child_rows,
+                output=opened.stores.output,
                 tracing=self._tracing,
                 usage=opened.stores.usage,
                 flow=opened.stores.flow,

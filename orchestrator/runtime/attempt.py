@@ -74,9 +74,11 @@ from orchestrator.runtime.outcomes import (
     of_failure,
     terminal,
 )
+from orchestrator.runtime.output import Output
 from orchestrator.runtime.usage import Accounting
 from orchestrator.storage.flow import FlowStore
 from orchestrator.storage.graph import GraphStore
+from orchestrator.storage.output import OutputStore
 from orchestrator.storage.usage import UsageStore
 from retry_config import JobRetryConfig, LiveConfig
 
@@ -105,6 +107,7 @@ class Toolkit:
     metrics: Metrics
     graph: GraphStore  # what jobs depend on (ctx.parents()), the children steps spawn
     child_rows: ChildRows  # a step's child specs as job rows (the application's submit)
+    output: OutputStore  # the jobs' live output (ctx.output)
     tracing: Tracing | None = None
     usage: UsageStore | None = None  # token accounting (None: calls are only counted)
     flow: FlowStore | None = None  # flow control's windows, which calls' usage reconciles
@@ -134,7 +137,13 @@ class Attempt:
         self.step_spans: StepSpans | None = (
             None if kit.tracing is None else kit.tracing.steps(self.step_clock)
         )
-        self.ledger = Ledger(kit.checkpoints, claim.fence, list(kit.classifiers))
+        #: Its live output (ctx.output), written before each commit of its ledger.
+        clock = self.step_clock  # not self: the output keeps no reference to the attempt
+        self.output = Output(
+            kit.output, claim.fence, max_bytes=self.config.output_max_bytes,
+            step=lambda: clock.step,
+        )  # fmt: skip
+        self.ledger = Ledger(kit.checkpoints, claim.fence, list(kit.classifiers), self.output.flush)
         limit = kit.config.current.limits.get(self.config.limit or "")
         #: Its limit learns its key's limits from the provider's replies.
         self.learns = claim.flow_key is not None and limit is not None and limit.learn
@@ -176,6 +185,7 @@ class Attempt:
             return await self._run()
         finally:
             self.step_clock.close()
+            self.output.close()
 
     def hand_back(self, reason: str) -> HandedBack:
         return HandedBack(events.interrupted(self.claim, reason))
@@ -214,6 +224,7 @@ class Attempt:
             config=self.config,
             http=clients.http(claim.job_type, self.config),
             secrets=kit.secrets,
+            output=self.output,
             log=logging.LoggerAdapter(
                 logging.getLogger(f"orchestrator.job.{claim.job_type}"),
                 current_attempt.fields_of(claim),
@@ -385,14 +396,17 @@ class StepDeadline:
         self.seconds = seconds
         self.on_overrun = on_overrun
         self.overran: StepTimedOut | None = None
+        self.step: int | None = None  # the step running now (None: outside any)
         self._timer: asyncio.TimerHandle | None = None
 
     def start(self, step: int) -> None:
         self.cancel()
+        self.step = step
         self._timer = asyncio.get_running_loop().call_later(self.seconds, self._fire, step)
 
     def stop(self) -> None:
         self.cancel()
+        self.step = None
         if self.overran is not None:  # the task swallowed the cancellation: fail the step now
             raise self.overran
 

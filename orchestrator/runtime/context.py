@@ -19,6 +19,7 @@ from orchestrator.domain.models import Awaited
 from orchestrator.domain.secrets import Secrets
 from orchestrator.runtime.calls import call_limit
 from orchestrator.runtime.metrics import LlmOutcome, Metrics
+from orchestrator.runtime.output import Output
 from retry_config import JobRetryConfig
 
 if TYPE_CHECKING:
@@ -50,6 +51,9 @@ class JobContext:
     #: Secrets by name, from the environment or the mounted secrets directory; their values
     #: are redacted from stored errors and logs (orchestrator.domain.secrets).
     secrets: Secrets = field(repr=False)
+    #: Its live output, read by clients as it is written (docs/output.md):
+    #: ``ctx.output.text(delta)``, ``ctx.output.progress({"tool": "search"})``.
+    output: Output = field(repr=False)
     _should_abort: Callable[[], bool] = field(repr=False)
     _shared: Callable[[Hashable, Callable[[], Any]], Any] = field(repr=False)
     _parents: Callable[[], Awaitable[list[Awaited]]] = field(repr=False)

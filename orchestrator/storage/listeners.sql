@@ -8,10 +8,14 @@ ON CONFLICT (listener) DO UPDATE SET until = excluded.until
 -- stop_listening_for_events --
 DELETE FROM orc_event_listeners WHERE listener = %(listener)s OR until < now()
 
--- latest_event_ids --
--- The newest event id of each of these jobs (one primary-key probe each): which of the jobs
--- waited for have new events since the waiter last looked. Not a global cursor: ids are handed
--- out before commit, so a lower id can commit after a higher one.
-SELECT job_id, max(id) AS last_event_id FROM orc_job_events
- WHERE job_id = ANY (%(job_ids)s::uuid[])
- GROUP BY job_id
+-- latest_marks --
+-- How far each of these jobs has got (one primary-key probe each, per table): its newest event
+-- id and the offset its next output chunk gets, 0 for none: which of the jobs waited for have
+-- news since the waiter last looked. Not a global cursor: ids are handed out before commit, so
+-- a lower id can commit after a higher one.
+SELECT w.job_id,
+       coalesce((SELECT max(e.id) FROM orc_job_events AS e WHERE e.job_id = w.job_id), 0)
+           AS last_event_id,
+       coalesce((SELECT h.next_offset FROM orc_job_output_heads AS h WHERE h.job_id = w.job_id), 0)
+           AS next_output
+  FROM unnest(%(job_ids)s::uuid[]) AS w (job_id)

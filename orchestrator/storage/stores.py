@@ -17,6 +17,7 @@ from orchestrator.storage.graph import GraphStore
 from orchestrator.storage.jobs import JobStore
 from orchestrator.storage.listeners import ListenerStore
 from orchestrator.storage.liveness import LivenessStore
+from orchestrator.storage.output import OutputStore
 from orchestrator.storage.retention import RetentionStore
 from orchestrator.storage.rollups import RollupStore
 from orchestrator.storage.runner import OnRefused, Queries
@@ -47,6 +48,7 @@ class Stores:
     usage: UsageStore
     applications: ApplicationStore
     graph: GraphStore
+    output: OutputStore
 
     @classmethod
     def on(cls, pool: Pool, *, on_refused: OnRefused | None = None) -> Stores:
@@ -76,4 +78,5 @@ class Stores:
             usage=usage,
             applications=applications,
             graph=GraphStore(queries, jobs, usage),
+            output=OutputStore(queries),
         )

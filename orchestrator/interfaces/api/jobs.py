@@ -1,5 +1,6 @@
 """Jobs: submit (one, many, idempotent), read (one, a page, its events, its steps, its LLM
-usage), cancel, wait for an outcome (a long-poll) and stream its events (Server-Sent Events).
+usage), cancel, wait for an outcome (a long-poll), stream its events, and read or stream its
+live output (Server-Sent Events).
 
 A principal limited to tenants sees only their jobs: any other job, guessed id or not, is "not
 found", exactly as a job that does not exist.
@@ -24,6 +25,7 @@ from orchestrator.app import JobSpec, Orchestrator
 from orchestrator.domain.dependencies import MAX_PARENTS
 from orchestrator.domain.errors import DatabaseUnavailable, JobNotFound, SubmitError
 from orchestrator.domain.models import Job
+from orchestrator.domain.output import OutputChunk
 from orchestrator.domain.principals import Principal, Scope, Unauthorized
 from orchestrator.domain.states import Status
 from orchestrator.domain.usage import JobUsage
@@ -33,6 +35,7 @@ from orchestrator.interfaces.api.models import (
     EventPage,
     JobOutcome,
     JobPage,
+    OutputPage,
     ParentPage,
     Reason,
     Steps,
@@ -304,3 +307,81 @@ async def _events(
                     yield ": ping\n\n"
     except DatabaseUnavailable:  # the stream ends (no traceback); the client reconnects
         return
+
+
+@router.get(
+    "/jobs/{job_id}/output",
+    response_model=OutputPage,
+    responses={200: {"content": {"text/event-stream": {}}}},
+)
+async def output(
+    job_id: UUID,
+    orc: Orc,
+    watch: Watch,
+    caller: Reader,
+    request: Request,
+    offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+    final: bool = False,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 500,
+    accept: Annotated[str | None, Header(max_length=1000)] = None,
+    last_event_id: Annotated[str | None, Header(max_length=30)] = None,
+) -> OutputPage | StreamingResponse:
+    """The job's live output (docs/output.md): its chunks from ``offset`` on, in order, each
+    with its offset, attempt, step and kind. As JSON, a page of what is stored (``final``: only
+    the final output, what no ``superseded`` marker covers). With ``Accept: text/event-stream``,
+    as Server-Sent Events (``id`` the chunk's offset, ``event`` its kind, ``data`` the chunk as
+    JSON), from ``offset`` (or after ``Last-Event-ID`` on a reconnection), live, until the job
+    has finished and its last chunk was sent, or the caller's token is revoked."""
+    await visible_job(orc, caller, job_id)
+    if accept is None or "text/event-stream" not in accept:
+        chunks = await orc.stores.output.read(job_id, offset=offset, limit=limit, final=final)
+        return OutputPage(chunks=chunks, next_offset=chunks[-1].offset + 1 if chunks else offset)
+    if final:
+        raise RequestValidationError([{
+            "type": "value_error", "loc": ("query", "final"), "input": final,
+            "msg": "final=true is a plain read (application/json): a stream sends every chunk, "
+                   "its markers included",
+        }])  # fmt: skip
+    if last_event_id and last_event_id.isdigit():
+        offset = int(last_event_id) + 1
+    check = functools.partial(still_authenticated, request)
+    return StreamingResponse(
+        _chunks(orc, watch, job_id, offset, check),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _chunks(
+    orc: Orchestrator,
+    watch: EventWatch,
+    job_id: UUID,
+    offset: int,
+    check: Callable[[], Awaitable[None]],
+) -> AsyncIterator[str]:
+    """Its output from ``offset`` on, woken by the database as ``_events`` is (its keep-alive
+    comments, its end on a revoked token or a lost database alike)."""
+    ping = orc.settings.api_stream_ping_seconds
+    try:
+        async with watch.watching(job_id, output=True) as waiter:
+            while True:
+                job = await orc.get_job(job_id)
+                while chunks := await orc.stores.output.read(job_id, offset=offset, limit=500):
+                    for chunk in chunks:
+                        yield _sent(chunk)
+                        offset = chunk.offset + 1
+                if job.finished_at is not None:
+                    return
+                try:
+                    woken = await waiter.wait_checked(ping, every=RECHECK_SECONDS, check=check)
+                except Unauthorized:
+                    return
+                if not woken:
+                    yield ": ping\n\n"
+    except DatabaseUnavailable:  # the stream ends (no traceback); the client reconnects
+        return
+
+
+def _sent(chunk: OutputChunk) -> str:
+    data = json.dumps(chunk.model_dump(mode="json"), separators=(",", ":"))
+    return f"id: {chunk.offset}\nevent: {chunk.kind}\ndata: {data}\n\n"

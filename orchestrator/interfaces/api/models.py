@@ -15,6 +15,7 @@ from orchestrator.app import JobSpec
 from orchestrator.domain.dead_letters import BULK_MAX
 from orchestrator.domain.flow import FlowKey
 from orchestrator.domain.models import Awaited, DeadLetter, Job, JobEvent, QueueStats
+from orchestrator.domain.output import OutputChunk
 from orchestrator.domain.schedules import ScheduleView
 from orchestrator.domain.storable import Text
 from orchestrator.domain.usage import UsageTotal
@@ -75,6 +76,14 @@ class EventPage(BaseModel):
     events: list[JobEvent]
     #: Pass as ``after`` for what comes next (the last event's id, or the one given).
     next_cursor: int
+
+
+class OutputPage(BaseModel):
+    """A page of a job's output (docs/output.md), in offset order."""
+
+    chunks: list[OutputChunk]
+    #: Pass as ``offset`` for what comes next (the last chunk's offset + 1, or the one given).
+    next_offset: int
 
 
 class JobOutcome(BaseModel):

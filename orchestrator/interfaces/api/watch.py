@@ -1,11 +1,12 @@
 """Requests that wait for a job's events (a long-poll for its outcome, a stream of its events)
-are woken by the database, not by polling.
+or its output (a stream of it) are woken by the database, not by polling.
 
 The API server lists itself in ``orc_event_listeners`` while such requests exist; every
-statement that appends events then sends one NOTIFY on ``orc_job_events`` (migration 0019). On
-each, one query reads the newest event id of every job waited for, and the requests whose job
-has newer events than they last saw are woken; they read what is new themselves. With nobody
-waiting, the server is unlisted and workers send nothing.
+statement that appends events or output then sends one NOTIFY on ``orc_job_events`` (migration
+0019, functions/output.sql). On each, one query reads how far every job waited for has got (its
+newest event id, its next output offset), and the requests whose job has news they wait for
+(events; or, for an output stream, events or output) are woken; they read what is new
+themselves. With nobody waiting, the server is unlisted and workers send nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from psycopg import sql
 
 from orchestrator.domain.backoff import doubling_delay
 from orchestrator.domain.errors import DatabaseUnavailable
-from orchestrator.storage.listeners import ListenerStore
+from orchestrator.storage.listeners import ListenerStore, Mark
 from orchestrator.storage.queries import QUERIES
 
 logger = logging.getLogger("orchestrator.api.watch")
@@ -41,13 +42,17 @@ RELISTEN_MAX_SECONDS = 10.0
 READY_SECONDS = 5.0
 
 
-class Waiter:
-    """One waiting request: its jobs (a job, and on a job's page its relatives), and the newest
-    event id of each that it has seen."""
+NOTHING = Mark(0, 0)
 
-    def __init__(self, seen: dict[UUID, int]) -> None:
+
+class Waiter:
+    """One waiting request: its jobs (a job, and on a job's page its relatives), and how far it
+    has seen each get; ``output``: woken by their output too, not only by their events."""
+
+    def __init__(self, seen: dict[UUID, Mark], *, output: bool = False) -> None:
         self.job_ids = frozenset(seen)
         self.seen = seen
+        self.output = output
         self._woken = asyncio.Event()
 
     async def wait(self, seconds: float) -> bool:
@@ -71,10 +76,11 @@ class Waiter:
             if woken or loop.time() >= until:
                 return woken
 
-    def wake(self, newest: Mapping[UUID, int]) -> None:
+    def wake(self, newest: Mapping[UUID, Mark]) -> None:
         for job_id in self.job_ids:
-            if newest.get(job_id, 0) > self.seen[job_id]:
-                self.seen[job_id] = newest[job_id]
+            mark, seen = newest.get(job_id, NOTHING), self.seen[job_id]
+            if mark.events > seen.events or (self.output and mark.output > seen.output):
+                self.seen[job_id] = mark
                 self._woken.set()
 
 
@@ -91,10 +97,12 @@ class EventWatch:
         self._listing_lock = asyncio.Lock()  # listing and unlisting take turns
 
     @contextlib.asynccontextmanager
-    async def watching(self, job_id: UUID, *others: UUID) -> AsyncIterator[Waiter]:
-        """A waiter for ``job_id`` (and ``others``: woken by an event of any), live (listed and
-        listening) before the block starts: read the jobs in the block, then wait; nothing
-        written after the read is missed."""
+    async def watching(
+        self, job_id: UUID, *others: UUID, output: bool = False
+    ) -> AsyncIterator[Waiter]:
+        """A waiter for ``job_id`` (and ``others``: woken by an event of any; ``output``: by
+        their output too), live (listed and listening) before the block starts: read the jobs
+        in the block, then wait; nothing written after the read is missed."""
         try:
             await asyncio.wait_for(self._listening.wait(), READY_SECONDS)
         except TimeoutError:
@@ -106,7 +114,7 @@ class EventWatch:
             self._listed = True
             ids = {job_id, *others}
             latest = await self.listeners.latest(sorted(ids))
-            waiter = Waiter({i: latest.get(i, 0) for i in ids})
+            waiter = Waiter({i: latest.get(i, NOTHING) for i in ids}, output=output)
             self._waiters.add(waiter)
             self._someone.set()
         try:

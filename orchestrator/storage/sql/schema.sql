@@ -280,6 +280,35 @@ CREATE TRIGGER orc_job_events_append_only BEFORE UPDATE ON public.orc_job_events
 CREATE TRIGGER orc_job_events_fill BEFORE INSERT ON public.orc_job_events FOR EACH ROW WHEN ((((new.kind = ANY (ARRAY['job.completed'::text, 'job.interrupted'::text])) AND (NOT (new.payload ?& ARRAY['attempt'::text, 'run'::text]))) OR ((new.kind = 'job.retry_scheduled'::text) AND (NOT (new.payload ?& ARRAY['attempt'::text, 'run'::text, 'max_runs'::text, 'retry_count'::text, 'max_retries'::text, 'worker'::text, 'run_id'::text]))) OR ((new.kind = 'job.failed'::text) AND (NOT (new.payload ?& ARRAY['attempt'::text, 'run'::text, 'max_runs'::text, 'retry_count'::text, 'max_retries'::text, 'layer'::text, 'backoff_ms'::text, 'dead_letter_id'::text, 'worker'::text, 'run_id'::text]))))) EXECUTE FUNCTION orc_job_events_fill_v1();
 CREATE TRIGGER orc_job_events_notify AFTER INSERT ON public.orc_job_events FOR EACH STATEMENT EXECUTE FUNCTION orc_notify_event_listeners_v1();
 
+CREATE TABLE orc_job_output (
+    job_id uuid NOT NULL,
+    chunk_offset bigint NOT NULL,
+    attempt integer NOT NULL,
+    step integer,
+    kind text NOT NULL,
+    body jsonb NOT NULL,
+    written_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT orc_job_output_chunk_offset_check CHECK ((chunk_offset >= 0)),
+    CONSTRAINT orc_job_output_kind_check CHECK ((kind = ANY (ARRAY['text'::text, 'progress'::text, 'superseded'::text, 'cut'::text]))),
+    CONSTRAINT orc_job_output_step_check CHECK ((step >= 1)),
+    CONSTRAINT orc_job_output_job_id_fkey FOREIGN KEY (job_id) REFERENCES orc_jobs(id) ON DELETE CASCADE,
+    CONSTRAINT orc_job_output_pkey PRIMARY KEY (job_id, chunk_offset)
+);
+CREATE TRIGGER orc_job_output_notify AFTER INSERT ON public.orc_job_output FOR EACH STATEMENT EXECUTE FUNCTION orc_notify_event_listeners_v1();
+
+CREATE TABLE orc_job_output_heads (
+    job_id uuid NOT NULL,
+    next_offset bigint DEFAULT 0 NOT NULL,
+    bytes bigint DEFAULT 0 NOT NULL,
+    cut boolean DEFAULT false NOT NULL,
+    attempt integer DEFAULT 0 NOT NULL,
+    batch integer DEFAULT 0 NOT NULL,
+    CONSTRAINT orc_job_output_heads_bytes_check CHECK ((bytes >= 0)),
+    CONSTRAINT orc_job_output_heads_next_offset_check CHECK ((next_offset >= 0)),
+    CONSTRAINT orc_job_output_heads_job_id_fkey FOREIGN KEY (job_id) REFERENCES orc_jobs(id) ON DELETE CASCADE,
+    CONSTRAINT orc_job_output_heads_pkey PRIMARY KEY (job_id)
+);
+
 CREATE TABLE orc_job_rollups (
     period integer NOT NULL,
     at timestamp with time zone NOT NULL,
@@ -418,6 +447,7 @@ CREATE TRIGGER orc_jobs_dependants_settle AFTER UPDATE OF status ON public.orc_j
 CREATE TRIGGER orc_jobs_flow_leave AFTER UPDATE OF status ON public.orc_jobs FOR EACH ROW WHEN (((old.flow_key IS NOT NULL) AND (new.finished_at IS NOT NULL) AND (old.finished_at IS NULL))) EXECUTE FUNCTION orc_flow_leave_v1();
 CREATE TRIGGER orc_jobs_flow_release AFTER UPDATE OF status ON public.orc_jobs FOR EACH ROW WHEN (((old.flow_key IS NOT NULL) AND (old.status = 'RUNNING'::text) AND (new.status <> 'RUNNING'::text))) EXECUTE FUNCTION orc_flow_release_v1();
 CREATE TRIGGER orc_jobs_guard_transition BEFORE UPDATE ON public.orc_jobs FOR EACH ROW EXECUTE FUNCTION orc_guard_transition_v1();
+CREATE TRIGGER orc_jobs_output_superseded AFTER UPDATE OF status ON public.orc_jobs FOR EACH ROW WHEN (((old.status = 'RUNNING'::text) AND (new.status <> ALL (ARRAY['RUNNING'::text, 'COMPLETED'::text, 'CANCELLED'::text])))) EXECUTE FUNCTION orc_output_supersede_v1();
 CREATE TRIGGER orc_jobs_replay_ledger AFTER INSERT ON public.orc_jobs FOR EACH ROW WHEN ((new.replay_of IS NOT NULL)) EXECUTE FUNCTION orc_replay_ledger_v1();
 CREATE TRIGGER orc_jobs_replay_ledger_root BEFORE INSERT ON public.orc_jobs FOR EACH ROW WHEN ((new.replay_of IS NOT NULL)) EXECUTE FUNCTION orc_replay_ledger_v1();
 CREATE TRIGGER orc_jobs_replay_tenant BEFORE INSERT ON public.orc_jobs FOR EACH ROW WHEN (((new.replay_of IS NOT NULL) AND (new.tenant_id IS NULL))) EXECUTE FUNCTION orc_inherited_tenant_v1();
@@ -739,6 +769,8 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_max_attempts_v1(p_attempt integer, p_run integer, p_max_runs integer, p_retry_count integer, p_max_retries integer)
 --   orc_notify_event_listeners_v1()
 --   orc_notify_lock_freed_v1()
+--   orc_output_supersede_v1()
+--   orc_output_write_v1(p_job_id uuid, p_lease_token uuid, p_batch integer, p_chunks jsonb, p_max_bytes bigint)
 --   orc_principal_chars_v1(recorded text)
 --   orc_principal_person_v1(recorded text)
 --   orc_principal_persons_v1(recorded text)

@@ -1,0 +1,30 @@
+-- write_output --
+-- A batch of an attempt's output, fenced by its lease and held to the job's size cap
+-- (orc_output_write_v1, functions/output.sql): no row for a stale attempt; a batch already
+-- written (its number, in the attempt) is not written again.
+SELECT written, next_offset, cut
+  FROM orc_output_write_v1(%(job_id)s, %(lease_token)s, %(batch)s, %(chunks)s, %(max_bytes)s)
+
+-- output_from --
+-- A page of a job's output from the offset `from_offset` on, in order (its primary key).
+SELECT chunk_offset AS offset, attempt, step, kind, body, written_at
+  FROM orc_job_output
+ WHERE job_id = %(job_id)s AND chunk_offset >= %(from_offset)s
+ ORDER BY chunk_offset
+ LIMIT %(limit)s
+
+-- final_output_from --
+-- The job's final output, a page from `from_offset` on: its text and progress chunks that no
+-- `superseded` marker covers (a marker covers its attempt's chunks from its step on, and those
+-- written outside any step), and the `cut` marker. The markers are read first, once per page.
+WITH markers AS MATERIALIZED (
+    SELECT attempt, step FROM orc_job_output
+     WHERE job_id = %(job_id)s AND kind = 'superseded'
+)
+SELECT o.chunk_offset AS offset, o.attempt, o.step, o.kind, o.body, o.written_at
+  FROM orc_job_output AS o
+ WHERE o.job_id = %(job_id)s AND o.chunk_offset >= %(from_offset)s AND o.kind <> 'superseded'
+   AND NOT EXISTS (SELECT FROM markers AS m
+                    WHERE m.attempt = o.attempt AND (o.step IS NULL OR o.step >= m.step))
+ ORDER BY o.chunk_offset
+ LIMIT %(limit)s
