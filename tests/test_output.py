@@ -8,6 +8,7 @@ repeated; the size cap. Then with real processes: ``orchestrator serve`` and wor
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import signal
 from collections.abc import Callable, Iterator
@@ -274,6 +275,37 @@ async def test_readers_before_during_and_after_a_job_read_the_same_chunks_and_re
     assert (await client.get(path, headers=headers)).status_code == 404
     streamed = await client.get(path, headers={**headers, "Accept": "text/event-stream"})
     assert streamed.status_code == 404
+
+
+async def test_a_reader_behind_the_shared_feed_reads_up_to_it_then_follows_it(
+    served: Any,
+) -> None:
+    # The server reads a job's output once for all its readers (api/feeds.py), from where its
+    # first reader started: here offset 5. A reader that starts at 0 meanwhile reads 0-4
+    # itself, then follows the same feed; both read to the end, nothing missed or repeated.
+    orc, client = served
+    reader = await token(orc.stores.tokens, "reader")
+    job_id = await orc.submit("streamer", {"deltas": 60, "every": 0.05})
+    path = f"/api/v1/jobs/{job_id}/output"
+
+    async def stored(n: int) -> bool:
+        return len(await orc.stores.output.read(job_id)) >= n
+
+    await wait_for(functools.partial(stored, 6), timeout=30)
+    headers = {"Authorization": f"Bearer {reader}", "Accept": "text/event-stream"}
+    ahead: list[dict[str, Any]] = []
+    async with asyncio.timeout(60), client.stream("GET", f"{path}?offset=5", headers=headers) as r:
+        lines = r.aiter_lines()
+        while not ahead:  # the feed runs, from offset 5
+            if (line := await anext(lines)).startswith("data: "):
+                ahead.append(json.loads(line.removeprefix("data: ")))
+        behind = await sse(client, path, reader)
+        async for line in lines:
+            if line.startswith("data: "):
+                ahead.append(json.loads(line.removeprefix("data: ")))
+    everything = await plain(client, path, reader)
+    assert (await orc.get_job(job_id)).status is Status.COMPLETED
+    assert behind == everything and ahead == everything[5:]
 
 
 async def test_a_revoked_tokens_output_stream_ends_within_5_s(served: Any) -> None:

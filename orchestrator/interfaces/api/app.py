@@ -37,6 +37,7 @@ from orchestrator.interfaces.api import (
     workers,
 )
 from orchestrator.interfaces.api.auth import Authenticator, authenticate
+from orchestrator.interfaces.api.feeds import OutputFeeds
 from orchestrator.interfaces.api.middleware import AsgiScope, HttpMiddleware, Receive, Send
 from orchestrator.interfaces.api.watch import EventWatch
 from orchestrator.runtime.external import ExternalRuns
@@ -71,6 +72,7 @@ def create_api(orc: Orchestrator) -> FastAPI:
         app.state.availability = Availability(orc.dsn, wait=settings.api_database_wait_seconds)
         app.state.authenticator = Authenticator(orc.stores.tokens)
         app.state.watch = EventWatch(dsn=orc.dsn, listeners=orc.stores.listeners)
+        app.state.feeds = OutputFeeds(orc, app.state.watch)
         app.state.external = ExternalRuns(
             dsn=orc.dsn, stores=orc.stores, settings=settings, config=orc.live_config,
             job_types=orc.job_types, failures=orc.failures, metrics=orc.metrics,

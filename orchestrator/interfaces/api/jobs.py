@@ -25,11 +25,11 @@ from orchestrator.app import JobSpec, Orchestrator
 from orchestrator.domain.dependencies import MAX_PARENTS
 from orchestrator.domain.errors import DatabaseUnavailable, JobNotFound, SubmitError
 from orchestrator.domain.models import Job
-from orchestrator.domain.output import OutputChunk
 from orchestrator.domain.principals import Principal, Scope, Unauthorized
 from orchestrator.domain.states import Status
 from orchestrator.domain.usage import JobUsage
 from orchestrator.interfaces.api.auth import RECHECK_SECONDS, Allowed, still_authenticated
+from orchestrator.interfaces.api.feeds import OutputFeeds
 from orchestrator.interfaces.api.models import (
     ChildPage,
     EventPage,
@@ -64,8 +64,14 @@ def event_watch(request: Request) -> EventWatch:
     return watch
 
 
+def output_feeds(request: Request) -> OutputFeeds:
+    feeds: OutputFeeds = request.app.state.feeds
+    return feeds
+
+
 Orc = Annotated[Orchestrator, Depends(orchestrator)]
 Watch = Annotated[EventWatch, Depends(event_watch)]
+Feeds = Annotated[OutputFeeds, Depends(output_feeds)]
 
 
 async def visible_job(orc: Orchestrator, caller: Principal, job_id: UUID) -> Job:
@@ -317,7 +323,7 @@ async def _events(
 async def output(
     job_id: UUID,
     orc: Orc,
-    watch: Watch,
+    feeds: Feeds,
     caller: Reader,
     request: Request,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
@@ -346,42 +352,7 @@ async def output(
         offset = int(last_event_id) + 1
     check = functools.partial(still_authenticated, request)
     return StreamingResponse(
-        _chunks(orc, watch, job_id, offset, check),
+        feeds.stream(job_id, offset, check),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
-
-
-async def _chunks(
-    orc: Orchestrator,
-    watch: EventWatch,
-    job_id: UUID,
-    offset: int,
-    check: Callable[[], Awaitable[None]],
-) -> AsyncIterator[str]:
-    """Its output from ``offset`` on, woken by the database as ``_events`` is (its keep-alive
-    comments, its end on a revoked token or a lost database alike)."""
-    ping = orc.settings.api_stream_ping_seconds
-    try:
-        async with watch.watching(job_id, output=True) as waiter:
-            while True:
-                job = await orc.get_job(job_id)
-                while chunks := await orc.stores.output.read(job_id, offset=offset, limit=500):
-                    for chunk in chunks:
-                        yield _sent(chunk)
-                        offset = chunk.offset + 1
-                if job.finished_at is not None:
-                    return
-                try:
-                    woken = await waiter.wait_checked(ping, every=RECHECK_SECONDS, check=check)
-                except Unauthorized:
-                    return
-                if not woken:
-                    yield ": ping\n\n"
-    except DatabaseUnavailable:  # the stream ends (no traceback); the client reconnects
-        return
-
-
-def _sent(chunk: OutputChunk) -> str:
-    data = json.dumps(chunk.model_dump(mode="json"), separators=(",", ":"))
-    return f"id: {chunk.offset}\nevent: {chunk.kind}\ndata: {data}\n\n"

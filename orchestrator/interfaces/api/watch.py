@@ -66,15 +66,8 @@ class Waiter:
     async def wait_checked(
         self, seconds: float, *, every: float, check: Callable[[], Awaitable[object]]
     ) -> bool:
-        """As :meth:`wait`, running ``check()`` every ``every`` seconds meanwhile and once
-        more before answering: it raises to end the wait (the caller's credentials ended)."""
-        loop = asyncio.get_running_loop()
-        until = loop.time() + seconds
-        while True:
-            woken = await self.wait(max(0.0, min(every, until - loop.time())))
-            await check()
-            if woken or loop.time() >= until:
-                return woken
+        """As :meth:`wait`, with ``check()`` run meanwhile (:func:`checked`)."""
+        return await checked(self.wait, seconds, every=every, check=check)
 
     def wake(self, newest: Mapping[UUID, Mark]) -> None:
         for job_id in self.job_ids:
@@ -82,6 +75,25 @@ class Waiter:
             if mark.events > seen.events or (self.output and mark.output > seen.output):
                 self.seen[job_id] = mark
                 self._woken.set()
+
+
+async def checked(
+    wait: Callable[[float], Awaitable[bool]],
+    seconds: float,
+    *,
+    every: float,
+    check: Callable[[], Awaitable[object]],
+) -> bool:
+    """``wait(seconds)`` (whether what it waits for came), in turns of at most ``every``
+    seconds, running ``check()`` after each and once more before answering: it raises to end
+    the wait (the caller's credentials ended)."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + seconds
+    while True:
+        woken = await wait(max(0.0, min(every, until - loop.time())))
+        await check()
+        if woken or loop.time() >= until:
+            return woken
 
 
 class EventWatch:
