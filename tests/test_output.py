@@ -13,7 +13,7 @@ import json
 import signal
 from collections.abc import Callable, Iterator
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import httpx
 import psycopg
@@ -24,6 +24,8 @@ from orchestrator import JobContext, Orchestrator, RetryLater, StaleLease, Statu
 from orchestrator.domain.models import Fence
 from orchestrator.domain.output import OutputChunk
 from orchestrator.domain.principals import Scope
+from orchestrator.runtime.output import OutputWrites
+from orchestrator.storage.output import Batch
 from tests.support import job_types_app, output_app
 from tests.support.api_server import ApiServer, token
 from tests.support.harness import ROOT, WorkerRun, config_with, finished, wait_for
@@ -133,8 +135,8 @@ async def test_a_stale_attempts_late_write_is_refused(
         job_id = await run(orc, "flaky")
         fence: Fence = kept["fence"]
         with pytest.raises(StaleLease):
-            await orc.stores.output.write(fence, 99, [{"kind": "text", "step": None,
-                                                       "body": "late"}], max_bytes=10_000)  # fmt: skip
+            late = [{"kind": "text", "step": None, "body": "late"}]
+            await orc.stores.output.write(Batch(fence, 99, late, 10_000))
         kept["output"].text("late too")
         with pytest.raises(StaleLease):
             await kept["output"].flush()
@@ -159,6 +161,39 @@ async def test_a_committed_steps_output_is_kept_and_never_repeated(
         ("text", 2, 3, "step 3 of attempt 2"),
     ]
     assert texts(final) == "step 1 of attempt 1step 2 of attempt 2step 3 of attempt 2"
+
+
+async def test_batches_of_several_jobs_are_written_together_each_under_its_lease(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    # A worker's batches that arrive while one is being written go in one statement
+    # (OutputWrites): one transaction for them all, each still fenced by its own lease.
+    orc, _ = app(make_orc)
+    async with orc:
+        ids = [await orc.submit("tokens", {}) for _ in range(4)]
+        fences = []
+        for job_id in ids:
+            cur = await db.execute(
+                "UPDATE orc_jobs SET status = 'RUNNING', attempt = 1,"
+                " lease_token = gen_random_uuid() WHERE id = %s RETURNING lease_token",
+                (job_id,),
+            )
+            (lease,) = await cur.fetchone() or (None,)
+            fences.append(Fence(job_id, lease, 1))
+        fences[3] = Fence(ids[3], uuid4(), 1)  # a stale attempt's
+        writes = OutputWrites(orc.stores.output)
+        done = await asyncio.gather(*(
+            writes.write(Batch(f, 1, [{"kind": "text", "step": None, "body": f"job {n}"}], 1000))
+            for n, f in enumerate(fences)
+        ), return_exceptions=True)  # fmt: skip
+    assert [type(d).__name__ for d in done] == ["Written", "Written", "Written", "StaleLease"]
+    cur = await db.execute(
+        "SELECT job_id, xmin::text, body FROM orc_job_output WHERE job_id = ANY (%s)", (ids,)
+    )
+    rows = {row[0]: row[1:] for row in await cur.fetchall()}
+    assert [rows[i][1] for i in ids[:3]] == ["job 0", "job 1", "job 2"] and ids[3] not in rows
+    # The first went alone, at once; the two that came meanwhile, together.
+    assert rows[ids[1]][0] == rows[ids[2]][0] != rows[ids[0]][0]
 
 
 async def test_the_size_cap_holds_and_says_it_cut(

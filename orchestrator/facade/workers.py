@@ -20,6 +20,7 @@ from orchestrator.facade.schedules import Schedules
 from orchestrator.runtime import logs
 from orchestrator.runtime.attempt import Toolkit
 from orchestrator.runtime.metrics import Metrics
+from orchestrator.runtime.output import OutputWrites
 from orchestrator.runtime.worker import Worker
 from orchestrator.services import maintenance
 from orchestrator.settings import Settings
@@ -92,7 +93,7 @@ class Workers:
                 metrics=self._metrics,
                 graph=opened.stores.graph,
                 child_rows=self._child_rows,
-                output=opened.stores.output,
+                output=OutputWrites(opened.stores.output),
                 tracing=self._tracing,
                 usage=opened.stores.usage,
                 flow=opened.stores.flow,

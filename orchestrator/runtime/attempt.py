@@ -74,11 +74,10 @@ from orchestrator.runtime.outcomes import (
     of_failure,
     terminal,
 )
-from orchestrator.runtime.output import Output
+from orchestrator.runtime.output import Output, OutputWrites
 from orchestrator.runtime.usage import Accounting
 from orchestrator.storage.flow import FlowStore
 from orchestrator.storage.graph import GraphStore
-from orchestrator.storage.output import OutputStore
 from orchestrator.storage.usage import UsageStore
 from retry_config import JobRetryConfig, LiveConfig
 
@@ -107,7 +106,7 @@ class Toolkit:
     metrics: Metrics
     graph: GraphStore  # what jobs depend on (ctx.parents()), the children steps spawn
     child_rows: ChildRows  # a step's child specs as job rows (the application's submit)
-    output: OutputStore  # the jobs' live output (ctx.output)
+    output: OutputWrites  # the jobs' live output (ctx.output), written in groups
     tracing: Tracing | None = None
     usage: UsageStore | None = None  # token accounting (None: calls are only counted)
     flow: FlowStore | None = None  # flow control's windows, which calls' usage reconciles

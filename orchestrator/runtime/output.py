@@ -16,8 +16,9 @@ from typing import Any
 
 from orchestrator.domain.errors import StaleLease
 from orchestrator.domain.models import Fence
+from orchestrator.runtime.group_commit import GroupCommit
 from orchestrator.runtime.loops import RETRYABLE
-from orchestrator.storage.output import OutputStore
+from orchestrator.storage.output import Batch, OutputStore, Written
 
 #: How long a delta waits in the worker, at most, before its batch is written.
 FLUSH_SECONDS = 0.1
@@ -25,14 +26,33 @@ FLUSH_SECONDS = 0.1
 FLUSH_BYTES = 16_384
 
 
+class OutputWrites:
+    """A worker process's writes of its attempts' output batches: batches that arrive while one
+    is being written go together in the next statement (orchestrator.runtime.group_commit), so
+    that many jobs streaming at once pay one statement, one commit and one notification of the
+    streams for many batches, not one each (bench/output_streams.py)."""
+
+    def __init__(self, store: OutputStore) -> None:
+        self._batches: GroupCommit[Batch, Written | None] = GroupCommit(store.write_many)
+
+    async def write(self, batch: Batch) -> Written:
+        """Write ``batch`` with whatever others are waiting; StaleLease when its attempt's
+        lease is gone (nothing of it was written)."""
+        written = await self._batches.submit(batch)
+        if written is None:
+            raise StaleLease(batch.fence.job_id, batch.fence.lease_token)
+        return written
+
+
 class Output:
     """What a task writes as it goes: ``ctx.output.text(delta)``, ``ctx.output.progress({...})``.
     Neither waits for the database: the worker writes them in batches (above)."""
 
     def __init__(
-        self, store: OutputStore, fence: Fence, *, max_bytes: int, step: Callable[[], int | None]
-    ) -> None:
-        self._store = store
+        self, writes: OutputWrites, fence: Fence, *, max_bytes: int,
+        step: Callable[[], int | None],
+    ) -> None:  # fmt: skip
+        self._writes = writes
         self._fence = fence
         self._max_bytes = max_bytes
         self._step = step  # the checkpointed step running now (None: outside any)
@@ -100,8 +120,8 @@ class Output:
                 if self._sent is None:
                     return
                 number, chunks = self._sent
-                written = await self._store.write(
-                    self._fence, number, chunks, max_bytes=self._max_bytes
+                written = await self._writes.write(
+                    Batch(self._fence, number, chunks, self._max_bytes)
                 )
                 self._sent = None
                 if written.cut:

@@ -3,6 +3,7 @@ reads of what is stored. The markers are the database's to write (functions/outp
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -16,6 +17,18 @@ from orchestrator.storage.runner import Queries
 
 
 @dataclass(frozen=True)
+class Batch:
+    """An attempt's batch of output: ``chunks`` ([{kind, step, body}], text or progress), its
+    number ``number`` in the attempt (1, 2...: written again, it is not written twice), for a
+    job whose output holds at most ``max_bytes`` of chunk bodies."""
+
+    fence: Fence
+    number: int
+    chunks: list[dict[str, Any]]
+    max_bytes: int
+
+
+@dataclass(frozen=True)
 class Written:
     written: int  # the batch's chunks kept (those past the size cap are dropped)
     next_offset: int  # the offset the job's next chunk gets
@@ -26,19 +39,29 @@ class OutputStore:
     def __init__(self, queries: Queries) -> None:
         self.queries = queries
 
-    async def write(
-        self, fence: Fence, batch: int, chunks: list[dict[str, Any]], *, max_bytes: int
-    ) -> Written:
-        """Append ``chunks`` ([{kind, step, body}], text or progress), the attempt's batch
-        number ``batch`` (1, 2...: written again, it is not written twice), to the job's
-        output, in one statement, while the attempt holds its lease (StaleLease otherwise:
-        nothing is written); the job's output holds at most ``max_bytes`` of chunk bodies."""
-        params = {"job_id": fence.job_id, "lease_token": fence.lease_token, "batch": batch,
-                  "chunks": Jsonb(chunks), "max_bytes": max_bytes}  # fmt: skip
-        row = await self.queries.row("write_output", params)
-        if row is None:
-            raise StaleLease(fence.job_id, fence.lease_token)
-        return Written(row["written"], row["next_offset"], row["cut"])
+    async def write(self, batch: Batch) -> Written:
+        """Append ``batch`` to its job's output while its attempt holds its lease (StaleLease
+        otherwise: nothing is written)."""
+        [written] = await self.write_many([batch])
+        if written is None:
+            raise StaleLease(batch.fence.job_id, batch.fence.lease_token)
+        return written
+
+    async def write_many(self, batches: Sequence[Batch]) -> list[Written | None]:
+        """Append each batch to its job's output, in one statement, each while its attempt
+        holds its lease: what each wrote, in their order (None: a stale attempt's, which wrote
+        nothing)."""
+        items = [
+            {"ord": i, "job_id": str(b.fence.job_id), "lease_token": str(b.fence.lease_token),
+             "batch": b.number, "chunks": b.chunks, "max_bytes": b.max_bytes}
+            for i, b in enumerate(batches)
+        ]  # fmt: skip
+        rows = await self.queries.rows("write_outputs", {"batches": Jsonb(items)})
+        rows.sort(key=lambda r: r["ord"])
+        return [
+            None if r["written"] is None else Written(r["written"], r["next_offset"], r["cut"])
+            for r in rows
+        ]
 
     async def read(
         self, job_id: UUID, *, offset: int = 0, limit: int = 500, final: bool = False

@@ -1,9 +1,9 @@
--- write_output --
--- A batch of an attempt's output, fenced by its lease and held to the job's size cap
--- (orc_output_write_v1, functions/output.sql): no row for a stale attempt; a batch already
--- written (its number, in the attempt) is not written again.
-SELECT written, next_offset, cut
-  FROM orc_output_write_v1(%(job_id)s, %(lease_token)s, %(batch)s, %(chunks)s, %(max_bytes)s)
+-- write_outputs --
+-- Batches of attempts' output ([{ord, job_id, lease_token, batch, chunks, max_bytes}]), each
+-- fenced by its attempt's lease and held to its job's size cap (orc_output_write_many_v1,
+-- functions/output.sql): one row per batch, nulls for a stale attempt's; a batch already
+-- written (its number, in its attempt) is not written again.
+SELECT ord, written, next_offset, cut FROM orc_output_write_many_v1(%(batches)s)
 
 -- output_from --
 -- A page of a job's output from the offset `from_offset` on, in order (its primary key).

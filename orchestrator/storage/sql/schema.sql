@@ -770,6 +770,7 @@ CREATE INDEX idx_procrastinate_workers_last_heartbeat ON public.procrastinate_wo
 --   orc_notify_event_listeners_v1()
 --   orc_notify_lock_freed_v1()
 --   orc_output_supersede_v1()
+--   orc_output_write_many_v1(p_batches jsonb)
 --   orc_output_write_v1(p_job_id uuid, p_lease_token uuid, p_batch integer, p_chunks jsonb, p_max_bytes bigint)
 --   orc_principal_chars_v1(recorded text)
 --   orc_principal_person_v1(recorded text)

@@ -65,6 +65,37 @@ BEGIN
 END;
 $$;
 
+-- Batches of several attempts' output in one statement (a worker's group commit:
+-- orchestrator.runtime.output): `p_batches` [{ord, job_id, lease_token, batch, chunks,
+-- max_bytes}], each written as orc_output_write_v1 writes it, in job order (the order every
+-- writer that locks several jobs takes). One row per batch, by its `ord`: what was written, or
+-- nulls for a stale attempt's batch (nothing written). One statement: one commit, and one
+-- notification of the streams, for them all.
+CREATE OR REPLACE FUNCTION orc_output_write_many_v1(p_batches jsonb)
+RETURNS TABLE (ord integer, written integer, next_offset bigint, cut boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    item record;
+    w record;
+BEGIN
+    FOR item IN
+        SELECT * FROM jsonb_to_recordset(p_batches)
+            AS i (ord integer, job_id uuid, lease_token uuid, batch integer, chunks jsonb,
+                  max_bytes bigint)
+         ORDER BY i.job_id, i.batch
+    LOOP
+        SELECT * INTO w
+          FROM orc_output_write_v1(item.job_id, item.lease_token, item.batch, item.chunks,
+                                   item.max_bytes);
+        ord := item.ord;
+        written := w.written;
+        next_offset := w.next_offset;
+        cut := w.cut;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+
 -- An attempt that ends without completing (a retry, a terminal failure, a hand-back, a park, a
 -- wait for an approval or for children, a sweep of its dead worker) after writing output that
 -- the next attempt makes again: the `superseded` marker, its only writer, in the transaction of

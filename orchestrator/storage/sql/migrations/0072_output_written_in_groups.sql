@@ -1,0 +1,9 @@
+-- 0072_output_written_in_groups: a worker's output batches, of many jobs at once, in one
+-- statement (orc_output_write_many_v1, functions/output.sql: each batch as
+-- orc_output_write_v1 writes it, in job order), so that jobs streaming together pay one
+-- commit and one notification of the streams for many batches (bench/output_streams.py).
+--
+-- The release before writes its batches one by one with orc_output_write_v1, unchanged.
+--
+-- compatible-with-older-workers: yes
+-- revises: functions/output.sql b6c918669c18e89b1e23d831ee196d169d392116a94b15a542a27493065281ac
