@@ -3,7 +3,7 @@ reads of what is stored. The markers are the database's to write (functions/outp
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -26,6 +26,14 @@ class Batch:
     number: int
     chunks: list[dict[str, Any]]
     max_bytes: int
+
+
+@dataclass(frozen=True)
+class Followed:
+    """A job's output read after an offset, and whether the job had ended when it was read."""
+
+    ended: bool
+    chunks: list[OutputChunk]
 
 
 @dataclass(frozen=True)
@@ -71,3 +79,17 @@ class OutputStore:
         name = "final_output_from" if final else "output_from"
         params = {"job_id": job_id, "from_offset": offset, "limit": limit}
         return [OutputChunk.model_validate(row) for row in await self.queries.rows(name, params)]
+
+    async def follow(
+        self, offsets: Mapping[UUID, int], *, limit: int = 500
+    ) -> dict[UUID, Followed]:
+        """For each job, from its offset in ``offsets``: whether it has ended, and up to
+        ``limit`` of its chunks, read in one snapshot (an ended job's are all there). A job
+        that no longer exists is left out."""
+        params = {"job_ids": list(offsets), "offsets": list(offsets.values()), "limit": limit}
+        followed: dict[UUID, Followed] = {}
+        for row in await self.queries.rows("outputs_from", params):
+            job = followed.setdefault(row["job_id"], Followed(row["ended"], []))
+            if row["offset"] is not None:
+                job.chunks.append(OutputChunk.model_validate(row))
+        return followed

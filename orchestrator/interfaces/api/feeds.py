@@ -2,12 +2,13 @@
 
 However many clients stream one job's output from this server, its new chunks are read from the
 database once, each chunk's Server-Sent Event is shaped once, and the same text goes to every
-client: a :class:`Feed` per job, with one task that waits for the job's output (EventWatch) and
-reads what is new. Each client still checks its own token while it waits (a revoked one ends
-its stream within RECHECK_SECONDS), sends its own keep-alive comments, and starts at its own
-offset: what lies before the feed's first offset it reads itself, then it follows the feed.
-A feed keeps what it read while it has clients (at most the job's output, which its size cap
-bounds), and ends with its last client.
+client: a :class:`Feed` per job. One task reads for every feed of the server: woken by the
+jobs' output and events (EventWatch), it reads, in one statement, each job with news from its
+feed's next offset, and whether it has ended. Each client still checks its own token while it
+waits (a revoked one ends its stream within RECHECK_SECONDS), sends its own keep-alive
+comments, and starts at its own offset: what lies before its feed's first offset it reads
+itself, then it follows the feed. A feed keeps what it read while it has clients (at most the
+job's output, which its size cap bounds), and ends with its last client.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from orchestrator.domain.errors import DatabaseUnavailable
 from orchestrator.domain.output import OutputChunk
 from orchestrator.domain.principals import Unauthorized
 from orchestrator.interfaces.api.auth import RECHECK_SECONDS
-from orchestrator.interfaces.api.watch import EventWatch, checked
+from orchestrator.interfaces.api.watch import EventWatch, Waiter, checked
 
 logger = logging.getLogger("orchestrator.api.feeds")
 
@@ -78,12 +79,15 @@ class Feed:
 
 
 class OutputFeeds:
-    """This server's feeds, one per job being streamed."""
+    """This server's feeds, one per job being streamed, and the one task that reads for all."""
 
     def __init__(self, orc: Orchestrator, watch: EventWatch) -> None:
         self.orc = orc
         self.watch = watch
         self._feeds: dict[UUID, Feed] = {}
+        self._joining: set[Feed] = set()  # new feeds, to follow and read
+        self._waiter = Waiter({}, output=True)
+        self._reader: asyncio.Task[None] | None = None
 
     async def stream(
         self, job_id: UUID, offset: int, check: Callable[[], Awaitable[None]]
@@ -125,39 +129,62 @@ class OutputFeeds:
         feed = self._feeds.get(job_id)
         if feed is None or feed.failed:
             feed = self._feeds[job_id] = Feed(job_id, offset)
-            feed.task = asyncio.create_task(self._read(feed), name=f"output feed of {job_id}")
+            self._joining.add(feed)
+            if self._reader is None or self._reader.done():
+                self._reader = asyncio.create_task(self._read(), name="output feeds")
+            self._waiter.poke()
         feed.clients += 1
         try:
             yield feed
         finally:
             feed.clients -= 1
-            if feed.clients == 0:
-                if feed.task is not None:
-                    feed.task.cancel()
-                if self._feeds.get(job_id) is feed:
-                    del self._feeds[job_id]
+            if feed.clients == 0 and self._feeds.get(job_id) is feed:
+                del self._feeds[job_id]  # the reader stops following it
 
-    async def _read(self, feed: Feed) -> None:
-        """Read the job's new chunks whenever it has output or events (its end), until it has
-        finished and everything is read."""
+    async def _read(self) -> None:
+        """Read for every feed, as long as there are feeds: a new one at once, the others when
+        their job has news (output, or an event: its end)."""
+        waiter = self._waiter
         try:
-            async with self.watch.watching(feed.job_id, output=True) as waiter:
-                while True:
-                    # The job first: if it had finished, the reads below find all of its output.
-                    job = await self.orc.get_job(feed.job_id)
-                    while chunks := await self.orc.stores.output.read(
-                        feed.job_id, offset=feed.next, limit=PAGE
-                    ):
-                        feed.grew(chunks)
-                    if job.finished_at is not None:
-                        feed.grew([], finished=True)
-                        return
+            async with self.watch.registered(waiter):
+                while self._feeds:
+                    for gone in set(waiter.seen) - set(self._feeds):
+                        del waiter.seen[gone]
+                    joining, self._joining = self._joining, set()
+                    joining = {f for f in joining if self._feeds.get(f.job_id) is f}
+                    if joining:
+                        await self.watch.follow(waiter, *(f.job_id for f in joining))
+                    due = joining | {self._feeds[j] for j in waiter.take_news() if j in self._feeds}
+                    while due:
+                        due = await self._read_once(due)
                     await waiter.wait(self.orc.settings.api_stream_ping_seconds)
         except DatabaseUnavailable:
-            feed.fail()
+            self._fail_all()
         except Exception:
-            logger.exception("the output feed of job %s failed", feed.job_id)
+            logger.exception("the output feeds' reader failed")
+            self._fail_all()
+
+    async def _read_once(self, due: set[Feed]) -> set[Feed]:
+        """One read of the ``due`` feeds' jobs; those with more to read than a page."""
+        followed = await self.orc.stores.output.follow({f.job_id: f.next for f in due}, limit=PAGE)
+        more = set()
+        for feed in due:
+            job = followed.get(feed.job_id)
+            if job is None:  # it no longer exists (retention): nothing more comes
+                feed.grew([], finished=True)
+            elif len(job.chunks) == PAGE:
+                feed.grew(job.chunks)
+                more.add(feed)
+            else:
+                feed.grew(job.chunks, finished=job.ended)
+        return more
+
+    def _fail_all(self) -> None:
+        for feed in self._feeds.values():
             feed.fail()
+        self._feeds.clear()
+        self._joining.clear()
+        self._waiter.seen.clear()
 
 
 def _waiting(changed: asyncio.Event) -> Callable[[float], Awaitable[bool]]:

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from uuid import UUID
 
 import psycopg
@@ -50,10 +50,22 @@ class Waiter:
     has seen each get; ``output``: woken by their output too, not only by their events."""
 
     def __init__(self, seen: dict[UUID, Mark], *, output: bool = False) -> None:
-        self.job_ids = frozenset(seen)
         self.seen = seen
         self.output = output
+        self.news: set[UUID] = set()  # the jobs with news since the last take_news()
         self._woken = asyncio.Event()
+
+    @property
+    def job_ids(self) -> Collection[UUID]:
+        return self.seen.keys()
+
+    def take_news(self) -> set[UUID]:
+        news, self.news = self.news, set()
+        return news
+
+    def poke(self) -> None:
+        """Wake its wait now (its owner has something else to look at)."""
+        self._woken.set()
 
     async def wait(self, seconds: float) -> bool:
         """Until the job has events newer than ``seen``, or ``seconds``: whether it has."""
@@ -74,6 +86,7 @@ class Waiter:
             mark, seen = newest.get(job_id, NOTHING), self.seen[job_id]
             if mark.events > seen.events or (self.output and mark.output > seen.output):
                 self.seen[job_id] = mark
+                self.news.add(job_id)
                 self._woken.set()
 
 
@@ -115,6 +128,15 @@ class EventWatch:
         """A waiter for ``job_id`` (and ``others``: woken by an event of any; ``output``: by
         their output too), live (listed and listening) before the block starts: read the jobs
         in the block, then wait; nothing written after the read is missed."""
+        waiter = Waiter({}, output=output)
+        async with self.registered(waiter):
+            await self.follow(waiter, job_id, *others)
+            yield waiter
+
+    @contextlib.asynccontextmanager
+    async def registered(self, waiter: Waiter) -> AsyncIterator[None]:
+        """``waiter`` woken by the news of the jobs it follows (:meth:`follow`) while the block
+        runs, this server listed and listening before it starts."""
         try:
             await asyncio.wait_for(self._listening.wait(), READY_SECONDS)
         except TimeoutError:
@@ -124,15 +146,19 @@ class EventWatch:
             # table restored, emptied by hand) is back before this waiter reads the job.
             await self.listeners.listen(self.name, seconds=LISTED_SECONDS)
             self._listed = True
-            ids = {job_id, *others}
-            latest = await self.listeners.latest(sorted(ids))
-            waiter = Waiter({i: latest.get(i, NOTHING) for i in ids}, output=output)
             self._waiters.add(waiter)
             self._someone.set()
         try:
-            yield waiter
+            yield
         finally:
             self._waiters.discard(waiter)
+
+    async def follow(self, waiter: Waiter, *job_ids: UUID) -> None:
+        """``waiter`` follows these jobs too, from how far they have got now: read them after
+        this, then wait; nothing written after the read is missed."""
+        latest = await self.listeners.latest(sorted(set(job_ids)))
+        for job_id in job_ids:
+            waiter.seen[job_id] = latest.get(job_id, NOTHING)
 
     async def run(self) -> None:
         """Listen, wake, and keep the listing, until cancelled."""
