@@ -11,6 +11,11 @@ PERMANENT (``AGENT_STEP_LIMIT``). A tool the model names but the job did not off
 that do not fit, go back to the model as an error result (it can correct itself); a tool output
 that does not fit the tool's model is INVALID_OUTPUT.
 
+Each reply's text is written to the job's live output (docs/output.md) once per attempt that
+gets it: streamed delta by delta as the call makes it (tasks/llm.py), or, when a resumed step
+takes its reply from the ledger (the attempt that asked died before the step's checkpoint, so
+what it streamed is superseded), written whole as the step takes it.
+
 Model fallback (tasks/llm.py, the type's ``fallback_models``): a step's LLM call that moves to a
 fallback model keeps it: the agent stays on the model it switched to for the rest of the job,
 resumed attempts included (the transcript from then on is that model's), and falls further down
@@ -110,10 +115,13 @@ def register(orc: Orchestrator, tools: ToolRegistry = TOOLS) -> None:
                 **({"system": request.system} if request.system else {}),
                 **({"tools": offered} if offered else {}),
             }
-            ask = functools.partial(_ask, ctx, params, request.model, step.number)
+            asked: list[LlmResponse] = []  # the reply of this attempt's call, if it made one
+            ask = functools.partial(_ask, ctx, params, request.model, step.number, asked)
             reply: LlmResponse = await step.effect(
                 "llm", ask, key="llm", idempotent=True, result_type=LlmResponse, commit_now=True,
             )  # fmt: skip
+            if not asked:  # the ledger's: streamed by an attempt that died before the checkpoint
+                ctx.output.text(reply.text)
             calls: list[ToolCallRecord] = []
             results: list[dict[str, Any]] = []
             uses = [b for b in reply.content if b.get("type") == "tool_use"]
@@ -151,17 +159,20 @@ def register(orc: Orchestrator, tools: ToolRegistry = TOOLS) -> None:
 
 
 async def _ask(
-    ctx: JobContext, params: dict[str, Any], requested: str, step: int, invocation_id: str
-) -> LlmResponse:
+    ctx: JobContext, params: dict[str, Any], requested: str, step: int,
+    asked: list[LlmResponse], invocation_id: str,
+) -> LlmResponse:  # fmt: skip
     """The step's call, on ``params["model"]`` (the model the agent is on), falling back to the
     models after it in ``[requested, *fallback_models]`` (all of those others if the config no
-    longer names it)."""
+    longer names it); its reply, whose text was streamed as it came, added to ``asked``."""
     chain = fallback_chain(requested, ctx.config.fallback_models)
     model = params["model"]
     rest = chain[chain.index(model) + 1 :] if model in chain else chain
-    return await generate_with_fallback(
+    reply = await generate_with_fallback(
         ctx, fallback=rest, step=step, on_job_key=model == requested, **params
     )
+    asked.append(reply)
+    return reply
 
 
 async def _call(

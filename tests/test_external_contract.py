@@ -2,7 +2,9 @@
 the mutation run of docs/testing.md): a claim's lease and deadline, a heartbeat that moves the
 job's heartbeat and the lease forward, a failure's stack and a retry-later's delay as stored, a
 worker token limited to tenants refused by every endpoint, a claim after the registry forgot
-the server and its one registry entry kept alive, a long-poll's wait, a replay's result, and the 422s of a report that lacks what its status needs."""
+the server and its one registry entry kept alive, a long-poll's wait, a replay's result, the
+422s of a report that lacks what its status needs, and an attempt's output batches: written once,
+held to the type's size cap, refused without the lease or in a shape they cannot have."""
 
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ SLACK = timedelta(seconds=0.5)  # the server's clock read a moment before or aft
 
 
 STALLED_WORKER = 3.0  # the server beats its registry entry every second
+TEXT = {"kind": "text", "body": "hello "}
+OUTPUT_MAX_BYTES = 200  # external_echo's output_max_bytes (tests/support/api_app.py)
 
 
 @pytest.fixture(scope="module")
@@ -155,11 +159,61 @@ async def test_a_worker_token_limited_to_tenants_is_refused_everywhere_and_chang
             ("/api/v1/internal/task-claim", {**CLAIM, "wait_seconds": 0}),
             ("/api/v1/internal/heartbeat", lease),
             ("/api/v1/internal/task-complete", {**lease, "status": "success", "output": 9}),
+            ("/api/v1/internal/task-output", {**lease, "batch": 1, "chunks": [TEXT]}),
         ):
             answer = await limited.post(path, json=body)
             assert (answer.status_code, answer.json()["code"]) == (403, "FORBIDDEN"), path
             assert "limited to tenants" in answer.json()["detail"]
     assert {j: await orc.get_job(j) for j in (job_id, waiting)} == before
+    assert await orc.stores.output.read(job_id) == []
+
+
+async def test_output_batches_are_written_once_under_the_lease_and_held_to_the_types_cap(
+    orc: Orchestrator, api: httpx.AsyncClient
+) -> None:
+    job_id = await orc.submit("external_echo", {"output": 1})
+    [task] = (await api.post("/api/v1/internal/task-claim", json=CLAIM)).json()["tasks"]
+    lease = {"job_id": task["job_id"], "attempt": 1, "lease_token": task["lease_token"]}
+
+    async def write(batch: int, *chunks: Any) -> httpx.Response:
+        body = {**lease, "batch": batch, "chunks": list(chunks)}
+        return await api.post("/api/v1/internal/task-output", json=body)
+
+    progress = {"kind": "progress", "body": {"tool": "search"}}
+    first = await write(1, TEXT, progress)
+    assert first.json() == {"written": 2, "next_offset": 2, "cut": False}, first.text
+    again = await write(1, TEXT, progress)  # its answer lost on the way: sent again
+    assert again.json() == {"written": 0, "next_offset": 2, "cut": False}, again.text
+    too_much = {"kind": "text", "body": "x" * OUTPUT_MAX_BYTES}
+    cut = await write(2, {"kind": "text", "body": "fits"}, too_much, TEXT)
+    assert cut.json() == {"written": 1, "next_offset": 4, "cut": True}, cut.text
+    chunks = await orc.stores.output.read(job_id)
+    assert [(c.offset, c.attempt, c.step, c.kind, c.body) for c in chunks] == [
+        (0, 1, None, "text", "hello "),
+        (1, 1, None, "progress", {"tool": "search"}),
+        (2, 1, None, "text", "fits"),
+        (3, 1, None, "cut", {"max_bytes": OUTPUT_MAX_BYTES}),
+    ]
+    # A shape no chunk can have: refused, naming the problem, and nothing written.
+    for bad, named in (
+        ({"kind": "superseded", "body": {"attempt": 1, "step": 1}}, "kind"),
+        ({"kind": "text", "body": {"not": "text"}}, "body"),
+        ({"kind": "text", "body": ""}, "body"),
+        ({"kind": "progress", "body": ["not", "an", "object"]}, "body"),
+        ({"kind": "progress", "body": {"nul": "a\u0000b"}}, "NUL"),
+        ({"kind": "text", "body": "x", "step": 2}, "step"),
+    ):
+        answer = await write(3, bad)
+        assert answer.status_code == 422, (bad, answer.text)
+        assert named in answer.json()["detail"], (bad, answer.text)
+    empty = await write(3)
+    assert empty.status_code == 422 and "chunks" in empty.json()["detail"], empty.text
+    # The attempt over, its lease is gone: refused as every report without it, nothing written.
+    done = {**lease, "status": "success", "output": 1}
+    assert (await api.post("/api/v1/internal/task-complete", json=done)).is_success
+    stale = await write(3, TEXT)
+    assert (stale.status_code, stale.json()["code"]) == (409, "WF_LEASE_STALE"), stale.text
+    assert await orc.stores.output.read(job_id) == chunks
 
 
 async def test_a_claim_after_the_registry_forgot_the_server_registers_it_again(

@@ -1,7 +1,8 @@
 """External workers (the lease contract over HTTP): a real Node.js worker runs jobs of an
 external job type through a real ``orchestrator serve``, with the same state machine, budgets,
-dead letters and sweeps as in-process jobs; it is SIGKILLed mid-job and the sweep hands its job
-to another; a stale report is refused with 409 and changes nothing."""
+dead letters and sweeps as in-process jobs, its live output written under its lease and
+superseded when its attempt fails; it is SIGKILLed mid-job and the sweep hands its job to
+another; a stale report is refused with 409 and changes nothing."""
 
 from __future__ import annotations
 
@@ -65,6 +66,28 @@ async def test_a_node_worker_runs_external_jobs_end_to_end(
     assert letters == {later, broken}
     running = [e for e in await orc.job_events(ok) if e.kind == "job.running"]
     assert running[0].payload["worker"].startswith("node-1/w")
+
+
+async def test_a_node_worker_s_output_is_superseded_when_its_attempt_fails_then_written_again(
+    orc: Orchestrator, server: ApiServer, nodes: list[NodeWorker], tmp_path: Path
+) -> None:
+    secret = await token(orc.stores.tokens, "node", Scope.WORKER)
+    nodes.append(NodeWorker(server, secret, "node-1", tmp_path))
+    stream = ["Tides ", "follow ", "the moon."]
+    job_id = await orc.submit("external_echo", {"stream": stream, "fail_until": 1, "output": 1})
+    job = await finished(orc, job_id)
+    assert job.status is Status.COMPLETED and job.attempt == 2
+    chunks = await orc.stores.output.read(job_id)
+    final = await orc.stores.output.read(job_id, final=True)
+    each = [("text", text) for text in stream]
+    assert [(c.attempt, c.kind, c.body) for c in chunks] == [
+        *[(1, kind, body) for kind, body in each],
+        (1, "progress", {"attempt": 1, "texts": 3}),
+        (1, "superseded", {"attempt": 1, "step": 1}),
+        *[(2, kind, body) for kind, body in each],
+        (2, "progress", {"attempt": 2, "texts": 3}),
+    ]
+    assert [c.offset for c in final] == [c.offset for c in chunks[5:]]
 
 
 async def test_a_killed_node_worker_s_job_is_swept_and_run_by_another(
@@ -140,8 +163,8 @@ async def test_a_stale_report_is_refused_and_changes_nothing(
 async def test_every_report_without_the_lease_gets_the_same_409(
     orc: Orchestrator, server: ApiServer
 ) -> None:
-    """One rule for heartbeat, completion and failure alike: an unknown job, one never claimed,
-    one finished, a wrong token: 409 WF_LEASE_STALE, the same words, nothing changed."""
+    """One rule for heartbeat, completion, failure and output alike: an unknown job, one never
+    claimed, one finished, a wrong token: 409 WF_LEASE_STALE, the same words, nothing changed."""
     secret = await token(orc.stores.tokens, "py-worker", Scope.WORKER)
     async with httpx.AsyncClient(
         base_url=server.url, headers={"Authorization": f"Bearer {secret}"}, timeout=30
@@ -176,6 +199,8 @@ async def test_every_report_without_the_lease_gets_the_same_409(
                 "message": "no", "code": "X", "classification": "PERMANENT"}}),
             "retry later": ("/api/v1/internal/task-complete",
                             {"status": "retry_later", "retry_after_seconds": 1}),
+            "output": ("/api/v1/internal/task-output",
+                       {"batch": 1, "chunks": [{"kind": "text", "body": "not mine"}]}),
         }  # fmt: skip
         for case, lease in cases.items():
             for kind, (path, body) in reports.items():
@@ -190,8 +215,10 @@ async def test_every_report_without_the_lease_gets_the_same_409(
                 )
         for job_id, was in before.items():
             assert await orc.get_job(job_id) == was
+            assert await orc.stores.output.read(job_id) == []
         document = (await api.get("/api/v1/openapi.json")).json()
-        for path in ("/api/v1/internal/heartbeat", "/api/v1/internal/task-complete"):
+        internal = ("heartbeat", "task-complete", "task-output")
+        for path in (f"/api/v1/internal/{name}" for name in internal):
             declared = document["paths"][path]["post"]["responses"]
             assert "404" not in declared and "WF_LEASE_STALE" in declared["409"]["description"]
 

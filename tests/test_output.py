@@ -3,7 +3,8 @@ their attempt and step, written in batches under the attempt's lease; the supers
 failed attempt's outcome writes, and the final read; a committed step's output kept, never
 repeated; the size cap. Then with real processes: ``orchestrator serve`` and worker processes
 (readers before, during and after a job, reconnections, another tenant, a revoked token), and
-``llm_generate`` against the local LLM server, its worker SIGKILLed mid-stream."""
+``llm_generate`` against the local LLM server, its worker SIGKILLed mid-stream, and ``run_agent``,
+its worker SIGKILLed after a step's reply was committed and before the step's checkpoint."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from orchestrator.runtime.output import OutputWrites
 from orchestrator.storage.output import Batch
 from tests.support import job_types_app, output_app
 from tests.support.api_server import ApiServer, token
+from tests.support.external import message_service
 from tests.support.harness import ROOT, WorkerRun, config_with, finished, wait_for
 from tests.support.workers import WorkerProcess
 
@@ -408,3 +410,57 @@ async def test_llm_generate_killed_mid_stream_is_superseded_then_streamed_whole(
     assert texts(after) == words
     assert words.startswith(texts(before)) and texts(before) != words  # cut short
     assert texts(final) == words
+
+
+async def test_run_agent_resumed_from_a_committed_reply_writes_its_text_once_more(
+    make_orc: Callable[..., Orchestrator], model_server: llm.LocalLLM, empty_dsn: str
+) -> None:
+    config = ROOT / "tests" / "support" / "job_types.toml"
+    app = "tests.support.job_types_app:orc"
+    orc = make_orc(retry_config=config)
+    job_types_app.register(orc)
+    step2 = "Step 2: calling send_message."  # the local server's reply to the agent's step 2
+    with message_service() as service:
+        env = {"ORCHESTRATOR_RETRY_CONFIG": config, "ANTHROPIC_BASE_URL": model_server.url,
+               "ANTHROPIC_API_KEY": KEY, "TEST_MESSAGE_SERVICE_URL": service.url}  # fmt: skip
+        async with orc:
+            with WorkerProcess(empty_dsn, app, **env) as first:
+                service.hold("text-2")  # step 2's tool call is held open...
+                job_id = await orc.submit("run_agent", {
+                    "prompt": "tell the team", "model": "agent", "tools": ["send_message"]
+                })  # fmt: skip
+                await asyncio.to_thread(service.held.wait, 30)
+
+                async def streamed() -> bool:
+                    chunks = await orc.stores.output.read(job_id)
+                    return any(c.step == 2 and c.kind == "text" for c in chunks)
+
+                await wait_for(streamed, timeout=30)
+                # ...so the step's reply is committed in the ledger, its text in the output, and
+                # the step not checkpointed when the worker dies.
+                first.signal(signal.SIGKILL)
+                assert first.wait() == -signal.SIGKILL
+                service.release()
+            with WorkerProcess(empty_dsn, app, **env) as second:
+                job = await finished(orc, job_id, timeout=60)
+                assert job.status is Status.COMPLETED, second.output()[-3000:]
+            chunks = await orc.stores.output.read(job_id)
+            final = await orc.stores.output.read(job_id, final=True)
+    assert model_server.requests["agent"] == 4  # the resumed step 2 did not ask the model again
+    replies = [
+        "".join(b["text"] for b in m["content"] if b["type"] == "text")
+        for m in job.result["messages"] if m["role"] == "assistant"
+    ]  # fmt: skip
+    assert replies[1] == step2
+    [marker] = [c for c in chunks if c.kind == "superseded"]
+    assert marker.body == {"attempt": marker.attempt, "step": 2}
+    killed = marker.attempt
+    assert [(c.attempt, c.step, c.body) for c in chunks[: marker.offset] if c.step == 2] == [
+        (killed, 2, step2)
+    ]
+    # The resumed attempt wrote step 2's text from the ledger's reply, once, then streamed on.
+    after = chunks[marker.offset + 1 :]
+    assert {(c.kind, c.attempt) for c in after} == {("text", job.attempt)}
+    assert [(c.step, c.body) for c in after if c.step == 2] == [(2, step2)]
+    assert texts(after) == "".join(replies[1:])
+    assert texts(final) == "".join(replies)

@@ -1,6 +1,7 @@
-"""Retention of finished jobs (prune_finished): which jobs go, with every row of theirs, in
-bounded batches, archived first when asked; never a job that has not finished, a dead letter
-awaiting review, or a job a live replay still points at; safe while real workers run."""
+"""Retention of finished jobs (prune_finished): which jobs go, with every row of theirs (their
+live output included), in bounded batches, archived first when asked; never a job that has not
+finished, a dead letter awaiting review, or a job a live replay still points at; safe while
+real workers run."""
 
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ JOB_ROWS = {
     " WHERE x.job_id = ANY (%(ids)s)",
     "orc_approvals": "SELECT to_jsonb(x) FROM orc_approvals AS x WHERE x.job_id = ANY (%(ids)s)",
     "orc_dead_letters": "SELECT to_jsonb(x) FROM orc_dead_letters AS x"
+    " WHERE x.job_id = ANY (%(ids)s)",
+    "orc_job_output": "SELECT to_jsonb(x) FROM orc_job_output AS x WHERE x.job_id = ANY (%(ids)s)",
+    "orc_job_output_heads": "SELECT to_jsonb(x) FROM orc_job_output_heads AS x"
     " WHERE x.job_id = ANY (%(ids)s)",
     "procrastinate_jobs": "SELECT to_jsonb(x) FROM procrastinate_jobs AS x"
     " WHERE x.lock = ANY (%(ids)s::text[])",
@@ -425,11 +429,13 @@ async def test_real_jobs_go_whole_and_the_archive_holds_exactly_what_went(
 
     @orc.job_type("boom")
     async def boom(ctx: JobContext, payload: Any) -> None:
+        ctx.output.text("about to fail")  # its output, and the marker its failure writes
+        ctx.output.progress({"tool": "fuse"})
         raise PermanentError("boom")
 
     @orc.job_type("fresh")
     async def fresh(ctx: JobContext, payload: Any) -> None:
-        return None
+        ctx.output.text("kept a day")
 
     async with WorkerRun(orc) as worker:
         old = [await orc.submit("agent", {"service": service.url}) for _ in range(2)]
@@ -445,7 +451,9 @@ async def test_real_jobs_go_whole_and_the_archive_holds_exactly_what_went(
     await asyncio.sleep(retention + 0.5)
     go, stay = [*old, failed[1], cancelled], [failed[0], waiting, kept]
     before, going, staying = await all_tables(db), await rows_of(db, go), await rows_of(db, stay)
-    assert all(going[t] for t in ("orc_checkpoints", "orc_side_effects", "procrastinate_jobs"))
+    assert all(going[t] for t in ("orc_checkpoints", "orc_side_effects", "procrastinate_jobs",
+                                  "orc_job_output", "orc_job_output_heads"))  # fmt: skip
+    assert staying["orc_job_output"]
     result = await orc.maintenance.run("prune_finished")
     assert await rows_of(db, go) == {t: [] for t in JOB_ROWS}
     assert await rows_of(db, stay) == staying
@@ -464,6 +472,7 @@ async def test_real_jobs_go_whole_and_the_archive_holds_exactly_what_went(
         assert line["job"] == mine["orc_jobs"][0]
         for kind in ("events", "checkpoints", "side_effects", "approvals", "dead_letters"):
             assert line[kind] == mine[f"orc_{kind}" if kind != "events" else "orc_job_events"]
+        assert line["output"] == mine["orc_job_output"]
         assert [{k: v for k, v in d.items() if k != "events"} for d in line["dispatches"]] == (
             mine["procrastinate_jobs"]
         )
@@ -472,6 +481,8 @@ async def test_real_jobs_go_whole_and_the_archive_holds_exactly_what_went(
                  action="jobs") == len(go)  # fmt: skip
     assert value(found, "orchestrator_maintenance_rows_total", service="prune_finished",
                  action="events") == len(going["orc_job_events"])  # fmt: skip
+    assert value(found, "orchestrator_maintenance_rows_total", service="prune_finished",
+                 action="output_chunks") == len(going["orc_job_output"])  # fmt: skip
     counts_by_kind = [f.name for f in dataclasses.fields(RetentionResult) if f.type == "int"]
     assert all(type(getattr(result, k)) is int for k in counts_by_kind)  # all reach the metrics
 
@@ -484,7 +495,7 @@ def of_job(rows: dict[str, list[Any]], job_id: str) -> dict[str, list[Any]]:
     """Of ``rows`` (by table), those of one job, in the archive's order."""
     orders = {"orc_job_events": "id", "orc_checkpoints": "step", "orc_approvals": "id",
               "orc_side_effects": "invocation_id", "orc_dead_letters": "id",
-              "procrastinate_jobs": "id"}  # fmt: skip
+              "orc_job_output": "chunk_offset", "procrastinate_jobs": "id"}  # fmt: skip
     mine = {}
     for table, found in rows.items():
         key = "lock" if table == "procrastinate_jobs" else "id" if table == "orc_jobs" else "job_id"
@@ -717,7 +728,7 @@ async def test_prune_dry_run_shows_what_would_go_and_prune_deletes_it(
         "  llm_generate  COMPLETED  2",
         "  run_agent     CANCELLED  1",
         "with them: 6 events, 0 checkpoints, 0 side effects, 0 approvals, 0 dead letters,"
-        " 3 dispatches, 0 dispatch events, 0 llm usage",
+        " 3 dispatches, 0 dispatch events, 0 llm usage, 0 output chunks",
         "aged out: 0 maintenance dispatches, 0 sessions, 0 event listeners, 0 revoked tokens",
     ]
     code, out, _ = await asyncio.to_thread(cli, "prune", "--dry-run")
@@ -783,16 +794,18 @@ async def test_prune_mistakes_are_one_line_and_delete_nothing(
 
 
 def test_a_runs_result_reads_as_a_sentence(tmp_path: Path) -> None:
-    result = RetentionResult(jobs=3, events=9, checkpoints=2, side_effects=1, dispatches=3,
-                             sessions=2, revoked_tokens=1, archive=tmp_path / "a.jsonl.gz")  # fmt: skip
+    result = RetentionResult(jobs=3, events=9, checkpoints=2, side_effects=1, output_chunks=4,
+                             dispatches=3, sessions=2, revoked_tokens=1,
+                             archive=tmp_path / "a.jsonl.gz")  # fmt: skip
     assert result.sentence() == (
         "finished jobs past their retention deleted: 3 (9 events, 2 checkpoints, 1 ledger rows,"
-        f" 3 dispatches); aged out: 2 sessions, 1 revoked tokens; archived to {tmp_path}/a.jsonl.gz"
+        f" 4 output chunks, 3 dispatches); aged out: 2 sessions, 1 revoked tokens; archived to"
+        f" {tmp_path}/a.jsonl.gz"
     )
     assert result.handled == 6
     assert RetentionResult().sentence() == (
         "finished jobs past their retention deleted: 0 (0 events, 0 checkpoints, 0 ledger rows,"
-        " 0 dispatches)"
+        " 0 output chunks, 0 dispatches)"
     )
 
 

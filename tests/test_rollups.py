@@ -1,9 +1,9 @@
 """History kept as rollups (migration 0026, orchestrator/services/rollup.py): on the real
 database, the rollups equal what the jobs they summarise say, recomputed here from the jobs
-(real jobs run through both retry layers, and random mixes written as rows); a second run
-changes nothing; they stay when the jobs are deleted; the stats read answers from them alone,
-each tenant its own numbers only. The pure part (buckets, percentiles, the read's bounds) is
-tested against its rules, with hypothesis."""
+(real jobs run through both retry layers, and random mixes written as rows), the jobs' live
+output included; a second run changes nothing; they stay when the jobs are deleted; the stats
+read answers from them alone, each tenant its own numbers only. The pure part (buckets,
+percentiles, the read's bounds) is tested against its rules, with hypothesis."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from psycopg.rows import dict_row
 
-from orchestrator import Orchestrator
+from orchestrator import JobContext, Orchestrator, RetryLater
 from orchestrator.domain.principals import Scope
 from orchestrator.domain.rollups import (
     BOUNDS_MS,
@@ -34,6 +34,7 @@ from orchestrator.domain.rollups import (
     quantile,
     window,
 )
+from orchestrator.services.retention import RetentionResult
 from tests.support import log_guard, scripted
 from tests.support.api_server import ApiServer, token
 from tests.support.harness import WorkerRun, config_with, wait_for
@@ -425,6 +426,71 @@ async def test_the_queue_depth_is_sampled_per_queue_and_tenant(
 
 async def _noop(ctx: object, payload: None) -> None:
     return None
+
+
+async def test_a_jobs_output_is_rolled_up_with_it_and_outlives_it(
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
+) -> None:
+    """A job's live output (docs/output.md) is counted in the minute it finished: its chunks,
+    markers included, and its bodies' bytes; retention then deletes the output with the job and
+    the counts stay."""
+    orc = make_orc(rollup_settle_seconds=0, job_retention_days=0, retention_cron="0 0 1 1 *")
+
+    @orc.job_type("talker")
+    async def talker(ctx: JobContext, payload: dict[str, Any]) -> str:
+        ctx.output.text(payload["text"])
+        if payload.get("fail_once") and ctx.attempt == 1:
+            raise RetryLater(0, "once more")  # its output superseded by a marker
+        ctx.output.progress({"done": True})
+        return "ok"
+
+    orc.job_type("quiet")(_noop)  # streams nothing: no output head, counted as none
+    async with WorkerRun(orc) as worker:
+        jobs = [
+            await orc.submit("talker", {"text": "héllo"}, tenant_id="acme"),
+            await orc.submit("talker", {"text": "again", "fail_once": True}, tenant_id="acme"),
+            await orc.submit("talker", {"text": "x" * 40}, tenant_id="globex"),
+            await orc.submit("quiet", tenant_id="acme"),
+        ]
+        await worker.until_finished(*jobs)
+    expected: dict[str, Counter[str]] = defaultdict(Counter)
+    for job_id in jobs:
+        job, chunks = await orc.get_job(job_id), await orc.stores.output.read(job_id)
+        tenant = expected[job.tenant_id or ""]
+        tenant["output_chunks"] += len(chunks)
+        tenant["output_bytes"] += sum(  # the bodies as jsonb writes them, markers not counted
+            len(json.dumps(c.body, ensure_ascii=False).encode())
+            for c in chunks if c.kind in ("text", "progress")
+        )  # fmt: skip
+    # acme: (text, progress), then (text, marker, text, progress) of the job that retried
+    assert expected["acme"]["output_chunks"] == 6
+    await back_in_time(db, 5)
+    await db.execute("TRUNCATE orc_job_rollups")  # the worker's own tick may have run
+    await db.execute("UPDATE orc_rollup_watermark SET rolled_up_to = NULL")
+    since = datetime.now(UTC) - timedelta(hours=1)
+
+    def totals(read: Any) -> dict[str, Counter[str]]:
+        return {
+            s.key["tenant"]: Counter({"output_chunks": sum(p.output_chunks for p in s.points),
+                                      "output_bytes": sum(p.output_bytes for p in s.points)})
+            for s in read.jobs
+        }  # fmt: skip
+
+    async with orc:
+        while (await orc.maintenance.rollup.run_once()).minutes:
+            pass
+        counted = await orc.stats(since=since, step=60, by=["tenant"])
+        assert totals(counted) == expected
+        hours = await orc.stats(since=since.replace(minute=0, second=0, microsecond=0),
+                                step=3600, by=["tenant"])  # fmt: skip
+        assert totals(hours) == expected
+        pruned = await orc.maintenance.run("prune_finished")
+        assert isinstance(pruned, RetentionResult) and pruned.jobs == 4
+        assert pruned.output_chunks == sum(t["output_chunks"] for t in expected.values())
+        for table in ("orc_job_output", "orc_job_output_heads"):
+            cur = await db.execute(f"SELECT count(*) FROM {table}")
+            assert (await cur.fetchone() or [0])[0] == 0, table
+        assert totals(await orc.stats(since=since, step=60, by=["tenant"])) == expected
 
 
 # -- the stats API: bounds, and each tenant its own numbers ----------------------------------------

@@ -183,6 +183,10 @@ class Point(_Model):
     output_tokens: int = 0
     cache_read_tokens: int = 0
     cache_creation_tokens: int = 0
+    #: The live output of these jobs (docs/output.md): its chunks, markers included, and the
+    #: bytes of their bodies (counted when each job finished).
+    output_chunks: int = 0
+    output_bytes: int = 0
 
     @property
     def finished(self) -> int:
@@ -245,6 +249,8 @@ def stats(
             output_tokens=row.get("output_tokens") or 0,
             cache_read_tokens=row.get("cache_read_tokens") or 0,
             cache_creation_tokens=row.get("cache_creation_tokens") or 0,
+            output_chunks=row.get("output_chunks") or 0,
+            output_bytes=row.get("output_bytes") or 0,
         ))  # fmt: skip
     depths: dict[tuple[Any, ...], list[DepthPoint]] = {}
     for row in depth:

@@ -273,7 +273,7 @@ def prune_lines(result: RetentionResult, *, dry_run: bool) -> list[str]:
     for (job_type, status), n in sorted(result.by_type.items()):
         lines.append(f"  {job_type:<{width}}  {status:<9}  {n}")
     kinds = ("events", "checkpoints", "side_effects", "approvals", "dead_letters", "dispatches",
-             "dispatch_events", "llm_usage")  # fmt: skip
+             "dispatch_events", "llm_usage", "output_chunks")  # fmt: skip
     lines.append("with them: " + _counts(result, kinds))
     bookkeeping = ("maintenance_dispatches", "sessions", "event_listeners", "revoked_tokens")
     lines.append("aged out: " + _counts(result, bookkeeping))

@@ -12,6 +12,8 @@ job run in this process: only who runs the task differs.
                the dispatch; refused when the attempt no longer holds the lease
     calls      each LLM call admitted before it is sent, its usage recorded after
                (orchestrator.runtime.external_calls)
+    output     a batch of the attempt's live output (docs/output.md), appended to the job's by
+               the statement an in-process attempt's batches use, held to the type's size cap
 
 One rule for every report: it is taken only from the attempt that holds the job's lease; any
 other (an unknown job, one never claimed, one finished or taken over, a wrong attempt or token)
@@ -64,6 +66,7 @@ from orchestrator.storage.applications import application_of
 from orchestrator.storage.database import OwnConnection
 from orchestrator.storage.dispatches import Dispatch
 from orchestrator.storage.jobs import Held
+from orchestrator.storage.output import Written
 from orchestrator.storage.stores import Stores
 from retry_config import LiveConfig
 
@@ -279,6 +282,25 @@ class ExternalRuns:
             raise StaleLease(job_id, lease_token)
         return await end_attempt(
             self.writer, self.metrics, held, self._outcome(held, report), lease_token
+        )
+
+    async def write_output(
+        self, job_id: UUID, *, attempt: int, lease_token: UUID, batch: int,
+        chunks: list[dict[str, Any]],
+    ) -> Written:  # fmt: skip
+        """Append the attempt's output batch number ``batch`` (``chunks``: [{kind, body}], text
+        or progress, written outside any step) to its job's, once (sent again under its number,
+        it is not written twice), held to the job type's ``output_max_bytes``. StaleLease
+        (nothing written) when the attempt does not hold the lease: checked here for its
+        ``attempt`` too, then by the write itself, fenced by its token."""
+        held = await self.stores.jobs.held(job_id, attempt=attempt, lease_token=lease_token)
+        if held is None:
+            raise StaleLease(job_id, lease_token)
+        claim = held.claim
+        max_bytes = self.config.current.for_type(claim.job_type).output_max_bytes
+        outside_steps = [{**chunk, "step": None} for chunk in chunks]
+        return await self.stores.output.write(
+            claim.fence, batch, outside_steps, max_bytes=max_bytes
         )
 
     def _outcome(self, held: Held, report: Report) -> Outcome:

@@ -47,6 +47,7 @@ class RetentionResult:
     dispatches: int = 0
     dispatch_events: int = 0
     llm_usage: int = 0
+    output_chunks: int = 0
     maintenance_dispatches: int = 0
     sessions: int = 0
     event_listeners: int = 0
@@ -85,7 +86,7 @@ class RetentionResult:
         return (
             f"finished jobs past their retention deleted: {self.jobs} ({self.events} events,"
             f" {self.checkpoints} checkpoints, {self.side_effects} ledger rows,"
-            f" {self.dispatches} dispatches)"
+            f" {self.output_chunks} output chunks, {self.dispatches} dispatches)"
             + (f"; aged out: {bookkeeping}" if bookkeeping else "")
             + (f"; archived to {self.archive}" if self.archive else "")
             + (

@@ -17,7 +17,7 @@ from orchestrator.storage.runner import Queries
 #: The rows that go with each job, by kind: the prune query's count columns.
 JOB_KINDS = (
     "events", "checkpoints", "side_effects", "approvals", "dead_letters", "dispatches",
-    "dispatch_events", "llm_usage",
+    "dispatch_events", "llm_usage", "output_chunks",
 )  # fmt: skip
 #: Bookkeeping that ages out: each query, and the kinds it deletes (its count columns).
 BOOKKEEPING: dict[LiteralString, tuple[str, ...]] = {

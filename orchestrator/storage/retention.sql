@@ -2,8 +2,9 @@
 -- One batch of the retention of finished jobs (orchestrator.services.retention): at most
 -- %(limit)s jobs past their retention, deleted in this one statement with their dispatches
 -- (their Procrastinate events go by cascade) and, by cascade, their events, checkpoints, ledger
--- rows, approvals, reviewed dead letters, LLM usage and token budget (0030). `candidates` is the whole rule of which jobs may go
--- (kept in this one place):
+-- rows, approvals, reviewed dead letters, LLM usage and token budget (0030), and live output
+-- (0071: its chunks and head). `candidates` is the whole rule of which jobs may go (kept in this
+-- one place):
 -- * finished longer ago than the retention of its (type, status): `retention` pairs every job
 --   type present (a loose scan of orc_jobs_job_type_id, one probe per type) with each terminal
 --   status, and each pair is one range of orc_jobs_finished_by_type (0025);
@@ -112,6 +113,7 @@ SELECT c.id, c.job_type, c.status,
        (SELECT count(*) FROM orc_dead_letters AS l WHERE l.job_id = c.id) AS dead_letters,
        coalesce(r.n, 0) AS dispatches, coalesce(r.events, 0) AS dispatch_events,
        (SELECT count(*) FROM orc_llm_usage AS u WHERE u.job_id = c.id) AS llm_usage,
+       (SELECT count(*) FROM orc_job_output AS o WHERE o.job_id = c.id) AS output_chunks,
        CASE WHEN %(archive)s THEN jsonb_build_object(
            'job', (SELECT to_jsonb(j) FROM orc_jobs AS j WHERE j.id = c.id),
            'events', coalesce((SELECT jsonb_agg(to_jsonb(e) ORDER BY e.id)
@@ -126,7 +128,9 @@ SELECT c.id, c.job_type, c.status,
                                        FROM orc_dead_letters AS l WHERE l.job_id = c.id), '[]'),
            'dispatches', coalesce(r.archived, '[]'),
            'llm_usage', coalesce((SELECT jsonb_agg(to_jsonb(u) ORDER BY u.id)
-                                    FROM orc_llm_usage AS u WHERE u.job_id = c.id), '[]'))
+                                    FROM orc_llm_usage AS u WHERE u.job_id = c.id), '[]'),
+           'output', coalesce((SELECT jsonb_agg(to_jsonb(o) ORDER BY o.chunk_offset)
+                                 FROM orc_job_output AS o WHERE o.job_id = c.id), '[]'))
        END AS archived
   FROM candidates AS c
   LEFT JOIN dispatch_rows AS r ON r.lock = c.id::text

@@ -7,7 +7,8 @@
 -- recomputed from those jobs, and the watermark moved past them; its row is locked first, so
 -- two runs take turns. The first run starts at the oldest finished job. Retries are counted
 -- by layer from the job's job.retry_scheduled events (its primary key), a dead letter from
--- orc_dead_letters_job_id. Returns the span rolled up and how many jobs finished in it.
+-- orc_dead_letters_job_id, its live output from its output head (0072: its primary key; none
+-- for a job that streamed nothing). Returns the span rolled up and how many jobs finished in it.
 -- Planned for the one row it reads (LIMIT 1: the table has one row, but the planner, without
 -- statistics, guessed thousands and joined them to a sequential scan of orc_jobs), so the span
 -- is found through orc_jobs_finished_at and each job's dead letter through its own lookup.
@@ -31,7 +32,8 @@ WITH mark AS (
            round(1000 * extract(epoch FROM j.finished_at - j.started_at))::bigint AS ms,
            (SELECT true FROM orc_dead_letters AS d WHERE d.job_id = j.id) IS NOT NULL
                AS lettered,
-           r.app, r.infra, u.calls, u.input, u.output, u.cache_read, u.cache_creation
+           r.app, r.infra, u.calls, u.input, u.output, u.cache_read, u.cache_creation,
+           coalesce(h.next_offset, 0) AS output_chunks, coalesce(h.bytes, 0) AS output_bytes
       FROM span AS s
       JOIN orc_jobs AS j ON j.finished_at >= s.since AND j.finished_at < s.until
       CROSS JOIN LATERAL (
@@ -45,6 +47,7 @@ WITH mark AS (
                  coalesce(sum(l.cache_read_tokens), 0) AS cache_read,
                  coalesce(sum(l.cache_creation_tokens), 0) AS cache_creation
             FROM orc_llm_usage AS l WHERE l.job_id = j.id) AS u
+      LEFT JOIN orc_job_output_heads AS h ON h.job_id = j.id
 ), bucketed AS (
     SELECT f.*, width_bucket(f.ms, %(bounds)s::bigint[]) AS b FROM finished AS f
 ), rolled AS (
@@ -52,7 +55,8 @@ WITH mark AS (
         period, at, job_type, queue, tenant, completed, failed, cancelled, dead_lettered,
         app_retries, infra_retries, timed, duration_ms_sum, duration_ms_max,
         lt_100ms, lt_500ms, lt_1s, lt_5s, lt_15s, lt_1min, lt_5min, lt_15min, lt_1h, ge_1h,
-        llm_calls, input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens)
+        llm_calls, input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens,
+        output_chunks, output_bytes)
     SELECT 60, at, job_type, queue, tenant,
            count(*) FILTER (WHERE status = 'COMPLETED'),
            count(*) FILTER (WHERE status = 'FAILED'),
@@ -64,7 +68,8 @@ WITH mark AS (
            count(*) FILTER (WHERE b = 4), count(*) FILTER (WHERE b = 5),
            count(*) FILTER (WHERE b = 6), count(*) FILTER (WHERE b = 7),
            count(*) FILTER (WHERE b = 8), count(*) FILTER (WHERE b = 9),
-           sum(calls), sum(input), sum(output), sum(cache_read), sum(cache_creation)
+           sum(calls), sum(input), sum(output), sum(cache_read), sum(cache_creation),
+           sum(output_chunks), sum(output_bytes)
       FROM bucketed
      GROUP BY at, job_type, queue, tenant
     ON CONFLICT (period, at, job_type, queue, tenant) DO UPDATE
@@ -79,7 +84,8 @@ WITH mark AS (
            llm_calls = excluded.llm_calls, input_tokens = excluded.input_tokens,
            output_tokens = excluded.output_tokens,
            cache_read_tokens = excluded.cache_read_tokens,
-           cache_creation_tokens = excluded.cache_creation_tokens
+           cache_creation_tokens = excluded.cache_creation_tokens,
+           output_chunks = excluded.output_chunks, output_bytes = excluded.output_bytes
 ), moved AS (
     UPDATE orc_rollup_watermark SET rolled_up_to = s.until FROM span AS s
 )
@@ -101,13 +107,14 @@ INSERT INTO orc_job_rollups AS r (
     period, at, job_type, queue, tenant, completed, failed, cancelled, dead_lettered,
     app_retries, infra_retries, timed, duration_ms_sum, duration_ms_max,
     lt_100ms, lt_500ms, lt_1s, lt_5s, lt_15s, lt_1min, lt_5min, lt_15min, lt_1h, ge_1h,
-    llm_calls, input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens)
+    llm_calls, input_tokens, output_tokens, cache_read_tokens, cache_creation_tokens,
+    output_chunks, output_bytes)
 SELECT 3600, date_trunc('hour', at), job_type, queue, tenant, sum(completed), sum(failed),
        sum(cancelled), sum(dead_lettered), sum(app_retries), sum(infra_retries), sum(timed),
        sum(duration_ms_sum), max(duration_ms_max), sum(lt_100ms), sum(lt_500ms), sum(lt_1s),
        sum(lt_5s), sum(lt_15s), sum(lt_1min), sum(lt_5min), sum(lt_15min), sum(lt_1h),
        sum(ge_1h), sum(llm_calls), sum(input_tokens), sum(output_tokens),
-       sum(cache_read_tokens), sum(cache_creation_tokens)
+       sum(cache_read_tokens), sum(cache_creation_tokens), sum(output_chunks), sum(output_bytes)
   FROM orc_job_rollups
  WHERE period = 60
    AND at >= date_trunc('hour', %(since)s::timestamptz)
@@ -165,7 +172,8 @@ SELECT %(since)s::timestamptz
              sum(lt_5min), sum(lt_15min), sum(lt_1h), sum(ge_1h)] AS buckets,
        sum(llm_calls) AS llm_calls, sum(input_tokens) AS input_tokens,
        sum(output_tokens) AS output_tokens, sum(cache_read_tokens) AS cache_read_tokens,
-       sum(cache_creation_tokens) AS cache_creation_tokens
+       sum(cache_creation_tokens) AS cache_creation_tokens,
+       sum(output_chunks) AS output_chunks, sum(output_bytes) AS output_bytes
   FROM orc_job_rollups
  WHERE period = %(period)s AND at >= %(since)s AND at < %(until)s
    AND (%(tenants)s::text[] IS NULL OR tenant = ANY (%(tenants)s))

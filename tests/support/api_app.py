@@ -19,6 +19,7 @@ external = true
 app_max_retries = 3
 worker_max_attempts = 1
 job_timeout_seconds = 60
+output_max_bytes = 200   # its live output's cap (tests/test_external_contract.py)
 
 # External types under flow control, whose workers admit each LLM call over the API
 # (tests/test_flow_external.py): two calls an hour; one call each 1.5 s.

@@ -5,13 +5,15 @@
 //     node external_worker.js WORKER_NAME JOB_TYPE
 //
 // Loop: claim (long-poll), heartbeat while the job runs, then complete it. What a job does is
-// in its payload: {sleep_ms, calls, fail: "transient" | "permanent", fail_until (attempts
-// failing transiently first), retry_after, output}. With `calls` (and `llm_url`, `model`,
+// in its payload: {sleep_ms, stream, calls, fail: "transient" | "permanent", fail_until
+// (attempts failing transiently first), retry_after, output}. With `stream` (texts), each
+// attempt writes them to the job's live output, a batch each, then a progress record
+// (docs/api.md, "An external worker's live output"). With `calls` (and `llm_url`, `model`,
 // `max_tokens`), the job makes that many LLM calls to the Messages API at `llm_url`, each
 // admitted under its flow key before it is sent and its usage recorded after (docs/api.md, "An
 // external worker's LLM calls"); a call that parks the job ends the attempt. Each step is
-// logged as one JSON line on stdout ({"event": "claimed" | "call_admitted" | "call_recorded" |
-// "parked" | "completed" | "refused", ...}), which the tests read.
+// logged as one JSON line on stdout ({"event": "claimed" | "output_written" | "call_admitted" |
+// "call_recorded" | "parked" | "completed" | "refused", ...}), which the tests read.
 
 const base = process.env.ORCHESTRATOR_URL;
 const token = process.env.ORCHESTRATOR_TOKEN;
@@ -96,6 +98,26 @@ async function llmCall(lease, payload, n) {
   return status === 200;
 }
 
+// The attempt's live output: each text a batch of its own, then a progress record, the batches
+// numbered 1, 2... in the attempt (one sent again under its number is written once). False
+// when the lease is gone: stop, report nothing.
+async function writeOutput(lease, texts) {
+  const batches = [
+    ...texts.map((body) => [{ kind: "text", body }]),
+    [{ kind: "progress", body: { attempt: lease.attempt, texts: texts.length } }],
+  ];
+  for (const [n, chunks] of batches.entries()) {
+    const batch = { ...lease, batch: n + 1, chunks };
+    const { status, answer } = await call("/api/v1/internal/task-output", batch);
+    if (status !== 200) {
+      log("refused", { ...lease, batch: n + 1, status, answer });
+      return false;
+    }
+  }
+  log("output_written", { ...lease, batches: batches.length });
+  return true;
+}
+
 async function run(task) {
   const lease = { job_id: task.job_id, attempt: task.attempt, lease_token: task.lease_token };
   log("claimed", lease);
@@ -107,6 +129,7 @@ async function run(task) {
   }, task.heartbeat_interval * 1000);
   try {
     await sleep(task.payload.sleep_ms ?? 0);
+    if (task.payload.stream) going = await writeOutput(lease, task.payload.stream);
     for (let n = 1; going && n <= (task.payload.calls ?? 0); n++) {
       going = await llmCall(lease, task.payload, n);
     }

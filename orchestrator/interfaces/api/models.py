@@ -12,6 +12,7 @@ from fastapi import Query
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator.app import JobSpec
+from orchestrator.domain import json_values
 from orchestrator.domain.dead_letters import BULK_MAX
 from orchestrator.domain.flow import FlowKey
 from orchestrator.domain.models import Awaited, DeadLetter, Job, JobEvent, QueueStats
@@ -24,6 +25,13 @@ from orchestrator.storage.rows import ApprovalRecord, StepRecord
 from retry_config.names import MAX_TENANT, named_tenant
 
 MAX_BATCH = 1_000
+
+
+def _json_body(value: dict[str, Any]) -> dict[str, Any]:
+    """``value``, or ValueError naming the part of it ``jsonb`` cannot hold exactly."""
+    json_values.check(value, "body")
+    return value
+
 
 #: A query's ``tenant_id`` filter: a tenant, never empty or blank (retry_config.names), else
 #: 422 REQUEST_INVALID naming it.
@@ -336,6 +344,46 @@ class CallUsageReport(Lease):
 class CallRecorded(BaseModel):
     #: False: a call of this ``call_id`` was recorded already (a report sent again).
     recorded: bool
+
+
+#: The most chunks one output batch may carry.
+MAX_OUTPUT_CHUNKS = 1_000
+
+
+class TextPart(_In):
+    """Text the attempt made (a delta, or several joined)."""
+
+    kind: Literal["text"]
+    body: Text = Field(min_length=1)
+
+
+class ProgressPart(_In):
+    """A progress record (a tool started, a step's summary): a JSON object."""
+
+    kind: Literal["progress"]
+    body: Annotated[dict[str, Any], AfterValidator(_json_body)]
+
+
+class OutputBatch(Lease):
+    """A batch of the attempt's live output (docs/output.md), appended in order."""
+
+    batch: int = Field(
+        ge=1, le=2**31 - 1,
+        description="The batch's number in the attempt: 1, 2... in the order sent. A batch sent"
+        " again under its number (its answer lost on the way) is written once.",
+    )  # fmt: skip
+    chunks: list[Annotated[TextPart | ProgressPart, Field(discriminator="kind")]] = Field(
+        min_length=1, max_length=MAX_OUTPUT_CHUNKS
+    )
+
+
+class OutputWritten(BaseModel):
+    #: The batch's chunks kept: 0 for a batch written already, and for those past the size cap.
+    written: int
+    #: The offset the job's next chunk gets.
+    next_offset: int
+    #: The job's output reached its size cap (``output_max_bytes``): nothing more is kept.
+    cut: bool
 
 
 class Replayed(BaseModel):

@@ -194,7 +194,10 @@ async def _schema_outdated(request: Request, exc: Exception) -> errors.SchemaOut
 
 
 def _where(error: Any) -> str:
-    loc = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+    parts = list(error.get("loc", ()))
+    if parts[:1] == ["body"]:  # the request's body: its fields are named from there
+        parts = parts[1:]
+    loc = ".".join(str(part) for part in parts)
     return f"{loc or 'request'}: {error.get('msg', 'invalid')}"
 
 

@@ -1,13 +1,14 @@
 """External workers' endpoints (task-claim, heartbeat, task-complete: the lease contract of
 docs/contracts.md, over HTTP; call-admit, call-usage: an attempt's LLM calls under flow
-control), and the internal replay endpoints of the dead-letter spec.
+control; task-output: its live output), and the internal replay endpoints of the dead-letter
+spec.
 
-A report (heartbeat, completion of any status, a call's admission or usage) is taken only from
-the attempt that holds the job's lease: its ``attempt`` and ``lease_token`` must be the job's.
-Any other (an unknown job, one never claimed, one finished or taken over, a wrong attempt or
-token) gets the same 409
-``WF_LEASE_STALE`` and changes nothing: never a 404, so a report without the lease learns
-nothing about the job. The routes declare exactly that (no 404 but the replay endpoint's).
+A report (heartbeat, completion of any status, a call's admission or usage, an output batch) is
+taken only from the attempt that holds the job's lease: its ``attempt`` and ``lease_token``
+must be the job's. Any other (an unknown job, one never claimed, one finished or taken over, a
+wrong attempt or token) gets the same 409 ``WF_LEASE_STALE`` and changes nothing: never a 404,
+so a report without the lease learns nothing about the job. The routes declare exactly that (no
+404 but the replay endpoint's).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from orchestrator.interfaces.api.models import (
     Completion,
     Lease,
     LeaseRenewed,
+    OutputBatch,
+    OutputWritten,
     Replayed,
     Task,
     Tasks,
@@ -148,6 +151,20 @@ async def record_call(body: CallUsageReport, runs: Runs, caller: Worker) -> Call
         tokens=tokens, call_id=body.call_id, sent_seconds_ago=body.sent_seconds_ago,
     )  # fmt: skip
     return CallRecorded(recorded=recorded)
+
+
+@router.post("/task-output", responses=STALE)
+async def write_output(body: OutputBatch, runs: Runs, caller: Worker) -> OutputWritten:
+    """Append a batch of the attempt's live output (docs/output.md): its text and progress
+    chunks, in order, at the job's next offsets, marked with the attempt, outside any step.
+    Batches are numbered 1, 2... in the attempt; one sent again under its number is written
+    once (``written`` 0). Held to the job type's ``output_max_bytes``: past it, ``cut``. 409
+    WF_LEASE_STALE, nothing written, unless this attempt holds the job's lease."""
+    written = await runs.write_output(
+        body.job_id, attempt=body.attempt, lease_token=body.lease_token, batch=body.batch,
+        chunks=[chunk.model_dump() for chunk in body.chunks],
+    )  # fmt: skip
+    return OutputWritten(written=written.written, next_offset=written.next_offset, cut=written.cut)
 
 
 def _report(body: Completion) -> Report:

@@ -339,6 +339,8 @@ CREATE TABLE orc_job_rollups (
     output_tokens numeric DEFAULT 0 NOT NULL,
     cache_read_tokens numeric DEFAULT 0 NOT NULL,
     cache_creation_tokens numeric DEFAULT 0 NOT NULL,
+    output_chunks bigint DEFAULT 0 NOT NULL,
+    output_bytes bigint DEFAULT 0 NOT NULL,
     CONSTRAINT orc_job_rollups_period_check CHECK ((period = ANY (ARRAY[60, 3600]))),
     CONSTRAINT orc_job_rollups_pkey PRIMARY KEY (period, at, job_type, queue, tenant)
 );
