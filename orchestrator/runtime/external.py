@@ -66,7 +66,7 @@ from orchestrator.storage.applications import application_of
 from orchestrator.storage.database import OwnConnection
 from orchestrator.storage.dispatches import Dispatch
 from orchestrator.storage.jobs import Held
-from orchestrator.storage.output import Written
+from orchestrator.storage.output import Batch, Written
 from orchestrator.storage.stores import Stores
 from retry_config import LiveConfig
 
@@ -299,9 +299,7 @@ class ExternalRuns:
         claim = held.claim
         max_bytes = self.config.current.for_type(claim.job_type).output_max_bytes
         outside_steps = [{**chunk, "step": None} for chunk in chunks]
-        return await self.stores.output.write(
-            claim.fence, batch, outside_steps, max_bytes=max_bytes
-        )
+        return await self.stores.output.write(Batch(claim.fence, batch, outside_steps, max_bytes))
 
     def _outcome(self, held: Held, report: Report) -> Outcome:
         claim, dispatch_id = held.claim, held.dispatch_id

@@ -1,4 +1,4 @@
--- 0072_output_in_rollups: orc_job_rollups counts the live output (0071) of the jobs each row
+-- 0073_output_in_rollups: orc_job_rollups counts the live output (0071) of the jobs each row
 -- counts, beside their LLM calls (0030): `output_chunks`, its chunks (markers included: every
 -- offset the job used), and `output_bytes`, the bytes of its chunks' bodies (the size cap's
 -- count), read from the job's output head by job id when the job's minute is rolled up (the
