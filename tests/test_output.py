@@ -191,8 +191,11 @@ async def sse(
     got: list[dict[str, Any]] = []
     async with client.stream("GET", path, headers=headers) as response:
         assert response.status_code == 200, await response.aread()
+        event = ""
         async for line in response.aiter_lines():
-            if line.startswith("data: "):
+            if line.startswith("event: "):
+                event = line.removeprefix("event: ")
+            elif line.startswith("data: ") and event != "end":  # the job's end: no chunk
                 got.append(json.loads(line.removeprefix("data: ")))
                 if stop_after is not None and len(got) == stop_after:
                     break

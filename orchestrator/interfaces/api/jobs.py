@@ -331,7 +331,9 @@ async def output(
     the final output, what no ``superseded`` marker covers). With ``Accept: text/event-stream``,
     as Server-Sent Events (``id`` the chunk's offset, ``event`` its kind, ``data`` the chunk as
     JSON), from ``offset`` (or after ``Last-Event-ID`` on a reconnection), live, until the job
-    has finished and its last chunk was sent, or the caller's token is revoked."""
+    has finished and its last chunk was sent (then an ``end`` event, ``data`` the job's
+    ``{"status"}``), or the caller's token is revoked (a stream that ends without ``end`` was
+    cut: resume it)."""
     await visible_job(orc, caller, job_id)
     if accept is None or "text/event-stream" not in accept:
         chunks = await orc.stores.output.read(job_id, offset=offset, limit=limit, final=final)
@@ -371,6 +373,7 @@ async def _chunks(
                         yield _sent(chunk)
                         offset = chunk.offset + 1
                 if job.finished_at is not None:
+                    yield f'event: end\ndata: {{"status":"{job.status.value}"}}\n\n'
                     return
                 try:
                     woken = await waiter.wait_checked(ping, every=RECHECK_SECONDS, check=check)
