@@ -8,6 +8,7 @@ found", exactly as a job that does not exist.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import time
@@ -25,7 +26,6 @@ from orchestrator.app import JobSpec, Orchestrator
 from orchestrator.domain.dependencies import MAX_PARENTS
 from orchestrator.domain.errors import DatabaseUnavailable, JobNotFound, SubmitError
 from orchestrator.domain.models import Job
-from orchestrator.domain.output import OutputChunk
 from orchestrator.domain.principals import Principal, Scope, Unauthorized
 from orchestrator.domain.states import Status
 from orchestrator.domain.usage import JobUsage
@@ -44,7 +44,7 @@ from orchestrator.interfaces.api.models import (
     SubmittedBatch,
     TenantFilter,
 )
-from orchestrator.interfaces.api.watch import EventWatch
+from orchestrator.interfaces.watch import EventWatch, output_as_written
 from orchestrator.storage.jobs import JobFilters
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"])
@@ -348,43 +348,44 @@ async def output(
         offset = int(last_event_id) + 1
     check = functools.partial(still_authenticated, request)
     return StreamingResponse(
-        _chunks(orc, watch, job_id, offset, check),
+        output_events(
+            orc, watch, job_id, offset, every=RECHECK_SECONDS, check=check, ends=(Unauthorized,)
+        ),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
 
 
-async def _chunks(
+async def output_events(
     orc: Orchestrator,
     watch: EventWatch,
     job_id: UUID,
     offset: int,
-    check: Callable[[], Awaitable[None]],
+    *,
+    every: float,
+    check: Callable[[], Awaitable[object]],
+    ends: tuple[type[Exception], ...],
 ) -> AsyncIterator[str]:
-    """Its output from ``offset`` on, woken by the database as ``_events`` is (its keep-alive
-    comments, its end on a revoked token or a lost database alike)."""
+    """The job's output from ``offset`` on as Server-Sent Events (the API's stream, and the
+    dashboard's): each chunk as it is written (``id`` its offset, ``event`` its kind, ``data``
+    it as JSON), a keep-alive comment whenever none came for
+    ORCHESTRATOR_API_STREAM_PING_SECONDS, and once the job has finished and its last chunk was
+    sent, an ``end`` event (``data`` the job's ``{"status"}``). ``check`` runs every ``every``
+    seconds while it waits; what it raises of ``ends`` ends the stream without ``end`` (the
+    caller's credentials ended: a reconnection is refused), and so does a lost database (no
+    traceback; a reconnection gets 503 while it is away)."""
     ping = orc.settings.api_stream_ping_seconds
+    written = output_as_written(orc, watch, job_id, offset, ping=ping, every=every, check=check)
+    ended: tuple[type[Exception], ...] = (DatabaseUnavailable, *ends)
     try:
-        async with watch.watching(job_id, output=True) as waiter:
-            while True:
-                job = await orc.get_job(job_id)
-                while chunks := await orc.stores.output.read(job_id, offset=offset, limit=500):
-                    for chunk in chunks:
-                        yield _sent(chunk)
-                        offset = chunk.offset + 1
-                if job.finished_at is not None:
-                    yield f'event: end\ndata: {{"status":"{job.status.value}"}}\n\n'
-                    return
-                try:
-                    woken = await waiter.wait_checked(ping, every=RECHECK_SECONDS, check=check)
-                except Unauthorized:
-                    return
-                if not woken:
+        async with contextlib.aclosing(written):
+            async for item in written:
+                if item is None:
                     yield ": ping\n\n"
-    except DatabaseUnavailable:  # the stream ends (no traceback); the client reconnects
+                elif isinstance(item, Job):
+                    yield f'event: end\ndata: {{"status":"{item.status.value}"}}\n\n'
+                else:
+                    data = json.dumps(item.model_dump(mode="json"), separators=(",", ":"))
+                    yield f"id: {item.offset}\nevent: {item.kind}\ndata: {data}\n\n"
+    except ended:
         return
-
-
-def _sent(chunk: OutputChunk) -> str:
-    data = json.dumps(chunk.model_dump(mode="json"), separators=(",", ":"))
-    return f"id: {chunk.offset}\nevent: {chunk.kind}\ndata: {data}\n\n"
