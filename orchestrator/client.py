@@ -6,15 +6,22 @@
     with Client("http://127.0.0.1:8000", token) as api:
         job_id = api.submit("summarise", {"url": "https://example.com"})
         outcome = api.wait(job_id, seconds=30)
+        for chunk in api.output(job_id):  # its live output, until it has finished
+            print(chunk.offset, chunk.attempt, chunk.kind, chunk.body)
 
 Each method builds its request once (``_Call``); the two clients only send it. An error
 answer raises :class:`ApiError` with the API's stable ``code`` (``JOB_NOT_FOUND``,
-``WF_STATE_TRANSITION_INVALID``, ...), its HTTP status and its detail.
+``WF_STATE_TRANSITION_INVALID``, ...), its HTTP status and its detail. ``output`` makes
+several requests (a stream, opened again where it dropped; pages); ``_Output`` says which,
+and the two clients send them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Generic, TypeVar
@@ -23,10 +30,12 @@ from uuid import UUID
 
 import httpx
 
+from orchestrator.domain.backoff import doubling_delay
 from orchestrator.domain.dead_letters import BulkReview
 from orchestrator.domain.errors import OrchestratorError
 from orchestrator.domain.flow import FlowKey
 from orchestrator.domain.models import DeadLetter, Job, JobEvent
+from orchestrator.domain.output import OutputChunk
 
 T = TypeVar("T")
 __all__ = ["ApiError", "AsyncClient", "Client", "Outcome"]
@@ -222,6 +231,137 @@ class _Calls:
         return _Call("POST", path, lambda a: a, params=_params(**params), body=body)
 
 
+#: A dropped output stream is opened again after 0.5 s, doubling up to 5 s, for as long as the
+#: caller's ``reconnect_seconds`` allow, counted from the first failure in a row.
+RECONNECT_FIRST_SECONDS = 0.5
+RECONNECT_MAX_SECONDS = 5.0
+#: Answers tried again as a dropped connection is: the server, or a proxy before it, is away.
+UNAVAILABLE = frozenset({502, 503, 504})
+#: ``output(final=True)`` waits for the job's end in long-polls of this many seconds.
+FINAL_WAIT_SECONDS = 30.0
+OUTPUT_PAGE = 500
+
+
+class _Cut(Exception):
+    """An output stream ended without its ``end`` event: the server ended it before the job's
+    end (its database lost, the caller's token revoked), so it is opened again."""
+
+
+class _Output:
+    """What ``output()`` does, but the sending: the request to make next, what each answer
+    holds, and whether a failure is tried again.
+
+    Live: a stream (Server-Sent Events) from the next offset, until its ``end`` event (the job
+    has finished, and every chunk was sent). ``final``: the job's end is waited for
+    (long-polls), then its final output is read in pages. A dropped connection, a stream cut
+    short, or a server away (502, 503, 504) is tried again from the offset after the last chunk
+    given, for ``reconnect_seconds`` from the first failure in a row; any other error answer is
+    raised (ApiError: a revoked token's 401, an unknown job's 404)."""
+
+    def __init__(
+        self, job_id: UUID | str, offset: int, *, final: bool, reconnect_seconds: float
+    ) -> None:
+        self.path = f"/api/v1/jobs/{job_id}"
+        self.offset, self.final, self.reconnect_seconds = offset, final, reconnect_seconds
+        self.step = "wait" if final else "stream"
+        self.failures = 0
+        self.failing_since = 0.0
+
+    @property
+    def streaming(self) -> bool:
+        return self.step == "stream"
+
+    def next_call(self) -> _Call[list[OutputChunk]] | None:
+        """The next request (None: the output has ended). A stream's answer is read by lines
+        (:class:`_Events`), then handed to :meth:`streamed`."""
+        if self.step == "stream":
+            return _Call(
+                "GET", f"{self.path}/output", lambda a: [], params={"offset": self.offset},
+                headers={"Accept": "text/event-stream"},
+            )  # fmt: skip
+        if self.step == "wait":
+            return _Call(
+                "GET", f"{self.path}/wait", self._waited,
+                params={"timeout": FINAL_WAIT_SECONDS}, timeout=FINAL_WAIT_SECONDS,
+            )  # fmt: skip
+        if self.step == "pages":
+            params = {"offset": self.offset, "limit": OUTPUT_PAGE, "final": self.final}
+            return _Call("GET", f"{self.path}/output", self._paged, params=params)
+        return None
+
+    def answered(self) -> None:
+        """An answer came (a stream opened): the next failure is the first in a row."""
+        self.failures = 0
+
+    def given(self, chunk: OutputChunk) -> OutputChunk:
+        self.offset = chunk.offset + 1
+        return chunk
+
+    def streamed(self, events: _Events) -> None:
+        """The stream has ended: with its ``end`` event, so has the output; _Cut otherwise."""
+        if events.end is None:
+            raise _Cut(f"{self.path}/output ended before the job did")
+        self.step = "done"
+
+    def _waited(self, answer: Any) -> list[OutputChunk]:
+        self.answered()
+        if answer["finished"]:
+            self.step = "pages"
+        return []
+
+    def _paged(self, answer: Any) -> list[OutputChunk]:
+        self.answered()
+        chunks = [self.given(OutputChunk.model_validate(c)) for c in answer["chunks"]]
+        if not chunks:
+            self.step = "done"
+        return chunks
+
+    def retry_after(self, exc: httpx.TransportError | ApiError | _Cut) -> float:
+        """Seconds to wait before trying again after ``exc``; ``exc`` raised again when it is
+        an answer of the API's own (not the connection's) or ``reconnect_seconds`` have passed
+        since the first failure in a row."""
+        now = time.monotonic()
+        self.failures += 1
+        if self.failures == 1:
+            self.failing_since = now
+        away = not isinstance(exc, ApiError) or exc.status in UNAVAILABLE
+        if not away or now - self.failing_since >= self.reconnect_seconds:
+            raise exc
+        return doubling_delay(
+            self.failures, first=RECONNECT_FIRST_SECONDS, cap=RECONNECT_MAX_SECONDS
+        )
+
+
+class _Events:
+    """One connection's Server-Sent Events, a line at a time: each event's ``data`` is a chunk
+    as JSON (its ``id`` and ``event`` fields, its offset and kind, are in it too), or the
+    ``end`` event's, the job's ``{"status"}``; comments (the keep-alive ``: ping``) are
+    skipped, and an event the connection cut short is lost with it (its chunk comes again on
+    the next connection)."""
+
+    def __init__(self) -> None:
+        self.event = ""
+        self.data: list[str] = []
+        self.end: dict[str, Any] | None = None  # the end event's data, once it came
+
+    def line(self, line: str) -> OutputChunk | None:
+        """The chunk whose event ``line`` ends (a blank line), else None."""
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "event":
+            self.event = value
+        elif field == "data":
+            self.data.append(value)
+        if line or not self.data:
+            return None
+        data, event = "\n".join(self.data), self.event
+        self.data, self.event = [], ""
+        if event == "end":
+            self.end = json.loads(data)
+            return None
+        return OutputChunk.model_validate_json(data)
+
+
 def _answer(call: _Call[T], response: httpx.Response) -> T:
     if response.is_error:
         try:
@@ -276,6 +416,36 @@ class Client:
 
     def wait(self, job_id: UUID | str, seconds: float = 30.0) -> Outcome:
         return self.send(_Calls.wait(job_id, seconds))
+
+    def output(
+        self, job_id: UUID | str, offset: int = 0, *, final: bool = False,
+        reconnect_seconds: float = 60.0,
+    ) -> Iterator[OutputChunk]:  # fmt: skip
+        """The job's output (docs/output.md) from ``offset`` on, each chunk as it is written,
+        until the job has finished and all of it was given; ``final``: once the job has
+        finished, its final output only. A dropped connection resumes after the last chunk
+        given (``_Output``)."""
+        reading = _Output(job_id, offset, final=final, reconnect_seconds=reconnect_seconds)
+        while (call := reading.next_call()) is not None:
+            try:
+                if not reading.streaming:
+                    yield from self.send(call)
+                    continue
+                response = self.http.send(_request(self.http, call), stream=True)
+                try:
+                    if response.is_error:
+                        response.read()
+                        _answer(call, response)
+                    reading.answered()
+                    events = _Events()
+                    for line in response.iter_lines():
+                        if (chunk := events.line(line)) is not None:
+                            yield reading.given(chunk)
+                finally:
+                    response.close()
+                reading.streamed(events)
+            except (httpx.TransportError, ApiError, _Cut) as exc:
+                time.sleep(reading.retry_after(exc))
 
     def dead_letters(self, **filters: Any) -> list[DeadLetter]:
         return self.send(_Calls.dead_letters(**filters))
@@ -386,6 +556,34 @@ class AsyncClient:
 
     async def wait(self, job_id: UUID | str, seconds: float = 30.0) -> Outcome:
         return await self.send(_Calls.wait(job_id, seconds))
+
+    async def output(
+        self, job_id: UUID | str, offset: int = 0, *, final: bool = False,
+        reconnect_seconds: float = 60.0,
+    ) -> AsyncIterator[OutputChunk]:  # fmt: skip
+        """As :meth:`Client.output`: ``async for chunk in api.output(job_id)``."""
+        reading = _Output(job_id, offset, final=final, reconnect_seconds=reconnect_seconds)
+        while (call := reading.next_call()) is not None:
+            try:
+                if not reading.streaming:
+                    for paged in await self.send(call):
+                        yield paged
+                    continue
+                response = await self.http.send(_request(self.http, call), stream=True)
+                try:
+                    if response.is_error:
+                        await response.aread()
+                        _answer(call, response)
+                    reading.answered()
+                    events = _Events()
+                    async for line in response.aiter_lines():
+                        if (chunk := events.line(line)) is not None:
+                            yield reading.given(chunk)
+                finally:
+                    await response.aclose()
+                reading.streamed(events)
+            except (httpx.TransportError, ApiError, _Cut) as exc:
+                await asyncio.sleep(reading.retry_after(exc))
 
     async def dead_letters(self, **filters: Any) -> list[DeadLetter]:
         return await self.send(_Calls.dead_letters(**filters))

@@ -101,7 +101,10 @@ Where each part of the code is tested:
                               marker and the final read, a committed step not repeated, the
                               size cap, worker processes against the local LLM server, the
                               API's read and stream (tenants, offsets, Last-Event-ID):
-                              test_output
+                              test_output; the Python client's output() (both flavours, its
+                              server killed mid-stream, a revoked token): test_output_client;
+                              `orchestrator tail` (a real process beside a worker process:
+                              attempt by attempt, --offset, --final, mistakes): test_output_tail
     schedules                 firing once per tick (three worker processes), backfill, pause,
                               listings, tenants, refusals: test_schedules
     orchestrator/services     sweep: test_liveness, test_timeouts; safety net, dead letters:

@@ -127,13 +127,15 @@ def test_nothing_below_the_interfaces_imports_them() -> None:
 
 #: The parts of the interfaces layer, and the parts each may import: the entry point (start)
 #: loads the command line (cli), whose ``serve`` runs the application (server) that mounts the
-#: dashboard (ui) on the API (api), which knows nothing of it.
+#: dashboard (ui) on the API (api), which knows nothing of it; the API, the dashboard and the
+#: command line (``tail``) wait for jobs through the one watch of the database (watch).
 INTERFACE_PARTS: dict[str, set[str]] = {
     "render": set(),
-    "api": {"render"},
-    "ui": {"api", "render"},
+    "watch": set(),
+    "api": {"render", "watch"},
+    "ui": {"api", "render", "watch"},
     "server": {"api", "ui"},
-    "cli": {"render", "server"},
+    "cli": {"render", "server", "watch"},
     "start": {"cli"},
 }
 

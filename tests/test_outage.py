@@ -23,7 +23,7 @@ import psycopg
 import pytest
 
 from orchestrator import JobContext, Orchestrator, Status
-from orchestrator.interfaces.api.watch import EventWatch
+from orchestrator.interfaces.watch import EventWatch
 from orchestrator.runtime.wakeups import Wakeups
 from orchestrator.storage.database import Pool, create_pool
 from orchestrator.storage.migrate import migrate
@@ -268,8 +268,8 @@ async def test_the_api_s_event_listener_backs_off_while_the_server_is_away(
         await migrate(conn)
     orc = Orchestrator(settings=settings_for_tests(), dsn=dsn)
     async with orc:
-        watch = EventWatch(dsn=dsn, listeners=orc.stores.listeners)
-        with caplog.at_level(logging.WARNING, logger="orchestrator.api.watch"):
+        watch = EventWatch(dsn=dsn, listeners=orc.stores.listeners, role="api")
+        with caplog.at_level(logging.WARNING, logger="orchestrator.watch"):
             task = asyncio.create_task(watch.run())
             try:
                 await asyncio.sleep(0.5)  # listening

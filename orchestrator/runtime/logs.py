@@ -60,7 +60,7 @@ class JsonFormatter(logging.Formatter):
 #: Loggers that say the same thing once per attempt while the database is away: the pool's
 #: (each connection attempt, about every second), the due-time refresh's (twice a second) and
 #: the listeners' (each reconnection).
-REPEATING = ("psycopg.pool", "orchestrator.runtime.wakeups", "orchestrator.api.watch")
+REPEATING = ("psycopg.pool", "orchestrator.runtime.wakeups", "orchestrator.watch")
 REPEAT_SECONDS = 60.0
 
 

@@ -1,5 +1,5 @@
 -- Statements on a bare connection, run by no store: the databases themselves (database.py)
--- and LISTEN (runtime/wakeups.py, interfaces/api/watch.py).
+-- and LISTEN (runtime/wakeups.py, interfaces/watch.py).
 
 -- database_exists --
 SELECT 1 FROM pg_database WHERE datname = %(dbname)s

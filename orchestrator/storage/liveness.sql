@@ -50,7 +50,7 @@ SELECT j.id, j.procrastinate_job_id, p.status AS procrastinate_status
 
 -- ping --
 -- The liveness probe's question (LivenessStore.ping), and the listener's on a quiet connection
--- (runtime/wakeups.py, interfaces/api/watch.py): is the database there?
+-- (runtime/wakeups.py, interfaces/watch.py): is the database there?
 SELECT 1 AS ok
 
 -- heartbeat --

@@ -13,6 +13,7 @@ from psycopg.types.json import Jsonb
 from orchestrator.domain.errors import StaleLease
 from orchestrator.domain.models import Fence
 from orchestrator.domain.output import OutputChunk
+from orchestrator.domain.states import Status
 from orchestrator.storage.runner import Queries
 
 
@@ -30,9 +31,10 @@ class Batch:
 
 @dataclass(frozen=True)
 class Followed:
-    """A job's output read after an offset, and whether the job had ended when it was read."""
+    """A job's output read after an offset, and the status it had ended in when it was read
+    (None: it had not)."""
 
-    ended: bool
+    ended: Status | None
     chunks: list[OutputChunk]
 
 
@@ -83,13 +85,14 @@ class OutputStore:
     async def follow(
         self, offsets: Mapping[UUID, int], *, limit: int = 500
     ) -> dict[UUID, Followed]:
-        """For each job, from its offset in ``offsets``: whether it has ended, and up to
+        """For each job, from its offset in ``offsets``: whether it has ended (how), and up to
         ``limit`` of its chunks, read in one snapshot (an ended job's are all there). A job
         that no longer exists is left out."""
         params = {"job_ids": list(offsets), "offsets": list(offsets.values()), "limit": limit}
         followed: dict[UUID, Followed] = {}
         for row in await self.queries.rows("outputs_from", params):
-            job = followed.setdefault(row["job_id"], Followed(row["ended"], []))
+            ended = Status(row["status"]) if row["finished"] else None
+            job = followed.setdefault(row["job_id"], Followed(ended, []))
             if row["offset"] is not None:
                 job.chunks.append(OutputChunk.model_validate(row))
         return followed

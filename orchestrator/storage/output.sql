@@ -15,11 +15,12 @@ SELECT chunk_offset AS offset, attempt, step, kind, body, written_at
 
 -- outputs_from --
 -- Several jobs' output at once (the API's feeds, one statement per wake-up for every job streamed
--- from a server): for each job, whether it has ended and a page of its chunks from its offset on,
--- in one snapshot, so a job that has ended shows all of its output. One row per chunk, and one
--- with null chunk columns for a job with none; none for a job that no longer exists.
-SELECT w.job_id, j.finished_at IS NOT NULL AS ended, o.chunk_offset AS offset, o.attempt,
-       o.step, o.kind, o.body, o.written_at
+-- from a server): for each job, whether it has ended (its status) and a page of its chunks from
+-- its offset on, in one snapshot, so a job that has ended shows all of its output. One row per
+-- chunk, and one with null chunk columns for a job with none; none for a job that no longer
+-- exists.
+SELECT w.job_id, j.finished_at IS NOT NULL AS finished, j.status, o.chunk_offset AS offset,
+       o.attempt, o.step, o.kind, o.body, o.written_at
   FROM unnest(%(job_ids)s::uuid[], %(offsets)s::bigint[]) AS w (job_id, from_offset)
   JOIN orc_jobs AS j ON j.id = w.job_id
   LEFT JOIN LATERAL (

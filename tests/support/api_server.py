@@ -29,9 +29,12 @@ APP = "tests.support.api_app:orc"
 
 
 class ApiServer:
-    def __init__(self, dsn: str, app: str = APP, *, wait: bool = True, **env: Any) -> None:
-        """``wait``: return once it is ready (else at once: a test of its start-up)."""
-        self.port = free_port()
+    def __init__(
+        self, dsn: str, app: str = APP, *, wait: bool = True, port: int | None = None, **env: Any
+    ) -> None:
+        """``wait``: return once it is ready (else at once: a test of its start-up); ``port``:
+        this one (a server started again where its clients reconnect), else a free one."""
+        self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open for the process
             prefix="serve-", suffix=".log", delete=False

@@ -39,7 +39,7 @@ from orchestrator.interfaces.api import (
 from orchestrator.interfaces.api.auth import Authenticator, authenticate
 from orchestrator.interfaces.api.feeds import OutputFeeds
 from orchestrator.interfaces.api.middleware import AsgiScope, HttpMiddleware, Receive, Send
-from orchestrator.interfaces.api.watch import EventWatch
+from orchestrator.interfaces.watch import EventWatch
 from orchestrator.runtime.external import ExternalRuns
 from orchestrator.runtime.loops import keep_running
 from orchestrator.storage.availability import Availability
@@ -71,7 +71,7 @@ def create_api(orc: Orchestrator) -> FastAPI:
         await orc.check_schedules()
         app.state.availability = Availability(orc.dsn, wait=settings.api_database_wait_seconds)
         app.state.authenticator = Authenticator(orc.stores.tokens)
-        app.state.watch = EventWatch(dsn=orc.dsn, listeners=orc.stores.listeners)
+        app.state.watch = EventWatch(dsn=orc.dsn, listeners=orc.stores.listeners, role="api")
         app.state.feeds = OutputFeeds(orc, app.state.watch)
         app.state.external = ExternalRuns(
             dsn=orc.dsn, stores=orc.stores, settings=settings, config=orc.live_config,

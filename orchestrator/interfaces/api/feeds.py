@@ -24,8 +24,9 @@ from orchestrator.app import Orchestrator
 from orchestrator.domain.errors import DatabaseUnavailable
 from orchestrator.domain.output import OutputChunk
 from orchestrator.domain.principals import Unauthorized
+from orchestrator.domain.states import Status
 from orchestrator.interfaces.api.auth import RECHECK_SECONDS
-from orchestrator.interfaces.api.watch import EventWatch, Waiter, checked
+from orchestrator.interfaces.watch import EventWatch, Waiter, checked
 
 logger = logging.getLogger("orchestrator.api.feeds")
 
@@ -50,6 +51,7 @@ class Feed:
         self.start = start
         self.events: list[str] = []
         self.finished = False
+        self.ending = ""  # once finished: its ``end`` event (the job's status)
         self.failed = False
         self.clients = 0
         self.changed = asyncio.Event()  # set, and replaced, whenever any of the above changes
@@ -64,9 +66,13 @@ class Feed:
         """Its events from ``offset`` on (``offset`` >= ``start``)."""
         return self.events[offset - self.start :]
 
-    def grew(self, chunks: list[OutputChunk], *, finished: bool = False) -> None:
+    def grew(self, chunks: list[OutputChunk], *, ended: Status | None = None) -> None:
+        """Its job's new chunks; ``ended``: the status it had ended in when they were read
+        (all of its output is then read)."""
         self.events.extend(sent(chunk) for chunk in chunks)
-        self.finished = finished
+        if ended is not None:
+            self.finished = True
+            self.ending = f'event: end\ndata: {{"status":"{ended.value}"}}\n\n'
         self._tell()
 
     def fail(self) -> None:
@@ -93,7 +99,8 @@ class OutputFeeds:
         self, job_id: UUID, offset: int, check: Callable[[], Awaitable[None]]
     ) -> AsyncIterator[str]:
         """The job's output from ``offset`` on, as Server-Sent Events, live, until the job has
-        finished and its last chunk was sent; ended, sending nothing more, once ``check()``
+        finished and its last chunk was sent (then an ``end`` event, ``data`` the job's
+        ``{"status"}``); ended without it (a cut: resume it) once ``check()``
         raises Unauthorized (run every RECHECK_SECONDS while it waits) or the database is
         lost; a keep-alive comment whenever nothing came for the ping interval."""
         ping = self.orc.settings.api_stream_ping_seconds
@@ -113,7 +120,10 @@ class OutputFeeds:
                 for event in feed.since(offset):
                     yield event
                     offset += 1
-                if feed.failed or (feed.finished and offset >= feed.next):
+                if feed.failed:
+                    return
+                if feed.finished and offset >= feed.next:
+                    yield feed.ending
                     return
                 try:
                     news = await checked(
@@ -171,12 +181,12 @@ class OutputFeeds:
         for feed in due:
             job = followed.get(feed.job_id)
             if job is None:  # it no longer exists (retention): nothing more comes
-                feed.grew([], finished=True)
+                feed.fail()
             elif len(job.chunks) == PAGE:
                 feed.grew(job.chunks)
                 more.add(feed)
             else:
-                feed.grew(job.chunks, finished=job.ended)
+                feed.grew(job.chunks, ended=job.ended)
         return more
 
     def _fail_all(self) -> None:

@@ -44,7 +44,7 @@ from orchestrator.interfaces.api.models import (
     SubmittedBatch,
     TenantFilter,
 )
-from orchestrator.interfaces.api.watch import EventWatch
+from orchestrator.interfaces.watch import EventWatch
 from orchestrator.storage.jobs import JobFilters
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"])
@@ -337,7 +337,9 @@ async def output(
     the final output, what no ``superseded`` marker covers). With ``Accept: text/event-stream``,
     as Server-Sent Events (``id`` the chunk's offset, ``event`` its kind, ``data`` the chunk as
     JSON), from ``offset`` (or after ``Last-Event-ID`` on a reconnection), live, until the job
-    has finished and its last chunk was sent, or the caller's token is revoked."""
+    has finished and its last chunk was sent (then an ``end`` event, ``data`` the job's
+    ``{"status"}``), or the caller's token is revoked (a stream that ends without ``end`` was
+    cut: resume it)."""
     await visible_job(orc, caller, job_id)
     if accept is None or "text/event-stream" not in accept:
         chunks = await orc.stores.output.read(job_id, offset=offset, limit=limit, final=final)

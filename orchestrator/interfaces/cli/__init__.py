@@ -32,6 +32,7 @@ from orchestrator.interfaces.cli import (
     prune,
     schedules,
     stats,
+    tail,
     tokens,
     usage,
 )
@@ -47,6 +48,7 @@ GROUPS = (
     api.add_parsers,
     tokens.add_parsers,
     jobs.add_parsers,
+    tail.add_parsers,
     stats.add_parsers,
     usage.add_parsers,
     jobs.add_cancel_parser,

@@ -45,8 +45,8 @@ from orchestrator.domain.states import Status
 from orchestrator.domain.storable import Text
 from orchestrator.interfaces.api.jobs import Orc, orchestrator
 from orchestrator.interfaces.api.operations import shown_limit, shown_type
-from orchestrator.interfaces.api.watch import EventWatch
 from orchestrator.interfaces.ui import views
+from orchestrator.interfaces.watch import EventWatch
 from orchestrator.storage.jobs import JobFilters
 from orchestrator.storage.rows import ApprovalRecord
 from orchestrator.storage.sessions import Session

@@ -1,12 +1,13 @@
-"""Requests that wait for a job's events (a long-poll for its outcome, a stream of its events)
-or its output (a stream of it) are woken by the database, not by polling.
+"""Readers that wait for a job's events (the API's long-poll for its outcome, a stream of its
+events, the dashboard's live job page) or its output (the API's and the dashboard's streams of
+it, ``orchestrator tail``) are woken by the database, not by polling.
 
-The API server lists itself in ``orc_event_listeners`` while such requests exist; every
-statement that appends events or output then sends one NOTIFY on ``orc_job_events`` (migration
-0019, functions/output.sql). On each, one query reads how far every job waited for has got (its
-newest event id, its next output offset), and the requests whose job has news they wait for
-(events; or, for an output stream, events or output) are woken; they read what is new
-themselves. With nobody waiting, the server is unlisted and workers send nothing.
+A process with such readers (an API server, a ``tail``) lists itself in ``orc_event_listeners``
+while they exist; every statement that appends events or output then sends one NOTIFY on
+``orc_job_events`` (migration 0019, functions/output.sql). On each, one query reads how far every
+job waited for has got (its newest event id, its next output offset), and the readers whose job
+has news they wait for (events; or, for its output, events or output) are woken; they read what
+is new themselves. With nobody waiting, the process is unlisted and workers send nothing.
 """
 
 from __future__ import annotations
@@ -15,18 +16,28 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Mapping,
+)
 from uuid import UUID
 
 import psycopg
 from psycopg import sql
 
+from orchestrator.app import Orchestrator
 from orchestrator.domain.backoff import doubling_delay
 from orchestrator.domain.errors import DatabaseUnavailable
+from orchestrator.domain.models import Job
+from orchestrator.domain.output import OutputChunk
 from orchestrator.storage.listeners import ListenerStore, Mark
 from orchestrator.storage.queries import QUERIES
 
-logger = logging.getLogger("orchestrator.api.watch")
+logger = logging.getLogger("orchestrator.watch")
 
 CHANNEL = "orc_job_events"
 #: The listing lapses this long after its last renewal (a server that died is forgotten).
@@ -110,10 +121,12 @@ async def checked(
 
 
 class EventWatch:
-    def __init__(self, *, dsn: str, listeners: ListenerStore) -> None:
+    def __init__(self, *, dsn: str, listeners: ListenerStore, role: str) -> None:
+        """``role``: what the process is, the first part of its listing's name (``api``,
+        ``tail``)."""
         self.dsn = dsn
         self.listeners = listeners
-        self.name = f"api-{uuid.uuid4().hex[:12]}"
+        self.name = f"{role}-{uuid.uuid4().hex[:12]}"
         self._waiters: set[Waiter] = set()
         self._listening = asyncio.Event()  # the LISTEN connection is up
         self._listed = False  # orc_event_listeners holds this server
@@ -140,7 +153,7 @@ class EventWatch:
         try:
             await asyncio.wait_for(self._listening.wait(), READY_SECONDS)
         except TimeoutError:
-            raise DatabaseUnavailable("the API server cannot listen for job events") from None
+            raise DatabaseUnavailable("cannot listen for job events") from None
         async with self._listing_lock:
             # Listed anew by every watch (one upsert): a listing that vanished meanwhile (the
             # table restored, emptied by hand) is back before this waiter reads the job.
@@ -232,3 +245,40 @@ class EventWatch:
                         self._listed = False
             except (DatabaseUnavailable, psycopg.Error) as exc:
                 logger.warning("renewing the event listing failed (%s)", exc)
+
+
+#: The page of chunks read at a time.
+OUTPUT_PAGE = 500
+
+
+async def output_as_written(
+    orc: Orchestrator,
+    watch: EventWatch,
+    job_id: UUID,
+    offset: int,
+    *,
+    ping: float,
+    every: float | None = None,
+    check: Callable[[], Awaitable[object]] | None = None,
+) -> AsyncGenerator[OutputChunk | Job | None, None]:
+    """The job's output (docs/output.md) from ``offset`` on, each chunk as it is written
+    (woken by the database); None whenever none came for ``ping`` seconds (a stream's
+    keep-alive); and once the job has finished and its last chunk was given, the job, last.
+    ``check`` runs every ``every`` seconds while it waits, and raises to end it (the reader's
+    credentials ended). Close it (``contextlib.aclosing``) to stop watching at once."""
+    async with watch.watching(job_id, output=True) as waiter:
+        while True:
+            job = await orc.get_job(job_id)
+            while chunks := await orc.stores.output.read(job_id, offset=offset, limit=OUTPUT_PAGE):
+                for chunk in chunks:
+                    yield chunk
+                offset = chunks[-1].offset + 1
+            if job.finished_at is not None:
+                yield job
+                return
+            if check is None:
+                woken = await waiter.wait(ping)
+            else:
+                woken = await waiter.wait_checked(ping, every=every or ping, check=check)
+            if not woken:
+                yield None
