@@ -121,12 +121,12 @@ Where each part of the code is tested:
                               test_external_contract; the token cache's window, for
                               streams and long-polls too: test_token_cache; who sees a lease token: test_lease_token; the
                               dashboard: test_ui (a real Chromium), a job's page (its summary,
-                              approvals, steps, transcript): test_ui_job_page, every page's
+                              approvals, steps, transcript, live output): test_ui_job_page, every page's
                               layout at 390 and 1280 px: test_ui_layout, test_ui_views, its
                               session and CSRF rules over HTTP: test_ui_session; `serve`
                               through a database outage (503 within a probe's 2 s, the
-                              outage page, the live pages' notice, its log and access
-                              lines): test_ui_outage; the overview's banners and "Now" chart:
+                              outage page, the live pages' notice, a job's output
+                              resumed, its log and access lines): test_ui_outage; the overview's banners and "Now" chart:
                               test_ui_overview; the fleet summary (API, CLI, tenants):
                               test_fleet_summary; the string
                               rule, everywhere: test_strings; who may call what (every

@@ -1,8 +1,9 @@
 """A job's own page in a real Chromium (the fixtures of test_ui): its summary first (why it
 failed, what happens next, who was told), approve and reject on the page of a job waiting for
-a decision, its steps in order, an agent job's transcript with its answer in full, and the page
-at a phone's width without sideways scroll; another tenant's session can neither see the
-approval nor decide it."""
+a decision, its steps in order, an agent job's transcript with its answer in full, its output
+live attempt by attempt (the superseded part struck out), and the page at a phone's width
+without sideways scroll; another tenant's session can neither see the approval nor decide it,
+nor read the output."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from demo import llm_server as llm
 from orchestrator import Orchestrator, Status
 from orchestrator.domain.principals import Scope
 from tests import test_ui
-from tests.support import job_types_app, log_guard
+from tests.support import job_types_app, log_guard, output_app
 from tests.support.api_server import ApiServer, token, ui_session
 from tests.support.external import MessageService
 from tests.support.harness import ROOT, WorkerRun, wait_for
@@ -279,3 +280,53 @@ async def test_a_job_s_page_draws_its_graph_each_node_a_link_its_status_live(
     first = page.locator(f"#job-children li[data-job='{spawned[0]}'] .status")
     await first.filter(has_text="CANCELLED").wait_for(timeout=15_000)
     assert await _holds_at_a_phone_s_width(page)
+
+
+@pytest.fixture
+async def streaming(make_orc: Callable[..., Orchestrator]) -> Orchestrator:
+    """An open orchestrator running the output tests' streamer (tests/support/output_app.py)."""
+    made = make_orc(retry_config=output_app.CONFIG)
+    output_app.register(made)
+    await made.open()
+    return made
+
+
+async def test_a_job_s_output_shows_live_attempt_by_attempt_its_superseded_part_struck_out(
+    orc: Orchestrator, streaming: Orchestrator, server: ApiServer, browser: Any
+) -> None:
+    deltas = 40
+    job_id = await streaming.submit(
+        "streamer", {"deltas": deltas, "every": 0.05, "fail_first": True}, tenant_id="acme"
+    )
+    page = await signed_in(browser, server, await token(orc.stores.tokens, "reader", Scope.READ))
+    await page.goto(f"{server.url}/ui/jobs/{job_id}")  # before it runs: nothing to show yet
+    output = page.locator("#job-output")
+    assert await output.is_hidden()
+    first, second = (output.locator(f"section[data-attempt='{n}']") for n in (1, 2))
+    async with WorkerRun(streaming) as worker:
+        await first.filter(has_text="a1d0 ").wait_for(timeout=30_000)
+        assert (await streaming.get_job(job_id)).finished_at is None  # shown as it is written
+        await worker.until_finished(job_id, timeout=60)
+    await output.locator(".output-state").filter(has_text="COMPLETED").wait_for(timeout=15_000)
+    # The page re-read itself as the job moved on (its status), and kept the output as it was.
+    await page.locator("#job-status").filter(has_text=re.compile("^COMPLETED$")).wait_for()
+    assert (await streaming.get_job(job_id)).status is Status.COMPLETED
+    texts = ["".join(f"a{a}d{n} " for n in range(deltas)) for a in (1, 2)]
+    for attempt, section in ((1, first), (2, second)):
+        assert await section.locator(".said").text_content() == texts[attempt - 1]
+        record = f'progress {{"deltas":{deltas},"attempt":{attempt}}}'
+        assert await section.locator(".progress").text_content() == record
+    # Attempt 1 wrote outside any step: the marker covers all of it, struck out and said so.
+    struck = first.locator(".superseded")
+    assert await struck.count() == await first.locator("[data-step]").count() > 1
+    marker = await first.locator(".marker").text_content()
+    assert marker == "Superseded from step 1 on: the next attempt makes this output again"
+    assert await second.locator(".superseded, .marker").count() == 0
+    assert await output.locator("section.attempt").count() == 2
+    await shot(page, "job-output")
+    assert await _holds_at_a_phone_s_width(page)
+    # Another tenant's session: as if the job did not exist.
+    other = await token(orc.stores.tokens, "globex", Scope.READ, tenants=["globex"])
+    with ui_session(server, other) as (client, _):
+        assert client.get(f"/ui/live/jobs/{job_id}/output").status_code == 404
+    await page.context.close()

@@ -1,9 +1,10 @@
 """``orchestrator serve`` through a database outage (a server of the module's own, stopped and
 started for real): ``/readyz`` and the API answer 503 within a Kubernetes probe's 2 s, the
 dashboard shows its outage page (not JSON) and its live pages a "disconnected" notice in a real
-Chromium, both gone once the database is back; the log says the database went away once, with no
-traceback, and not a line per pool attempt. Also what ``serve`` logs when all is well: where it
-listens, and one access line per request, with no secret in it."""
+Chromium, both gone once the database is back, and a job's page shows the rest of its live
+output after the outage, from where it was (nothing shown twice); the log says the database went
+away once, with no traceback, and not a line per pool attempt. Also what ``serve`` logs when all
+is well: where it listens, and one access line per request, with no secret in it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import contextlib
 import re
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +22,12 @@ import psycopg
 import pytest
 from playwright.async_api import async_playwright
 
-from orchestrator import Orchestrator
+from orchestrator import JobContext, Orchestrator, Status
 from orchestrator.domain.principals import Scope
 from orchestrator.storage.migrate import migrate
 from tests.support.api_server import ApiServer, token, ui_session
 from tests.support.cluster import Cluster
-from tests.support.harness import settings_for_tests, wait_for
+from tests.support.harness import WorkerRun, settings_for_tests, wait_for
 from tests.support.tools import find
 from tests.test_ui import CHROMIUM_FLAGS, signed_in
 
@@ -184,3 +186,59 @@ async def test_the_dashboard_shows_the_outage_and_reconnects_once_the_database_i
     await notice.wait_for(state="hidden", timeout=30_000)
     await other.get_by_role("heading", name="Approvals").wait_for(timeout=30_000)
     await live.context.close()
+
+
+def asking(dsn: str) -> Orchestrator:
+    """An application whose job writes output in its one step, then asks for an approval."""
+    orc = Orchestrator(settings=settings_for_tests(), dsn=dsn)
+
+    @orc.job_type("asks")
+    async def asks(ctx: JobContext, payload: None) -> str:
+        steps = ctx.steps(int, initial=0, max_steps=1)
+        async for step in steps:
+            ctx.output.text(f"asked in attempt {ctx.attempt}. ")
+            await step.approval("go on?", expires_in=timedelta(hours=1))
+            ctx.output.text(f"went on in attempt {ctx.attempt}.")
+            await step.checkpoint(1, final=True)
+        return "done"
+
+    return orc
+
+
+async def test_a_job_s_page_shows_the_rest_of_its_output_after_the_outage_nothing_twice(
+    cluster: tuple[Cluster, str], serve: ApiServer, secret: str, browser: Any
+) -> None:
+    _, dsn = cluster
+    async with asking(dsn) as orc:
+        job_id = await orc.submit("asks", None)
+        async with WorkerRun(orc):
+
+            async def waiting() -> bool:
+                return (await orc.get_job(job_id)).status is Status.WAITING_APPROVAL
+
+            await wait_for(waiting, timeout=30)
+    page = await signed_in(browser, serve, secret)
+    await page.goto(f"{serve.url}/ui/jobs/{job_id}")
+    first = page.locator("#job-output section[data-attempt='1']")
+    await first.locator(".marker").wait_for(timeout=15_000)  # its output, superseded: it waits
+    refused = re.compile(rf'"GET /ui/live/jobs/{job_id}/output\S*" 503')
+    with database_stopped(cluster):  # until the page's output stream was refused
+        await wait_for(lambda: logged_like(serve, refused), timeout=30)
+    async with asking(dsn) as orc:
+        [approval] = await orc.approvals()
+        await orc.approve(approval["id"], by="tests")
+        async with WorkerRun(orc) as worker:
+            await worker.until_finished(job_id, timeout=60)
+        assert (await orc.get_job(job_id)).status is Status.COMPLETED
+    output = page.locator("#job-output")
+    await output.locator(".output-state").filter(has_text="COMPLETED").wait_for(timeout=30_000)
+    assert await first.locator(".said").text_content() == "asked in attempt 1. "  # once
+    second = output.locator("section[data-attempt='2']")
+    assert await second.locator(".said").text_content() == (
+        "asked in attempt 2. went on in attempt 2."
+    )
+    await page.context.close()
+
+
+async def logged_like(serve: ApiServer, pattern: re.Pattern[str]) -> bool:
+    return pattern.search(serve.output()) is not None

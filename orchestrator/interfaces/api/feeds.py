@@ -96,14 +96,22 @@ class OutputFeeds:
         self._reader: asyncio.Task[None] | None = None
 
     async def stream(
-        self, job_id: UUID, offset: int, check: Callable[[], Awaitable[None]]
+        self,
+        job_id: UUID,
+        offset: int,
+        check: Callable[[], Awaitable[object]],
+        *,
+        every: float = RECHECK_SECONDS,
+        ends: tuple[type[Exception], ...] = (Unauthorized,),
     ) -> AsyncIterator[str]:
         """The job's output from ``offset`` on, as Server-Sent Events, live, until the job has
         finished and its last chunk was sent (then an ``end`` event, ``data`` the job's
-        ``{"status"}``); ended without it (a cut: resume it) once ``check()``
-        raises Unauthorized (run every RECHECK_SECONDS while it waits) or the database is
-        lost; a keep-alive comment whenever nothing came for the ping interval."""
+        ``{"status"}``); ended without it (a cut: resume it) once ``check()`` raises one of
+        ``ends`` (run every ``every`` seconds while it waits: the caller's credentials ended,
+        and a reconnection is refused) or the database is lost; a keep-alive comment whenever
+        nothing came for the ping interval. The API's stream and the dashboard's."""
         ping = self.orc.settings.api_stream_ping_seconds
+        cut: tuple[type[Exception], ...] = (DatabaseUnavailable, *ends)  # the check not made
         with self._joined(job_id, offset) as feed:
             try:
                 while offset < feed.start:  # before the feed's first chunk: read it alone
@@ -126,10 +134,8 @@ class OutputFeeds:
                     yield feed.ending
                     return
                 try:
-                    news = await checked(
-                        _waiting(changed), ping, every=RECHECK_SECONDS, check=check
-                    )
-                except Unauthorized:
+                    news = await checked(_waiting(changed), ping, every=every, check=check)
+                except cut:
                     return
                 if not news:
                     yield ": ping\n\n"

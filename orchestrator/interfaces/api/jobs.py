@@ -350,11 +350,16 @@ async def output(
             "msg": "final=true is a plain read (application/json): a stream sends every chunk, "
                    "its markers included",
         }])  # fmt: skip
-    if last_event_id and last_event_id.isdigit():
-        offset = int(last_event_id) + 1
     check = functools.partial(still_authenticated, request)
+    offset = resumed_at(offset, last_event_id)
     return StreamingResponse(
         feeds.stream(job_id, offset, check),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
+
+
+def resumed_at(offset: int, last_event_id: str | None) -> int:
+    """Where an output stream starts: after the chunk ``Last-Event-ID`` names (a reconnection),
+    else at ``offset``."""
+    return int(last_event_id) + 1 if last_event_id and last_event_id.isdigit() else offset

@@ -3,7 +3,9 @@ API, signed in with an API token, and live.
 
 A page renders its live part from a fragment endpoint; the page's script re-reads that fragment
 when the server says something changed (Server-Sent Events): a job's page when the job has new
-events (woken by the database, as an API wait), the lists every two seconds. Actions are plain
+events (woken by the database, as an API wait), the lists every two seconds. A job's page also
+shows its output as it is written, from a stream of its chunks (as the API's), which a re-read
+leaves in place. Actions are plain
 forms carrying the session's CSRF token; each records the signed-in principal as who acted, and
 the API's rules apply (scopes, tenants, the two-person discard).
 
@@ -25,7 +27,7 @@ from typing import Annotated, Any
 from urllib.parse import urlencode, urlsplit
 from uuid import UUID
 
-from fastapi import APIRouter, Depends, Form, Request
+from fastapi import APIRouter, Depends, Form, Header, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
@@ -43,7 +45,13 @@ from orchestrator.domain.models import Job, JobEvent
 from orchestrator.domain.principals import Scope, Unauthorized
 from orchestrator.domain.states import Status
 from orchestrator.domain.storable import Text
-from orchestrator.interfaces.api.jobs import Orc, orchestrator
+from orchestrator.interfaces.api.feeds import OutputFeeds
+from orchestrator.interfaces.api.jobs import (
+    Orc,
+    orchestrator,
+    resumed_at,
+    visible_job,
+)
 from orchestrator.interfaces.api.operations import shown_limit, shown_type
 from orchestrator.interfaces.ui import views
 from orchestrator.interfaces.watch import EventWatch
@@ -812,3 +820,27 @@ async def live_job(request: Request, orc: Orc, session: Viewer, job_id: UUID) ->
             return
 
     return StreamingResponse(changes(), media_type="text/event-stream")
+
+
+@router.get("/live/jobs/{job_id}/output")
+async def live_output(
+    request: Request,
+    orc: Orc,
+    session: Viewer,
+    job_id: UUID,
+    offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+    last_event_id: Annotated[str | None, Header(max_length=30)] = None,
+) -> StreamingResponse:
+    """The job's output for its page, as the API's stream of it (docs/output.md): each chunk as
+    it is written, from ``offset`` (or after ``Last-Event-ID``, the browser's reconnection),
+    then ``end`` once the job has finished; while the session lives."""
+    await visible_job(orc, session.principal, job_id)
+    feeds: OutputFeeds = request.app.state.feeds
+    check = functools.partial(signed_in, request)
+    return StreamingResponse(
+        feeds.stream(
+            job_id, resumed_at(offset, last_event_id), check, every=SESSION_CHECK_SECONDS,
+            ends=(SignInFirst,),
+        ),
+        media_type="text/event-stream",
+    )  # fmt: skip
