@@ -138,7 +138,7 @@ async def _read(
                 continue
             now = time.time()
             chunk = json.loads(line[6:])
-            if chunk["kind"] != "text":
+            if chunk.get("kind") != "text":  # a progress record, a marker, the end
                 continue
             for stamp in chunk["body"].split(";")[:-1]:
                 made.append(float(stamp))
