@@ -286,7 +286,7 @@ async def test_a_key_learns_its_provider_s_limit_from_headers_alone_for_the_whol
 ) -> None:
     """A limit with no number, ``learn = true``: the first job's reply (llm_generate, Anthropic's
     headers) teaches its key the server's 4 requests per window. That worker stops; two fresh
-    ones, which never saw a reply, then run 12 jobs at once: the key lets 4 through per window,
+    ones, which never saw a reply, then run 12 jobs at once: the key lets at most 4 through per window,
     and the server refuses none. (Without the learned limit in the key's row, the fresh
     workers' claims would all go at once.)"""
     config = flow_app.config(f"learn = true\ninterval_seconds = {WINDOW + SLACK}")
@@ -306,7 +306,7 @@ async def test_a_key_learns_its_provider_s_limit_from_headers_alone_for_the_whol
             await all_completed(orc, ids)
         assert server.rate_limited == 0 and server.accepted == 13
     requests, _ = most_in_any_interval(await spends(db, "anthropic:m"), WINDOW + SLACK)
-    assert requests == 4
+    assert requests <= 4  # (a loaded machine may not fill a window: at most, not ==)
 
 
 @pytest.mark.parametrize(("configured", "in_effect_"), [(3, 3), (50, 4)])
