@@ -252,20 +252,13 @@ OUTPUT_PAGE = 500
 
 
 async def output_as_written(
-    orc: Orchestrator,
-    watch: EventWatch,
-    job_id: UUID,
-    offset: int,
-    *,
-    ping: float,
-    every: float | None = None,
-    check: Callable[[], Awaitable[object]] | None = None,
+    orc: Orchestrator, watch: EventWatch, job_id: UUID, offset: int, *, ping: float
 ) -> AsyncGenerator[OutputChunk | Job | None, None]:
     """The job's output (docs/output.md) from ``offset`` on, each chunk as it is written
-    (woken by the database); None whenever none came for ``ping`` seconds (a stream's
-    keep-alive); and once the job has finished and its last chunk was given, the job, last.
-    ``check`` runs every ``every`` seconds while it waits, and raises to end it (the reader's
-    credentials ended). Close it (``contextlib.aclosing``) to stop watching at once."""
+    (woken by the database), for one reader in its own process (``orchestrator tail``; a
+    server's streams share their reads: api/feeds.py); None whenever none came for ``ping``
+    seconds; and once the job has finished and its last chunk was given, the job, last. Close
+    it (``contextlib.aclosing``) to stop watching at once."""
     async with watch.watching(job_id, output=True) as waiter:
         while True:
             job = await orc.get_job(job_id)
@@ -276,9 +269,5 @@ async def output_as_written(
             if job.finished_at is not None:
                 yield job
                 return
-            if check is None:
-                woken = await waiter.wait(ping)
-            else:
-                woken = await waiter.wait_checked(ping, every=every or ping, check=check)
-            if not woken:
+            if not await waiter.wait(ping):
                 yield None
