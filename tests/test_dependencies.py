@@ -101,6 +101,30 @@ async def test_a_chain_s_next_link_is_claimed_in_the_transaction_that_released_i
     assert all(j.attempt == 1 for j in jobs)
 
 
+async def test_a_parent_claimed_after_its_fetch_still_hands_its_slot_to_its_child(
+    orc: Orchestrator, dsn: str, db: psycopg.AsyncConnection[Any]
+) -> None:
+    # Another transaction holds the parent's row when the worker fetches it: the fetch leaves
+    # its claim for later (orc_claim_v2, in a statement of its own), and that claim too says
+    # that jobs wait for it, so its completion still claims the child it releases.
+    parent, child = await orc.submit_many([node("a"), node("b", 0)])
+    async with await psycopg.AsyncConnection.connect(dsn) as holder:
+        await holder.execute("SELECT FROM orc_jobs WHERE id = %s FOR SHARE", (parent,))
+        async with WorkerRun(orc, concurrency=1) as worker:
+            await wait_for(lambda: _dispatch_doing(db, parent), timeout=15)
+            await holder.commit()
+            await worker.until_finished(parent, child)
+    assert [(await orc.get_job(i)).status for i in (parent, child)] == [Status.COMPLETED] * 2
+    assert await xmins(db, child, "job.running") == await xmins(db, parent, "job.completed")
+
+
+async def _dispatch_doing(db: psycopg.AsyncConnection[Any], job_id: UUID) -> bool:
+    cur = await db.execute(
+        "SELECT FROM procrastinate_jobs WHERE lock = %s AND status = 'doing'", (str(job_id),)
+    )
+    return await cur.fetchone() is not None
+
+
 async def test_a_completion_whose_fetch_fails_is_written_alone(
     make_orc: Callable[..., Orchestrator],
     db: psycopg.AsyncConnection[Any],

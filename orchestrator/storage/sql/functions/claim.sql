@@ -80,9 +80,6 @@ BEGIN
                 claim := claim || jsonb_build_object(
                     'flow_key', (SELECT o.flow_key FROM orc_jobs AS o WHERE o.id = job));
             END IF;
-            IF j.has_dependants THEN  -- its end releases jobs: its worker fetches after it
-                claim := claim || '{"has_dependants": true}';
-            END IF;
             fetched.args := fetched.args || jsonb_build_object('claim', claim);
             RETURN NEXT fetched;
             RETURN;
@@ -165,7 +162,7 @@ CREATE OR REPLACE FUNCTION orc_claim_v2(
     dispatch_attempt integer, retry_count integer, max_retries integer, lease_token uuid,
     locked_by text, queue text, priority integer, timeout_seconds integer, trace_id text,
     agent_id text, tenant_id text, started_at timestamptz, traceparent text, run_at timestamptz,
-    most_attempts bigint, flow_key text
+    most_attempts bigint, has_dependants boolean, flow_key text
 )
 LANGUAGE plpgsql ROWS 1 AS $$
 BEGIN
@@ -184,6 +181,8 @@ $$;
 -- new lease, a heartbeat, and a job.running event. A duplicate or stale dispatch (another
 -- Procrastinate job, or a job that is not claimable) claims nothing. The same Procrastinate job
 -- may re-claim a RUNNING job on a later run: its earlier run ended without recording an outcome.
+-- has_dependants: jobs wait for it, so its end may release them and its worker fetches after
+-- that end is written (docs/workflows.md), whichever way the claim was made.
 CREATE OR REPLACE FUNCTION orc_claim_v1(
     p_job_id uuid, p_procrastinate_job_id bigint, p_run integer, p_worker text,
     p_claimable text[], p_running text
@@ -192,7 +191,7 @@ CREATE OR REPLACE FUNCTION orc_claim_v1(
     dispatch_attempt integer, retry_count integer, max_retries integer, lease_token uuid,
     locked_by text, queue text, priority integer, timeout_seconds integer, trace_id text,
     agent_id text, tenant_id text, started_at timestamptz, traceparent text, run_at timestamptz,
-    most_attempts bigint
+    most_attempts bigint, has_dependants boolean
 )
 -- plpgsql rather than sql: its plans are cached per session (before PostgreSQL 18, a sql
 -- function with a data-modifying WITH is planned again on every call).
@@ -223,7 +222,8 @@ BEGIN
            c.retry_count, c.max_retries, c.lease_token, c.locked_by, c.queue, c.priority,
            c.timeout_seconds, c.trace_id, c.agent_id, c.tenant_id, c.started_at, c.traceparent,
            c.run_at, orc_max_attempts_v1(c.attempt, c.dispatch_attempt, c.max_attempts,
-                                         c.retry_count, c.max_retries)
+                                         c.retry_count, c.max_retries),
+           c.has_dependants
       FROM claimed AS c;
 END;
 $$;
