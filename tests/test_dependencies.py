@@ -91,8 +91,11 @@ async def test_a_chain_s_next_link_is_claimed_in_the_transaction_that_released_i
 ) -> None:
     # A worker of one slot: each link's completion fetches for the slot it frees, in the same
     # statement, and claims the job that end released (bench/workflows.py: a chain's rate).
+    # The slot takes the first due dispatch of its queues, so it listens on the chain's alone:
+    # on every queue, a maintenance tick that its periodic deferrer queued meanwhile would go
+    # first (as it did in CI).
     ids = await orc.submit_many([node("a"), node("b", 0), node("c", 1), node("d", 2)])
-    async with WorkerRun(orc, concurrency=1) as worker:
+    async with WorkerRun(orc, concurrency=1, queues=["node"]) as worker:
         await worker.until_finished(*ids)
     jobs = [await orc.get_job(i) for i in ids]
     assert all(j.status is Status.COMPLETED for j in jobs), [j.status for j in jobs]
@@ -110,7 +113,7 @@ async def test_a_parent_claimed_after_its_fetch_still_hands_its_slot_to_its_chil
     parent, child = await orc.submit_many([node("a"), node("b", 0)])
     async with await psycopg.AsyncConnection.connect(dsn) as holder:
         await holder.execute("SELECT FROM orc_jobs WHERE id = %s FOR SHARE", (parent,))
-        async with WorkerRun(orc, concurrency=1) as worker:
+        async with WorkerRun(orc, concurrency=1, queues=["node"]) as worker:  # as above
             await wait_for(lambda: _dispatch_doing(db, parent), timeout=15)
             await holder.commit()
             await worker.until_finished(parent, child)
