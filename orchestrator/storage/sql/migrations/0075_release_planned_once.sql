@@ -1,0 +1,6 @@
+-- 0075_release_planned_once: orc_dependencies_release_v2 keeps one generic plan per connection,
+-- walking the released jobs by their keys (dependencies.sql): a chain's link no longer pays for
+-- planning its release on every end. Nothing else changes.
+--
+-- compatible-with-older-workers: yes
+-- revises: functions/dependencies.sql 740f5889ec1fd4cfbcb0469267bc9a096303ea5c1a04475565651f0f7b4a5b8d
