@@ -199,6 +199,13 @@ async def backend_cpu(dsn: str) -> dict[int, int] | None:
 def serving(dsn: str, app: str | None = None) -> Iterator[str]:
     """``orchestrator serve`` (of ``app``: ``module:attribute``, default the built-in job types)
     on ``dsn``'s database, in a process of its own; its URL once it answers /readyz."""
+    with served(dsn, app) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def served(dsn: str, app: str | None = None) -> Iterator[tuple[str, int]]:
+    """As :func:`serving`, with the server's process id (to read its CPU time)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -214,7 +221,7 @@ def serving(dsn: str, app: str | None = None) -> Iterator[str]:
             if time.monotonic() > deadline or server.poll() is not None:
                 raise RuntimeError("orchestrator serve did not become ready")
             time.sleep(0.1)
-        yield url
+        yield url, server.pid
     finally:
         server.terminate()
         server.wait(timeout=30)

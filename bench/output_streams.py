@@ -12,7 +12,9 @@ submitted. Printed:
   ms, p99 <= 500 ms), and whether each reader read each delta once, in order;
 - rows and WAL bytes written per delta (``pg_current_wal_lsn()`` before and after: every
   writer's, the jobs' own claims and completions included, so an upper bound);
-- CPU per delta of the worker process and of the server's processes (``/proc``).
+- CPU per delta (``/proc``) of the worker process, of the API server's process, of the
+  PostgreSQL backends, and of this process (the readers: they share the machine, so what they
+  spend is CPU the others lack).
 
 Jobs that stream nothing: ``./dev bench paired`` against the release before.
 """
@@ -42,8 +44,8 @@ from bench.common import (
     fresh_database,
     machine,
     percentile,
+    served,
     server_version,
-    serving,
 )  # fmt: skip
 from bench.liveness import free_port, until_ready
 from orchestrator import Orchestrator
@@ -63,7 +65,7 @@ def main() -> None:
     with fresh_database("orc_bench_out") as dsn:
         print(f"machine: {machine()}, PostgreSQL {asyncio.run(server_version(dsn))}")
         token = asyncio.run(api_token(dsn, Scope.READ))
-        with serving(dsn, APP) as url:
+        with served(dsn, APP) as (url, api):
             port = free_port()
             env = {
                 **os.environ, "DATABASE_URL": dsn, "ORCHESTRATOR_HEALTH_PORT": str(port),
@@ -75,14 +77,18 @@ def main() -> None:
             )  # fmt: skip
             try:
                 asyncio.run(until_ready(port))
-                report = asyncio.run(measure(dsn, url, token, worker.pid, args))
+                report = asyncio.run(measure(dsn, url, token, (worker.pid, api), args))
             finally:
                 worker.terminate()
                 worker.wait(timeout=60)
     print(report)
 
 
-async def measure(dsn: str, url: str, token: str, worker: int, args: argparse.Namespace) -> str:
+async def measure(
+    dsn: str, url: str, token: str, pids: tuple[int, int], args: argparse.Namespace
+) -> str:
+    """The figures of one run; ``pids``: the worker's process and the API server's."""
+    worker, api = pids
     orc = Orchestrator(settings=Settings(), dsn=dsn)
     output_app.register(orc)
     async with orc, await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
@@ -94,6 +100,7 @@ async def measure(dsn: str, url: str, token: str, worker: int, args: argparse.Na
         ] * args.jobs)  # fmt: skip
         wal_before, rows_before = await _wal_and_rows(conn)
         server_before, worker_before = await backend_cpu(dsn), _process_cpu(worker)
+        api_before, readers_before = _process_cpu(api), _process_cpu(os.getpid())
         limits = httpx.Limits(max_connections=args.jobs * args.readers + 10)
         headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
         async with httpx.AsyncClient(base_url=url, limits=limits, timeout=None) as client:
@@ -102,6 +109,7 @@ async def measure(dsn: str, url: str, token: str, worker: int, args: argparse.Na
                 for job_id in ids for _ in range(args.readers)
             ))  # fmt: skip
         server_after, worker_after = await backend_cpu(dsn), _process_cpu(worker)
+        api_after, readers_after = _process_cpu(api), _process_cpu(os.getpid())
         wal_after, rows_after = await _wal_and_rows(conn)
     deltas = round(args.rate * args.seconds) * args.jobs
     ages = [age for read in reads for age in read[0]]
@@ -120,7 +128,9 @@ async def measure(dsn: str, url: str, token: str, worker: int, args: argparse.Na
         f"  written per delta: {(rows_after - rows_before) / deltas:.3f} output rows, "
         f"{(wal_after - wal_before) / deltas:.0f} WAL bytes (all writers')\n"
         f"  CPU per delta: the worker process {(worker_after - worker_before) / deltas * 1e6:.1f} "
-        f"us, the server {server}"
+        f"us, the API server {(api_after - api_before) / deltas * 1e6:.1f} us, PostgreSQL "
+        f"{server}, this process's {len(reads)} readers "
+        f"{(readers_after - readers_before) / deltas * 1e6:.1f} us"
     )
 
 
@@ -133,16 +143,17 @@ async def _read(
     made: list[float] = []
     async with client.stream("GET", f"/api/v1/jobs/{job_id}/output", headers=headers) as answer:
         answer.raise_for_status()
-        async for line in answer.aiter_lines():
-            if not line.startswith("data: "):
-                continue
+        rest = b""
+        async for data in answer.aiter_raw():  # split by hand: the readers share the machine
             now = time.time()
-            chunk = json.loads(line[6:])
-            if chunk.get("kind") != "text":  # a progress record, a marker, the end
-                continue
-            for stamp in chunk["body"].split(";")[:-1]:
-                made.append(float(stamp))
-                ages.append(now - made[-1])
+            *events, rest = (rest + data).split(b"\n\n")
+            for event in events:
+                if b"\nevent: text\n" not in event:  # a progress record, a marker, the end
+                    continue
+                chunk = json.loads(event[event.index(b"\ndata: ") + 7 :])
+                for stamp in chunk["body"].split(";")[:-1]:
+                    made.append(float(stamp))
+                    ages.append(now - made[-1])
     return ages, len(made) == deltas and made == sorted(set(made))
 
 

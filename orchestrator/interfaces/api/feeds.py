@@ -118,16 +118,16 @@ class OutputFeeds:
                     chunks = await self.orc.stores.output.read(
                         job_id, offset=offset, limit=min(PAGE, feed.start - offset)
                     )
-                    for chunk in chunks:
-                        yield sent(chunk)
+                    if chunks:
+                        yield "".join(sent(chunk) for chunk in chunks)
                     offset = chunks[-1].offset + 1 if chunks else feed.start
             except DatabaseUnavailable:
                 return
             while True:
                 changed = feed.changed
-                for event in feed.since(offset):
-                    yield event
-                    offset += 1
+                if pending := feed.since(offset):  # one write for all that came meanwhile
+                    yield "".join(pending)
+                    offset += len(pending)
                 if feed.failed:
                     return
                 if feed.finished and offset >= feed.next:
