@@ -81,16 +81,15 @@ class Waiter:
     async def wait(self, seconds: float) -> bool:
         """Until the job has events newer than ``seen``, or ``seconds``: whether it has."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._woken.wait(), seconds)
+            async with asyncio.timeout(seconds):  # no task per wait, as wait_for makes
+                await self._woken.wait()
         woken = self._woken.is_set()
         self._woken.clear()
         return woken
 
-    async def wait_checked(
-        self, seconds: float, *, every: float, check: Callable[[], Awaitable[object]]
-    ) -> bool:
-        """As :meth:`wait`, with ``check()`` run meanwhile (:func:`checked`)."""
-        return await checked(self.wait, seconds, every=every, check=check)
+    async def wait_checked(self, seconds: float, *, recheck: Recheck) -> bool:
+        """As :meth:`wait`, with ``recheck`` run meanwhile (:func:`checked`)."""
+        return await checked(self.wait, seconds, recheck=recheck)
 
     def wake(self, newest: Mapping[UUID, Mark]) -> None:
         for job_id in self.job_ids:
@@ -101,21 +100,35 @@ class Waiter:
                 self._woken.set()
 
 
+class Recheck:
+    """A long-lived answer's check of its caller's credentials (``check()`` raises once they
+    have ended), run at most once every ``every`` seconds, however often the answer wakes (a
+    stream of output wakes for each chunk): made when the answer starts, right after the
+    caller was authenticated."""
+
+    def __init__(self, check: Callable[[], Awaitable[object]], every: float) -> None:
+        self.check = check
+        self.every = every
+        self.due = asyncio.get_running_loop().time() + every
+
+    async def __call__(self) -> None:
+        now = asyncio.get_running_loop().time()
+        if now >= self.due:
+            await self.check()
+            self.due = now + self.every
+
+
 async def checked(
-    wait: Callable[[float], Awaitable[bool]],
-    seconds: float,
-    *,
-    every: float,
-    check: Callable[[], Awaitable[object]],
+    wait: Callable[[float], Awaitable[bool]], seconds: float, *, recheck: Recheck
 ) -> bool:
-    """``wait(seconds)`` (whether what it waits for came), in turns of at most ``every``
-    seconds, running ``check()`` after each and once more before answering: it raises to end
-    the wait (the caller's credentials ended)."""
+    """``wait(seconds)`` (whether what it waits for came), in turns that end when ``recheck``
+    is due, running it after each: it raises to end the wait (the caller's credentials
+    ended)."""
     loop = asyncio.get_running_loop()
     until = loop.time() + seconds
     while True:
-        woken = await wait(max(0.0, min(every, until - loop.time())))
-        await check()
+        woken = await wait(max(0.0, min(recheck.due, until) - loop.time()))
+        await recheck()
         if woken or loop.time() >= until:
             return woken
 

@@ -107,10 +107,12 @@ class Output:
             self._full.set()
         self._due.set()
 
-    async def flush(self) -> None:
+    async def flush(self, *, drain: bool = True) -> None:
         """Write everything held, in order, batch by batch; StaleLease once the attempt's lease
         is gone (nothing of it is written). A batch whose write failed is sent again, under its
-        number, by the next flush: it is never written twice."""
+        number, by the next flush: it is never written twice. ``drain=False`` (the loop's
+        flush): one batch, what was held when it began; what comes meanwhile waits for the
+        next (under load, batches grow rather than multiply)."""
         async with self._lock:
             while True:
                 if self._sent is None and self._held and not self._cut:
@@ -127,6 +129,8 @@ class Output:
                 if written.cut:
                     self._cut = True
                     self._held, self._held_bytes = [], 0
+                if not drain:
+                    return
 
     async def _flush_loop(self) -> None:
         while True:
@@ -136,7 +140,7 @@ class Output:
             self._due.clear()
             self._full.clear()
             try:
-                await self.flush()
+                await self.flush(drain=False)
             except StaleLease:
                 return  # its job is another attempt's: the attempt's end finds out
             except RETRYABLE:

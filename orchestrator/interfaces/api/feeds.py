@@ -26,7 +26,7 @@ from orchestrator.domain.output import OutputChunk
 from orchestrator.domain.principals import Unauthorized
 from orchestrator.domain.states import Status
 from orchestrator.interfaces.api.auth import RECHECK_SECONDS
-from orchestrator.interfaces.watch import EventWatch, Waiter, checked
+from orchestrator.interfaces.watch import EventWatch, Recheck, Waiter, checked
 
 logger = logging.getLogger("orchestrator.api.feeds")
 
@@ -111,6 +111,7 @@ class OutputFeeds:
         and a reconnection is refused) or the database is lost; a keep-alive comment whenever
         nothing came for the ping interval. The API's stream and the dashboard's."""
         ping = self.orc.settings.api_stream_ping_seconds
+        recheck = Recheck(check, every)
         cut: tuple[type[Exception], ...] = (DatabaseUnavailable, *ends)  # the check not made
         with self._joined(job_id, offset) as feed:
             try:
@@ -134,7 +135,7 @@ class OutputFeeds:
                     yield feed.ending
                     return
                 try:
-                    news = await checked(_waiting(changed), ping, every=every, check=check)
+                    news = await checked(_waiting(changed), ping, recheck=recheck)
                 except cut:
                     return
                 if not news:
@@ -205,8 +206,10 @@ class OutputFeeds:
 
 def _waiting(changed: asyncio.Event) -> Callable[[float], Awaitable[bool]]:
     async def wait(seconds: float) -> bool:
+        # asyncio.timeout, not wait_for: no task per wait (each client waits once per chunk)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await changed.wait()
         return changed.is_set()
 
     return wait

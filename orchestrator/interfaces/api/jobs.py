@@ -44,7 +44,7 @@ from orchestrator.interfaces.api.models import (
     SubmittedBatch,
     TenantFilter,
 )
-from orchestrator.interfaces.watch import EventWatch
+from orchestrator.interfaces.watch import EventWatch, Recheck
 from orchestrator.storage.jobs import JobFilters
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"])
@@ -242,7 +242,7 @@ async def wait(
     it finishes. 401 once the caller's token is revoked meanwhile."""
     seconds = min(seconds, request.app.state.settings.api_wait_max_seconds)
     await visible_job(orc, caller, job_id)
-    check = functools.partial(still_authenticated, request)
+    recheck = Recheck(functools.partial(still_authenticated, request), RECHECK_SECONDS)
     async with watch.watching(job_id) as waiter:
         deadline = time.monotonic() + seconds
         while True:
@@ -250,7 +250,7 @@ async def wait(
             left = deadline - time.monotonic()
             if job.finished_at is not None or left <= 0:
                 return JobOutcome(finished=job.finished_at is not None, job=job)
-            await waiter.wait_checked(left, every=RECHECK_SECONDS, check=check)
+            await waiter.wait_checked(left, recheck=recheck)
 
 
 @router.get(
@@ -290,10 +290,11 @@ async def _events(
 ) -> AsyncIterator[str]:
     """Its events from ``cursor`` on, and a keep-alive comment whenever none came for
     ORCHESTRATOR_API_STREAM_PING_SECONDS (proxies close silent connections). ``check``ed
-    before each read that follows a wake-up and every RECHECK_SECONDS meanwhile: the stream
+    every RECHECK_SECONDS (before the read that follows a wake-up once that is due): the stream
     ends, sending nothing more, once the caller's token is revoked (a reconnection gets 401),
     or the database is lost (a reconnection gets 503 while it is away)."""
     ping = orc.settings.api_stream_ping_seconds
+    recheck = Recheck(check, RECHECK_SECONDS)
     try:
         async with watch.watching(job_id) as waiter:
             while True:
@@ -306,7 +307,7 @@ async def _events(
                 if job.finished_at is not None:
                     return
                 try:
-                    woken = await waiter.wait_checked(ping, every=RECHECK_SECONDS, check=check)
+                    woken = await waiter.wait_checked(ping, recheck=recheck)
                 except Unauthorized:
                     return
                 if not woken:

@@ -54,7 +54,7 @@ from orchestrator.interfaces.api.jobs import (
 )
 from orchestrator.interfaces.api.operations import shown_limit, shown_type
 from orchestrator.interfaces.ui import views
-from orchestrator.interfaces.watch import EventWatch
+from orchestrator.interfaces.watch import EventWatch, Recheck
 from orchestrator.storage.jobs import JobFilters
 from orchestrator.storage.rows import ApprovalRecord
 from orchestrator.storage.sessions import Session
@@ -808,13 +808,14 @@ async def live_job(request: Request, orc: Orc, session: Viewer, job_id: UUID) ->
     relatives = [r.job_id for r in (*shown["parents"], *shown["children"])]
     watch: EventWatch = request.app.state.watch
     ping = orc.settings.api_stream_ping_seconds
-    every, check = SESSION_CHECK_SECONDS, functools.partial(signed_in, request)
+    check = functools.partial(signed_in, request)
 
     async def changes() -> AsyncIterator[str]:
+        recheck = Recheck(check, SESSION_CHECK_SECONDS)
         try:
             async with watch.watching(job_id, *relatives) as waiter:
                 while True:
-                    woken = await waiter.wait_checked(ping, every=every, check=check)
+                    woken = await waiter.wait_checked(ping, recheck=recheck)
                     yield "data: changed\n\n" if woken else ": ping\n\n"
         except (SignInFirst, DatabaseUnavailable):  # the page shows it is disconnected
             return
