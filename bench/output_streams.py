@@ -5,7 +5,7 @@
 One worker process (the real CLI, ``bench.output_app:orc``, concurrency = jobs) runs ``--jobs``
 jobs that each write a text delta ``--rate`` times a second for ``--seconds``, every delta the
 time it was made; ``orchestrator serve`` serves their output as Server-Sent Events to
-``--readers`` readers a job, all connected (httpx, in this process) before the jobs are
+``--readers`` readers a job, all connected (in this process, see ``_read``) before the jobs are
 submitted. Printed:
 
 - delta made -> delta read, p50 and p99 over every delta every reader read (goal: p50 <= 100
@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-import httpx
 import psycopg
 
 from bench import output_app
@@ -101,13 +100,10 @@ async def measure(
         wal_before, rows_before = await _wal_and_rows(conn)
         server_before, worker_before = await backend_cpu(dsn), _process_cpu(worker)
         api_before, readers_before = _process_cpu(api), _process_cpu(os.getpid())
-        limits = httpx.Limits(max_connections=args.jobs * args.readers + 10)
-        headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
-        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=None) as client:
-            reads = await asyncio.gather(*(
-                _read(client, headers, job_id, round(args.rate * args.seconds))
-                for job_id in ids for _ in range(args.readers)
-            ))  # fmt: skip
+        reads = await asyncio.gather(*(
+            _read(url, token, job_id, round(args.rate * args.seconds))
+            for job_id in ids for _ in range(args.readers)
+        ))  # fmt: skip
         server_after, worker_after = await backend_cpu(dsn), _process_cpu(worker)
         api_after, readers_after = _process_cpu(api), _process_cpu(os.getpid())
         wal_after, rows_after = await _wal_and_rows(conn)
@@ -134,17 +130,26 @@ async def measure(
     )
 
 
-async def _read(
-    client: httpx.AsyncClient, headers: dict[str, str], job_id: UUID, deltas: int
-) -> tuple[list[float], bool]:
+async def _read(url: str, token: str, job_id: UUID, deltas: int) -> tuple[list[float], bool]:
     """One reader of a job's output, to its end: each delta's age when read (seconds), and
-    whether it read each of the job's ``deltas`` once, in order."""
+    whether it read each of the job's ``deltas`` once, in order. A plain HTTP/1.1 request on
+    an asyncio stream, its chunked body split by hand: the readers share the machine with the
+    worker, the server and PostgreSQL, and a full client (httpx: h11 and httpcore per read)
+    spent a core of it on 1,000 streams, which showed as latency that was the reader's own."""
     ages: list[float] = []
     made: list[float] = []
-    async with client.stream("GET", f"/api/v1/jobs/{job_id}/output", headers=headers) as answer:
-        answer.raise_for_status()
-        rest = b""
-        async for data in answer.aiter_raw():  # split by hand: the readers share the machine
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        f"GET /api/v1/jobs/{job_id}/output HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n".encode()
+    )
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"chunked" in head.lower(), head
+    rest = b""
+    try:
+        while size := int((await reader.readuntil(b"\r\n"))[:-2], 16):
+            data = (await reader.readexactly(size + 2))[:-2]
             now = time.time()
             *events, rest = (rest + data).split(b"\n\n")
             for event in events:
@@ -154,6 +159,8 @@ async def _read(
                 for stamp in chunk["body"].split(";")[:-1]:
                     made.append(float(stamp))
                     ages.append(now - made[-1])
+    finally:
+        writer.close()
     return ages, len(made) == deltas and made == sorted(set(made))
 
 
