@@ -136,7 +136,8 @@ class Output:
         while True:
             await self._due.wait()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._full.wait(), FLUSH_SECONDS)
+                async with asyncio.timeout(FLUSH_SECONDS):  # no task per turn, as wait_for makes
+                    await self._full.wait()
             self._due.clear()
             self._full.clear()
             try:
@@ -146,6 +147,9 @@ class Output:
             except RETRYABLE:
                 self._due.set()  # kept, and sent again after a pause
                 await asyncio.sleep(FLUSH_SECONDS)
+            else:
+                if self._held:  # a batch sent again went alone: what it held back goes next
+                    self._due.set()
 
     def close(self) -> None:
         """The attempt is over: its batches stop (what it held was written by its end, or is
