@@ -435,15 +435,20 @@ async def test_no_look_alike_of_a_latin_letter_or_digit_confirms_its_discard(
             letters[latin] = await dead_letter(db, job)
             await orc.request_discard(letters[latin], by=f"token:rev{latin}iew", reason="stale")
         let_through = []
-        for latin, other in LATIN_LOOK_ALIKES:
+        room = asyncio.Semaphore(8)  # eight confirms at a time: each is refused, none changes a row
+
+        async def confirm(latin: str, other: str) -> None:
             reviewer = f"{canonical(f'rev{other}iew')} (cli:root)"
-            try:
-                await orc.confirm_discard(letters[latin], by=reviewer)
-            except DeadLetterError as refused:
-                if "is the same person" not in str(refused):
-                    let_through.append((other, str(refused)))
-            else:
-                let_through.append((other, "confirmed"))
+            async with room:
+                try:
+                    await orc.confirm_discard(letters[latin], by=reviewer)
+                except DeadLetterError as refused:
+                    if "is the same person" not in str(refused):
+                        let_through.append((other, str(refused)))
+                else:
+                    let_through.append((other, "confirmed"))
+
+        await asyncio.gather(*(confirm(latin, other) for latin, other in LATIN_LOOK_ALIKES))
     assert let_through == []
     cur = await db.execute("SELECT count(*) FROM orc_dead_letters WHERE state = 'discarded'")
     assert await cur.fetchone() == (0,)
