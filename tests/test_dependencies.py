@@ -129,9 +129,7 @@ async def _dispatch_doing(db: psycopg.AsyncConnection[Any], job_id: UUID) -> boo
 
 
 async def test_a_completion_whose_fetch_fails_is_written_alone(
-    make_orc: Callable[..., Orchestrator],
-    db: psycopg.AsyncConnection[Any],
-    caplog: pytest.LogCaptureFixture,
+    make_orc: Callable[..., Orchestrator], db: psycopg.AsyncConnection[Any]
 ) -> None:
     # The worker's registry entry is gone (silent too long) while a parent runs: the fetch in
     # its completion's statement fails, the completion is written without it, and the
